@@ -1,0 +1,93 @@
+# ztunnel-go build, test and benchmark entry points.
+# `make test` installs what it needs (apt packages, pinned Go tools) itself.
+
+SHELL := /bin/bash
+GO ?= go
+TOOLS := $(CURDIR)/.tools
+TOOLS_BIN := $(TOOLS)/bin
+CNI_BIN := $(TOOLS)/cni/bin
+export PATH := $(TOOLS_BIN):$(PATH)
+
+# Pinned tool versions.
+BUF_VERSION := v1.75.0
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+CNI_PLUGINS_VERSION := v1.10.0
+CNITOOL_VERSION := v1.3.1
+
+APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset
+FUZZTIME ?= 5s
+
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone demo clean
+
+all: build
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+## deps: install the OS packages the root tests need (Debian/Ubuntu, as root).
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+## tools: pinned Go tools (CNI reference plugins and cnitool for the namespace cluster).
+tools: $(CNI_BIN)/bridge $(TOOLS_BIN)/cnitool
+
+$(CNI_BIN)/bridge:
+	@mkdir -p $(CNI_BIN)
+	GOBIN=$(CNI_BIN) $(GO) install \
+		github.com/containernetworking/plugins/plugins/main/bridge@$(CNI_PLUGINS_VERSION) \
+		github.com/containernetworking/plugins/plugins/main/loopback@$(CNI_PLUGINS_VERSION) \
+		github.com/containernetworking/plugins/plugins/main/ptp@$(CNI_PLUGINS_VERSION) \
+		github.com/containernetworking/plugins/plugins/ipam/static@$(CNI_PLUGINS_VERSION) \
+		github.com/containernetworking/plugins/plugins/ipam/host-local@$(CNI_PLUGINS_VERSION)
+
+$(TOOLS_BIN)/cnitool:
+	@mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) $(GO) install github.com/containernetworking/cni/cnitool@$(CNITOOL_VERSION)
+
+proto-tools:
+	@mkdir -p $(TOOLS_BIN)
+	@test -x $(TOOLS_BIN)/buf || GOBIN=$(TOOLS_BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	@test -x $(TOOLS_BIN)/protoc-gen-go || GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@test -x $(TOOLS_BIN)/protoc-gen-go-grpc || GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+## lint: gofmt and go vet.
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^\.tools/')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+## unit: every package's tests with the race detector (root-only tests run too when root).
+unit:
+	ZTG_REQUIRE_ROOT=$${ZTG_REQUIRE_ROOT:-$$( [ $$(id -u) = 0 ] && echo 1 )} \
+	ZTG_CNI_BIN=$(CNI_BIN) \
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/e2e')
+
+## e2e: end-to-end tests in network namespaces (root).
+e2e:
+	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(GO) test -race -count=1 -p 1 ./e2e/...; fi
+
+## fuzz: a short run of every fuzz target (FUZZTIME=5s each by default; `make fuzz FUZZTIME=5m` for a long run).
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+		dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+		for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
+			echo "fuzz $$pkg $$f"; \
+			$(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
+
+## test: everything CI runs.
+test: deps tools lint unit e2e
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+
+bench-hbone:
+	$(GO) run ./bench/hbone
+
+bench: bench-hbone
+
+clean:
+	rm -rf bin .tools
