@@ -1,0 +1,205 @@
+// Package netns is the one place that enters Linux network namespaces. A Handle
+// is an open netns file descriptor; Handle.Do runs a function with the calling
+// OS thread switched into that namespace, and Listen, ListenPacket and Dial
+// create sockets there (a socket stays in the namespace it was created in, so
+// only socket creation needs to enter it). SockOpts puts SO_MARK,
+// SO_REUSEPORT and IP(V6)_TRANSPARENT+FREEBIND on those sockets through the
+// net.ListenConfig / net.Dialer Control hook.
+//
+// It is not a namespace manager: it does not create, name or delete network
+// namespaces (tests use internal/netns/netnstest for that), and it knows nothing
+// about pods.
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotNetns is returned (wrapped) when a path or fd is not a network
+// namespace.
+var ErrNotNetns = errors.New("not a network namespace")
+
+// ErrRestore is returned (wrapped) by Handle.Do when the thread could not be
+// switched back to its original namespace. The thread is then discarded by the
+// Go runtime; the process itself is unaffected.
+var ErrRestore = errors.New("switching back to the original network namespace failed")
+
+// ID identifies a network namespace: two handles refer to the same namespace
+// iff their IDs are equal (the nsfs device and inode of the fd).
+type ID struct {
+	Dev uint64
+	Ino uint64
+}
+
+func (id ID) String() string { return fmt.Sprintf("netns[dev=%d,ino=%d]", id.Dev, id.Ino) }
+
+// Handle is an open network namespace. It is safe for concurrent use; Do may
+// run concurrently on several goroutines. A nil *Handle means "the namespace the
+// process is already in": Do runs fn directly and the socket helpers create
+// ordinary sockets (ztunnel's dedicated mode, and tests).
+type Handle struct {
+	f  *os.File
+	id ID
+
+	// restore, when non-nil, replaces the setns back to the original
+	// namespace in Do. Tests only (export_test.go), to exercise the failure
+	// path; nil in production.
+	restore func(origFD int) error
+}
+
+// Open opens the network namespace at path, e.g. /var/run/netns/NAME or
+// /proc/PID/ns/net.
+func Open(path string) (*Handle, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("netns: open %s: %w", path, err)
+	}
+	h, err := fromFile(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("netns: %s: %w", path, err)
+	}
+	return h, nil
+}
+
+// FromFD wraps an fd that refers to a network namespace, e.g. one received
+// over a unix socket in SCM_RIGHTS. The Handle takes ownership of fd, also on
+// error (fd is closed then).
+func FromFD(fd int) (*Handle, error) {
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("netns-fd-%d", fd))
+	if f == nil {
+		return nil, fmt.Errorf("netns: fd %d: %w", fd, ErrNotNetns)
+	}
+	h, err := fromFile(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("netns: fd %d: %w", fd, err)
+	}
+	return h, nil
+}
+
+// Current opens the network namespace of the calling goroutine's thread,
+// which is the process's namespace unless called from inside Do.
+func Current() (*Handle, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return Open("/proc/thread-self/ns/net")
+}
+
+func fromFile(f *os.File) (*Handle, error) {
+	fd := int(f.Fd())
+	typ, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE)
+	if err != nil {
+		return nil, fmt.Errorf("NS_GET_NSTYPE: %w (%w)", ErrNotNetns, err)
+	}
+	if typ != unix.CLONE_NEWNET {
+		return nil, fmt.Errorf("namespace type %#x: %w", typ, ErrNotNetns)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	return &Handle{f: f, id: ID{Dev: st.Dev, Ino: st.Ino}}, nil
+}
+
+// ID returns the namespace's identity. The zero ID for a nil Handle.
+func (h *Handle) ID() ID {
+	if h == nil {
+		return ID{}
+	}
+	return h.id
+}
+
+// FD returns the underlying file descriptor, valid until Close (for sending it
+// in SCM_RIGHTS). The Handle keeps ownership.
+func (h *Handle) FD() int { return int(h.f.Fd()) }
+
+// Close releases the fd. Calling Do or the socket helpers after Close is an
+// error; sockets already created stay in the namespace and stay usable.
+func (h *Handle) Close() error {
+	if h == nil {
+		return nil
+	}
+	return h.f.Close()
+}
+
+func (h *Handle) String() string {
+	if h == nil {
+		return "netns[current]"
+	}
+	return h.id.String()
+}
+
+// Do runs fn with the current OS thread in h's network namespace and returns
+// fn's error. Sockets created by fn belong to h's namespace; so do children
+// exec'd by fn (they inherit the thread's namespace). Goroutines started by fn
+// do not run in the namespace.
+//
+// fn runs on a fresh goroutine locked to its thread, which Do waits for: if
+// switching back fails, that goroutine exits still locked, so the Go runtime
+// terminates the thread instead of reusing it in the wrong namespace (if it
+// happened to be the main thread, the runtime parks it forever instead), and
+// the caller's own thread is never affected. A panic in fn is re-raised in the
+// caller after the thread is restored.
+func (h *Handle) Do(fn func() error) error {
+	if h == nil {
+		return fn()
+	}
+	type result struct {
+		err      error
+		panicked bool
+		panicVal any
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = h.enterAndRun(fn, &r.panicked, &r.panicVal)
+		done <- r
+		// If enterAndRun left the thread locked (restore failed), returning
+		// here makes the runtime exit the thread.
+	}()
+	r := <-done
+	if r.panicked {
+		panic(r.panicVal)
+	}
+	return r.err
+}
+
+// enterAndRun is Do's body on its own goroutine. It returns with the thread
+// unlocked iff the thread is back in its original namespace.
+func (h *Handle) enterAndRun(fn func() error, panicked *bool, panicVal *any) (err error) {
+	runtime.LockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("netns: open original namespace: %w", err)
+	}
+	defer orig.Close()
+	if err := unix.Setns(h.FD(), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("netns: setns into %s: %w", h, err)
+	}
+	defer func() {
+		back := h.restore
+		if back == nil {
+			back = func(fd int) error { return unix.Setns(fd, unix.CLONE_NEWNET) }
+		}
+		if rerr := back(int(orig.Fd())); rerr != nil {
+			// Leave the thread locked: it must never run another goroutine.
+			err = errors.Join(err, fmt.Errorf("netns: leaving %s: %w: %w", h, ErrRestore, rerr))
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
+	defer func() {
+		if v := recover(); v != nil {
+			*panicked, *panicVal = true, v
+		}
+	}()
+	return fn()
+}

@@ -1,0 +1,353 @@
+package netns_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/netns"
+	"github.com/ztunnel-go/ztunnel-go/internal/netns/netnstest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+)
+
+func TestOpenRejectsNonNetns(t *testing.T) {
+	for _, path := range []string{"/proc/self/ns/uts", "/proc/self/status"} {
+		h, err := netns.Open(path)
+		if !errors.Is(err, netns.ErrNotNetns) {
+			h.Close()
+			t.Errorf("Open(%s) = %v, want ErrNotNetns", path, err)
+		}
+	}
+	if _, err := netns.Open("/nonexistent/ns"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Open(missing) = %v, want ErrNotExist", err)
+	}
+}
+
+func TestIDOfSameNamespaceIsEqual(t *testing.T) {
+	a, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := netns.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if a.ID() != b.ID() || a.ID() == (netns.ID{}) {
+		t.Fatalf("Current %v != /proc/self/ns/net %v", a.ID(), b.ID())
+	}
+	fd, err := unix.Dup(a.FD())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := netns.FromFD(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.ID() != a.ID() {
+		t.Fatalf("FromFD(dup) %v != %v", c.ID(), a.ID())
+	}
+}
+
+func TestFromFDRejectsAndClosesNonNetns(t *testing.T) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netns.FromFD(fd); !errors.Is(err, netns.ErrNotNetns) {
+		t.Fatalf("FromFD(file) = %v, want ErrNotNetns", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
+		t.Fatalf("fd %d still open after FromFD error (fcntl err %v)", fd, err)
+	}
+}
+
+func TestNilHandleRunsInCurrentNamespace(t *testing.T) {
+	var h *netns.Handle
+	ran := false
+	if err := h.Do(func() error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("nil Do: ran=%v err=%v", ran, err)
+	}
+	ln, err := h.Listen(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"), netns.SockOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("listener from nil handle not reachable from this namespace: %v", err)
+	}
+	c.Close()
+}
+
+func TestIDDistinguishesNamespaces(t *testing.T) {
+	roottest.Require(t)
+	a := netnstest.New(t, "a")
+	b := netnstest.New(t, "b")
+	root := current(t)
+	again, err := netns.Open("/var/run/netns/" + a.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if again.ID() != a.ID() {
+		t.Errorf("same namespace opened twice: %v != %v", again.ID(), a.ID())
+	}
+	if a.ID() == b.ID() || a.ID() == root.ID() {
+		t.Errorf("distinct namespaces share an ID: a=%v b=%v root=%v", a.ID(), b.ID(), root.ID())
+	}
+}
+
+func TestDoEntersAndRestores(t *testing.T) {
+	roottest.Require(t)
+	ns := netnstest.New(t, "a")
+	root := current(t)
+
+	errc := make(chan error, 32)
+	for range cap(errc) {
+		go func() {
+			errc <- ns.Do(func() error {
+				inside, err := netns.Current()
+				if err != nil {
+					return err
+				}
+				defer inside.Close()
+				if inside.ID() != ns.ID() {
+					return errors.New("Do did not enter the namespace")
+				}
+				return nil
+			})
+		}()
+	}
+	for range cap(errc) {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := current(t).ID(); got != root.ID() {
+		t.Fatalf("after Do: %v, want %v", got, root.ID())
+	}
+	if n := threadsIn(t, ns.ID()); n != 0 {
+		t.Fatalf("%d threads still in the target namespace after Do", n)
+	}
+	wantErr := errors.New("from fn")
+	if err := ns.Do(func() error { return wantErr }); !errors.Is(err, wantErr) {
+		t.Fatalf("Do error = %v, want fn's error", err)
+	}
+}
+
+func TestDoRepanicsAfterRestoring(t *testing.T) {
+	roottest.Require(t)
+	ns := netnstest.New(t, "a")
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Fatalf("recovered %v, want boom", v)
+			}
+		}()
+		_ = ns.Do(func() error { panic("boom") })
+	}()
+	if n := threadsIn(t, ns.ID()); n != 0 {
+		t.Fatalf("%d threads left in the namespace after a panic in Do", n)
+	}
+}
+
+// If the switch back fails the thread must never run Go code again: Do leaves
+// it locked, and the runtime terminates it when the goroutine exits (or, if it
+// was the main thread, parks it for good).
+func TestDoDiscardsThreadWhenRestoreFails(t *testing.T) {
+	roottest.Require(t)
+	ns := netnstest.New(t, "a")
+	netns.SetRestoreForTest(ns.Handle, func(int) error { return unix.EPERM })
+	var tid int
+	err := ns.Do(func() error { tid = unix.Gettid(); return nil })
+	if !errors.Is(err, netns.ErrRestore) || !errors.Is(err, unix.EPERM) {
+		t.Fatalf("Do = %v, want ErrRestore wrapping EPERM", err)
+	}
+	root := rootID(t)
+	if tid != os.Getpid() {
+		// The thread exits asynchronously after the goroutine returns.
+		deadline := time.Now().Add(10 * time.Second)
+		for threadsIn(t, ns.ID()) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("thread %d stuck in the target namespace was not discarded", tid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Whichever thread it was, no goroutine may run in that namespace again.
+	errc := make(chan error, 64)
+	for range cap(errc) {
+		go func() {
+			h, err := netns.Current()
+			if err == nil && h.ID() != root {
+				err = fmt.Errorf("a goroutine ran in %v, want %v", h.ID(), root)
+			}
+			h.Close()
+			errc <- err
+		}()
+	}
+	for range cap(errc) {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestListenIsIsolatedAndMarked(t *testing.T) {
+	roottest.Require(t)
+	ns := netnstest.New(t, "a")
+	ctx := context.Background()
+	opts := netns.SockOpts{Mark: 1337, ReusePort: true}
+	ln, err := ns.Listen(ctx, netip.MustParseAddrPort("127.0.0.1:0"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().(*net.TCPAddr).AddrPort()
+	assertSockopt(t, ln.(*net.TCPListener), unix.SOL_SOCKET, unix.SO_MARK, 1337)
+	assertSockopt(t, ln.(*net.TCPListener), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+
+	// The port is free in the root namespace: the listener is not there.
+	rootLn, err := net.Listen("tcp", addr.String())
+	if err != nil {
+		t.Fatalf("port %v taken in the root namespace too: %v", addr, err)
+	}
+	rootLn.Close()
+	if c, err := net.Dial("tcp", addr.String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("dial %v from the root namespace = %v, want ECONNREFUSED", addr, err)
+	}
+
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	c, err := ns.Dial(ctx, "tcp", addr, netns.SockOpts{Mark: 42})
+	if err != nil {
+		t.Fatalf("dial %v inside the namespace: %v", addr, err)
+	}
+	defer c.Close()
+	assertSockopt(t, c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK, 42)
+	assertSockopt(t, c.(*net.TCPConn), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	sc, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	defer sc.Close()
+	if sc.RemoteAddr().String() != c.LocalAddr().String() {
+		t.Fatalf("accepted %v, dialed from %v", sc.RemoteAddr(), c.LocalAddr())
+	}
+	assertSockopt(t, sc.(*net.TCPConn), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+}
+
+// Transparent sockets may bind addresses the namespace does not own, which is
+// how ztunnel keeps the original client IP towards the app.
+func TestTransparentBindsForeignAddress(t *testing.T) {
+	roottest.Require(t)
+	ns := netnstest.New(t, "a")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		addr  string
+		level int
+		names []int
+	}{
+		{"192.0.2.1:0", unix.IPPROTO_IP, []int{unix.IP_TRANSPARENT, unix.IP_FREEBIND}},
+		{"[2001:db8::1]:0", unix.IPPROTO_IPV6, []int{unix.IPV6_TRANSPARENT, unix.IPV6_FREEBIND}},
+	} {
+		addr := netip.MustParseAddrPort(tc.addr)
+		if pc, err := ns.ListenPacket(ctx, addr, netns.SockOpts{}); !errors.Is(err, unix.EADDRNOTAVAIL) {
+			if pc != nil {
+				pc.Close()
+			}
+			t.Fatalf("plain bind %v = %v, want EADDRNOTAVAIL", addr, err)
+		}
+		pc, err := ns.ListenPacket(ctx, addr, netns.SockOpts{Transparent: true, Mark: 7})
+		if err != nil {
+			t.Fatalf("transparent bind %v: %v", addr, err)
+		}
+		for _, name := range tc.names {
+			assertSockopt(t, pc, tc.level, name, 1)
+		}
+		assertSockopt(t, pc, unix.SOL_SOCKET, unix.SO_MARK, 7)
+		pc.Close()
+	}
+}
+
+func current(t *testing.T) *netns.Handle {
+	t.Helper()
+	h, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func rootID(t *testing.T) netns.ID {
+	h, err := netns.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	return h.ID()
+}
+
+// threadsIn counts this process's threads whose netns is id.
+func threadsIn(t *testing.T, id netns.ID) int {
+	t.Helper()
+	paths, err := filepath.Glob("/proc/self/task/*/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range paths {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			continue // thread exited meanwhile
+		}
+		if (netns.ID{Dev: st.Dev, Ino: st.Ino}) == id {
+			n++
+		}
+	}
+	return n
+}
+
+func assertSockopt(t *testing.T, c syscall.Conn, level, name, want int) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), level, name) }); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil || got != want {
+		t.Fatalf("getsockopt(%d, %d) = %d, %v; want %d", level, name, got, gerr, want)
+	}
+}
