@@ -49,11 +49,15 @@ $(TOOLS_BIN)/cnitool:
 	@mkdir -p $(TOOLS_BIN)
 	GOBIN=$(TOOLS_BIN) $(GO) install github.com/containernetworking/cni/cnitool@$(CNITOOL_VERSION)
 
-proto-tools:
-	@mkdir -p $(TOOLS_BIN)
-	@test -x $(TOOLS_BIN)/buf || GOBIN=$(TOOLS_BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
-	@test -x $(TOOLS_BIN)/protoc-gen-go || GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
-	@test -x $(TOOLS_BIN)/protoc-gen-go-grpc || GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+## proto: regenerate the workload API, security, CA and ZDS Go code (pinned buf and plugins into .tools/bin).
+PROTO_ENV := BUF_VERSION=$(BUF_VERSION) PROTOC_GEN_GO_VERSION=$(PROTOC_GEN_GO_VERSION) \
+	PROTOC_GEN_GO_GRPC_VERSION=$(PROTOC_GEN_GO_GRPC_VERSION) TOOLS_BIN=$(TOOLS_BIN)
+proto:
+	$(PROTO_ENV) hack/proto/gen.sh
+
+## proto-check: fail when the committed generated code is stale.
+proto-check:
+	$(PROTO_ENV) hack/proto/check.sh
 
 ## lint: gofmt and go vet.
 lint:
@@ -81,7 +85,7 @@ fuzz:
 	done
 
 ## test: everything CI runs.
-test: deps tools lint unit e2e
+test: deps tools lint proto-check unit e2e
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 bench-hbone:

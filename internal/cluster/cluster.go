@@ -1,0 +1,83 @@
+// Package cluster is the control plane's view of a cluster: the typed
+// Kubernetes, Istio and Gateway API objects it translates, gathered into an
+// immutable Objects set, and the Source interface that produces such sets.
+// Local mode (a directory of YAML, package cluster/local) and the Kubernetes
+// API (a later source) both feed the same translation through this package.
+//
+// It does not translate anything into mesh resources; see internal/controlplane.
+package cluster
+
+import (
+	"context"
+	"sort"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// Objects is one consistent view of everything the control plane reads. A
+// set is never mutated after a Source publishes it; the slices are sorted by
+// namespace/name so translation output is deterministic.
+type Objects struct {
+	Namespaces            []*corev1.Namespace
+	Pods                  []*corev1.Pod
+	Services              []*corev1.Service
+	EndpointSlices        []*discoveryv1.EndpointSlice
+	ServiceEntries        []*networkingv1.ServiceEntry
+	WorkloadEntries       []*networkingv1.WorkloadEntry
+	AuthorizationPolicies []*securityv1.AuthorizationPolicy
+	PeerAuthentications   []*securityv1.PeerAuthentication
+	Gateways              []*gatewayv1.Gateway
+	GatewayClasses        []*gatewayv1.GatewayClass
+}
+
+// Source produces successive Objects sets. Implementations are safe for
+// concurrent use.
+type Source interface {
+	// Run watches the cluster until ctx is done.
+	Run(ctx context.Context) error
+	// Current returns the latest set and a channel closed when a newer one is
+	// published. Before the first full read it returns (nil, ch).
+	Current() (*Objects, <-chan struct{})
+}
+
+type named interface {
+	GetNamespace() string
+	GetName() string
+}
+
+func sortByName[T named](s []T) {
+	sort.Slice(s, func(i, j int) bool {
+		if s[i].GetNamespace() != s[j].GetNamespace() {
+			return s[i].GetNamespace() < s[j].GetNamespace()
+		}
+		return s[i].GetName() < s[j].GetName()
+	})
+}
+
+// Sort orders every slice by namespace/name.
+func (o *Objects) Sort() {
+	sortByName(o.Namespaces)
+	sortByName(o.Pods)
+	sortByName(o.Services)
+	sortByName(o.EndpointSlices)
+	sortByName(o.ServiceEntries)
+	sortByName(o.WorkloadEntries)
+	sortByName(o.AuthorizationPolicies)
+	sortByName(o.PeerAuthentications)
+	sortByName(o.Gateways)
+	sortByName(o.GatewayClasses)
+}
+
+// Namespace returns the named namespace or nil.
+func (o *Objects) Namespace(name string) *corev1.Namespace {
+	for _, n := range o.Namespaces {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
