@@ -1,0 +1,269 @@
+// Package config is the node proxy's configuration: every environment
+// variable it honours is a constant here (the names Istio's ztunnel uses), and
+// Parse turns an environment into one Config, once, in cmd/ (STYLE G5). No
+// other package reads the environment.
+//
+// It is not the control plane's or the node agent's configuration; those take
+// flags.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+)
+
+// Environment variable names (ambient-protocol.md §10).
+const (
+	EnvXDSAddress              = "XDS_ADDRESS"
+	EnvCAAddress               = "CA_ADDRESS"
+	EnvXDSRootCA               = "XDS_ROOT_CA"
+	EnvCARootCA                = "CA_ROOT_CA"
+	EnvAuthToken               = "AUTH_TOKEN"
+	EnvClusterID               = "CLUSTER_ID"
+	EnvMetaClusterID           = "ISTIO_META_CLUSTER_ID"
+	EnvClusterDomain           = "CLUSTER_DOMAIN"
+	EnvNetwork                 = "NETWORK"
+	EnvNodeName                = "NODE_NAME"
+	EnvPodName                 = "POD_NAME"
+	EnvPodNamespace            = "POD_NAMESPACE"
+	EnvInstanceIP              = "INSTANCE_IP"
+	EnvServiceAccount          = "SERVICE_ACCOUNT"
+	EnvTrustDomain             = "TRUST_DOMAIN"
+	EnvSecretTTL               = "SECRET_TTL"
+	EnvInpodUDS                = "INPOD_UDS"
+	EnvInpodPortReuse          = "INPOD_PORT_REUSE"
+	EnvPacketMark              = "PACKET_MARK"
+	EnvIPv6Enabled             = "IPV6_ENABLED"
+	EnvEnableOrigSrc           = "ENABLE_ORIG_SRC"
+	EnvPoolMaxStreams          = "POOL_MAX_STREAMS_PER_CONNECTION"
+	EnvPoolUnusedRelease       = "POOL_UNUSED_RELEASE_TIMEOUT"
+	EnvTerminationGrace        = "TERMINATION_GRACE_PERIOD_SECONDS"
+	EnvConnTerminationDeadline = "CONNECTION_TERMINATION_DEADLINE"
+	EnvDNSProxy                = "DNS_PROXY"
+	EnvAdminAddr               = "ADMIN_ADDR"
+	EnvStatsAddr               = "STATS_ADDR"
+	EnvReadinessAddr           = "READINESS_ADDR"
+	EnvLogLevel                = "LOG_LEVEL"
+	EnvLogFormat               = "LOG_FORMAT"
+	EnvAuthzPolicyInfoLogging  = "AUTHZ_POLICY_INFO_LOGGING"
+	EnvPreferedServiceNS       = "PREFERED_SERVICE_NAMESPACE"
+	EnvXDSHeaderPrefix         = "XDS_HEADER_"
+	EnvCAHeaderPrefix          = "CA_HEADER_"
+)
+
+// Config is the node proxy's whole configuration. It is built once and passed
+// by pointer; nothing mutates it afterwards.
+type Config struct {
+	XDSAddress string // host:port of the control plane's xDS; "" with LocalConfigDir
+	CAAddress  string // host:port of the CA; defaults to XDSAddress
+	XDSRootCA  string // PEM file with the root to verify the xDS server
+	CARootCA   string // PEM file with the root to verify the CA server
+	AuthToken  string // file holding the bearer token (re-read on use)
+
+	ClusterID      string
+	ClusterDomain  string
+	Network        string
+	NodeName       string
+	PodName        string
+	PodNamespace   string
+	InstanceIP     string
+	ServiceAccount string
+	TrustDomain    string
+	SecretTTL      time.Duration
+
+	InpodUDS       string // the node agent's ZDS socket
+	InpodPortReuse bool
+	PacketMark     uint32
+	IPv6Enabled    bool
+	EnableOrigSrc  bool
+	DNSProxy       bool
+
+	PoolMaxStreamsPerConn int
+	PoolUnusedRelease     time.Duration
+	DrainDeadline         time.Duration
+
+	AdminAddr     string
+	StatsAddr     string
+	ReadinessAddr string
+
+	LogLevel               zapcore.Level
+	LogFormat              string // "json" or "console"
+	AuthzPolicyInfoLogging bool
+	PreferedServiceNS      string
+
+	XDSHeaders map[string]string
+	CAHeaders  map[string]string
+
+	// LocalConfigDir, when set (flag --local-config), embeds the control
+	// plane in-process over that directory of YAML instead of dialling
+	// XDSAddress/CAAddress.
+	LocalConfigDir string
+}
+
+// Lookup reads one variable; os.LookupEnv in production, a map in tests.
+type Lookup func(key string) (string, bool)
+
+// Parse builds a Config from env (nil means os.LookupEnv) and the given
+// local config directory. Every malformed value is reported, naming its
+// variable.
+func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error) {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	p := parser{env: env}
+	c := &Config{
+		XDSAddress:     p.str(EnvXDSAddress, ""),
+		XDSRootCA:      p.str(EnvXDSRootCA, "./var/run/secrets/istio/root-cert.pem"),
+		CARootCA:       p.str(EnvCARootCA, "./var/run/secrets/istio/root-cert.pem"),
+		AuthToken:      p.str(EnvAuthToken, "./var/run/secrets/tokens/istio-token"),
+		ClusterDomain:  p.str(EnvClusterDomain, "cluster.local"),
+		Network:        p.str(EnvNetwork, ""),
+		NodeName:       p.str(EnvNodeName, ""),
+		PodName:        p.str(EnvPodName, ""),
+		PodNamespace:   p.str(EnvPodNamespace, ""),
+		InstanceIP:     p.str(EnvInstanceIP, ""),
+		ServiceAccount: p.str(EnvServiceAccount, "ztunnel"),
+		TrustDomain:    p.str(EnvTrustDomain, "cluster.local"),
+		SecretTTL:      p.duration(EnvSecretTTL, 24*time.Hour),
+
+		InpodUDS:       p.str(EnvInpodUDS, "/var/run/ztunnel/ztunnel.sock"),
+		InpodPortReuse: p.boolean(EnvInpodPortReuse, true),
+		PacketMark:     uint32(p.integer(EnvPacketMark, 1337, 1, 1<<31)),
+		IPv6Enabled:    p.boolean(EnvIPv6Enabled, true),
+		EnableOrigSrc:  p.boolean(EnvEnableOrigSrc, true),
+		DNSProxy:       p.boolean(EnvDNSProxy, true),
+
+		PoolMaxStreamsPerConn: p.integer(EnvPoolMaxStreams, 100, 1, 1<<16),
+		PoolUnusedRelease:     p.duration(EnvPoolUnusedRelease, 5*time.Minute),
+
+		AdminAddr:     p.str(EnvAdminAddr, "localhost:15000"),
+		StatsAddr:     p.str(EnvStatsAddr, "[::]:15020"),
+		ReadinessAddr: p.str(EnvReadinessAddr, "[::]:15021"),
+
+		LogFormat:              p.str(EnvLogFormat, "json"),
+		AuthzPolicyInfoLogging: p.boolean(EnvAuthzPolicyInfoLogging, false),
+		PreferedServiceNS:      p.str(EnvPreferedServiceNS, ""),
+		LocalConfigDir:         localConfigDir,
+	}
+	c.ClusterID = p.str(EnvMetaClusterID, "")
+	if c.ClusterID == "" {
+		c.ClusterID = p.str(EnvClusterID, "Kubernetes")
+	}
+	c.CAAddress = p.str(EnvCAAddress, c.XDSAddress)
+	c.DrainDeadline = drainDeadline(&p)
+	lvl := p.str(EnvLogLevel, "info")
+	if err := c.LogLevel.UnmarshalText([]byte(lvl)); err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: %w", EnvLogLevel, lvl, err))
+	}
+	if c.LogFormat != "json" && c.LogFormat != "console" {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want json or console", EnvLogFormat, c.LogFormat))
+	}
+	if c.InstanceIP != "" {
+		if _, err := netip.ParseAddr(c.InstanceIP); err != nil {
+			p.errs = append(p.errs, fmt.Errorf("%s=%q: %w", EnvInstanceIP, c.InstanceIP, err))
+		}
+	}
+	c.XDSHeaders = prefixed(environ, EnvXDSHeaderPrefix)
+	c.CAHeaders = prefixed(environ, EnvCAHeaderPrefix)
+	if c.LocalConfigDir == "" && c.XDSAddress == "" {
+		p.errs = append(p.errs, fmt.Errorf("%s is required unless --local-config is given", EnvXDSAddress))
+	}
+	if c.NodeName == "" {
+		p.errs = append(p.errs, fmt.Errorf("%s is required", EnvNodeName))
+	}
+	if err := errors.Join(p.errs...); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return c, nil
+}
+
+// drainDeadline follows Istio: TERMINATION_GRACE_PERIOD_SECONDS - 5 s
+// (- 1 s when ≤ 10 s), or CONNECTION_TERMINATION_DEADLINE, default 5 s.
+func drainDeadline(p *parser) time.Duration {
+	if _, ok := p.env(EnvConnTerminationDeadline); ok {
+		return p.duration(EnvConnTerminationDeadline, 5*time.Second)
+	}
+	if _, ok := p.env(EnvTerminationGrace); ok {
+		g := time.Duration(p.integer(EnvTerminationGrace, 30, 1, 1<<20)) * time.Second
+		if g <= 10*time.Second {
+			return g - time.Second
+		}
+		return g - 5*time.Second
+	}
+	return 5 * time.Second
+}
+
+// prefixed collects PREFIX<k>=<v> variables as k → v.
+func prefixed(environ []string, prefix string) map[string]string {
+	out := map[string]string{}
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && strings.HasPrefix(k, prefix) && len(k) > len(prefix) {
+			out[strings.TrimPrefix(k, prefix)] = v
+		}
+	}
+	return out
+}
+
+type parser struct {
+	env  Lookup
+	errs []error
+}
+
+func (p *parser) str(k, def string) string {
+	if v, ok := p.env(k); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func (p *parser) boolean(k string, def bool) bool {
+	v, ok := p.env(k)
+	if !ok || v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want true or false", k, v))
+		return def
+	}
+	return b
+}
+
+func (p *parser) integer(k string, def, lo, hi int) int {
+	v, ok := p.env(k)
+	if !ok || v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want an integer in [%d, %d]", k, v, lo, hi))
+		return def
+	}
+	return n
+}
+
+// duration accepts Go durations ("30s") and, as Istio does for some
+// variables, a bare number of seconds.
+func (p *parser) duration(k string, def time.Duration) time.Duration {
+	v, ok := p.env(k)
+	if !ok || v == "" {
+		return def
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want a duration such as 30s", k, v))
+		return def
+	}
+	return d
+}
