@@ -69,6 +69,8 @@ unit:
 	ZTG_REQUIRE_ROOT=$${ZTG_REQUIRE_ROOT:-$$( [ $$(id -u) = 0 ] && echo 1 )} \
 	ZTG_CNI_BIN=$(CNI_BIN) \
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/e2e')
+	@# Allocation budgets (sync.Pool drops items under -race, so they run without it).
+	$(GO) test -count=1 -run 'Allocs' $$($(GO) list ./... | grep -v '/e2e')
 
 ## e2e: end-to-end tests in network namespaces (root).
 e2e:
