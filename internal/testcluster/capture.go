@@ -1,0 +1,222 @@
+package testcluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// markerEtherType is the IEEE "local experimental" EtherType of the frame
+// Capture.Stop sends to know the capture has caught up.
+const markerEtherType = 0x88b5
+
+// Capture is a running tcpdump on the underlay bridge.
+type Capture struct {
+	c       *Cluster
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	stderr bytes.Buffer
+	grew   chan struct{} // closed and replaced whenever buf grows
+}
+
+// CaptureUnderlay starts tcpdump on the underlay bridge br0 (every packet
+// between nodes crosses it) with a pcap filter expression ("" captures
+// everything), and returns once tcpdump is capturing. Capture.Stop returns
+// the packets. Needs tcpdump (`make deps`).
+func (c *Cluster) CaptureUnderlay(ctx context.Context, filter string) (*Capture, error) {
+	tcpdump, err := exec.LookPath("tcpdump")
+	if err != nil {
+		return nil, fmt.Errorf("testcluster: tcpdump not found (`make deps`): %w", err)
+	}
+	args := []string{"netns", "exec", c.underlay.name, tcpdump,
+		"-i", "br0", "-n", "-U", "--immediate-mode", "-Z", "root", "-w", "-"}
+	if filter != "" {
+		args = append(args, fmt.Sprintf("(%s) or ether proto %#x", filter, markerEtherType))
+	}
+	cp := &Capture{c: c, done: make(chan struct{}), grew: make(chan struct{})}
+	cp.cmd = exec.Command(c.ipPath, args...)
+	cp.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	stdout, err := cp.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := cp.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cp.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("testcluster: start tcpdump: %w", err)
+	}
+	c.mu.Lock()
+	c.captures = append(c.captures, cp)
+	c.mu.Unlock()
+
+	listening := make(chan struct{})
+	var pipes sync.WaitGroup
+	pipes.Add(2)
+	go func() {
+		defer pipes.Done()
+		sc := bufio.NewScanner(stderr)
+		seen := false
+		for sc.Scan() {
+			cp.mu.Lock()
+			cp.stderr.WriteString(sc.Text() + "\n")
+			cp.mu.Unlock()
+			if !seen && strings.Contains(sc.Text(), "listening on") {
+				seen = true
+				close(listening)
+			}
+		}
+	}()
+	go func() {
+		defer pipes.Done()
+		b := make([]byte, 64<<10)
+		for {
+			n, err := stdout.Read(b)
+			if n > 0 {
+				cp.mu.Lock()
+				cp.buf.Write(b[:n])
+				close(cp.grew)
+				cp.grew = make(chan struct{})
+				cp.mu.Unlock()
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		pipes.Wait() // read everything before Wait closes the pipes
+		cp.waitErr = cp.cmd.Wait()
+		close(cp.done)
+	}()
+
+	select {
+	case <-listening:
+		return cp, nil
+	case <-cp.done:
+		return nil, fmt.Errorf("testcluster: tcpdump exited (%v): %s", cp.waitErr, cp.stderrText())
+	case <-ctx.Done():
+		cp.kill()
+		return nil, fmt.Errorf("testcluster: waiting for tcpdump: %w", ctx.Err())
+	}
+}
+
+func (cp *Capture) stderrText() string {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return strings.TrimSpace(cp.stderr.String())
+}
+
+// Stop ends the capture and returns every packet that crossed the bridge
+// before the call. To be sure tcpdump has written them all, it first sends a
+// marker frame onto the bridge and waits (up to 10 s) until the marker shows
+// up in the output; the marker is not returned.
+func (cp *Capture) Stop() ([]Packet, error) {
+	nonce := make([]byte, 16)
+	_, _ = rand.Read(nonce)
+	var werr error
+	if err := cp.sendMarker(nonce); err != nil {
+		werr = err
+	} else {
+		werr = cp.waitFor(nonce, 10*time.Second)
+	}
+	_ = syscall.Kill(-cp.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-cp.done:
+	case <-time.After(5 * time.Second):
+		cp.kill()
+	}
+	cp.mu.Lock()
+	data := append([]byte(nil), cp.buf.Bytes()...)
+	cp.mu.Unlock()
+	pkts, err := ParsePcap(data)
+	if err != nil {
+		return nil, fmt.Errorf("testcluster: capture: %w (tcpdump: %s)", err, cp.stderrText())
+	}
+	out := pkts[:0]
+	for _, p := range pkts {
+		if p.EtherType != markerEtherType {
+			out = append(out, p)
+		}
+	}
+	if werr != nil {
+		return out, fmt.Errorf("testcluster: capture may be incomplete: %w", werr)
+	}
+	return out, nil
+}
+
+func (cp *Capture) waitFor(nonce []byte, d time.Duration) error {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		cp.mu.Lock()
+		found := bytes.Contains(cp.buf.Bytes(), nonce)
+		grew := cp.grew
+		cp.mu.Unlock()
+		if found {
+			return nil
+		}
+		select {
+		case <-grew:
+		case <-cp.done:
+			return fmt.Errorf("tcpdump exited (%v) before the marker arrived: %s", cp.waitErr, cp.stderrText())
+		case <-deadline.C:
+			return fmt.Errorf("marker frame not captured within %v", d)
+		}
+	}
+}
+
+// sendMarker broadcasts one frame of markerEtherType carrying nonce on br0,
+// from inside the underlay namespace.
+func (cp *Capture) sendMarker(nonce []byte) error {
+	return cp.c.underlay.Do(func() error {
+		ifi, err := net.InterfaceByName("br0")
+		if err != nil {
+			return err
+		}
+		proto := htons(markerEtherType)
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto))
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		defer unix.Close(fd)
+		frame := make([]byte, 60)
+		copy(frame[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		copy(frame[6:12], []byte{0x02, 0x7a, 0x74, 0x00, 0x00, 0x01}) // locally administered
+		frame[12], frame[13] = markerEtherType>>8, markerEtherType&0xff
+		copy(frame[14:], nonce)
+		sa := &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index, Halen: 6,
+			Addr: [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}
+		if err := unix.Sendto(fd, frame, 0, sa); err != nil {
+			return fmt.Errorf("send marker: %w", err)
+		}
+		return nil
+	})
+}
+
+// htons converts to network byte order, as AF_PACKET protocol fields want.
+func htons(v uint16) uint16 {
+	return binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, v))
+}
+
+// kill ends tcpdump at once (cleanup, or a failed start).
+func (cp *Capture) kill() {
+	_ = syscall.Kill(-cp.cmd.Process.Pid, syscall.SIGKILL)
+	<-cp.done
+}

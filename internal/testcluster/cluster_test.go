@@ -1,0 +1,231 @@
+package testcluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testcluster/kube"
+)
+
+// echo serves ln until it is closed: each connection gets back what it sent,
+// prefixed with who answered.
+func echo(ln net.Listener, who string) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer conn.Close()
+			data, _ := io.ReadAll(conn)
+			fmt.Fprintf(conn, "%s:%s", who, data)
+		}()
+	}
+}
+
+// roundTrip sends msg from src to dst:port and returns the reply.
+func roundTrip(ctx context.Context, src *Pod, dst netip.AddrPort, msg string) (string, error) {
+	conn, err := src.Dial(ctx, "tcp", dst.String())
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(msg)); err != nil {
+		return "", err
+	}
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		return "", err
+	}
+	reply, err := io.ReadAll(conn)
+	return string(reply), err
+}
+
+func rootLinks(t *testing.T) string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range ifs {
+		names = append(names, i.Name)
+	}
+	return strings.Join(names, ",")
+}
+
+func TestCluster(t *testing.T) {
+	linksBefore := rootLinks(t)
+	var c *Cluster
+	t.Run("cluster", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		c = New(t, Options{Nodes: 2})
+		if err := c.AddNamespace("demo", map[string]string{"istio.io/dataplane-mode": "ambient"}); err != nil {
+			t.Fatal(err)
+		}
+		var pods [2][2]*Pod
+		for n := 0; n < 2; n++ {
+			for j := 0; j < 2; j++ {
+				p, err := c.Node(n).AddPod(ctx, PodSpec{
+					Name: fmt.Sprintf("pod-%d-%d", n, j), Namespace: "demo",
+					Labels:         map[string]string{"app": "echo"},
+					ServiceAccount: "echo",
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := netip.AddrFrom4([4]byte{10, 31, byte(n), byte(10 + j)}); p.IP != want {
+					t.Errorf("pod %s IP = %s, want %s", p.Name, p.IP, want)
+				}
+				pods[n][j] = p
+			}
+		}
+		// The address inside the pod is the planned one.
+		out, err := pods[1][1].Exec(ctx, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if err != nil || !strings.Contains(string(out), "10.31.1.11/24") {
+			t.Errorf("pod-1-1 eth0: %s (%v)", out, err)
+		}
+
+		for n := 0; n < 2; n++ {
+			for j := 0; j < 2; j++ {
+				p := pods[n][j]
+				ln, err := p.Listen(":8080")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				go echo(ln, p.Name)
+			}
+		}
+		for _, tc := range []struct {
+			name     string
+			src, dst *Pod
+		}{
+			{"same node", pods[0][0], pods[0][1]},
+			{"cross node", pods[0][0], pods[1][1]},
+			{"cross node back", pods[1][0], pods[0][1]},
+		} {
+			msg := strings.Repeat("x", 100000) + tc.name
+			reply, err := roundTrip(ctx, tc.src, netip.AddrPortFrom(tc.dst.IP, 8080), msg)
+			if err != nil || reply != tc.dst.Name+":"+msg {
+				t.Errorf("%s: %s -> %s: got %d bytes %q... (%v)", tc.name, tc.src.Name, tc.dst.Name, len(reply), reply[:min(len(reply), 20)], err)
+			}
+		}
+
+		// The machine's own addresses are not reachable from a pod: the node
+		// has no route out of the topology, and answers "unreachable".
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			pfx, err := netip.ParsePrefix(a.String())
+			if err != nil || pfx.Addr().IsLoopback() || !pfx.Addr().Is4() {
+				continue
+			}
+			dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+			conn, err := pods[0][0].Dial(dctx, "tcp", netip.AddrPortFrom(pfx.Addr(), 22).String())
+			dcancel()
+			if err == nil {
+				conn.Close()
+				t.Errorf("pod reached the root namespace's %s", pfx.Addr())
+			} else if !errors.Is(err, syscall.ENETUNREACH) && !errors.Is(err, syscall.EHOSTUNREACH) {
+				t.Errorf("dial %s from a pod: %v, want network/host unreachable", pfx.Addr(), err)
+			}
+		}
+
+		// A host-network pod runs in the node namespace with the node's IP.
+		hp, err := c.Node(1).AddPod(ctx, PodSpec{Name: "agent", Namespace: "kube-system", HostNetwork: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hp.IP != c.Node(1).UnderlayIP || hp.NetNSName() != c.Node(1).NetNSName() {
+			t.Errorf("host-network pod: IP %s netns %s", hp.IP, hp.NetNSName())
+		}
+		if reply, err := roundTrip(ctx, hp, netip.AddrPortFrom(pods[0][1].IP, 8080), "from node"); err != nil || reply != "pod-0-1:from node" {
+			t.Errorf("node1 -> pod-0-1: %q (%v)", reply, err)
+		}
+
+		if _, err := c.AddService(ServiceSpec{
+			Name: "echo", Namespace: "demo", Selector: map[string]string{"app": "echo"},
+			Ports: []kube.ServicePort{{Name: "tcp", Port: 80, TargetPort: 8080}},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		checkConfig(t, c)
+	})
+	// After the subtest's cleanup: nothing of it is left, and the root
+	// namespace has the links it had before.
+	if left, err := listNetNS(nsPrefix(c.ID())); err != nil || len(left) != 0 {
+		t.Errorf("namespaces left after cleanup: %v (%v)", left, err)
+	}
+	if after := rootLinks(t); after != linksBefore {
+		t.Errorf("root namespace links changed: before %s, after %s", linksBefore, after)
+	}
+}
+
+// checkConfig decodes the YAML the cluster wrote into the real API types.
+func checkConfig(t *testing.T, c *Cluster) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(c.ConfigDir(), "pod.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ips := map[string]string{}
+	for _, doc := range bytes.Split(data, []byte("---\n")) {
+		var p corev1.Pod
+		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+			t.Fatalf("pod.yaml: %v", err)
+		}
+		if p.Status.Phase != corev1.PodRunning || p.UID == "" || p.Spec.NodeName == "" {
+			t.Errorf("pod %s: phase %s uid %q node %q", p.Name, p.Status.Phase, p.UID, p.Spec.NodeName)
+		}
+		ips[p.Namespace+"/"+p.Name] = p.Status.PodIP
+	}
+	if len(ips) != 5 || ips["demo/pod-1-0"] != "10.31.1.10" || ips["kube-system/agent"] != "10.30.0.11" {
+		t.Errorf("pod IPs in YAML: %v", ips)
+	}
+	var svc corev1.Service
+	if data, err = os.ReadFile(filepath.Join(c.ConfigDir(), "service.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, &svc); err != nil {
+		t.Fatal(err)
+	}
+	if svc.Spec.ClusterIP != "10.32.0.10" {
+		t.Errorf("service ClusterIP %s, want 10.32.0.10", svc.Spec.ClusterIP)
+	}
+	var es discoveryv1.EndpointSlice
+	if data, err = os.ReadFile(filepath.Join(c.ConfigDir(), "endpointslice.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, &es); err != nil {
+		t.Fatal(err)
+	}
+	if len(es.Endpoints) != 4 || *es.Ports[0].Port != 8080 {
+		t.Errorf("endpointslice: %d endpoints, ports %v", len(es.Endpoints), es.Ports)
+	}
+	var ns corev1.Namespace
+	if data, err = os.ReadFile(filepath.Join(c.ConfigDir(), "namespace.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	docs := bytes.Split(data, []byte("---\n"))
+	if err := yaml.UnmarshalStrict(docs[0], &ns); err != nil || ns.Name != "demo" || ns.Labels["istio.io/dataplane-mode"] != "ambient" {
+		t.Errorf("first namespace %s labels %v (%v)", ns.Name, ns.Labels, err)
+	}
+}
