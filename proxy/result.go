@@ -1,0 +1,271 @@
+package proxy
+
+import (
+	"errors"
+	"net/netip"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+)
+
+// Direction of a connection, as the access log and the reporter label name it.
+type Direction uint8
+
+// Directions.
+const (
+	Outbound Direction = iota // accepted on 15001, reporter=source
+	Inbound                   // accepted on 15008 or 15006, reporter=destination
+)
+
+func (d Direction) String() string {
+	if d == Inbound {
+		return "inbound"
+	}
+	return "outbound"
+}
+
+func (d Direction) reporter() string {
+	if d == Inbound {
+		return "destination"
+	}
+	return "source"
+}
+
+// Peer describes one end of a connection with values that come from the
+// control plane only (never from untrusted input), so label sets stay bounded.
+// The zero value means "unknown".
+type Peer struct {
+	Workload          string // Workload.workload_name (or name)
+	Namespace         string
+	CanonicalService  string
+	CanonicalRevision string
+	Cluster           string
+	Region, Zone      string
+	// Identity is the SPIFFE identity: for a source only when proven by mTLS;
+	// for a destination from the control plane or the peer certificate.
+	Identity identity.Identity
+}
+
+// Service is the destination service a connection was addressed to, if any.
+type Service struct {
+	Hostname  string
+	Namespace string
+	Name      string
+}
+
+// Reason is the closed set of failure reasons a connection ends with (STYLE G7).
+type Reason string
+
+// Reasons. The empty reason is success.
+const (
+	ReasonNone              Reason = ""
+	ReasonPolicyDenied      Reason = "policy_denied"
+	ReasonConnectFailed     Reason = "connect_failed"
+	ReasonTLSFailure        Reason = "tls_failure"
+	ReasonH2Failure         Reason = "h2_handshake_failure"
+	ReasonNoHealthyUpstream Reason = "no_healthy_upstream"
+	ReasonUnknownSource     Reason = "unknown_source"
+	ReasonUnknownDest       Reason = "unknown_destination"
+	ReasonBadRequest        Reason = "bad_request"
+	ReasonSelfCall          Reason = "self_call"
+	ReasonIdentity          Reason = "identity_error"
+	ReasonRevoked           Reason = "revoked"
+	ReasonDrained           Reason = "drained"
+	ReasonUpstreamStatus    Reason = "upstream_status"
+	ReasonInternal          Reason = "internal"
+)
+
+// responseFlag maps a reason to Istio's response_flags label value.
+func (r Reason) responseFlag() string {
+	switch r {
+	case ReasonNone, ReasonDrained:
+		return "-"
+	case ReasonPolicyDenied, ReasonRevoked:
+		return "DENY"
+	case ReasonConnectFailed, ReasonNoHealthyUpstream, ReasonUpstreamStatus, ReasonUnknownDest, ReasonSelfCall:
+		return "CONNECT"
+	case ReasonTLSFailure:
+		return "TLS_FAILURE"
+	case ReasonH2Failure:
+		return "H2_HANDSHAKE_FAILURE"
+	case ReasonIdentity:
+		return "IDENTITY_ERROR"
+	}
+	return "CONNECT"
+}
+
+// ReasonError is implemented by errors that know their Reason.
+type ReasonError interface {
+	error
+	Reason() Reason
+}
+
+// reasonErr attaches a reason to a cause.
+type reasonErr struct {
+	reason Reason
+	err    error
+}
+
+func (e *reasonErr) Error() string  { return string(e.reason) + ": " + e.err.Error() }
+func (e *reasonErr) Unwrap() error  { return e.err }
+func (e *reasonErr) Reason() Reason { return e.reason }
+
+// WithReason wraps err so that Result.Record reports r.
+func WithReason(r Reason, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &reasonErr{reason: r, err: err}
+}
+
+// ReasonOf extracts the reason of err (ReasonInternal when none is attached).
+func ReasonOf(err error) Reason {
+	if err == nil {
+		return ReasonNone
+	}
+	var re ReasonError
+	if errors.As(err, &re) {
+		return re.Reason()
+	}
+	if errors.Is(err, ErrForced) {
+		return ReasonDrained
+	}
+	return ReasonInternal
+}
+
+// Result is the one record each connection produces (STYLE G7): create it
+// when the connection is accepted, fill in what becomes known, and
+// `defer res.Record(&err)`. Record increments the metrics and writes one
+// access-log line, exactly once.
+type Result struct {
+	m   *Metrics
+	log *zap.Logger
+
+	Direction Direction
+	Start     time.Time
+	SrcAddr   netip.AddrPort
+	DstAddr   netip.AddrPort // L4 next hop (podIP:15008 for HBONE)
+	HBONEAddr netip.AddrPort // inner authority, when tunnelled
+	Src       Peer
+	Dst       Peer
+	Service   Service
+	MTLS      bool // connection_security_policy=mutual_tls
+	Counters  Counters
+
+	recorded bool
+}
+
+// NewResult starts the record of one connection and counts it as opened.
+func NewResult(m *Metrics, log *zap.Logger, dir Direction, src, dst netip.AddrPort) *Result {
+	r := &Result{m: m, log: log, Direction: dir, Start: time.Now(), SrcAddr: src, DstAddr: dst}
+	if m != nil {
+		m.open.WithLabelValues(dir.reporter()).Inc()
+	}
+	return r
+}
+
+// Record writes the metrics and the access-log line. It is safe to call more
+// than once; only the first call counts.
+func (r *Result) Record(errp *error) {
+	if r.recorded {
+		return
+	}
+	r.recorded = true
+	var err error
+	if errp != nil {
+		err = *errp
+	}
+	reason := ReasonOf(err)
+	if r.m != nil {
+		r.m.open.WithLabelValues(r.Direction.reporter()).Dec()
+		labels := r.labels(reason.responseFlag())
+		r.m.opened.WithLabelValues(labels...).Inc()
+		r.m.closed.WithLabelValues(labels...).Inc()
+		r.m.received.WithLabelValues(labels...).Add(float64(r.Counters.Sent.Load()))
+		r.m.sent.WithLabelValues(labels...).Add(float64(r.Counters.Received.Load()))
+		if reason != ReasonNone && reason != ReasonDrained {
+			r.m.failed.WithLabelValues(labels...).Inc()
+		}
+	}
+	if r.log == nil {
+		return
+	}
+	fields := []zap.Field{
+		zap.String("src.addr", r.SrcAddr.String()),
+		zap.String("src.workload", r.Src.Workload),
+		zap.String("src.namespace", r.Src.Namespace),
+		zap.String("dst.addr", r.DstAddr.String()),
+		zap.String("dst.service", r.Service.Hostname),
+		zap.String("dst.workload", r.Dst.Workload),
+		zap.String("dst.namespace", r.Dst.Namespace),
+		zap.String("direction", r.Direction.String()),
+		zap.Int64("bytes_sent", r.Counters.Sent.Load()),
+		zap.Int64("bytes_recv", r.Counters.Received.Load()),
+		zap.String("duration", time.Since(r.Start).Round(time.Millisecond).String()),
+	}
+	if r.HBONEAddr.IsValid() {
+		fields = append(fields, zap.String("dst.hbone_addr", r.HBONEAddr.String()))
+	}
+	if !r.Src.Identity.IsZero() {
+		fields = append(fields, zap.String("src.identity", r.Src.Identity.String()))
+	}
+	if !r.Dst.Identity.IsZero() {
+		fields = append(fields, zap.String("dst.identity", r.Dst.Identity.String()))
+	}
+	if reason == ReasonNone {
+		r.log.Info("connection complete", fields...)
+		return
+	}
+	fields = append(fields, zap.String("reason", string(reason)), zap.Error(err))
+	if reason == ReasonDrained {
+		r.log.Info("connection complete", fields...)
+		return
+	}
+	r.log.Error("connection complete", fields...)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+func principal(id identity.Identity) string {
+	if id.IsZero() {
+		return "unknown"
+	}
+	return id.String()
+}
+
+func (r *Result) labels(flag string) []string {
+	sec := "unknown"
+	if r.MTLS {
+		sec = "mutual_tls"
+	}
+	s, d := &r.Src, &r.Dst
+	return []string{
+		r.Direction.reporter(),
+		orUnknown(s.Workload), orUnknown(s.CanonicalService), orUnknown(s.CanonicalRevision), orUnknown(s.Namespace),
+		principal(s.Identity), orUnknown(s.CanonicalService), orUnknown(s.CanonicalRevision), orUnknown(s.Cluster),
+		orUnknown(r.Service.Hostname), orUnknown(r.Service.Namespace), orUnknown(r.Service.Name),
+		orUnknown(d.Workload), orUnknown(d.CanonicalService), orUnknown(d.CanonicalRevision),
+		orUnknown(d.Namespace), principal(d.Identity), orUnknown(d.CanonicalService), orUnknown(d.CanonicalRevision),
+		orUnknown(d.Cluster),
+		"tcp", flag, sec,
+		orUnknown(s.Region), orUnknown(s.Zone), orUnknown(d.Region), orUnknown(d.Zone),
+	}
+}
+
+// LogEarlyDeny writes the one line for a connection rejected before its
+// workloads were known (STYLE G7).
+func LogEarlyDeny(log *zap.Logger, dir Direction, src, dst netip.AddrPort, err error) {
+	if log == nil {
+		return
+	}
+	log.Warn("connection failed",
+		zap.String("src.addr", src.String()), zap.String("dst.addr", dst.String()),
+		zap.String("direction", dir.String()), zap.String("reason", string(ReasonOf(err))), zap.Error(err))
+}
