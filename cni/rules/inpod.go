@@ -125,14 +125,19 @@ func addFamily(rs *RuleSet, f Family, s PodSettings, outPorts, inPorts []uint16,
 	add := func(table, chain string, args ...string) {
 		rs.Rules = append(rs.Rules, Rule{Family: f, Table: table, Chain: chain, Args: args})
 	}
-	// outboundExclusions RETURNs excluded destinations; extra prefixes the
-	// matches (e.g. "-i eth1").
-	outboundExclusions := func(chain string, extra ...string) {
+	// outboundExclusions RETURNs excluded destinations, only for traffic
+	// arriving on iface if set. Arguments are in canonical order (-d before
+	// -i before -p).
+	outboundExclusions := func(chain, iface string) {
+		var in []string
+		if iface != "" {
+			in = []string{"-i", iface}
+		}
 		for _, r := range ranges {
-			add("nat", chain, slices.Concat(extra, []string{"-d", r.String(), "-j", "RETURN"})...)
+			add("nat", chain, slices.Concat([]string{"-d", r.String()}, in, []string{"-j", "RETURN"})...)
 		}
 		for _, p := range outPorts {
-			add("nat", chain, slices.Concat(extra, []string{"-p", "tcp", "-m", "tcp", "--dport", port(p), "-j", "RETURN"})...)
+			add("nat", chain, slices.Concat(in, []string{"-p", "tcp", "-m", "tcp", "--dport", port(p), "-j", "RETURN"})...)
 		}
 	}
 
@@ -148,7 +153,7 @@ func addFamily(rs *RuleSet, f Family, s PodSettings, outPorts, inPorts []uint16,
 	add("nat", "PREROUTING", "-j", ChainPrerouting)
 	add("nat", "OUTPUT", "-j", ChainOutput)
 	for _, iface := range s.RerouteVirtualInterfaces {
-		outboundExclusions(ChainPrerouting, "-i", iface)
+		outboundExclusions(ChainPrerouting, iface)
 		add("nat", ChainPrerouting, "-i", iface, "-p", "tcp", "-j", "REDIRECT", "--to-ports", port(PortOutbound))
 		add("nat", ChainPrerouting, "-i", iface, "-p", "tcp", "-j", "RETURN")
 	}
@@ -161,7 +166,7 @@ func addFamily(rs *RuleSet, f Family, s PodSettings, outPorts, inPorts []uint16,
 			"-m", "mark", "!", "--mark", mark, "-j", "REDIRECT", "--to-ports", port(PortInbound))
 	}
 	add("nat", ChainOutput, "-d", probe, "-p", "tcp", "-m", "tcp", "-j", "ACCEPT")
-	outboundExclusions(ChainOutput)
+	outboundExclusions(ChainOutput, "")
 	if dns {
 		add("nat", ChainOutput, "!", "-o", "lo", "-p", "udp", "-m", "mark", "!", "--mark", mark,
 			"-m", "udp", "--dport", "53", "-j", "REDIRECT", "--to-ports", port(PortDNS))
