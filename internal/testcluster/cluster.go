@@ -64,6 +64,10 @@ type Options struct {
 	// CNIBinDir holds the plugin binaries. Empty means $ZTG_CNI_BIN, else
 	// <repo>/.tools/cni/bin.
 	CNIBinDir string
+	// PluginDirs are more directories searched for plugins named in
+	// ExtraPlugins (where `make build` puts ztunnel-cni, say), after
+	// CNIBinDir.
+	PluginDirs []string
 	// CNITool is the cnitool binary. Empty means <repo>/.tools/bin/cnitool,
 	// else cnitool on $PATH.
 	CNITool string
@@ -81,7 +85,7 @@ type Cluster struct {
 	configDir string
 	ipPath    string
 	cnitool   string
-	cniBin    string
+	cniPath   string // CNI_PATH: the reference plugins, then Options.PluginDirs
 
 	underlay *NetNS
 	nodes    []*Node
@@ -170,7 +174,7 @@ func newCluster(t testing.TB, opts Options, cleanup bool) *Cluster {
 	if err := c.writeConfig(); err != nil {
 		t.Fatalf("testcluster: %v", err)
 	}
-	t.Logf("testcluster %s: %d nodes, namespaces %s*, config %s", c.id, len(c.nodes), nsPrefix(c.id), c.configDir)
+	t.Logf("testcluster %s: nodes=%d, namespaces %s*, config %s", c.id, len(c.nodes), nsPrefix(c.id), c.configDir)
 	return c
 }
 
@@ -180,18 +184,19 @@ func (c *Cluster) findTools(wd string, opts Options) error {
 		return fmt.Errorf("ip(8) not found: install iproute2 (`make deps`): %w", err)
 	}
 	root := repoRoot(wd)
-	c.cniBin = opts.CNIBinDir
-	if c.cniBin == "" {
-		c.cniBin = os.Getenv(EnvCNIBin)
+	cniBin := opts.CNIBinDir
+	if cniBin == "" {
+		cniBin = os.Getenv(EnvCNIBin)
 	}
-	if c.cniBin == "" && root != "" {
-		c.cniBin = filepath.Join(root, ".tools", "cni", "bin")
+	if cniBin == "" && root != "" {
+		cniBin = filepath.Join(root, ".tools", "cni", "bin")
 	}
 	for _, p := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join(c.cniBin, p)); err != nil {
-			return fmt.Errorf("CNI plugin %q not found in %q (%s): run `make tools`", p, c.cniBin, EnvCNIBin)
+		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
+			return fmt.Errorf("CNI plugin %q not found in %q (%s): run `make tools`", p, cniBin, EnvCNIBin)
 		}
 	}
+	c.cniPath = strings.Join(append([]string{cniBin}, opts.PluginDirs...), string(filepath.ListSeparator))
 	c.cnitool = opts.CNITool
 	if c.cnitool == "" && root != "" {
 		if p := filepath.Join(root, ".tools", "bin", "cnitool"); fileExists(p) {
@@ -514,6 +519,9 @@ func (c *Cluster) close() {
 		}
 	}
 	for i := len(procs) - 1; i >= 0; i-- {
+		if procs[i].stopped.Load() {
+			continue // the test stopped it and saw the result
+		}
 		if err := procs[i].Stop(); err != nil {
 			c.t.Logf("testcluster: cleanup: %v", err)
 		}

@@ -112,6 +112,10 @@ func TestCluster(t *testing.T) {
 				go echo(ln, p.Name)
 			}
 		}
+		capture, err := c.CaptureUnderlay(ctx, "tcp port 8080")
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, tc := range []struct {
 			name     string
 			src, dst *Pod
@@ -126,6 +130,12 @@ func TestCluster(t *testing.T) {
 				t.Errorf("%s: %s -> %s: got %d bytes %q... (%v)", tc.name, tc.src.Name, tc.dst.Name, len(reply), reply[:min(len(reply), 20)], err)
 			}
 		}
+
+		pkts, err := capture.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkCapture(t, pkts, pods[0][0], pods[0][1], pods[1][1])
 
 		// The machine's own addresses are not reachable from a pod: the node
 		// has no route out of the topology, and answers "unreachable".
@@ -179,6 +189,36 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// checkCapture checks what crossed the underlay while the round trips ran:
+// the cross-node connection in full (SYN, the reply bytes), and nothing of
+// the same-node one.
+func checkCapture(t *testing.T, pkts []Packet, client, sameNode, crossNode *Pod) {
+	t.Helper()
+	var syn bool
+	var fromServer []byte
+	for _, p := range pkts {
+		if p.Proto != "tcp" {
+			t.Errorf("filter 'tcp port 8080' let through %s %s -> %s", p.Proto, p.Src, p.Dst)
+		}
+		if p.Src.Addr() == client.IP && p.Dst == netip.AddrPortFrom(crossNode.IP, 8080) && p.TCPFlags&TCPSyn != 0 {
+			syn = true
+		}
+		if p.Src == netip.AddrPortFrom(crossNode.IP, 8080) && p.Dst.Addr() == client.IP {
+			fromServer = append(fromServer, p.Payload...)
+		}
+		if a, b := p.Src.Addr(), p.Dst.Addr(); a == client.IP && b == sameNode.IP || a == sameNode.IP && b == client.IP {
+			t.Errorf("same-node traffic crossed the underlay: %s -> %s", p.Src, p.Dst)
+		}
+	}
+	if !syn {
+		t.Errorf("no SYN %s -> %s:8080 among %d captured packets", client.IP, crossNode.IP, len(pkts))
+	}
+	// TCP segments of one direction arrive in order on this single bridge.
+	if want := crossNode.Name + ":" + strings.Repeat("x", 100000) + "cross node"; string(fromServer) != want {
+		t.Errorf("captured %d reply bytes, want the %d the server sent", len(fromServer), len(want))
+	}
+}
+
 // checkConfig decodes the YAML the cluster wrote into the real API types.
 func checkConfig(t *testing.T, c *Cluster) {
 	t.Helper()
@@ -227,5 +267,200 @@ func checkConfig(t *testing.T, c *Cluster) {
 	docs := bytes.Split(data, []byte("---\n"))
 	if err := yaml.UnmarshalStrict(docs[0], &ns); err != nil || ns.Name != "demo" || ns.Labels["istio.io/dataplane-mode"] != "ambient" {
 		t.Errorf("first namespace %s labels %v (%v)", ns.Name, ns.Labels, err)
+	}
+}
+
+// TestCNIAddFailsThenRetry plays "ADD fails while the agent is down, the
+// runtime retries later", and checks what the chained plugin receives.
+func TestCNIAddFailsThenRetry(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := New(t, Options{
+		PluginDirs: []string{fakePluginDir(t)},
+		ExtraPlugins: func(n *Node) []map[string]any {
+			return []map[string]any{{"type": fakePluginName, "gate": filepath.Join(n.Dir, "agent-up")}}
+		},
+	})
+	gate := filepath.Join(c.Node(0).Dir, "agent-up")
+
+	// An uncaptured pod never meets the extra plugin.
+	plain, err := c.Node(0).AddPod(ctx, PodSpec{Name: "plain", Uncaptured: true})
+	if err != nil || !plain.Running() {
+		t.Fatalf("uncaptured pod with the plugin failing: %v", err)
+	}
+
+	p, err := c.Node(0).AddPod(ctx, PodSpec{Name: "app", Namespace: "demo"})
+	var ce *CNIError
+	if !errors.As(err, &ce) || ce.Op != "ADD" || !strings.Contains(ce.Output, "fake agent unavailable") {
+		t.Fatalf("AddPod with the agent down: %v, want a CNI ADD error from the plugin", err)
+	}
+	if p == nil || p.Running() {
+		t.Fatalf("pod after failed ADD: %+v, want pending", p)
+	}
+	if _, err := os.Stat(p.NetNSPath()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("failed sandbox's namespace still exists (%v)", err)
+	}
+	if _, err := p.Dial(ctx, "tcp", "10.31.0.1:1"); !errors.Is(err, ErrNoNetNS) {
+		t.Errorf("Dial in a pending pod: %v, want ErrNoNetNS", err)
+	}
+	if phase := podPhase(t, c, "demo", "app"); phase != corev1.PodPending {
+		t.Errorf("YAML phase %q, want Pending", phase)
+	}
+
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Retry(ctx); err != nil {
+		t.Fatalf("Retry with the agent up: %v", err)
+	}
+	if !p.Running() || podPhase(t, c, "demo", "app") != corev1.PodRunning {
+		t.Errorf("pod not running after retry")
+	}
+	args, err := os.ReadFile(gate + ".args")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"K8S_POD_NAMESPACE=demo", "K8S_POD_NAME=app", "K8S_POD_UID=" + p.UID, p.NetNSPath()} {
+		if !strings.Contains(string(args), want) {
+			t.Errorf("plugin saw %q, missing %q", args, want)
+		}
+	}
+	// The retried pod has its planned address and can talk to its neighbour.
+	ln, err := plain.Listen(":9000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go echo(ln, "plain")
+	if reply, err := roundTrip(ctx, p, netip.AddrPortFrom(plain.IP, 9000), "hi"); err != nil || reply != "plain:hi" {
+		t.Errorf("app -> plain: %q (%v)", reply, err)
+	}
+
+	if err := p.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p.NetNSPath()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("deleted pod's namespace still exists (%v)", err)
+	}
+	if phase := podPhase(t, c, "demo", "app"); phase != "" {
+		t.Errorf("deleted pod still in YAML (phase %q)", phase)
+	}
+}
+
+// podPhase returns the phase of namespace/name in the cluster's pod.yaml, ""
+// when absent.
+func podPhase(t *testing.T, c *Cluster, namespace, name string) corev1.PodPhase {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(c.ConfigDir(), "pod.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range bytes.Split(data, []byte("---\n")) {
+		var p corev1.Pod
+		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Namespace == namespace && p.Name == name {
+			return p.Status.Phase
+		}
+	}
+	return ""
+}
+
+func TestProcess(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := New(t, Options{})
+	p, err := c.Node(0).AddPod(ctx, PodSpec{Name: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := p.Start(Process{Name: "server", Path: "/bin/sh", Args: []string{"-c", "echo ready $GREETING; exec sleep 100"},
+		Env: []string{"GREETING=hello"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.WaitLog(ctx, "ready hello"); err != nil {
+		t.Fatal(err)
+	}
+	var want, got syscall.Stat_t
+	if err := syscall.Stat(p.NetNSPath(), &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", proc.PID()), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Ino != want.Ino || got.Dev != want.Dev {
+		t.Errorf("process runs in netns inode %d, want the pod's %d", got.Ino, want.Ino)
+	}
+	if err := proc.Stop(); err != nil {
+		t.Errorf("Stop of a process that exits on SIGTERM: %v", err)
+	}
+	select {
+	case <-proc.Done():
+	default:
+		t.Error("Done not closed after Stop")
+	}
+
+	stubborn, err := c.Node(0).Start(Process{Name: "stubborn", Path: "/bin/sh", StopTimeout: 200 * time.Millisecond,
+		Args: []string{"-c", `trap "" TERM; echo ready; while :; do sleep 1; done`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stubborn.WaitLog(ctx, "ready"); err != nil {
+		t.Fatal(err)
+	}
+	if err := stubborn.Stop(); err == nil || !strings.Contains(err.Error(), "ignored SIGTERM") {
+		t.Errorf("Stop of a process ignoring SIGTERM: %v, want 'ignored SIGTERM'", err)
+	}
+
+	out, err := p.Exec(ctx, "sh", "-c", "exit 3")
+	if err == nil {
+		t.Errorf("Exec of a failing command: nil error, output %q", out)
+	}
+}
+
+// TestRerunAfterCrash leaves a whole cluster behind (no cleanup, a process
+// still running in a pod), then builds the same test's cluster again.
+func TestRerunAfterCrash(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	crashed := newCluster(t, Options{Nodes: 2}, false)
+	old, err := crashed.Node(1).AddPod(ctx, PodSpec{Name: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := old.Start(Process{Path: "/bin/sleep", Args: []string{"100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed.underlay.close() // as if the process had died: no handles held
+	for _, n := range crashed.nodes {
+		n.close()
+	}
+	old.close()
+
+	c := New(t, Options{Nodes: 2})
+	select {
+	case <-orphan.Done():
+	case <-ctx.Done():
+		t.Fatal("the crashed run's process still runs in its leftover namespace")
+	}
+	p0, err := c.Node(0).AddPod(ctx, PodSpec{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, err := c.Node(1).AddPod(ctx, PodSpec{Name: "p"}) // same namespace name as the leftover pod
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := p1.Listen(":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go echo(ln, "p")
+	if reply, err := roundTrip(ctx, p0, netip.AddrPortFrom(p1.IP, 7000), "again"); err != nil || reply != "p:again" {
+		t.Errorf("a -> p in the rebuilt cluster: %q (%v)", reply, err)
 	}
 }

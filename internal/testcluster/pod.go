@@ -284,7 +284,7 @@ func (p *Pod) cnitool(ctx context.Context, op string) ([]byte, error) {
 	capArgs, _ := json.Marshal(map[string]any{"ips": []string{netip.PrefixFrom(p.IP, p.Node.PodCIDR.Bits()).String()}})
 	env := []string{
 		"NETCONFPATH=" + p.Node.CNIConfDir,
-		"CNI_PATH=" + c.cniBin,
+		"CNI_PATH=" + c.cniPath,
 		"CNI_IFNAME=eth0",
 		"CNI_ARGS=" + strings.Join([]string{
 			"IgnoreUnknown=1",

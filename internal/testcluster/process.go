@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -41,6 +42,7 @@ type Proc struct {
 	done     chan struct{}
 	err      error // set before done is closed
 	stopOnce sync.Once
+	stopped  atomic.Bool // Stop was called
 	stopErr  error
 }
 
@@ -154,6 +156,7 @@ func (p *Proc) WaitLog(ctx context.Context, substr string) error {
 // sends SIGKILL. It returns the exit error, except that dying of our SIGTERM
 // counts as success. Safe to call more than once.
 func (p *Proc) Stop() error {
+	p.stopped.Store(true)
 	p.stopOnce.Do(func() {
 		pgid := p.cmd.Process.Pid
 		select {
