@@ -1,0 +1,317 @@
+package xds
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// Client defaults, as Istio's ztunnel.
+const (
+	DefaultInitialBackoff = 10 * time.Millisecond
+	DefaultMaxBackoff     = 15 * time.Second
+	// DefaultHealthyStream is how long a stream that has received a response
+	// must have lived for the reconnect backoff to start over.
+	DefaultHealthyStream = 5 * time.Second
+	// MaxReceiveBytes bounds one xDS response.
+	MaxReceiveBytes = 200 << 20
+	// DefaultClusterID is sent as clusterid metadata when ClusterID is "".
+	DefaultClusterID = "Kubernetes"
+)
+
+// ErrAlreadyRunning is returned by a second concurrent call of Client.Run.
+var ErrAlreadyRunning = errors.New("xds: client already running")
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// Address is the gRPC target of the control plane, e.g.
+	// "istiod.istio-system.svc:15012" or "127.0.0.1:15012". Required.
+	Address string
+	// RootCAs verifies the server certificate. nil: the system roots.
+	RootCAs *x509.CertPool
+	// ServerName overrides the name checked against the server certificate.
+	// "": the host part of Address.
+	ServerName string
+	// Insecure dials plaintext (no TLS). Only for tests.
+	Insecure bool
+
+	// TokenFile is read on every (re)connect and sent as
+	// "authorization: Bearer <token>". Wins over Token. "": not used.
+	TokenFile string
+	// Token is a static bearer token. "" (and no TokenFile): no
+	// authorization metadata.
+	Token string
+	// ClusterID is sent as "clusterid" metadata. "": DefaultClusterID.
+	ClusterID string
+	// Headers are extra gRPC metadata (XDS_HEADER_<k>=<v>). nil: none.
+	Headers map[string]string
+
+	// Node identifies this proxy. PodName, PodNamespace and InstanceIPs are
+	// required.
+	Node NodeInfo
+	// Sink receives the decoded resources. Required.
+	Sink Sink
+
+	// Log receives connect, disconnect and NACK lines. nil: no logs.
+	Log *zap.Logger
+	// Registerer receives the istio_xds_* metrics. nil: metrics are kept but
+	// not registered (several clients in one process, e.g. a benchmark).
+	Registerer prometheus.Registerer
+
+	// InitialBackoff and MaxBackoff bound the reconnect delay, which doubles
+	// after each failed stream. Zero: DefaultInitialBackoff/DefaultMaxBackoff.
+	InitialBackoff, MaxBackoff time.Duration
+	// HealthyStream: a stream that lived this long and received a response
+	// resets the backoff. Zero: DefaultHealthyStream.
+	HealthyStream time.Duration
+	// DialOptions are appended to the client's own (transport credentials,
+	// 200 MiB receive limit). nil: none.
+	DialOptions []grpc.DialOption
+}
+
+// Client is a delta ADS client. Create it with NewClient and call Run once.
+type Client struct {
+	cfg      ClientConfig
+	log      *zap.Logger
+	metrics  *clientMetrics
+	h        *handler
+	node     *core.Node // sent in the first request of each stream
+	dialOpts []grpc.DialOption
+	running  atomic.Bool
+}
+
+// NewClient validates cfg and builds a Client. It does not connect.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	var errs []error
+	if cfg.Address == "" {
+		errs = append(errs, errors.New("Address is required"))
+	}
+	if cfg.Sink == nil {
+		errs = append(errs, errors.New("Sink is required"))
+	}
+	if err := cfg.Node.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("xds: client config: %w", err)
+	}
+	if cfg.InitialBackoff <= 0 {
+		cfg.InitialBackoff = DefaultInitialBackoff
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	if cfg.HealthyStream <= 0 {
+		cfg.HealthyStream = DefaultHealthyStream
+	}
+	if cfg.ClusterID == "" {
+		cfg.ClusterID = DefaultClusterID
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	m, err := newClientMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	var creds credentials.TransportCredentials
+	if cfg.Insecure {
+		creds = insecure.NewCredentials()
+	} else {
+		creds = credentials.NewTLS(&tls.Config{
+			RootCAs:    cfg.RootCAs,
+			ServerName: cfg.ServerName,
+			MinVersion: tls.VersionTLS12,
+		})
+	}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxReceiveBytes)),
+	}
+	opts = append(opts, cfg.DialOptions...)
+	return &Client{
+		cfg:      cfg,
+		log:      log.With(zap.String("xds.address", cfg.Address)),
+		metrics:  m,
+		h:        newHandler(cfg.Sink),
+		node:     cfg.Node.proto(),
+		dialOpts: opts,
+	}, nil
+}
+
+// Synced is closed once the first response of both types has been applied
+// to the Sink. Readiness gates on it.
+func (c *Client) Synced() <-chan struct{} { return c.h.synced }
+
+// ResourceVersions returns a copy of the accepted versions (name → version)
+// of one type: what the client would send as initial_resource_versions.
+func (c *Client) ResourceVersions(typeURL string) map[string]string {
+	return c.h.resourceVersions(typeURL)
+}
+
+// Run connects and keeps the subscription alive until ctx is done, then
+// returns nil. Between streams it waits with exponential backoff; the Sink
+// keeps the last applied state meanwhile. Run returns ErrAlreadyRunning if
+// the client is already running.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer c.running.Store(false)
+
+	backoff := c.cfg.InitialBackoff
+	failures := 0 // consecutive streams that never got a response
+	for {
+		start := time.Now()
+		out := c.stream(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.metrics.terminations.WithLabelValues(out.reason).Inc()
+		if out.served && time.Since(start) >= c.cfg.HealthyStream {
+			backoff = c.cfg.InitialBackoff
+		}
+		switch {
+		case out.served:
+			failures = 0
+			c.log.Warn("xds: disconnected", zap.String("reason", out.reason), zap.Error(out.err))
+		case failures == 0:
+			failures++
+			c.log.Warn("xds: connect failed; retrying with backoff", zap.String("reason", out.reason), zap.Error(out.err))
+		default:
+			failures++
+			c.log.Debug("xds: connect failed again", zap.Int("attempts", failures), zap.Error(out.err))
+		}
+		// Jitter in [backoff/2, backoff] spreads a fleet reconnecting to a
+		// restarted control plane.
+		wait := backoff/2 + rand.N(backoff/2+1)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(backoff*2, c.cfg.MaxBackoff)
+	}
+}
+
+// outcome is how one stream ended.
+type outcome struct {
+	reason string
+	err    error
+	served bool // at least one response arrived
+}
+
+// stream runs one ADS stream on a fresh connection until it fails or ctx is
+// done.
+func (c *Client) stream(ctx context.Context) outcome {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	md, err := c.metadata()
+	if err != nil {
+		return outcome{reason: ReasonConnectionError, err: err}
+	}
+	conn, err := grpc.NewClient(c.cfg.Address, c.dialOpts...)
+	if err != nil {
+		return outcome{reason: ReasonConnectionError, err: fmt.Errorf("xds: dial %s: %w", c.cfg.Address, err)}
+	}
+	defer conn.Close()
+
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).
+		DeltaAggregatedResources(metadata.NewOutgoingContext(ctx, md))
+	if err != nil {
+		return outcome{reason: ReasonConnectionError, err: fmt.Errorf("xds: open stream to %s: %w", c.cfg.Address, err)}
+	}
+	for i, t := range typeURLs {
+		req := c.h.initialRequest(t)
+		if i == 0 {
+			req.Node = c.node
+		}
+		if err := st.Send(req); err != nil {
+			// io.EOF means the stream broke; Recv below returns why.
+			break
+		}
+	}
+
+	served := false
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			return c.ended(err, served)
+		}
+		c.metrics.messages.WithLabelValues(resp.GetTypeUrl()).Inc()
+		c.metrics.bytes.WithLabelValues(resp.GetTypeUrl()).Add(float64(proto.Size(resp)))
+		if !served {
+			served = true
+			c.log.Info("xds: connected", zap.String("node", c.node.GetId()))
+		}
+		ack := c.h.handle(resp)
+		if ack.ErrorDetail != nil {
+			c.log.Warn("xds: rejected resources (NACK)",
+				zap.String("type_url", resp.GetTypeUrl()),
+				zap.String("nonce", resp.GetNonce()),
+				zap.String("message", ack.ErrorDetail.GetMessage()))
+		}
+		// On a send error the next Recv returns the stream's status.
+		_ = st.Send(ack)
+	}
+}
+
+func (c *Client) ended(err error, served bool) outcome {
+	switch {
+	case errors.Is(err, io.EOF):
+		return outcome{reason: ReasonComplete, err: fmt.Errorf("xds: server %s closed the stream", c.cfg.Address), served: served}
+	case !served:
+		return outcome{reason: ReasonConnectionError, err: fmt.Errorf("xds: stream to %s: %w", c.cfg.Address, err)}
+	default:
+		reason := ReasonError
+		if status.Code(err) == codes.Unavailable {
+			reason = ReasonConnectionError // the transport broke
+		}
+		return outcome{reason: reason, err: fmt.Errorf("xds: stream to %s: %w", c.cfg.Address, err), served: true}
+	}
+}
+
+// metadata builds the per-stream gRPC metadata, reading the token file.
+func (c *Client) metadata() (metadata.MD, error) {
+	md := metadata.MD{}
+	for k, v := range c.cfg.Headers {
+		md.Set(k, v)
+	}
+	md.Set("clusterid", c.cfg.ClusterID)
+	token := c.cfg.Token
+	if c.cfg.TokenFile != "" {
+		b, err := os.ReadFile(c.cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("xds: read token: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	if token != "" {
+		md.Set("authorization", "Bearer "+token)
+	}
+	return md, nil
+}

@@ -1,0 +1,17 @@
+// Package xds is ztunnel-go's delta ADS transport: the node proxy's client and
+// the embedded control plane's server for Istio's workload discovery
+// (type.googleapis.com/istio.workload.Address) and L4 authorization
+// (type.googleapis.com/istio.security.Authorization) resources.
+//
+// The Client subscribes to both types as a wildcard, decodes every resource
+// into its generated proto, hands the batch to a Sink (internal/state), ACKs
+// or NACKs each response, tracks the accepted per-resource versions and
+// resumes with initial_resource_versions after a reconnect. The Server wraps
+// go-control-plane's delta server and one LinearCache per type; the control
+// plane replaces the whole desired set of a type with SetResources and only
+// changed or removed resources are pushed.
+//
+// It is not the state store and does not validate the semantics of a
+// resource (unknown enum values, bad addresses): that is the Sink's job. It
+// does not authenticate clients either; the caller installs gRPC interceptors.
+package xds

@@ -1,0 +1,161 @@
+package xds
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+)
+
+// handler turns DeltaDiscoveryResponses into Sink calls and ACK/NACK requests.
+// It outlives streams: the accepted versions and the synced state carry over
+// reconnects. handle is called by one goroutine at a time (the stream's
+// receive loop); mu only guards what other goroutines read (versions).
+type handler struct {
+	sink Sink
+
+	mu       sync.Mutex
+	versions map[string]map[string]string // type URL → name → accepted version
+
+	seen     map[string]bool // types whose first response has been applied
+	synced   chan struct{}
+	isSynced bool
+}
+
+func newHandler(sink Sink) *handler {
+	h := &handler{
+		sink:     sink,
+		versions: make(map[string]map[string]string, len(typeURLs)),
+		seen:     make(map[string]bool, len(typeURLs)),
+		synced:   make(chan struct{}),
+	}
+	for _, t := range typeURLs {
+		h.versions[t] = map[string]string{}
+	}
+	return h
+}
+
+// initialRequest is the first request of a stream for typeURL: a wildcard
+// subscription (no names) carrying the versions held from earlier streams.
+func (h *handler) initialRequest(typeURL string) *discovery.DeltaDiscoveryRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var held map[string]string
+	if v := h.versions[typeURL]; len(v) > 0 {
+		held = maps.Clone(v)
+	}
+	return &discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, InitialResourceVersions: held}
+}
+
+// resourceVersions returns a copy of the accepted versions of typeURL.
+func (h *handler) resourceVersions(typeURL string) map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.versions[typeURL])
+}
+
+// handle applies resp to the sink and returns the ACK (or NACK, with
+// error_detail set) to send back. It never returns nil.
+func (h *handler) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.DeltaDiscoveryRequest {
+	typeURL := resp.GetTypeUrl()
+	ack := &discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}
+	var err error
+	switch typeURL {
+	case AddressType:
+		err = apply(h, typeURL, resp, h.sink.ApplyAddresses)
+	case AuthorizationType:
+		err = apply(h, typeURL, resp, h.sink.ApplyAuthorizations)
+	default:
+		err = fmt.Errorf("unknown type URL %q", typeURL)
+	}
+	if err != nil {
+		ack.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+	}
+	return ack
+}
+
+// apply decodes the resources of one response, hands them to the sink and
+// records the accepted versions. The returned error is the NACK message.
+func apply[M any, PM interface {
+	*M
+	proto.Message
+}](h *handler, typeURL string, resp *discovery.DeltaDiscoveryResponse, sinkFn func(map[string]PM, []string) error) error {
+	upserts := make(map[string]PM, len(resp.GetResources()))
+	versions := make(map[string]string, len(resp.GetResources()))
+	bad := ResourceErrors{}
+	for _, r := range resp.GetResources() {
+		name := r.GetName()
+		if name == "" {
+			bad[name] = errors.New("resource has no name")
+			continue
+		}
+		body := r.GetResource()
+		if body == nil {
+			bad[name] = errors.New("resource has no body")
+			continue
+		}
+		if body.GetTypeUrl() != typeURL {
+			bad[name] = fmt.Errorf("resource type %q in a %q response", body.GetTypeUrl(), typeURL)
+			continue
+		}
+		m := PM(new(M))
+		if err := proto.Unmarshal(body.GetValue(), m); err != nil {
+			bad[name] = fmt.Errorf("decode: %w", err)
+			continue
+		}
+		upserts[name] = m
+		versions[name] = r.GetVersion()
+	}
+	// A name sent twice with one undecodable copy is rejected as a whole.
+	for name := range bad {
+		delete(upserts, name)
+		delete(versions, name)
+	}
+	removes := resp.GetRemovedResources()
+
+	var sinkErr error
+	if len(upserts) > 0 || len(removes) > 0 {
+		sinkErr = sinkFn(upserts, removes)
+	}
+
+	h.mu.Lock()
+	held := h.versions[typeURL]
+	var named rejectedNamer
+	switch {
+	case sinkErr == nil:
+	case errors.As(sinkErr, &named):
+		for _, n := range named.RejectedNames() {
+			delete(versions, n)
+		}
+	default:
+		clear(versions)
+	}
+	maps.Copy(held, versions)
+	for _, n := range removes {
+		delete(held, n)
+	}
+	h.seen[typeURL] = true
+	if !h.isSynced && h.seen[AddressType] && h.seen[AuthorizationType] {
+		h.isSynced = true
+		close(h.synced)
+	}
+	h.mu.Unlock()
+
+	var msgs []string
+	if len(bad) > 0 {
+		msgs = append(msgs, bad.Error())
+	}
+	if sinkErr != nil {
+		msgs = append(msgs, sinkErr.Error())
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
