@@ -7,7 +7,9 @@ import (
 	"strings"
 )
 
-// Applier makes a network namespace's capture rules match a RuleSet.
+// Applier makes a network namespace's capture rules match a RuleSet. Calls
+// on one namespace must not run concurrently (the agent handles a pod's
+// events in order); calls on different namespaces may.
 type Applier interface {
 	// Apply converges the namespace to rs and is idempotent: the owned
 	// chains end up holding exactly rs's rules in order (a chain that

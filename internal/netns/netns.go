@@ -116,7 +116,7 @@ func (h *Handle) ID() ID {
 }
 
 // FD returns the underlying file descriptor, valid until Close (for sending it
-// in SCM_RIGHTS). The Handle keeps ownership.
+// in SCM_RIGHTS). The Handle keeps ownership. h must not be nil.
 func (h *Handle) FD() int { return int(h.f.Fd()) }
 
 // Close releases the fd. Calling Do or the socket helpers after Close is an

@@ -106,7 +106,8 @@ func (h *Handle) ListenPacket(ctx context.Context, addr netip.AddrPort, o SockOp
 
 // Dial connects to addr from inside h's namespace. network is "tcp" or "udp".
 // Addresses are IP literals on purpose: no name resolution happens in the
-// target namespace.
+// target namespace. The whole connect runs inside Do, so each in-flight dial
+// holds one locked OS thread until it completes or ctx ends; bound ctx.
 func (h *Handle) Dial(ctx context.Context, network string, addr netip.AddrPort, o SockOpts) (net.Conn, error) {
 	d := net.Dialer{Control: o.Control}
 	switch {
