@@ -54,7 +54,9 @@ type Options struct {
 	// Nodes is the number of nodes; 0 means 1.
 	Nodes int
 	// Name tells apart several clusters in one test ("east", "west"); it
-	// goes into the namespace-name hash. Empty is fine for one cluster.
+	// goes into the namespace-name hash. Empty is fine for one cluster, but
+	// two clusters of one test with the same Name share names, so the second
+	// New deletes the first as a leftover.
 	Name string
 	// ExtraPlugins returns the plugin configs appended, after bridge and
 	// loopback, to node n's CNI conflist (our ztunnel-cni, say). It is
@@ -79,7 +81,7 @@ type Options struct {
 
 // Cluster is a running test cluster. Its methods are safe for concurrent use.
 type Cluster struct {
-	t         testing.TB
+	t         TB
 	id        string
 	stateDir  string
 	configDir string
@@ -129,16 +131,21 @@ const (
 	netNamePlain = "ztg-plain"
 )
 
-// New builds the cluster and registers its removal with t.Cleanup. It skips
-// (or fails) t when not root, and fails t when the topology cannot be built.
-func New(t testing.TB, opts Options) *Cluster {
+// New builds the cluster and registers its removal with t.Cleanup. With a
+// testing.TB it skips (or fails, see roottest) when not root; any other TB
+// (Program) fails. It fails t when the topology cannot be built.
+func New(t TB, opts Options) *Cluster {
 	t.Helper()
 	return newCluster(t, opts, true)
 }
 
-func newCluster(t testing.TB, opts Options, cleanup bool) *Cluster {
+func newCluster(t TB, opts Options, cleanup bool) *Cluster {
 	t.Helper()
-	roottest.Require(t)
+	if tb, ok := t.(testing.TB); ok {
+		roottest.Require(tb)
+	} else if os.Geteuid() != 0 {
+		t.Fatalf("testcluster: needs root (network namespaces)")
+	}
 	if opts.Nodes == 0 {
 		opts.Nodes = 1
 	}
@@ -543,6 +550,9 @@ func (c *Cluster) close() {
 	if c.underlay != nil {
 		errs = append(errs, c.underlay.destroy())
 	}
+	// A namespace whose setup failed half-way was never tracked: sweep by
+	// prefix, as the next run would.
+	errs = append(errs, c.deleteLeftovers())
 	if err := errors.Join(errs...); err != nil {
 		c.t.Errorf("testcluster: cleanup: %v", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 )
 
 // echo serves ln until it is closed: each connection gets back what it sent,
@@ -462,5 +463,36 @@ func TestRerunAfterCrash(t *testing.T) {
 	go echo(ln, "p")
 	if reply, err := roundTrip(ctx, p0, netip.AddrPortFrom(p1.IP, 7000), "again"); err != nil || reply != "p:again" {
 		t.Errorf("a -> p in the rebuilt cluster: %q (%v)", reply, err)
+	}
+}
+
+// TestProgram builds a cluster the way bench/ and the demo do, without a
+// testing.T, and checks that Close removes everything.
+func TestProgram(t *testing.T) {
+	roottest.Require(t)
+	var log bytes.Buffer
+	prog := NewProgram(t.Name()+"-program", &log)
+	c := New(prog, Options{})
+	p, err := c.Node(0).AddPod(context.Background(), PodSpec{Name: "p"})
+	if err != nil {
+		prog.Close()
+		t.Fatal(err)
+	}
+	prefix, state := nsPrefix(c.ID()), c.StateDir()
+	if left, _ := listNetNS(prefix); len(left) != 3 {
+		t.Errorf("namespaces while running: %v, want underlay, node and pod", left)
+	}
+	if _, err := p.Exec(context.Background(), "true"); err != nil {
+		t.Error(err)
+	}
+	prog.Close()
+	if left, err := listNetNS(prefix); err != nil || len(left) != 0 {
+		t.Errorf("namespaces after Close: %v (%v)", left, err)
+	}
+	if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("state dir %s survives Close (%v)", state, err)
+	}
+	if prog.Failed() || !strings.Contains(log.String(), "nodes=1") {
+		t.Errorf("program failed=%v, log:\n%s", prog.Failed(), log.String())
 	}
 }
