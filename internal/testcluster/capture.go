@@ -136,7 +136,7 @@ func (cp *Capture) Stop() ([]Packet, error) {
 	} else {
 		werr = cp.waitFor(nonce, 10*time.Second)
 	}
-	_ = syscall.Kill(-cp.cmd.Process.Pid, syscall.SIGTERM)
+	cp.signal(syscall.SIGTERM)
 	select {
 	case <-cp.done:
 	case <-time.After(5 * time.Second):
@@ -217,6 +217,16 @@ func htons(v uint16) uint16 {
 
 // kill ends tcpdump at once (cleanup, or a failed start).
 func (cp *Capture) kill() {
-	_ = syscall.Kill(-cp.cmd.Process.Pid, syscall.SIGKILL)
+	cp.signal(syscall.SIGKILL)
 	<-cp.done
+}
+
+// signal signals tcpdump's process group unless tcpdump was already reaped
+// (its pid could belong to someone else by then).
+func (cp *Capture) signal(sig syscall.Signal) {
+	select {
+	case <-cp.done:
+	default:
+		_ = syscall.Kill(-cp.cmd.Process.Pid, sig)
+	}
 }

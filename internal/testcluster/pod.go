@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testcluster/kube"
 )
@@ -163,8 +164,11 @@ func (p *Pod) Retry(ctx context.Context) error {
 func (p *Pod) sandbox(ctx context.Context) error {
 	if err := p.cniAdd(ctx); err != nil {
 		// Like a runtime tearing down a failed sandbox: DEL, then drop the
-		// namespace. A DEL failure is reported with the ADD failure.
-		derr := p.cniDel(ctx)
+		// namespace. A DEL failure is reported with the ADD failure. The DEL
+		// gets its own deadline: ctx may be what ended the ADD.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		derr := p.cniDel(dctx)
+		cancel()
 		if nerr := p.NetNS.destroy(); nerr != nil {
 			derr = errors.Join(derr, nerr)
 		}
