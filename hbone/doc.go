@@ -1,0 +1,31 @@
+// Package hbone implements HBONE, Istio ambient's tunnel protocol: HTTP/2
+// CONNECT over mutual TLS 1.3 (ALPN h2) on port 15008.
+//
+// It holds three pieces that the proxy wires together:
+//
+//   - Server: accepts HBONE connections for one local workload identity,
+//     verifies the client certificate (trust bundle plus same trust domain),
+//     parses each CONNECT (:authority ip:port, baggage, forwarded,
+//     traceparent) and asks a Handler for a verdict; on 200 it splices the
+//     stream with the upstream the handler dialled, passing half-close both
+//     ways.
+//   - Pool: outbound connections keyed by (source identity, expected
+//     destination identities, source IP, next hop), several streams per
+//     connection, several connections per key, one handshake in flight per
+//     key, idle expiry.
+//   - Tunnel: one CONNECT stream, a net.Conn with CloseWrite and byte
+//     counters.
+//
+// The HTTP/2 framing layer is our own small engine (conn.go) built on
+// golang.org/x/net/http2/hpack, not x/net's Server and Transport: the
+// Transport keeps a request-body scratch buffer of up to 512 KiB and a
+// goroutine per stream for the life of a CONNECT, and the Server cannot
+// half-close a response while still reading the request body (it resets the
+// stream when the handler returns). Both defeat HBONE's half-close semantics
+// or its memory budget (see bench/README.md).
+//
+// The package decides nothing about routing or authorization: callers pass
+// the next hop, the expected identities and the authority, and the server's
+// Handler decides 200/401/503. It does not import internal/state, the CA or
+// Kubernetes packages; certificates come through identity.CertSource.
+package hbone

@@ -1,0 +1,102 @@
+package hbone
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// HTTP/2 frame types and flags (RFC 9113 section 6).
+const (
+	frameData         = 0x0
+	frameHeaders      = 0x1
+	framePriority     = 0x2
+	frameRSTStream    = 0x3
+	frameSettings     = 0x4
+	framePushPromise  = 0x5
+	framePing         = 0x6
+	frameGoAway       = 0x7
+	frameWindowUpdate = 0x8
+	frameContinuation = 0x9
+
+	flagEndStream  = 0x1
+	flagAck        = 0x1
+	flagEndHeaders = 0x4
+	flagPadded     = 0x8
+	flagPriority   = 0x20
+
+	frameHeaderLen = 9
+	maxStreamID    = 1<<31 - 1
+	maxWindow      = 1<<31 - 1
+	defaultWindow  = 65535
+	minFrameSize   = 16384
+	maxFrameSizeHi = 1<<24 - 1
+	clientPreface  = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+	// maxDataPayload bounds one DATA frame we write: a 64 KiB buffer with
+	// its frame header, which TLS cuts into four full records.
+	maxDataPayload = 64<<10 - frameHeaderLen
+)
+
+// H2Settings tunes the HTTP/2 layer of a Server or Pool. Zero fields take
+// the defaults, which are Istio ztunnel's.
+type H2Settings struct {
+	// StreamWindow is the receive window of each stream; 0 means 4 MiB.
+	StreamWindow uint32
+	// ConnWindow is the receive window of each connection; 0 means 16 MiB.
+	ConnWindow uint32
+	// MaxFrameSize is the largest frame this side accepts (advertised as
+	// SETTINGS_MAX_FRAME_SIZE); 0 means 1 MiB.
+	MaxFrameSize uint32
+	// KeepaliveInterval: a PING is sent when nothing was read for this long;
+	// 0 means 10 s, negative disables keepalive.
+	KeepaliveInterval time.Duration
+	// KeepaliveTimeout: the connection is closed when a PING is not
+	// answered within this time; 0 means 20 s.
+	KeepaliveTimeout time.Duration
+}
+
+func (s H2Settings) withDefaults() H2Settings {
+	if s.StreamWindow == 0 {
+		s.StreamWindow = 4 << 20
+	}
+	if s.ConnWindow == 0 {
+		s.ConnWindow = 16 << 20
+	}
+	if s.MaxFrameSize == 0 {
+		s.MaxFrameSize = 1 << 20
+	}
+	s.StreamWindow = min(max(s.StreamWindow, defaultWindow), maxWindow)
+	s.ConnWindow = min(max(s.ConnWindow, defaultWindow), maxWindow)
+	s.MaxFrameSize = min(max(s.MaxFrameSize, minFrameSize), maxFrameSizeHi)
+	if s.KeepaliveInterval == 0 {
+		s.KeepaliveInterval = 10 * time.Second
+	}
+	if s.KeepaliveTimeout <= 0 {
+		s.KeepaliveTimeout = 20 * time.Second
+	}
+	return s
+}
+
+func putFrameHeader(b []byte, length int, typ, flags uint8, sid uint32) {
+	b[0], b[1], b[2] = byte(length>>16), byte(length>>8), byte(length)
+	b[3], b[4] = typ, flags
+	binary.BigEndian.PutUint32(b[5:9], sid&maxStreamID)
+}
+
+// connError is an HTTP/2 connection error: this side sends GOAWAY with the
+// code and closes the connection.
+type connError struct {
+	code   http2.ErrCode
+	reason string
+}
+
+func (e connError) Error() string {
+	return fmt.Sprintf("hbone: http2 connection error %s: %s", e.code, e.reason)
+}
+
+func protoErr(format string, args ...any) error {
+	return connError{http2.ErrCodeProtocol, fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,298 @@
+package hbone
+
+// Pool invariants (G11):
+//
+//  1. A connection serves exactly one Key = (source identity, ordered list of
+//     expected server identities, source IP, next hop). Different keys never
+//     share a connection, so one workload's certificate never carries another
+//     workload's traffic.
+//  2. A connection carries at most min(MaxStreamsPerConn, the peer's
+//     SETTINGS_MAX_CONCURRENT_STREAMS) streams. Slots are reserved under the
+//     connection's lock (conn.reserve) before the HEADERS are written, so the
+//     limit holds under any interleaving.
+//  3. Streams go to the least-loaded usable connection of their key. When
+//     every connection of a key carries SpreadStreams or more streams and
+//     the key has fewer than SpreadConns connections, another is dialled in
+//     the background while the stream proceeds on the least-loaded one; when
+//     every connection is full, callers wait for a new one. There is no cap
+//     on full connections, as in Istio's ztunnel.
+//  4. At most one dial+handshake per key is in flight. Every caller that
+//     needs it waits for that one dial and shares its result, error
+//     included; a caller's context only ends its own wait. Dials run on the
+//     pool's context with the connect timeout.
+//  5. A connection with no streams closes after IdleTimeout. The decision is
+//     taken under the connection's lock, which also guards reservations, so
+//     a connection is never closed with a stream reserved on it. A
+//     connection that is closing (idle expiry, GOAWAY, keepalive failure,
+//     error) takes no new streams and removes itself from the pool.
+//  6. Lock order: Pool.mu before conn.mu. Connection hooks run without
+//     conn.mu and take Pool.mu. Connections are closed only after Pool.mu
+//     is released.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+)
+
+// PoolConfig configures a Pool. Zero fields take the documented defaults.
+type PoolConfig struct {
+	ClientConfig
+	// Logger receives debug lines about connections ending; nil means none.
+	Logger *zap.Logger
+	// MaxStreamsPerConn caps streams per connection; 0 means 100.
+	MaxStreamsPerConn int
+	// SpreadStreams: when every connection of a key has at least this many
+	// active streams, another connection is opened (up to SpreadConns);
+	// 0 means 4.
+	SpreadStreams int
+	// SpreadConns caps the connections opened for spreading load (full
+	// connections always get a successor); 0 means 4, negative means 1.
+	SpreadConns int
+	// IdleTimeout closes connections without streams; 0 means 5 minutes.
+	IdleTimeout time.Duration
+}
+
+// Pool is a pool of outbound HBONE connections (one per local workload in
+// in-pod mode). It is safe for concurrent use.
+type Pool struct {
+	cfg    PoolConfig
+	log    *zap.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	keys   map[poolKey]*keyConns
+	closed bool
+}
+
+// poolKey is Key in comparable form; the common single-identity Dst list
+// needs no allocation.
+type poolKey struct {
+	src     identity.Identity
+	dst0    identity.Identity
+	dstRest string
+	srcIP   netip.Addr
+	hop     netip.AddrPort
+}
+
+func makePoolKey(k *Key) poolKey {
+	pk := poolKey{src: k.Src, srcIP: k.SrcIP, hop: k.NextHop}
+	if len(k.Dst) > 0 {
+		pk.dst0 = k.Dst[0]
+	}
+	if len(k.Dst) > 1 {
+		var sb strings.Builder
+		for _, d := range k.Dst[1:] {
+			sb.WriteString(d.String())
+			sb.WriteByte(' ')
+		}
+		pk.dstRest = sb.String()
+	}
+	return pk
+}
+
+type keyConns struct {
+	pk    poolKey
+	conns []*conn
+	dial  *dialCall // in-flight dial, nil if none
+}
+
+type dialCall struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// NewPool returns a pool. cfg.Certs is required.
+func NewPool(cfg PoolConfig) (*Pool, error) {
+	if cfg.Certs == nil {
+		return nil, errors.New("hbone: PoolConfig.Certs is required")
+	}
+	if cfg.MaxStreamsPerConn <= 0 {
+		cfg.MaxStreamsPerConn = 100
+	}
+	if cfg.SpreadStreams <= 0 {
+		cfg.SpreadStreams = 4
+	}
+	switch {
+	case cfg.SpreadConns == 0:
+		cfg.SpreadConns = 4
+	case cfg.SpreadConns < 0:
+		cfg.SpreadConns = 1
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
+	p := &Pool{cfg: cfg, log: cfg.Logger, keys: make(map[poolKey]*keyConns)}
+	if p.log == nil {
+		p.log = zap.NewNop()
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	return p, nil
+}
+
+// Connect opens a tunnel for req on a pooled connection. A non-200 answer
+// is a *StatusError; a connect timeout wraps ErrConnectTimeout; a rejected
+// handshake wraps ErrHandshake (and ErrIdentityMismatch when the server's
+// identity is not in req.Dst).
+func (p *Pool) Connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error) {
+	pk := makePoolKey(&req.Key)
+	for attempt := 0; ; attempt++ {
+		c, err := p.get(ctx, pk, &req.Key)
+		if err != nil {
+			return nil, err
+		}
+		t, err := c.connect(ctx, req)
+		if err != nil && errors.Is(err, errRetry) && attempt < 3 && ctx.Err() == nil {
+			continue
+		}
+		return t, err
+	}
+}
+
+// get returns a connection for pk with a stream slot reserved on it.
+func (p *Pool) get(ctx context.Context, pk poolKey, key *Key) (*conn, error) {
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, ErrPoolClosed
+		}
+		kc := p.keys[pk]
+		if kc == nil {
+			kc = &keyConns{pk: pk}
+			p.keys[pk] = kc
+		}
+		var best *conn
+		bestLoad := 0
+		for _, c := range kc.conns {
+			active, usable := c.load()
+			if usable && active < p.cfg.MaxStreamsPerConn && (best == nil || active < bestLoad) {
+				best, bestLoad = c, active
+			}
+		}
+		spread := best != nil && bestLoad >= p.cfg.SpreadStreams && len(kc.conns) < p.cfg.SpreadConns
+		if (best == nil || spread) && kc.dial == nil {
+			kc.dial = &dialCall{done: make(chan struct{})}
+			go p.dial(kc, kc.dial, cloneKey(key))
+		}
+		if best != nil {
+			if best.reserve(p.cfg.MaxStreamsPerConn) {
+				p.mu.Unlock()
+				return best, nil
+			}
+			continue // it filled up or closed meanwhile; look again
+		}
+		dc := kc.dial
+		p.mu.Unlock()
+		select {
+		case <-dc.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("hbone: waiting for a connection to %s: %w", key.NextHop, ctx.Err())
+		}
+		if dc.err != nil {
+			return nil, dc.err
+		}
+		p.mu.Lock()
+	}
+}
+
+func cloneKey(k *Key) Key {
+	c := *k
+	c.Dst = append([]identity.Identity(nil), k.Dst...)
+	return c
+}
+
+func (p *Pool) dial(kc *keyConns, dc *dialCall, key Key) {
+	c, err := dialConn(p.ctx, p.ctx, &p.cfg.ClientConfig, key, func(nc *conn) {
+		nc.idleTimeout = p.cfg.IdleTimeout
+		nc.onClose = func(err error) { p.remove(kc, nc, err) }
+	})
+	p.mu.Lock()
+	kc.dial = nil
+	closed := p.closed
+	if err == nil && closed {
+		err = ErrPoolClosed
+	}
+	if err == nil {
+		// A connection that died already is not added: its onClose ran (or
+		// will find nothing) and it would never be removed.
+		if _, usable := c.load(); usable {
+			kc.conns = append(kc.conns, c)
+		}
+	}
+	if len(kc.conns) == 0 {
+		p.dropKeyLocked(kc)
+	}
+	dc.err = err
+	close(dc.done)
+	p.mu.Unlock()
+	if closed && c != nil {
+		c.closeGracefully()
+	}
+	if err == nil {
+		c.armIdle() // a connection nobody ends up using still expires
+	}
+}
+
+func (p *Pool) remove(kc *keyConns, c *conn, err error) {
+	p.mu.Lock()
+	for i, x := range kc.conns {
+		if x == c {
+			kc.conns = append(kc.conns[:i], kc.conns[i+1:]...)
+			break
+		}
+	}
+	if len(kc.conns) == 0 && kc.dial == nil {
+		p.dropKeyLocked(kc)
+	}
+	p.mu.Unlock()
+	if err != nil {
+		p.log.Debug("hbone connection ended", zap.Stringer("peer", c.nc.RemoteAddr()), zap.Error(err))
+	}
+}
+
+func (p *Pool) dropKeyLocked(kc *keyConns) {
+	if p.keys[kc.pk] == kc {
+		delete(p.keys, kc.pk)
+	}
+}
+
+// NumConns reports the number of open connections in the pool.
+func (p *Pool) NumConns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, kc := range p.keys {
+		n += len(kc.conns)
+	}
+	return n
+}
+
+// Close closes every connection and fails waiting and future Connects
+// with ErrPoolClosed.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	var all []*conn
+	for _, kc := range p.keys {
+		all = append(all, kc.conns...)
+	}
+	p.mu.Unlock()
+	p.cancel()
+	for _, c := range all {
+		c.closeGracefully()
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+package hbone
+
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+
+	"golang.org/x/net/http2"
+)
+
+const (
+	// spliceStartBuf is the read buffer a busy direction starts with;
+	// spliceMaxBuf is where it stops growing while reads keep filling it.
+	spliceStartBuf = 16 << 10
+	spliceMaxBuf   = 256 << 10
+	// spliceIdleBuf is held by a blocked read on a connection that cannot
+	// report readiness (not a socket, not a Tunnel).
+	spliceIdleBuf = 1 << 10
+)
+
+// Splice copies bytes both ways between a tunnel and a connection until
+// both directions have ended, passing half-close through: EOF from c
+// half-closes t, and EOF from t half-closes c (when c has CloseWrite, as
+// TCP connections and Tunnels do). An error in either direction aborts
+// both: t is reset and c closed. Splice owns both and closes them before
+// it returns; the result is nil when both directions ended with EOF.
+//
+// While a direction is idle it holds no buffer: socket reads first wait
+// for readiness (a zero-copy MSG_PEEK), tunnel reads wait on the stream,
+// and tunnel bytes are written to c straight from the receive chunks.
+func Splice(t *Tunnel, c net.Conn) error {
+	errc := make(chan error, 1)
+	go func() {
+		err := t.writeTo(c)
+		if err == nil {
+			if cw, ok := c.(interface{ CloseWrite() error }); ok {
+				err = cw.CloseWrite()
+			}
+		}
+		if err != nil {
+			t.resetWith(http2.ErrCodeCancel, true)
+			c.Close()
+		}
+		errc <- err
+	}()
+	err := copyToTunnel(t, c)
+	if err == nil {
+		err = t.CloseWrite()
+	}
+	if err != nil {
+		t.resetWith(http2.ErrCodeCancel, true)
+		c.Close()
+	}
+	err2 := <-errc
+	c.Close()
+	t.Close()
+	if err == nil {
+		err = err2
+	}
+	return err
+}
+
+// copyToTunnel copies c to t until EOF (nil) or an error.
+func copyToTunnel(t *Tunnel, c net.Conn) error {
+	var rc syscall.RawConn
+	if sc, ok := c.(syscall.Conn); ok {
+		if r, err := sc.SyscallConn(); err == nil && canWaitReadable {
+			rc = r
+		}
+	}
+	peer, _ := c.(*Tunnel)
+	initial := spliceStartBuf
+	if rc == nil && peer == nil {
+		initial = spliceIdleBuf
+	}
+	size := initial
+	for {
+		switch {
+		case rc != nil:
+			if err := waitReadable(rc); err != nil {
+				return err
+			}
+		case peer != nil:
+			if err := peer.waitReadable(t.c.ctx); err != nil {
+				return err
+			}
+		}
+		bp := getBuf(size)
+		for {
+			n, err := c.Read(*bp)
+			if n > 0 {
+				if _, werr := t.Write((*bp)[:n]); werr != nil {
+					putBuf(bp)
+					return werr
+				}
+			}
+			if err != nil {
+				putBuf(bp)
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			if n < len(*bp) {
+				break // drained: give the buffer back and wait for more
+			}
+			if size < spliceMaxBuf {
+				putBuf(bp)
+				size *= 4
+				bp = getBuf(size)
+			}
+		}
+		putBuf(bp)
+		size = initial
+	}
+}

@@ -1,0 +1,438 @@
+package hbone
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+)
+
+// Tunnel is one HBONE CONNECT stream: a net.Conn whose bytes travel as
+// HTTP/2 DATA frames. CloseWrite half-closes (END_STREAM) and the peer's
+// half-close reads as io.EOF, so half-close passes through both ways.
+// BytesSent and BytesReceived count payload bytes and may be read at any
+// time, also after Close.
+//
+// An idle Tunnel holds no buffers and no goroutines: received bytes wait in
+// pooled chunks that are returned as they are read.
+type Tunnel struct {
+	c  *conn
+	id uint32
+
+	sendWin     int64      // under c.mu
+	recvWin     int64      // under c.mu
+	recvUnacked int64      // under c.mu
+	q           chunkQueue // under c.mu
+	localEnd    bool       // under c.mu; END_STREAM sent
+	remoteEnd   bool       // under c.mu; END_STREAM received
+	err         error      // under c.mu; reset or connection failure
+	closed      bool       // under c.mu; Close was called
+	counted     bool       // under c.mu; holds a client slot on c
+	status      int        // under c.mu; client: response status, 0 until it arrives
+	respBaggage string     // under c.mu
+	cancel      func()     // under c.mu; server: cancels the handler's context
+
+	rnotify chan struct{} // cap 1: data, EOF, response or error arrived
+	wnotify chan struct{} // cap 1: send window grew or error
+	rdl     deadline
+	wdl     deadline
+
+	sent, recvd atomic.Int64
+}
+
+// TunnelStats are a tunnel's byte counts from this side's point of view.
+type TunnelStats struct {
+	BytesSent     int64 // payload bytes written into the tunnel
+	BytesReceived int64 // payload bytes read out of the tunnel
+}
+
+// Stats returns the byte counts so far.
+func (t *Tunnel) Stats() TunnelStats {
+	return TunnelStats{BytesSent: t.sent.Load(), BytesReceived: t.recvd.Load()}
+}
+
+// BytesSent is the number of payload bytes written so far.
+func (t *Tunnel) BytesSent() int64 { return t.sent.Load() }
+
+// BytesReceived is the number of payload bytes read so far.
+func (t *Tunnel) BytesReceived() int64 { return t.recvd.Load() }
+
+// PeerIdentity is the verified identity of the other end of the HBONE
+// connection: the server's on a client tunnel, the client's on a server one.
+func (t *Tunnel) PeerIdentity() identity.Identity { return t.c.peer }
+
+// ResponseBaggage is the baggage header of the server's 200 answer, if any
+// (Istio 1.29+ describes the destination workload there).
+func (t *Tunnel) ResponseBaggage() string {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	return t.respBaggage
+}
+
+// LocalAddr is the local address of the underlying HBONE connection.
+func (t *Tunnel) LocalAddr() net.Addr { return t.c.nc.LocalAddr() }
+
+// RemoteAddr is the remote address of the underlying HBONE connection.
+func (t *Tunnel) RemoteAddr() net.Addr { return t.c.nc.RemoteAddr() }
+
+// Read reads tunnel bytes; it returns io.EOF after the peer's half-close.
+func (t *Tunnel) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c := t.c
+	c.mu.Lock()
+	for {
+		if t.closed {
+			c.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		if t.q.n > 0 {
+			n := t.q.read(p)
+			sInc, cInc := t.consumedLocked(int64(n))
+			c.mu.Unlock()
+			t.recvd.Add(int64(n))
+			c.writeWindowUpdates(t.id, sInc, cInc)
+			return n, nil
+		}
+		if t.remoteEnd {
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		if t.err != nil {
+			err := t.err
+			c.mu.Unlock()
+			return 0, err
+		}
+		c.mu.Unlock()
+		select {
+		case <-t.rnotify:
+		case <-t.rdl.wait():
+			return 0, os.ErrDeadlineExceeded
+		}
+		c.mu.Lock()
+	}
+}
+
+// consumedLocked returns n read bytes to the flow-control windows and says
+// how much WINDOW_UPDATE to send for the stream and the connection.
+func (t *Tunnel) consumedLocked(n int64) (streamInc, connInc int64) {
+	c := t.c
+	t.recvUnacked += n
+	c.recvUnacked += n
+	if !t.remoteEnd && t.err == nil && t.recvUnacked >= int64(c.cfg.StreamWindow)/4 {
+		streamInc = t.recvUnacked
+		t.recvWin += streamInc
+		t.recvUnacked = 0
+	}
+	return streamInc, c.takeConnCreditLocked()
+}
+
+// Write writes p as DATA frames, blocking on HTTP/2 flow control.
+func (t *Tunnel) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		k, err := t.reserveSend(len(p))
+		if err != nil {
+			return n, err
+		}
+		if err := t.writeData(p[:k], false); err != nil {
+			return n, err
+		}
+		t.sent.Add(int64(k))
+		n += k
+		p = p[k:]
+	}
+	return n, nil
+}
+
+func (t *Tunnel) writeErrLocked() error {
+	switch {
+	case t.closed:
+		return net.ErrClosed
+	case t.err != nil:
+		return t.err
+	case t.localEnd:
+		return errWriteAfterCloseWrite
+	}
+	return nil
+}
+
+var errWriteAfterCloseWrite = errors.New("hbone: write after CloseWrite")
+
+// reserveSend waits until the stream and connection windows allow at least
+// one byte and takes up to want bytes (one frame's worth) from both.
+func (t *Tunnel) reserveSend(want int) (int, error) {
+	c := t.c
+	c.mu.Lock()
+	for {
+		if err := t.writeErrLocked(); err != nil {
+			c.mu.Unlock()
+			return 0, err
+		}
+		if avail := min(t.sendWin, c.sendWin); avail > 0 {
+			k := min(int64(want), avail, int64(c.peerMaxFrame), maxDataPayload)
+			t.sendWin -= k
+			c.sendWin -= k
+			c.mu.Unlock()
+			return int(k), nil
+		}
+		connCh := c.sendWinCh
+		c.mu.Unlock()
+		select {
+		case <-t.wnotify:
+		case <-connCh:
+		case <-t.wdl.wait():
+			return 0, os.ErrDeadlineExceeded
+		}
+		c.mu.Lock()
+	}
+}
+
+func (t *Tunnel) writeData(p []byte, end bool) error {
+	c := t.c
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.mu.Lock()
+	if err := t.writeErrLocked(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	var flags uint8
+	if end {
+		flags = flagEndStream
+		t.localEnd = true
+	}
+	c.mu.Unlock()
+	return c.writeFrameLocked(frameData, flags, t.id, p)
+}
+
+// CloseWrite half-closes the tunnel: the peer reads EOF after the bytes
+// written so far, and this side can keep reading.
+func (t *Tunnel) CloseWrite() error {
+	c := t.c
+	c.mu.Lock()
+	done := t.localEnd && t.err == nil && !t.closed
+	c.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := t.writeData(nil, true); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	gone := c.maybeRemoveLocked(t)
+	c.mu.Unlock()
+	c.afterRemove(gone)
+	return nil
+}
+
+// Close ends the tunnel. If both sides already half-closed (or the peer did
+// and nothing is pending) it ends cleanly; otherwise the stream is reset
+// with CANCEL, like a TCP close with unread data.
+func (t *Tunnel) Close() error {
+	c := t.c
+	c.mu.Lock()
+	if t.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	finished := t.err != nil || (t.localEnd && t.remoteEnd)
+	clean := !finished && t.remoteEnd && !t.localEnd
+	c.mu.Unlock()
+	switch {
+	case finished:
+	case clean:
+		if t.writeData(nil, true) == nil {
+			break
+		}
+		fallthrough
+	default:
+		t.resetWith(http2.ErrCodeCancel, true)
+	}
+	c.mu.Lock()
+	t.closed = true
+	dropped := t.q.reset()
+	gone := c.removeLocked(t)
+	c.mu.Unlock()
+	t.wakeRead()
+	t.wakeWrite()
+	c.creditConn(int64(dropped))
+	c.afterRemove(gone)
+	return nil
+}
+
+// resetWith resets the stream with code (RST_STREAM) unless it has already
+// ended. local says whether to record the error as ours.
+func (t *Tunnel) resetWith(code http2.ErrCode, local bool) {
+	c := t.c
+	c.mu.Lock()
+	if t.err != nil || (t.localEnd && t.remoteEnd) {
+		c.mu.Unlock()
+		return
+	}
+	t.err = &StreamResetError{Code: code}
+	gone := c.removeLocked(t)
+	cancel := t.cancel
+	c.mu.Unlock()
+	_ = local
+	if cancel != nil {
+		cancel()
+	}
+	var p [4]byte
+	binary.BigEndian.PutUint32(p[:], uint32(code))
+	c.writeFrame(frameRSTStream, 0, t.id, p[:])
+	t.wakeRead()
+	t.wakeWrite()
+	c.afterRemove(gone)
+}
+
+func (t *Tunnel) wakeRead() {
+	select {
+	case t.rnotify <- struct{}{}:
+	default:
+	}
+}
+
+func (t *Tunnel) wakeWrite() {
+	select {
+	case t.wnotify <- struct{}{}:
+	default:
+	}
+}
+
+// SetDeadline sets the read and write deadlines.
+func (t *Tunnel) SetDeadline(d time.Time) error {
+	t.rdl.set(d)
+	t.wdl.set(d)
+	return nil
+}
+
+// SetReadDeadline sets the read deadline.
+func (t *Tunnel) SetReadDeadline(d time.Time) error { t.rdl.set(d); return nil }
+
+// SetWriteDeadline sets the write deadline.
+func (t *Tunnel) SetWriteDeadline(d time.Time) error { t.wdl.set(d); return nil }
+
+// waitReadable blocks until bytes, EOF or an error can be read, without
+// holding a buffer (the splice loop reads only then).
+func (t *Tunnel) waitReadable(ctx context.Context) error {
+	c := t.c
+	for {
+		c.mu.Lock()
+		ready := t.q.n > 0 || t.remoteEnd || t.err != nil || t.closed
+		c.mu.Unlock()
+		if ready {
+			return nil
+		}
+		select {
+		case <-t.rnotify:
+		case <-t.rdl.wait():
+			return os.ErrDeadlineExceeded
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// writeTo moves received bytes to w chunk by chunk, without copying them
+// into a second buffer, until EOF (nil) or an error. Flow control credit is
+// returned only after w accepted the bytes, so a slow w slows the peer.
+func (t *Tunnel) writeTo(w io.Writer) error {
+	c := t.c
+	for {
+		c.mu.Lock()
+		if t.q.n > 0 && !t.closed {
+			bp, data := t.q.pop()
+			c.mu.Unlock()
+			_, err := w.Write(data)
+			n := int64(len(data))
+			putBuf(bp)
+			c.mu.Lock()
+			sInc, cInc := t.consumedLocked(n)
+			c.mu.Unlock()
+			t.recvd.Add(n)
+			c.writeWindowUpdates(t.id, sInc, cInc)
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		var err error
+		switch {
+		case t.closed:
+			err = net.ErrClosed
+		case t.remoteEnd:
+			err = io.EOF
+		case t.err != nil:
+			err = t.err
+		}
+		c.mu.Unlock()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		<-t.rnotify
+	}
+}
+
+// deadline is a settable point in time with a channel that is closed when
+// it passes. The zero value has no deadline and allocates nothing.
+type deadline struct {
+	mu    sync.Mutex
+	timer *time.Timer
+	ch    chan struct{} // nil until a deadline is set
+}
+
+func (d *deadline) set(at time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timer != nil && !d.timer.Stop() {
+		d.ch = nil // the old timer fired and closed ch: start afresh
+	}
+	d.timer = nil
+	if at.IsZero() {
+		if d.ch != nil {
+			select {
+			case <-d.ch:
+				d.ch = nil
+			default:
+			}
+		}
+		return
+	}
+	if d.ch == nil {
+		d.ch = make(chan struct{})
+	} else {
+		select {
+		case <-d.ch:
+			d.ch = make(chan struct{})
+		default:
+		}
+	}
+	if dur := time.Until(at); dur <= 0 {
+		close(d.ch)
+		return
+	}
+	ch := d.ch
+	d.timer = time.AfterFunc(time.Until(at), func() { close(ch) })
+}
+
+// wait returns a channel closed when the deadline passes; nil (never
+// ready) when no deadline is set.
+func (d *deadline) wait() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ch
+}
