@@ -65,7 +65,7 @@ lint:
 	$(GO) vet ./...
 
 ## unit: every package's tests with the race detector (root-only tests run too when root).
-unit:
+unit: tools
 	ZTG_REQUIRE_ROOT=$${ZTG_REQUIRE_ROOT:-$$( [ $$(id -u) = 0 ] && echo 1 )} \
 	ZTG_CNI_BIN=$(CNI_BIN) \
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/e2e')
@@ -73,7 +73,7 @@ unit:
 	$(GO) test -count=1 -run 'Allocs' $$($(GO) list ./... | grep -v '/e2e')
 
 ## e2e: end-to-end tests in network namespaces (root).
-e2e:
+e2e: tools
 	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(GO) test -race -count=1 -p 1 ./e2e/...; fi
 
 ## fuzz: a short run of every fuzz target (FUZZTIME=5s each by default; `make fuzz FUZZTIME=5m` for a long run).

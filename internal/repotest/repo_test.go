@@ -108,6 +108,8 @@ func TestDependencyDirections(t *testing.T) {
 		{"./hbone/...", []string{"k8s.io/client-go", "github.com/ztunnel-go/ztunnel-go/internal/state", "github.com/ztunnel-go/ztunnel-go/internal/identity/ca", "github.com/ztunnel-go/ztunnel-go/internal/controlplane"}},
 		{"./proxy/...", []string{"k8s.io/client-go", "github.com/ztunnel-go/ztunnel-go/internal/identity/ca", "github.com/ztunnel-go/ztunnel-go/internal/controlplane"}},
 		{"./dnsproxy/...", []string{"k8s.io/client-go", "github.com/ztunnel-go/ztunnel-go/internal/controlplane"}},
+		// Test support is never linked into a product binary.
+		{"./cmd/...", []string{"github.com/ztunnel-go/ztunnel-go/internal/testcluster", "github.com/ztunnel-go/ztunnel-go/internal/testing"}},
 	}
 	for _, r := range rules {
 		if _, err := os.Stat(filepath.Join(root, strings.TrimSuffix(r.pkg, "/..."))); err != nil {
