@@ -286,10 +286,10 @@ func (m *Manager) Fetch(ctx context.Context, id identity.Identity) (*identity.Wo
 func unavailableError(e *entry, now time.Time) error {
 	retry := e.nextAttempt.Sub(now).Round(time.Millisecond)
 	if e.cert != nil {
-		return fmt.Errorf("certmanager: %s: %w: certificate expired at %s and renewal keeps failing (%d attempts, next in %v): %w",
+		return fmt.Errorf("certmanager: %s: %w: certificate expired at %s, renewal failed %d times, retrying in %v: %w",
 			e.id, ErrUnavailable, e.cert.NotAfter().UTC().Format(time.RFC3339), e.failures, retry, e.lastErr)
 	}
-	return fmt.Errorf("certmanager: %s: %w: %d failed attempts, next in %v: %w",
+	return fmt.Errorf("certmanager: %s: %w: fetch failed %d times, retrying in %v: %w",
 		e.id, ErrUnavailable, e.failures, retry, e.lastErr)
 }
 
@@ -386,15 +386,15 @@ func (m *Manager) attempt(ctx context.Context, id identity.Identity) (*identity.
 	defer cancel()
 	chain, err := m.req.Request(rctx, id, csr)
 	if err != nil {
-		return nil, fmt.Errorf("certmanager: fetch %s: %w", id, err)
+		return nil, err // the Requester's error says which CA and why; callers add the identity
 	}
 	wc, err := identity.FromChain(id, key, chain)
 	if err != nil {
-		return nil, fmt.Errorf("certmanager: fetch %s: %w", id, err)
+		return nil, fmt.Errorf("certmanager: bad CA answer: %w", err)
 	}
 	if now := m.clock.Now(); !now.Before(wc.NotAfter()) {
-		return nil, fmt.Errorf("certmanager: fetch %s: the CA returned a certificate that expired at %s (clock skew?)",
-			id, wc.NotAfter().UTC().Format(time.RFC3339))
+		return nil, fmt.Errorf("certmanager: bad CA answer: certificate expired at %s (clock skew?)",
+			wc.NotAfter().UTC().Format(time.RFC3339))
 	}
 	return wc, nil
 }
