@@ -36,6 +36,10 @@ import (
 //     wildcard watch).
 //   - A stream's node id is known from its first request; NACKs are logged with
 //     it.
+//   - Streams are held (not answered) until SetResources has been called for
+//     every type at least once: a restarted control plane that answered a
+//     reconnecting client before loading its state would tell it to remove
+//     everything it holds.
 
 // ServerConfig configures a Server.
 type ServerConfig struct {
@@ -54,6 +58,9 @@ type Server struct {
 	delta   delta.Server
 	metrics *serverMetrics
 
+	ready     chan struct{} // closed once every type has been set
+	setTypes  atomic.Int32 // types set at least once
+
 	clients atomic.Int64
 	mu      sync.Mutex
 	streams map[int64]*streamInfo
@@ -63,6 +70,7 @@ type typeCache struct {
 	mu       sync.Mutex // serializes SetResources of this type
 	linear   *cache.LinearCache
 	versions map[string]string
+	set      bool // SetResources has been called
 }
 
 type streamInfo struct {
@@ -89,6 +97,7 @@ func NewServer(cfg ServerConfig) *Server {
 		log:     log,
 		caches:  make(map[string]*typeCache, len(typeURLs)),
 		streams: map[int64]*streamInfo{},
+		ready:   make(chan struct{}),
 	}
 	// go-control-plane logs every watch at Info; keep it at Debug.
 	sugar := log.Named("gcp").Sugar()
@@ -134,7 +143,8 @@ func NewServer(cfg ServerConfig) *Server {
 	return s
 }
 
-// SetResources replaces the whole desired set of typeURL. Resources whose
+// SetResources replaces the whole desired set of typeURL (nil: none).
+// Streams are answered only once it has been called for both types. Resources whose
 // deterministic encoding did not change are left alone; changed, new and
 // removed ones are pushed to the connected clients. The Server keeps the
 // messages: do not modify them afterwards. A nil or unencodable message is
@@ -175,6 +185,12 @@ func (s *Server) SetResources(typeURL string, resources map[string]proto.Message
 		}
 	}
 	tc.versions = next
+	if !tc.set {
+		tc.set = true
+		if int(s.setTypes.Add(1)) == len(s.caches) {
+			close(s.ready)
+		}
+	}
 	s.metrics.resources.WithLabelValues(typeURL).Set(float64(len(next)))
 	if len(update) == 0 && len(remove) == 0 {
 		return
@@ -242,6 +258,11 @@ type adsService struct {
 }
 
 func (a adsService) DeltaAggregatedResources(st discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	select {
+	case <-a.s.ready:
+	case <-st.Context().Done():
+		return st.Context().Err()
+	}
 	return a.s.delta.DeltaStreamHandler(st, resource.AnyType)
 }
 
