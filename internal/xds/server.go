@@ -58,8 +58,8 @@ type Server struct {
 	delta   delta.Server
 	metrics *serverMetrics
 
-	ready     chan struct{} // closed once every type has been set
-	setTypes  atomic.Int32 // types set at least once
+	ready    chan struct{} // closed once every type has been set
+	setTypes atomic.Int32  // types set at least once
 
 	clients atomic.Int64
 	mu      sync.Mutex
