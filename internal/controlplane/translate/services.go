@@ -1,0 +1,261 @@
+package translate
+
+import (
+	"net/netip"
+	"strings"
+
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+)
+
+// ExternalNameAliasExtension names the Service extension ztunnel-go puts on
+// an ExternalName Service whose externalName is a mesh service. Its config
+// is a google.protobuf.StringValue holding the target hostname. A node proxy
+// answers DNS for the alias with a CNAME to the target; routing and policy
+// follow the target (the alias has no addresses and no ports of its own).
+const ExternalNameAliasExtension = "ztunnel-go.io/external-name-alias"
+
+func (t *translator) addService(svc *workloadapi.Service, kind, ns, name string) {
+	key := svc.Namespace + "/" + svc.Hostname
+	if _, dup := t.addresses[key]; dup {
+		t.warnf(kind, ns, name, "hostname %s is already defined by another object in namespace %s; ignored", svc.Hostname, svc.Namespace)
+		return
+	}
+	t.addresses[key] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
+}
+
+func (t *translator) translateServices() {
+	for _, s := range t.idx.services {
+		network := t.network(s.Labels, s.Namespace)
+		svc := &workloadapi.Service{
+			Name:      s.Name,
+			Namespace: s.Namespace,
+			Hostname:  t.serviceHostname(s),
+		}
+		var fams [2]bool
+		for _, ip := range serviceVIPs(s) {
+			svc.Addresses = append(svc.Addresses, netAddr(network, ip))
+			fams[boolIdx(ip.Is6())] = true
+		}
+		for _, p := range tcpPorts(s) {
+			target := uint32(0)
+			if tp, ok := resolveTargetPort(p, nil); ok {
+				target = tp
+			}
+			svc.Ports = append(svc.Ports, &workloadapi.Port{
+				ServicePort: uint32(p.Port),
+				TargetPort:  target,
+				AppProtocol: appProtocol(p.Name, p.AppProtocol),
+			})
+		}
+		svc.LoadBalancing = t.loadBalancing(s)
+		svc.IpFamilies = ipFamilies(s.Spec.IPFamilies, fams)
+		svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
+		t.addService(svc, "Service", s.Namespace, s.Name)
+	}
+}
+
+func boolIdx(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// serviceVIPs: clusterIPs (headless: none) plus LoadBalancer ingress IPs.
+func serviceVIPs(s *corev1.Service) []netip.Addr {
+	cips := s.Spec.ClusterIPs
+	if len(cips) == 0 && s.Spec.ClusterIP != "" {
+		cips = []string{s.Spec.ClusterIP}
+	}
+	var out []netip.Addr
+	seen := map[netip.Addr]bool{}
+	add := func(v string) {
+		if ip, err := netip.ParseAddr(v); err == nil && !seen[ip] {
+			seen[ip] = true
+			out = append(out, ip)
+		}
+	}
+	for _, c := range cips {
+		if c != corev1.ClusterIPNone {
+			add(c)
+		}
+	}
+	if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			add(in.IP)
+		}
+	}
+	return out
+}
+
+// ipFamilies from spec.ipFamilies, or (local-mode YAML, where the API
+// server did not default the field) from the families of the VIPs.
+func ipFamilies(specFams []corev1.IPFamily, have [2]bool) workloadapi.IPFamilies {
+	if len(specFams) > 0 {
+		have = [2]bool{}
+		for _, f := range specFams {
+			have[boolIdx(f == corev1.IPv6Protocol)] = true
+		}
+	}
+	switch {
+	case have[0] && have[1]:
+		return workloadapi.IPFamilies_DUAL
+	case have[0]:
+		return workloadapi.IPFamilies_IPV4_ONLY
+	case have[1]:
+		return workloadapi.IPFamilies_IPV6_ONLY
+	}
+	return workloadapi.IPFamilies_AUTOMATIC
+}
+
+// loadBalancing maps internalTrafficPolicy, trafficDistribution (field, or
+// annotation on the Service, then its Namespace) and
+// publishNotReadyAddresses. trafficDistribution wins over
+// internalTrafficPolicy. nil when none applies.
+func (t *translator) loadBalancing(s *corev1.Service) *workloadapi.LoadBalancing {
+	var lb *workloadapi.LoadBalancing
+	if p := s.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		lb = &workloadapi.LoadBalancing{
+			RoutingPreference: []workloadapi.LoadBalancing_Scope{workloadapi.LoadBalancing_NODE},
+			Mode:              workloadapi.LoadBalancing_STRICT,
+		}
+	}
+	td := ""
+	if s.Spec.TrafficDistribution != nil {
+		td = *s.Spec.TrafficDistribution
+	} else if v := s.Annotations[AnnotationTrafficDist]; v != "" {
+		td = v
+	} else if ns := t.idx.namespaces[s.Namespace]; ns != nil {
+		td = ns.Annotations[AnnotationTrafficDist]
+	}
+	switch td {
+	case "":
+	case corev1.ServiceTrafficDistributionPreferClose, corev1.ServiceTrafficDistributionPreferSameZone:
+		lb = &workloadapi.LoadBalancing{
+			RoutingPreference: []workloadapi.LoadBalancing_Scope{
+				workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE,
+			},
+			Mode: workloadapi.LoadBalancing_FAILOVER,
+		}
+	case corev1.ServiceTrafficDistributionPreferSameNode:
+		lb = &workloadapi.LoadBalancing{
+			RoutingPreference: []workloadapi.LoadBalancing_Scope{
+				workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE,
+				workloadapi.LoadBalancing_SUBZONE, workloadapi.LoadBalancing_NODE,
+			},
+			Mode: workloadapi.LoadBalancing_FAILOVER,
+		}
+	default:
+		t.warnf("Service", s.Namespace, s.Name, "unknown trafficDistribution %q ignored", td)
+	}
+	if s.Spec.PublishNotReadyAddresses {
+		if lb == nil {
+			lb = &workloadapi.LoadBalancing{}
+		}
+		lb.HealthPolicy = workloadapi.LoadBalancing_ALLOW_ALL
+	}
+	return lb
+}
+
+func (t *translator) translateServiceEntries() {
+	for _, se := range t.objs.ServiceEntries {
+		network := t.network(se.Labels, se.Namespace)
+		var fixed []*workloadapi.NetworkAddress
+		for _, a := range se.Spec.Addresses {
+			if p, err := netip.ParsePrefix(a); err == nil {
+				na := netAddr(network, p.Addr())
+				if p.Bits() != p.Addr().BitLen() {
+					l := uint32(p.Bits())
+					na.Length = &l
+				}
+				fixed = append(fixed, na)
+			} else if ip, err := netip.ParseAddr(a); err == nil {
+				fixed = append(fixed, netAddr(network, ip))
+			} else {
+				t.warnf("ServiceEntry", se.Namespace, se.Name, "address %q is not an IP or CIDR; ignored", a)
+			}
+		}
+		var ports []*workloadapi.Port
+		for _, p := range se.Spec.Ports {
+			if !tcpProtocol(p.Protocol) {
+				continue
+			}
+			ports = append(ports, &workloadapi.Port{
+				ServicePort: p.Number,
+				TargetPort:  p.TargetPort,
+				AppProtocol: protocolFromString(p.Protocol),
+			})
+		}
+		var lb *workloadapi.LoadBalancing
+		if se.Spec.Resolution == networkingv1alpha3.ServiceEntry_NONE {
+			lb = &workloadapi.LoadBalancing{
+				Mode:         workloadapi.LoadBalancing_PASSTHROUGH,
+				HealthPolicy: workloadapi.LoadBalancing_ALLOW_ALL,
+			}
+		}
+		wp := t.boundWaypoint("ServiceEntry", se.Namespace, se.Name, se.Labels, false)
+		for _, h := range se.Spec.Hosts {
+			svc := &workloadapi.Service{
+				Name:            se.Name,
+				Namespace:       se.Namespace,
+				Hostname:        h,
+				Addresses:       fixed,
+				Ports:           ports,
+				SubjectAltNames: se.Spec.SubjectAltNames,
+				LoadBalancing:   lb,
+				Waypoint:        wp,
+			}
+			if len(fixed) == 0 {
+				var fams [2]bool
+				for _, ip := range t.allocs.Lookup(se.Namespace, se.Name, h) {
+					svc.Addresses = append(svc.Addresses, netAddr(network, ip))
+					fams[boolIdx(ip.Is6())] = true
+				}
+			}
+			if strings.HasPrefix(h, "*") && len(svc.Addresses) == 0 {
+				t.warnf("ServiceEntry", se.Namespace, se.Name, "wildcard host %s has no address (auto-allocation needs resolution DYNAMIC_DNS); node proxies cannot match it", h)
+			}
+			t.addService(svc, "ServiceEntry", se.Namespace, se.Name)
+		}
+	}
+}
+
+// tcpProtocol reports whether an Istio port protocol is carried over TCP.
+func tcpProtocol(p string) bool {
+	switch strings.ToUpper(p) {
+	case "UDP":
+		return false
+	}
+	return true
+}
+
+func (t *translator) translateExternalNames() {
+	for _, s := range t.objs.Services {
+		if s.Spec.Type != corev1.ServiceTypeExternalName {
+			continue
+		}
+		if !t.cfg.EnableExternalNameAlias {
+			continue
+		}
+		target := strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")
+		if !t.idx.meshHosts[target] {
+			t.warnf("Service", s.Namespace, s.Name, "externalName %s is not a mesh service; not an alias (DNS is forwarded)", s.Spec.ExternalName)
+			continue
+		}
+		cfg, err := anypb.New(wrapperspb.String(target))
+		if err != nil {
+			continue // cannot happen for a StringValue
+		}
+		t.addService(&workloadapi.Service{
+			Name:       s.Name,
+			Namespace:  s.Namespace,
+			Hostname:   t.serviceHostname(s),
+			Extensions: []*workloadapi.Extension{{Name: ExternalNameAliasExtension, Config: cfg}},
+		}, "Service", s.Namespace, s.Name)
+	}
+}

@@ -1,0 +1,217 @@
+// Package translate turns one cluster.Objects set into the resources istiod
+// serves to node proxies over xDS: workloadapi Addresses (Workloads and
+// Services), securityapi Authorizations, plus the side results an operator
+// needs to understand them (waypoint policy attachments, ServiceEntry
+// auto-allocations, per-policy status, warnings).
+//
+// It follows istiod's ambient index (ambient-protocol.md §4, §5, §6.4) and
+// adds two ztunnel-go features, each behind a Config switch:
+// EnrollmentFromLabels (local mode has no node agent writing the
+// ambient.istio.io/redirection annotation) and EnableExternalNameAlias.
+//
+// Translate is pure: no I/O, no clock, no logging, and the same input gives
+// the same output. It does not allocate ServiceEntry addresses (see
+// internal/controlplane/autoalloc) and does not serve anything.
+package translate
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+)
+
+// Defaults for the string fields of Config.
+const (
+	DefaultClusterID     = "Kubernetes"
+	DefaultTrustDomain   = "cluster.local"
+	DefaultDomainSuffix  = "cluster.local"
+	DefaultRootNamespace = "istio-system"
+)
+
+// Config holds the mesh settings translation depends on. Empty strings mean
+// the defaults above. The zero value of each bool is "off"; LocalDefaults
+// returns the local-mode settings with both features on.
+type Config struct {
+	// ClusterID goes into workload uids and Workload.cluster_id.
+	ClusterID string
+	// Network is the default network of workloads and service VIPs; "" is
+	// the single unnamed network. Pods and namespaces may override it with
+	// the label topology.istio.io/network.
+	Network string
+	// TrustDomain of workload identities; cluster.local is elided on the wire.
+	TrustDomain string
+	// DomainSuffix of Kubernetes service hostnames (<name>.<ns>.svc.<suffix>).
+	DomainSuffix string
+	// RootNamespace holds mesh-wide policies (istio-system).
+	RootNamespace string
+	// EnrollmentFromLabels makes a pod HBONE-enrolled when it matches the
+	// ambient enrollment rule (namespace or pod label
+	// istio.io/dataplane-mode=ambient, pod label value "none" opts out, not
+	// hostNetwork, no sidecar.istio.io/status annotation), not only when it
+	// carries ambient.istio.io/redirection: enabled. In Kubernetes the node
+	// agent writes that annotation after it set up capture, so istiod keys
+	// off it alone (set false there); in local mode nobody writes it (true).
+	EnrollmentFromLabels bool
+	// EnableExternalNameAlias emits ExternalName Services whose target is a
+	// mesh service as alias Services (see ExternalNameAliasExtension).
+	// Off: ExternalName Services are not part of the mesh, as in istiod.
+	EnableExternalNameAlias bool
+}
+
+// LocalDefaults returns the local-mode configuration.
+func LocalDefaults() Config {
+	return Config{EnrollmentFromLabels: true, EnableExternalNameAlias: true}.withDefaults()
+}
+
+func (c Config) withDefaults() Config {
+	if c.ClusterID == "" {
+		c.ClusterID = DefaultClusterID
+	}
+	if c.TrustDomain == "" {
+		c.TrustDomain = DefaultTrustDomain
+	}
+	if c.DomainSuffix == "" {
+		c.DomainSuffix = DefaultDomainSuffix
+	}
+	if c.RootNamespace == "" {
+		c.RootNamespace = DefaultRootNamespace
+	}
+	return c
+}
+
+// PolicyStatus says what became of one AuthorizationPolicy or
+// PeerAuthentication: whether node proxies get it, and why not.
+type PolicyStatus struct {
+	Kind string `json:"kind"` // AuthorizationPolicy or PeerAuthentication
+	Name string `json:"name"` // namespace/name
+	// Sent is true when the policy (or its conversion) is sent to node proxies.
+	Sent bool `json:"sent"`
+	// Message explains partial conversion or why it is not sent.
+	Message string `json:"message,omitempty"`
+}
+
+// Result is everything one translation produces. Maps are keyed by xDS
+// resource name. A Result is never mutated after Translate returns.
+type Result struct {
+	// Addresses: Workloads keyed by uid, Services by "namespace/hostname".
+	Addresses map[string]*workloadapi.Address
+	// Authorizations keyed by "namespace/name".
+	Authorizations map[string]*securityapi.Authorization
+	// WaypointPolicies maps a waypoint ("namespace/name" of its Gateway) to
+	// the AuthorizationPolicies (sorted "namespace/name") attached to it with
+	// targetRef(s): to that Gateway, or to GatewayClass istio-waypoint from
+	// the root namespace. The waypoint enforces them; node proxies never see
+	// them. Waypoints without attached policies are absent.
+	WaypointPolicies map[string][]string
+	// Allocations are the ServiceEntry auto-allocations the translation used.
+	Allocations []autoalloc.Allocation
+	// Policies is one status per AuthorizationPolicy and PeerAuthentication,
+	// sorted by kind then name.
+	Policies []PolicyStatus
+	// Warnings, sorted and deduplicated, each prefixed by "Kind ns/name: ".
+	Warnings []string
+}
+
+// Translate converts objs. allocs are the ServiceEntry auto-allocations
+// (nil: none). objs may be nil (empty cluster).
+func Translate(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *Result {
+	var sorted cluster.Objects
+	if objs != nil {
+		// Copy the slices so sorting never reorders the caller's set; the
+		// objects themselves are only read.
+		sorted = cluster.Objects{
+			Namespaces:            clone(objs.Namespaces),
+			Pods:                  clone(objs.Pods),
+			Services:              clone(objs.Services),
+			EndpointSlices:        clone(objs.EndpointSlices),
+			ServiceEntries:        clone(objs.ServiceEntries),
+			WorkloadEntries:       clone(objs.WorkloadEntries),
+			AuthorizationPolicies: clone(objs.AuthorizationPolicies),
+			PeerAuthentications:   clone(objs.PeerAuthentications),
+			Gateways:              clone(objs.Gateways),
+			GatewayClasses:        clone(objs.GatewayClasses),
+		}
+	}
+	sorted.Sort()
+	t := newTranslator(cfg.withDefaults(), &sorted, allocs)
+	t.run()
+	return t.result()
+}
+
+type translator struct {
+	cfg    Config
+	objs   *cluster.Objects
+	allocs *autoalloc.Allocations
+
+	addresses map[string]*workloadapi.Address
+	authz     map[string]*securityapi.Authorization
+	wpPols    map[string][]string
+	policies  []PolicyStatus
+	warnings  map[string]bool
+
+	idx index
+	// selectorPolicies are WORKLOAD_SELECTOR authorizations, for matching.
+	selectorPolicies []selectorPolicy
+	pa               *peerAuthn
+}
+
+func newTranslator(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *translator {
+	return &translator{
+		cfg:       cfg,
+		objs:      objs,
+		allocs:    allocs,
+		addresses: map[string]*workloadapi.Address{},
+		authz:     map[string]*securityapi.Authorization{},
+		wpPols:    map[string][]string{},
+		warnings:  map[string]bool{},
+	}
+}
+
+func (t *translator) warnf(kind, ns, name, format string, args ...any) {
+	obj := name
+	if ns != "" {
+		obj = ns + "/" + name
+	}
+	t.warnings[fmt.Sprintf("%s %s: ", kind, obj)+fmt.Sprintf(format, args...)] = true
+}
+
+func (t *translator) run() {
+	t.buildIndex()
+	t.translateWaypoints()
+	t.translateAuthorizationPolicies()
+	t.translatePeerAuthentications()
+	t.translateServices()
+	t.translateServiceEntries()
+	t.translateExternalNames()
+	t.translatePods()
+	t.translateWorkloadEntries()
+	t.translateServiceEntryEndpoints()
+	t.translateEndpointSlices()
+}
+
+func (t *translator) result() *Result {
+	r := &Result{
+		Addresses:        t.addresses,
+		Authorizations:   t.authz,
+		WaypointPolicies: t.wpPols,
+		Allocations:      t.allocs.List(),
+		Policies:         t.policies,
+	}
+	sort.SliceStable(r.Policies, func(i, j int) bool {
+		if r.Policies[i].Kind != r.Policies[j].Kind {
+			return r.Policies[i].Kind < r.Policies[j].Kind
+		}
+		return r.Policies[i].Name < r.Policies[j].Name
+	})
+	for w := range t.warnings {
+		r.Warnings = append(r.Warnings, w)
+	}
+	sort.Strings(r.Warnings)
+	return r
+}
+
+func clone[T any](s []T) []T { return append([]T(nil), s...) }
