@@ -49,7 +49,8 @@ type ClientConfig struct {
 	// Log receives connection events; nil means no logging.
 	Log *zap.Logger
 	// MinBackoff and MaxBackoff bound the wait between connection attempts,
-	// doubling from min to max and starting over after a hello is sent; 0
+	// doubling from min to max and starting over once the agent has sent a
+	// message on a connection; 0
 	// means DefaultMinBackoff / DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
 }
@@ -92,9 +93,9 @@ func (c *Client) Run(ctx context.Context) error {
 	for {
 		conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: c.cfg.Path, Net: "unixpacket"})
 		if err == nil {
-			var hello bool
-			hello, err = c.serve(ctx, conn)
-			if hello {
+			var served bool
+			served, err = c.serve(ctx, conn)
+			if served {
 				backoff = c.cfg.MinBackoff
 			}
 		}
@@ -111,9 +112,10 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 }
 
-// serve runs one connection until it fails. hello reports whether the hello
-// went out (the connection counts as established for the backoff).
-func (c *Client) serve(ctx context.Context, conn *net.UnixConn) (hello bool, err error) {
+// serve runs one connection until it fails. served reports whether the
+// agent sent anything (only then does the backoff start over, so an agent
+// that hangs up on every hello is not hammered).
+func (c *Client) serve(ctx context.Context, conn *net.UnixConn) (served bool, err error) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
@@ -130,10 +132,11 @@ func (c *Client) serve(ctx context.Context, conn *net.UnixConn) (hello bool, err
 		case errors.Is(err, ErrTruncated):
 			herr = err // the message is lost; refuse it and go on
 		case err != nil:
-			return true, fmt.Errorf("zds: receive: %w", err)
+			return served, fmt.Errorf("zds: receive: %w", err)
 		default:
 			herr = c.handle(buf[:n], fds, seen)
 		}
+		served = true
 		if herr != nil {
 			c.log.Warn("refusing agent message", zap.Error(herr))
 		}
