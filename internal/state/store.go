@@ -1,0 +1,180 @@
+// Package state is the node proxy's view of the mesh: workloads, services and
+// L4 authorization policies converted from WDS/xDS into compact, validated
+// types, indexed, and published as immutable Snapshots that the data path
+// reads with one atomic load and no locks (STYLE G3).
+//
+// Store.ApplyAddresses and Store.ApplyAuthorizations are the only writers
+// (called by internal/xds); each converts and validates its resources off to
+// the side, edits copy-on-write indexes (see cow.go) and swaps the snapshot
+// pointer. Store.Changed and Store.WaitFor make waiting for state explicit
+// and bounded (STYLE G4). Snapshot holds the lookups the proxy and DNS need,
+// endpoint selection (SelectEndpoint) and the policies that apply to a
+// workload (PoliciesFor).
+//
+// It is not the xDS client (internal/xds), it does not resolve hostnames, and
+// it does not decide routes (proxy) or evaluate policies (internal/rbac).
+package state
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
+)
+
+// Store holds the current Snapshot. Readers call Load; the xDS client calls
+// the Apply methods. The zero Store is not usable; use NewStore.
+type Store struct {
+	cur atomic.Pointer[Snapshot]
+
+	mu sync.Mutex // serializes writers; guards in
+	in interner
+}
+
+// NewStore returns a store holding an empty snapshot (Generation 0).
+func NewStore() *Store {
+	s := &Store{}
+	s.cur.Store(emptySnapshot())
+	return s
+}
+
+// Load returns the current snapshot: one atomic load, no locks. Use the same
+// snapshot for every lookup of one connection.
+func (s *Store) Load() *Snapshot { return s.cur.Load() }
+
+// Changed returns a channel that is closed when the snapshot current at the
+// time of the call is replaced.
+func (s *Store) Changed() <-chan struct{} { return s.cur.Load().changed }
+
+// WaitFor returns the first snapshot (the current one or a later one) for
+// which pred returns true, or ctx's error wrapped, together with the last
+// snapshot checked. It subscribes to changes before checking, so no swap is
+// missed. pred must not block.
+func (s *Store) WaitFor(ctx context.Context, pred func(*Snapshot) bool) (*Snapshot, error) {
+	for {
+		snap := s.cur.Load()
+		if pred(snap) {
+			return snap, nil
+		}
+		select {
+		case <-snap.changed:
+		case <-ctx.Done():
+			return snap, fmt.Errorf("state: wait (at generation %d): %w", snap.Generation, context.Cause(ctx))
+		}
+	}
+}
+
+// ApplyAddresses applies one WDS update: upserts keyed by resource name (a
+// Workload's uid, a Service's "namespace/hostname") and removed names (either
+// kind). Removals are applied first, then upserts in name order.
+//
+// Every resource is converted and validated; an invalid one is rejected and
+// keeps its previous version (or stays absent), while the valid ones of the
+// same call are applied. The returned error is an *ApplyError listing the
+// rejected resources, or nil. A new snapshot is published iff something
+// changed.
+func (s *Store) ApplyAddresses(upserts map[string]*workloadapi.Address, removes []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := newBuilder(s.cur.Load())
+	for _, name := range removes {
+		if _, ok := b.workloads.get(name); ok {
+			b.removeWorkload(name)
+		} else {
+			b.removeService(name)
+		}
+	}
+	var errs []*ResourceError
+	for _, name := range sortedKeys(upserts) {
+		a := upserts[name]
+		switch {
+		case a.GetWorkload() != nil:
+			w, err := s.in.workload(a.GetWorkload())
+			if err == nil && w.UID != name {
+				err = ferr("uid", "%q does not match the resource name", w.UID)
+			}
+			if err != nil {
+				errs = append(errs, resourceError(name, err))
+				continue
+			}
+			b.upsertWorkload(w)
+		case a.GetService() != nil:
+			svc, err := s.in.service(a.GetService())
+			if err == nil && svc.Key != name {
+				err = ferr("hostname", "namespace/hostname %q does not match the resource name", svc.Key)
+			}
+			if err != nil {
+				errs = append(errs, resourceError(name, err))
+				continue
+			}
+			b.upsertService(svc)
+		default:
+			errs = append(errs, &ResourceError{Resource: name, Field: "type", Err: fmt.Errorf("neither workload nor service")})
+		}
+	}
+	s.publish(b)
+	return applyError(errs)
+}
+
+// ApplyAuthorizations applies one authorization update: upserts keyed by
+// "namespace/name" and removed names, with the same rules as ApplyAddresses.
+func (s *Store) ApplyAuthorizations(upserts map[string]*securityapi.Authorization, removes []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := newBuilder(s.cur.Load())
+	for _, name := range removes {
+		b.removePolicy(name)
+	}
+	var errs []*ResourceError
+	for _, name := range sortedKeys(upserts) {
+		p, err := rbac.FromProto(upserts[name])
+		if err == nil && p.Key != name {
+			err = ferr("name", "namespace/name %q does not match the resource name", p.Key)
+		}
+		if err != nil {
+			re := resourceError(name, err)
+			if fe, ok := err.(*rbac.FieldError); ok {
+				re.Field, re.Err = fe.Field, fe.Err
+			}
+			errs = append(errs, re)
+			continue
+		}
+		p.Namespace = s.in.intern(p.Namespace)
+		b.upsertPolicy(p)
+	}
+	s.publish(b)
+	return applyError(errs)
+}
+
+func applyError(errs []*ResourceError) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return &ApplyError{Errors: errs}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// publish swaps in the built snapshot if anything changed and wakes waiters.
+// Called with s.mu held.
+func (s *Store) publish(b *builder) {
+	if !b.changed {
+		return
+	}
+	old := s.cur.Load()
+	next := b.finish()
+	s.cur.Store(next)
+	close(old.changed)
+}
