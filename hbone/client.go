@@ -158,7 +158,21 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, key Key, setup func(
 	if err := c.start(); err != nil {
 		return nil, fmt.Errorf("hbone: connect %s: %w", key.NextHop, err)
 	}
-	return c, nil
+	// In TLS 1.3 the server checks our certificate after our side of the
+	// handshake is done; its SETTINGS tell us it accepted it. Waiting for
+	// them turns a rejection into a handshake error here instead of a reset
+	// on the first stream.
+	select {
+	case <-c.ready:
+		return c, nil
+	case <-c.done:
+		err := c.streamErr()
+		return nil, fmt.Errorf("hbone: connect %s: %w: server closed the connection before its SETTINGS: %w",
+			key.NextHop, ErrHandshake, err)
+	case <-ctx.Done():
+		c.fail(ctx.Err())
+		return nil, connectErr(ctx, key.NextHop, timeout, ctx.Err())
+	}
 }
 
 func connectErr(ctx context.Context, hop netip.AddrPort, timeout time.Duration, err error) error {
@@ -191,10 +205,16 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 	c.wmu.Lock()
 	c.mu.Lock()
 	if c.closed || c.closing || c.nextID > maxStreamID {
+		err := c.streamErrLocked()
+		if c.closeErr == nil {
+			// A graceful end (GOAWAY, idle expiry) raced our reservation:
+			// nothing was sent, another connection may take the stream.
+			err = fmt.Errorf("%w: %w", errRetry, err)
+		}
 		c.mu.Unlock()
 		c.wmu.Unlock()
 		c.unreserve()
-		return nil, fmt.Errorf("%w: %w", errRetry, ErrConnClosed)
+		return nil, err
 	}
 	t := c.newTunnelLocked(c.nextID)
 	t.counted = true
@@ -205,7 +225,7 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 	c.wmu.Unlock()
 	if err != nil {
 		t.Close()
-		return nil, fmt.Errorf("%w: %w", errRetry, err)
+		return nil, c.streamErr()
 	}
 
 	c.mu.Lock()

@@ -85,6 +85,7 @@ type conn struct {
 	pingSent       time.Time          // under mu
 	pingSeq        uint64             // under mu
 	done           chan struct{}      // closed when the connection ends
+	ready          chan struct{}      // closed when the peer's first SETTINGS arrived
 	ka             *time.Timer
 	idleTimeout    time.Duration // client: close after this long without streams; 0: never
 	idleSince      time.Time     // under mu
@@ -113,6 +114,7 @@ func newConn(nc net.Conn, client bool, cfg H2Settings, peer identity.Identity, p
 		sendWinCh:      make(chan struct{}),
 		recvWin:        defaultWindow,
 		done:           make(chan struct{}),
+		ready:          make(chan struct{}),
 		maxHeaderList:  16 << 10,
 	}
 	c.ctx, c.cancel = context.WithCancel(parent)
@@ -217,7 +219,8 @@ func (c *conn) readFrames() error {
 			return connError{http2.ErrCodeFrameSize, fmt.Sprintf("frame of %d bytes exceeds %d", length, c.cfg.MaxFrameSize)}
 		}
 		if !c.sawFrame {
-			if typ != frameSettings || flags&flagAck != 0 {
+			// A GOAWAY first is a violation, but its reason is worth reading.
+			if (typ != frameSettings || flags&flagAck != 0) && typ != frameGoAway {
 				return protoErr("first frame is type %d, want SETTINGS", typ)
 			}
 			c.sawFrame = true
@@ -626,6 +629,11 @@ func (c *conn) readSettings(length uint32, flags uint8, sid uint32) error {
 			}
 			c.peerMaxFrame = v
 		}
+	}
+	select {
+	case <-c.ready:
+	default:
+		close(c.ready)
 	}
 	var wake []*Tunnel
 	if grew {
@@ -1122,11 +1130,11 @@ func (c *conn) fail(err error) {
 		c.mu.Unlock()
 		return
 	}
-	c.closed, c.closing, c.closeErr = true, true, err
-	streamErr := ErrConnClosed
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		streamErr = fmt.Errorf("%w: %w", ErrConnClosed, classifyConnErr(err))
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		err = nil // the peer or we closed: a clean end
 	}
+	c.closed, c.closing, c.closeErr = true, true, err
+	streamErr := c.streamErrLocked()
 	var wake []*Tunnel
 	for id, t := range c.streams {
 		if t.err == nil {
@@ -1159,12 +1167,18 @@ func (c *conn) fail(err error) {
 	}
 }
 
-// Err reports why the connection ended (nil while open or after a clean
-// close).
-func (c *conn) err() error {
+// streamErrLocked is the error streams get once the connection ended.
+func (c *conn) streamErrLocked() error {
+	if c.closeErr == nil {
+		return ErrConnClosed
+	}
+	return fmt.Errorf("%w: %w", ErrConnClosed, classifyConnErr(c.closeErr))
+}
+
+func (c *conn) streamErr() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.closeErr
+	return c.streamErrLocked()
 }
 
 func (c *conn) keepalive() {

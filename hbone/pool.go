@@ -230,6 +230,10 @@ func (p *Pool) dial(kc *keyConns, dc *dialCall, key Key) {
 		// will find nothing) and it would never be removed.
 		if _, usable := c.load(); usable {
 			kc.conns = append(kc.conns, c)
+		} else {
+			// It died right after the handshake (the server rejected our
+			// certificate, say): that is this dial's result.
+			err = fmt.Errorf("hbone: connect %s: %w", key.NextHop, c.streamErr())
 		}
 	}
 	if len(kc.conns) == 0 {
