@@ -185,18 +185,18 @@ func (s *Server) SetResources(typeURL string, resources map[string]proto.Message
 		}
 	}
 	tc.versions = next
+	s.metrics.resources.WithLabelValues(typeURL).Set(float64(len(next)))
+	if len(update) > 0 || len(remove) > 0 {
+		if err := tc.linear.UpdateResources(update, remove); err != nil {
+			s.log.Error("xds: notify clients", zap.String("type_url", typeURL), zap.Error(err))
+		}
+	}
+	// Only now that the cache holds the set may held streams proceed.
 	if !tc.set {
 		tc.set = true
 		if int(s.setTypes.Add(1)) == len(s.caches) {
 			close(s.ready)
 		}
-	}
-	s.metrics.resources.WithLabelValues(typeURL).Set(float64(len(next)))
-	if len(update) == 0 && len(remove) == 0 {
-		return
-	}
-	if err := tc.linear.UpdateResources(update, remove); err != nil {
-		s.log.Error("xds: notify clients", zap.String("type_url", typeURL), zap.Error(err))
 	}
 }
 

@@ -1,0 +1,102 @@
+package xds
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+)
+
+// FuzzHandleResponse feeds arbitrary DeltaDiscoveryResponses to the client's
+// response handler: it must not panic, must echo type and nonce, must NACK
+// every resource it cannot decode with a message naming it, and must not
+// record a version for a rejected resource.
+func FuzzHandleResponse(f *testing.F) {
+	seeds := []*discovery.DeltaDiscoveryResponse{
+		{TypeUrl: AddressType, Nonce: "1", Resources: []*discovery.Resource{
+			res(f, "a", "v1", workload("a", "10.0.0.1")),
+			res(f, "bad-1", "v1", workload("bad-1", "10.0.0.2")),
+		}, RemovedResources: []string{"gone"}},
+		{TypeUrl: AuthorizationType, Nonce: "2", Resources: []*discovery.Resource{
+			res(f, "ns/p", "v1", policy("ns", "p")),
+			rawRes("ns/q", "v1", AuthorizationType, []byte{0x0a, 0xff}),
+		}},
+		{TypeUrl: AddressType, Resources: []*discovery.Resource{
+			res(f, "p", "v1", policy("ns", "p")),
+			{Name: "nobody"},
+			res(f, "", "", workload("a", "10.0.0.1")),
+		}},
+		{TypeUrl: "type.googleapis.com/unknown"},
+		{},
+	}
+	for _, s := range seeds {
+		b, err := proto.Marshal(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0xff, 0x01})
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		resp := &discovery.DeltaDiscoveryResponse{}
+		if err := proto.Unmarshal(data, resp); err != nil {
+			return // not a response at all: the gRPC codec rejects it earlier
+		}
+		h := newHandler(newFakeSink())
+		ack := h.handle(resp)
+		if ack == nil {
+			t.Fatal("nil ack")
+		}
+		if ack.GetTypeUrl() != resp.GetTypeUrl() || ack.GetResponseNonce() != resp.GetNonce() {
+			t.Fatalf("ack echoes {%q %q}, want {%q %q}", ack.GetTypeUrl(), ack.GetResponseNonce(), resp.GetTypeUrl(), resp.GetNonce())
+		}
+		msg := ack.GetErrorDetail().GetMessage()
+		typ := resp.GetTypeUrl()
+		if typ != AddressType && typ != AuthorizationType {
+			if ack.GetErrorDetail() == nil || msg == "" {
+				t.Fatalf("unknown type %q was ACKed", typ)
+			}
+			return
+		}
+		held := h.resourceVersions(typ)
+		for _, r := range resp.GetResources() {
+			reason := rejectReason(typ, r)
+			if reason == "" {
+				continue
+			}
+			if ack.GetErrorDetail() == nil || !strings.Contains(msg, strconv.Quote(r.GetName())) {
+				t.Fatalf("resource %q (%s) not named in NACK %q", r.GetName(), reason, msg)
+			}
+			if _, ok := held[r.GetName()]; ok {
+				t.Fatalf("rejected resource %q got a version", r.GetName())
+			}
+		}
+	})
+}
+
+// rejectReason says why the handler must reject r, independently of it.
+func rejectReason(typ string, r *discovery.Resource) string {
+	var m proto.Message = &workloadapi.Address{}
+	if typ == AuthorizationType {
+		m = &securityapi.Authorization{}
+	}
+	switch {
+	case r.GetName() == "":
+		return "no name"
+	case r.GetResource() == nil:
+		return "no body"
+	case r.GetResource().GetTypeUrl() != typ:
+		return "wrong type"
+	case proto.Unmarshal(r.GetResource().GetValue(), m) != nil:
+		return "undecodable"
+	case strings.HasPrefix(r.GetName(), "bad"):
+		return "refused by the sink"
+	}
+	return ""
+}
