@@ -1,0 +1,353 @@
+// Package controlplane is ztunnel-go's embeddable control plane: it runs a
+// cluster.Source, re-translates the objects on every change (debounced),
+// pushes the resulting Addresses and Authorizations to an xDS server, and
+// serves that xDS server and the certificate service on one TLS gRPC
+// listener (Istio's port 15012). The binary cmd/ztunnel-cp wires it; a
+// node proxy can embed it in-process for the local mesh.
+//
+// The deciding lives in subpackages: translate (objects → resources),
+// autoalloc (ServiceEntry addresses), caserver (certificates and caller
+// authentication). This package only sequences them and reports what
+// happened (ConfigDump). It does not talk to the Kubernetes API itself; a
+// Kubernetes cluster.Source is a later addition.
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
+)
+
+// DefaultDebounce is how long the controller waits after a change for more
+// changes before translating.
+const DefaultDebounce = 10 * time.Millisecond
+
+// Config configures a ControlPlane.
+type Config struct {
+	// Source of cluster objects. Required. Run starts it.
+	Source cluster.Source
+	// SourceErrors returns the source's current problems (bad documents with
+	// file, index and field) for ConfigDump. nil: none reported.
+	SourceErrors func() []error
+	// Translate holds the mesh settings; its zero string fields take the
+	// translate defaults. Local mode wants translate.LocalDefaults().
+	Translate translate.Config
+	// Allocator assigns ServiceEntry addresses. nil: an in-memory allocator
+	// with the default ranges (addresses do not survive a restart).
+	Allocator *autoalloc.Allocator
+	// CA signs workload certificates. Required.
+	CA *ca.CA
+	// Auth authenticates node proxies on xDS and on the CA. Required.
+	Auth caserver.Authenticator
+	// ServingNames are the DNS names and IPs of the TLS serving certificate.
+	// nil: caserver.DefaultServingNames(root namespace) plus the listener's IP.
+	ServingNames []string
+	// Debounce: 0 means DefaultDebounce.
+	Debounce time.Duration
+	// Log: nil means no logging.
+	Log *zap.Logger
+	// Registerer receives the xDS server and controlplane_* metrics. nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// snapshot is one translation, immutable once published.
+type snapshot struct {
+	generation uint64
+	objs       *cluster.Objects
+	result     *translate.Result
+	allocErr   error
+	// onNode: node → set of "ns/sa" with a live pod on it.
+	onNode map[string]map[string]bool
+}
+
+// ControlPlane is one running control plane. Create it with New.
+type ControlPlane struct {
+	cfg  Config
+	log  *zap.Logger
+	xds  *xds.Server
+	ca   *caserver.Server
+	snap atomic.Pointer[snapshot]
+
+	syncedOnce sync.Once
+	synced     chan struct{}
+
+	warned       map[string]bool // warnings already logged; loop goroutine only
+	translations prometheus.Counter
+	warnings     prometheus.Gauge
+}
+
+// New validates cfg and builds the control plane; nothing runs until Run.
+func New(cfg Config) (*ControlPlane, error) {
+	if cfg.Source == nil || cfg.CA == nil || cfg.Auth == nil {
+		return nil, errors.New("controlplane: Source, CA and Auth are required")
+	}
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = DefaultDebounce
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if cfg.Allocator == nil {
+		a, err := autoalloc.New(autoalloc.Config{})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Allocator = a
+	}
+	c := &ControlPlane{
+		cfg:    cfg,
+		log:    log,
+		synced: make(chan struct{}),
+		warned: map[string]bool{},
+		translations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "controlplane_translations_total", Help: "Translations of the cluster objects into mesh resources.",
+		}),
+		warnings: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "controlplane_translation_warnings", Help: "Warnings of the latest translation (see the config dump).",
+		}),
+	}
+	if cfg.Registerer != nil {
+		for _, m := range []prometheus.Collector{c.translations, c.warnings} {
+			if err := cfg.Registerer.Register(m); err != nil {
+				log.Warn("metric not registered", zap.Error(err))
+			}
+		}
+	}
+	c.xds = xds.NewServer(xds.ServerConfig{Log: log.Named("xds"), Registerer: cfg.Registerer})
+	srv, err := caserver.New(caserver.Config{
+		CA: cfg.CA, Auth: cfg.Auth, Placement: caserver.PlacementFunc(c.onNode), Log: log.Named("ca"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.ca = srv
+	return c, nil
+}
+
+// onNode answers the CA's placement question from the latest translation.
+func (c *ControlPlane) onNode(node, ns, sa string) bool {
+	s := c.snap.Load()
+	return s != nil && s.onNode[node][ns+"/"+sa]
+}
+
+// Synced is closed once the first translation has been pushed to the xDS
+// server (node proxies are answered only from then on).
+func (c *ControlPlane) Synced() <-chan struct{} { return c.synced }
+
+// RootPEM is the trust bundle node proxies need to verify the server and
+// the certificates it issues.
+func (c *ControlPlane) RootPEM() []byte { return c.cfg.CA.RootPEM() }
+
+// Result returns the latest translation, or nil before the first one.
+func (c *ControlPlane) Result() *translate.Result {
+	if s := c.snap.Load(); s != nil {
+		return s.result
+	}
+	return nil
+}
+
+// XDS returns the xDS server (for its Nodes and Versions).
+func (c *ControlPlane) XDS() *xds.Server { return c.xds }
+
+// NewGRPCServer returns a gRPC server with TLS (tlsCfg), the authenticating
+// interceptors, ADS and the CA registered: what Run serves. Embedders that
+// run their own listener use it directly.
+func (c *ControlPlane) NewGRPCServer(tlsCfg *tls.Config) *grpc.Server {
+	g := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.UnaryInterceptor(caserver.UnaryInterceptor(c.cfg.Auth, c.log.Named("auth"))),
+		grpc.StreamInterceptor(caserver.StreamInterceptor(c.cfg.Auth, c.log.Named("auth"))),
+	)
+	c.xds.Register(g)
+	c.ca.Register(g)
+	return g
+}
+
+// TLSConfig issues the serving certificate for the configured names (plus
+// the listener's address) and returns the server TLS configuration.
+func (c *ControlPlane) TLSConfig(lis net.Addr) (*tls.Config, error) {
+	names := c.cfg.ServingNames
+	if names == nil {
+		names = caserver.DefaultServingNames(c.rootNamespace())
+		if ta, ok := lis.(*net.TCPAddr); ok && !ta.IP.IsUnspecified() {
+			names = append(names, ta.IP.String())
+		}
+	}
+	cert, err := caserver.ServingCertificate(c.cfg.CA, names, 365*24*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+func (c *ControlPlane) rootNamespace() string {
+	if c.cfg.Translate.RootNamespace != "" {
+		return c.cfg.Translate.RootNamespace
+	}
+	return translate.DefaultRootNamespace
+}
+
+// Run runs the source, the translation loop and the gRPC server on lis
+// until ctx is done, then stops gracefully. It returns the first fatal error
+// (the source failing to start, the server failing). lis is closed on return.
+func (c *ControlPlane) Run(ctx context.Context, lis net.Listener) error {
+	tlsCfg, err := c.TLSConfig(lis.Addr())
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	g := c.NewGRPCServer(tlsCfg)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		if err := c.cfg.Source.Run(ctx); err != nil {
+			errc <- fmt.Errorf("controlplane: source: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		c.loop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		if err := g.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errc <- fmt.Errorf("controlplane: serve %s: %w", lis.Addr(), err)
+		}
+	}()
+	c.log.Info("control plane serving xDS and CA", zap.Stringer("addr", lis.Addr()))
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errc:
+	}
+	cancel()
+	stopGracefully(g, 5*time.Second)
+	wg.Wait()
+	return first
+}
+
+// stopGracefully ends the xDS streams (they never finish on their own)
+// after giving unary calls up to d.
+func stopGracefully(g *grpc.Server, d time.Duration) {
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		g.Stop()
+	}
+}
+
+// loop re-translates whenever the source publishes, waiting Debounce after
+// a change so a burst of changes costs one translation.
+func (c *ControlPlane) loop(ctx context.Context) {
+	var last *cluster.Objects
+	for {
+		objs, changed := c.cfg.Source.Current()
+		if objs != nil && objs != last {
+			c.Apply(objs)
+			last = objs
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		t := time.NewTimer(c.cfg.Debounce)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Apply translates objs and pushes the result now. Run calls it for every
+// change of the source; tests and embedders may call it directly. Calls
+// must not run concurrently.
+func (c *ControlPlane) Apply(objs *cluster.Objects) {
+	start := time.Now()
+	allocs, allocErr := c.cfg.Allocator.Allocate(objs.ServiceEntries)
+	if allocErr != nil {
+		c.log.Warn("ServiceEntry address allocation incomplete", zap.Error(allocErr))
+	}
+	res := translate.Translate(c.cfg.Translate, objs, allocs)
+	prev := c.snap.Load()
+	gen := uint64(1)
+	if prev != nil {
+		gen = prev.generation + 1
+	}
+	s := &snapshot{generation: gen, objs: objs, result: res, allocErr: allocErr, onNode: placement(objs)}
+
+	addrs := make(map[string]proto.Message, len(res.Addresses))
+	for k, v := range res.Addresses {
+		addrs[k] = v
+	}
+	authz := make(map[string]proto.Message, len(res.Authorizations))
+	for k, v := range res.Authorizations {
+		authz[k] = v
+	}
+	// Publish the placement before the workloads: a node proxy that learns
+	// of a new workload may ask for its certificate right away.
+	c.snap.Store(s)
+	c.xds.SetResources(xds.AddressType, addrs)
+	c.xds.SetResources(xds.AuthorizationType, authz)
+	c.syncedOnce.Do(func() { close(c.synced) })
+
+	current := map[string]bool{}
+	for _, w := range res.Warnings {
+		current[w] = true
+		if !c.warned[w] {
+			c.log.Warn("translation warning", zap.String("warning", w))
+		}
+	}
+	c.warned = current
+	c.translations.Inc()
+	c.warnings.Set(float64(len(res.Warnings)))
+	c.log.Info("translated cluster objects", zap.Uint64("generation", gen),
+		zap.Int("addresses", len(res.Addresses)), zap.Int("authorizations", len(res.Authorizations)),
+		zap.Int("warnings", len(res.Warnings)), zap.Duration("took", time.Since(start)))
+}
+
+// placement indexes which service accounts have a live pod on which node.
+func placement(objs *cluster.Objects) map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	for _, p := range objs.Pods {
+		if p.Spec.NodeName == "" || p.Status.Phase == "Succeeded" || p.Status.Phase == "Failed" {
+			continue
+		}
+		sa := p.Spec.ServiceAccountName
+		if sa == "" {
+			sa = "default"
+		}
+		if out[p.Spec.NodeName] == nil {
+			out[p.Spec.NodeName] = map[string]bool{}
+		}
+		out[p.Spec.NodeName][p.Namespace+"/"+sa] = true
+	}
+	return out
+}

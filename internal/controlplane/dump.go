@@ -1,0 +1,77 @@
+package controlplane
+
+import (
+	"sort"
+	"strings"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+)
+
+// ConfigDump is what the control plane loaded and made of it, for an admin
+// endpoint or `ztunnel-cp` debugging. Every field is a copy.
+type ConfigDump struct {
+	// Generation counts translations; 0 means none yet.
+	Generation uint64 `json:"generation"`
+	// Objects lists the loaded objects per kind as "namespace/name".
+	Objects map[string][]string `json:"objects"`
+	// SourceErrors are the source's problems (file, document, field).
+	SourceErrors []string `json:"sourceErrors,omitempty"`
+	// Warnings of the latest translation.
+	Warnings []string `json:"warnings,omitempty"`
+	// Policies: what became of each AuthorizationPolicy and PeerAuthentication.
+	Policies []translate.PolicyStatus `json:"policies,omitempty"`
+	// Allocations are the ServiceEntry auto-allocated addresses.
+	Allocations []autoalloc.Allocation `json:"allocations,omitempty"`
+	// AllocationError is set when some host got no address.
+	AllocationError string `json:"allocationError,omitempty"`
+	// WaypointPolicies: waypoint → targetRef policies attached to it.
+	WaypointPolicies map[string][]string `json:"waypointPolicies,omitempty"`
+	// Addresses and Authorizations are the served resource names.
+	Addresses      []string `json:"addresses"`
+	Authorizations []string `json:"authorizations"`
+	// Clients are the node ids of connected xDS streams.
+	Clients []string `json:"clients"`
+}
+
+// ConfigDump returns the current state.
+func (c *ControlPlane) ConfigDump() ConfigDump {
+	d := ConfigDump{Objects: map[string][]string{}, Clients: c.xds.Nodes()}
+	if c.cfg.SourceErrors != nil {
+		for _, e := range c.cfg.SourceErrors() {
+			d.SourceErrors = append(d.SourceErrors, e.Error())
+		}
+	}
+	s := c.snap.Load()
+	if s == nil {
+		return d
+	}
+	d.Generation = s.generation
+	for _, it := range s.objs.Items() {
+		kind, name, _ := strings.Cut(it.Key, "/")
+		d.Objects[kind] = append(d.Objects[kind], strings.TrimPrefix(name, "/"))
+	}
+	r := s.result
+	d.Warnings = append([]string(nil), r.Warnings...)
+	d.Policies = append([]translate.PolicyStatus(nil), r.Policies...)
+	d.Allocations = append([]autoalloc.Allocation(nil), r.Allocations...)
+	if s.allocErr != nil {
+		d.AllocationError = s.allocErr.Error()
+	}
+	d.WaypointPolicies = map[string][]string{}
+	for k, v := range r.WaypointPolicies {
+		d.WaypointPolicies[k] = append([]string(nil), v...)
+	}
+	d.Addresses = sortedKeys(r.Addresses)
+	d.Authorizations = sortedKeys(r.Authorizations)
+	return d
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
