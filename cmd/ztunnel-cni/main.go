@@ -1,0 +1,219 @@
+// Command ztunnel-cni is both halves of ztunnel-go's traffic capture, in one
+// binary so the installer copies exactly what runs: with CNI_COMMAND set (a
+// container runtime invoking it) it is the chained CNI plugin
+// (cni/plugin.Main); otherwise it is the node agent (cni/agent), normally run
+// by a DaemonSet. It only wires flags to packages.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ztunnel-go/ztunnel-go/cni/agent"
+	"github.com/ztunnel-go/ztunnel-go/cni/agent/install"
+	"github.com/ztunnel-go/ztunnel-go/cni/plugin"
+	"github.com/ztunnel-go/ztunnel-go/cni/rules"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
+)
+
+// envCNICommand is set by container runtimes when they run a CNI plugin.
+const envCNICommand = "CNI_COMMAND"
+
+// installCheckInterval spaces re-checks of the installed plugin (a primary
+// CNI may rewrite its conflist and drop our entry).
+const installCheckInterval = 5 * time.Second
+
+type options struct {
+	nodeName, localConfig              string
+	zdsSocket, pluginSocket, stateDir  string
+	cniBinDir, cniConfDir              string
+	install, keepOnExit                bool
+	dnsCapture, ipv6, reconcile        bool
+	adminAddr, logLevel                string
+	excludeNamespaces, systemNamespace string
+}
+
+func main() {
+	if os.Getenv(envCNICommand) != "" {
+		plugin.Main()
+		return
+	}
+	var o options
+	fs := flag.NewFlagSet("ztunnel-cni", flag.ExitOnError)
+	fs.StringVar(&o.nodeName, "node-name", "", "this node's name (required): only pods scheduled here are handled")
+	fs.StringVar(&o.localConfig, "local-config", "", "local mode: directory of Kubernetes YAML to read namespaces and pods from (required until Kubernetes mode lands)")
+	fs.StringVar(&o.zdsSocket, "zds-socket", agent.DefaultZDSSocket, "ZDS socket the node proxy connects to")
+	fs.StringVar(&o.pluginSocket, "plugin-socket", agent.DefaultPluginSocket, "socket the CNI plugin sends pod events to")
+	fs.StringVar(&o.stateDir, "state-dir", agent.DefaultStateDir, "directory for the enrolled-pods state file")
+	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory the installer copies this binary into")
+	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory whose primary conflist gets the plugin")
+	fs.BoolVar(&o.install, "install", true, "install the plugin binary and conflist entry on start")
+	fs.BoolVar(&o.keepOnExit, "keep-on-exit", true, "leave the plugin installed on exit (safe upgrade: new ambient pods wait for the next agent); false uninstalls it and the host probe rule")
+	fs.BoolVar(&o.dnsCapture, "dns-capture", true, "redirect pods' DNS to the node proxy by default (annotation "+rules.AnnotationDNSCapture+" overrides)")
+	fs.BoolVar(&o.ipv6, "ipv6", false, "also program ip6tables rules and the IPv6 probe ipset")
+	fs.BoolVar(&o.reconcile, "reconcile-pod-rules-on-startup", false, "on start, compare every remembered pod's rules with what they should be and repair differences")
+	fs.StringVar(&o.adminAddr, "admin-addr", "127.0.0.1:8000", "admin endpoint (GET /pods, GET /ready); empty disables it")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.excludeNamespaces, "exclude-namespaces", "", "comma-separated namespaces never captured")
+	fs.StringVar(&o.systemNamespace, "system-namespace", plugin.DefaultSystemNamespace, "namespace of the mesh's own pods (never captured)")
+	fs.Parse(os.Args[1:])
+
+	log, err := newLogger(o.logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ztunnel-cni:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, o, log); err != nil {
+		log.Error("node agent failed", zap.Error(err))
+		log.Sync()
+		os.Exit(1)
+	}
+	log.Info("node agent stopped")
+	log.Sync()
+}
+
+func newLogger(level string) (*zap.Logger, error) {
+	lvl, err := zap.ParseAtomicLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	cfg := zap.NewProductionConfig()
+	cfg.Level = lvl
+	cfg.Sampling = nil
+	cfg.OutputPaths, cfg.ErrorOutputPaths = []string{"stdout"}, []string{"stdout"}
+	cfg.EncoderConfig.TimeKey, cfg.EncoderConfig.EncodeTime = "time", zapcore.RFC3339NanoTimeEncoder
+	return cfg.Build()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func run(ctx context.Context, o options, log *zap.Logger) error {
+	switch {
+	case o.nodeName == "":
+		return errors.New("--node-name is required")
+	case o.localConfig == "":
+		return errors.New("--local-config is required (the Kubernetes API source comes later)")
+	}
+	log.Info("starting node agent", zap.Any("options", map[string]any{
+		"node": o.nodeName, "local_config": o.localConfig, "zds_socket": o.zdsSocket, "plugin_socket": o.pluginSocket,
+		"state_dir": o.stateDir, "install": o.install, "keep_on_exit": o.keepOnExit, "cni_bin_dir": o.cniBinDir,
+		"cni_conf_dir": o.cniConfDir, "dns_capture": o.dnsCapture, "ipv6": o.ipv6, "reconcile_pod_rules_on_startup": o.reconcile,
+		"admin_addr": o.adminAddr, "exclude_namespaces": o.excludeNamespaces, "system_namespace": o.systemNamespace,
+	}))
+	src := local.New(o.localConfig, log.Named("local"), 0)
+	enrollment := plugin.Enrollment{ExcludeNamespaces: splitList(o.excludeNamespaces), SystemNamespace: o.systemNamespace}
+	host := &agent.KernelHost{IPv6: o.ipv6, Mode: rules.DetectMode()}
+	a, err := agent.New(agent.Config{
+		NodeName:           o.nodeName,
+		Source:             src,
+		Refresh:            func() error { _, err := src.Load(); return err },
+		ZDSSocket:          o.zdsSocket,
+		PluginSocket:       o.pluginSocket,
+		StateDir:           o.stateDir,
+		Defaults:           rules.PodSettings{DNSCapture: o.dnsCapture, IPv6: o.ipv6},
+		Enrollment:         enrollment,
+		ReconcileOnStartup: o.reconcile,
+		Log:                log,
+		Host:               host,
+	})
+	if err != nil {
+		return err
+	}
+
+	icfg := install.Config{BinDir: o.cniBinDir, ConfDir: o.cniConfDir, Plugin: map[string]any{
+		"name":               install.PluginType,
+		"agent_socket":       o.pluginSocket,
+		"local_config_dir":   o.localConfig,
+		"log_level":          o.logLevel,
+		"exclude_namespaces": enrollment.ExcludeNamespaces,
+		"system_namespace":   o.systemNamespace,
+	}}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	if o.install {
+		go func() {
+			defer close(done)
+			keepInstalled(runCtx, icfg, log)
+		}()
+	} else {
+		close(done)
+	}
+	if o.adminAddr != "" {
+		ln, err := net.Listen("tcp", o.adminAddr)
+		if err != nil {
+			return fmt.Errorf("--admin-addr: %w", err)
+		}
+		srv := &http.Server{Handler: a.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		log.Info("admin endpoint listening", zap.String("addr", ln.Addr().String()))
+	}
+
+	err = a.Run(runCtx)
+	cancel()
+	<-done
+	if o.install && !o.keepOnExit {
+		if uerr := install.Uninstall(icfg); uerr != nil {
+			err = errors.Join(err, uerr)
+		} else {
+			log.Info("plugin uninstalled", zap.String("conf_dir", o.cniConfDir))
+		}
+		if terr := host.Teardown(); terr != nil {
+			err = errors.Join(err, terr)
+		}
+	} else if o.install {
+		log.Info("leaving the plugin installed (--keep-on-exit): new ambient pods wait for the next agent")
+	}
+	return err
+}
+
+// keepInstalled installs the plugin and re-checks it until ctx is done.
+func keepInstalled(ctx context.Context, cfg install.Config, log *zap.Logger) {
+	var lastErr string
+	for {
+		res, err := install.Install(cfg)
+		switch {
+		case err != nil && err.Error() != lastErr:
+			log.Warn("installing the CNI plugin failed; retrying", zap.Error(err))
+		case err == nil && (res.BinaryChanged || res.ConfChanged):
+			log.Info("CNI plugin installed", zap.String("conflist", res.Conflist),
+				zap.Bool("binary_changed", res.BinaryChanged), zap.Bool("conflist_changed", res.ConfChanged))
+		}
+		lastErr = ""
+		if err != nil {
+			lastErr = err.Error()
+		}
+		interval := installCheckInterval
+		if err != nil {
+			interval = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
