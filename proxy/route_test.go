@@ -101,7 +101,7 @@ func TestRoute(t *testing.T) {
 				IDs: "[" + idA + "]", Service: "named", Dst: "server-a"}},
 		{name: "service SANs follow the workload identity", src: client, dst: "10.96.0.6:80",
 			want: routeView{Kind: RouteHBONE, NextHop: "10.0.1.4:15008", Authority: "10.0.1.4:8080",
-				IDs: "[spiffe://cluster.local/ns/apps/sa/sa-server-b spiffe://cluster.local/ns/apps/sa/extra]",
+				IDs:     "[spiffe://cluster.local/ns/apps/sa/sa-server-b spiffe://cluster.local/ns/apps/sa/extra]",
 				Service: "sans", Dst: "server-b"}},
 		{name: "service VIP to plaintext endpoint", src: client, dst: "10.96.0.2:80",
 			want: routeView{Kind: RouteDirect, NextHop: "10.0.2.1:8080", Service: "legacy", Dst: "legacy"}},
