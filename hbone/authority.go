@@ -97,6 +97,9 @@ func ParseBaggage(s string) Baggage {
 			continue
 		}
 		k, v = strings.TrimSpace(k), unescapeBaggageValue(strings.TrimSpace(v))
+		if v == "" {
+			continue // empty means absent, as String omits empty fields
+		}
 		switch k {
 		case "k8s.cluster.name":
 			b.ClusterName = v

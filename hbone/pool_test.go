@@ -288,7 +288,9 @@ func TestStatusErrors(t *testing.T) {
 	}
 }
 
-func http2StatusName(code int) string { return (&StatusError{Code: code}).Error()[len("hbone: server answered "):] }
+func http2StatusName(code int) string {
+	return (&StatusError{Code: code}).Error()[len("hbone: server answered "):]
+}
 
 // TestGracefulShutdown: GOAWAY stops new streams but lets the open one
 // finish; Shutdown returns once it has.

@@ -1,0 +1,219 @@
+package hbone
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestParseAuthority(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string // "" means an error
+	}{
+		{"10.0.0.1:80", "10.0.0.1:80"},
+		{"127.0.0.1:65535", "127.0.0.1:65535"},
+		{"[fd00::1]:8080", "[fd00::1]:8080"},
+		{"[::ffff:10.0.0.1]:80", "[::ffff:10.0.0.1]:80"},
+		{"example.com:80", ""},
+		{"10.0.0.1", ""},
+		{"10.0.0.1:", ""},
+		{"10.0.0.1:0", ""},
+		{"10.0.0.1:65536", ""},
+		{"10.0.0.1:080", ""}, // not canonical
+		{"::1:80", ""},       // IPv6 without brackets
+		{"[fe80::1%eth0]:80", ""},
+		{" 10.0.0.1:80", ""},
+		{"10.0.0.1:80 ", ""},
+		{"[FD00::1]:80", ""}, // not canonical (netip prints lowercase)
+		{"", ""},
+		{"010.0.0.1:80", ""},
+	} {
+		got, err := ParseAuthority(tc.in)
+		if tc.want == "" {
+			if err == nil || !errors.Is(err, ErrBadAuthority) {
+				t.Errorf("ParseAuthority(%q) = %v, %v; want ErrBadAuthority", tc.in, got, err)
+			}
+			continue
+		}
+		if err != nil || FormatAuthority(got) != tc.want {
+			t.Errorf("ParseAuthority(%q) = %v, %v; want %s", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func FuzzParseAuthority(f *testing.F) {
+	for _, s := range []string{"10.0.0.1:80", "[fd00::1]:8080", "example.com:80", "[::]:1", "1.2.3.4:0",
+		"[fe80::1%eth0]:80", "::1:80", "", "[", "]:80", "1.2.3.4:99999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ap, err := ParseAuthority(s)
+		if err != nil {
+			return
+		}
+		// Whatever parses is canonical, round-trips and is dialable.
+		if FormatAuthority(ap) != s {
+			t.Fatalf("%q parsed to %v, which formats differently", s, ap)
+		}
+		if ap.Port() == 0 || ap.Addr().Zone() != "" || !ap.IsValid() {
+			t.Fatalf("%q parsed to unusable %v", s, ap)
+		}
+		if again, err := ParseAuthority(FormatAuthority(ap)); err != nil || again != ap {
+			t.Fatalf("round trip of %v: %v, %v", ap, again, err)
+		}
+	})
+}
+
+func TestBaggage(t *testing.T) {
+	b := Baggage{
+		ClusterName: "Kubernetes", Namespace: "default", WorkloadType: "deployment", WorkloadName: "productpage-v1",
+		ServiceName: "productpage", ServiceVersion: "v1", Region: "us-east1", Zone: "us-east1-b",
+	}
+	s := b.String()
+	want := "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=productpage-v1," +
+		"service.name=productpage,service.version=v1,cloud.region=us-east1,cloud.availability_zone=us-east1-b"
+	if s != want {
+		t.Errorf("String() = %q\nwant        %q", s, want)
+	}
+	if got := ParseBaggage(s); got != b {
+		t.Errorf("ParseBaggage round trip = %+v, want %+v", got, b)
+	}
+	// Empty fields are omitted.
+	if s := (Baggage{Namespace: "ns", WorkloadType: "pod", WorkloadName: "p"}).String(); s != "k8s.namespace.name=ns,k8s.pod.name=p" {
+		t.Errorf("sparse baggage = %q", s)
+	}
+	// Lenient parsing: spaces, properties, unknown keys, junk members, escapes.
+	got := ParseBaggage(" k8s.namespace.name = ns1 ;prop=1, junk, other=x,service.name=a%2Cb,k8s.job.name=j")
+	if got != (Baggage{Namespace: "ns1", ServiceName: "a,b", WorkloadType: "job", WorkloadName: "j"}) {
+		t.Errorf("lenient parse = %+v", got)
+	}
+	// Values that need escaping survive a round trip.
+	odd := Baggage{ServiceName: "a b,c;d=e%f\"g\\h", Namespace: "ns"}
+	if got := ParseBaggage(odd.String()); got != odd {
+		t.Errorf("escaped round trip = %+v, want %+v (wire %q)", got, odd, odd.String())
+	}
+}
+
+func FuzzBaggage(f *testing.F) {
+	f.Add("k8s.cluster.name=c,k8s.namespace.name=ns,k8s.deployment.name=d,service.name=s,service.version=v")
+	f.Add("service.name=a%2Cb;p=1, k8s.pod.name = x")
+	f.Add(",,,=,%,%%,%zz,k8s..name=v")
+	f.Add(strings.Repeat("service.name=x,", 1000))
+	f.Fuzz(func(t *testing.T, s string) {
+		b := ParseBaggage(s)
+		// Whatever we parse we can render and parse back to the same thing,
+		// as long as the workload type is one we render.
+		if b.WorkloadType != "" && !validBaggageKeyPart(b.WorkloadType) {
+			t.Fatalf("parsed invalid workload type %q", b.WorkloadType)
+		}
+		if again := ParseBaggage(b.String()); again != b {
+			t.Fatalf("round trip of %+v gave %+v (wire %q)", b, again, b.String())
+		}
+	})
+}
+
+func TestForwarded(t *testing.T) {
+	for _, tc := range []struct {
+		client netip.AddrPort
+		host   string
+		want   string
+	}{
+		{netip.MustParseAddrPort("10.0.0.1:4567"), "", `for="10.0.0.1:4567"`},
+		{netip.MustParseAddrPort("10.0.0.1:4567"), "reviews.default.svc.cluster.local",
+			`for="10.0.0.1:4567";host=reviews.default.svc.cluster.local`},
+		{netip.MustParseAddrPort("[fd00::1]:80"), "a b", `for="[fd00::1]:80";host="a b"`},
+	} {
+		got := BuildForwarded(tc.client, tc.host)
+		if got != tc.want {
+			t.Errorf("BuildForwarded = %q, want %q", got, tc.want)
+		}
+		if h := ForwardedHost(got); h != tc.host && !(tc.host == "a b" && h == "") {
+			t.Errorf("ForwardedHost(%q) = %q, want %q", got, h, tc.host)
+		}
+	}
+	for in, want := range map[string]string{
+		`for="1.2.3.4:5";host=svc.ns`:         "svc.ns",
+		`for="1.2.3.4:5";Host="svc.ns"`:       "svc.ns",
+		`host=a, host=b`:                      "a",
+		`for="1.2.3.4:5"`:                     "",
+		"for=\"1.2.3.4:5\";host=\"sv\u00e9\"": "",
+		`for="1.2.3.4:5"; host = svc ;by=x`:   "",
+		``:                                    "",
+	} {
+		if got := ForwardedHost(in); got != want {
+			t.Errorf("ForwardedHost(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func FuzzForwarded(f *testing.F) {
+	f.Add(`for="1.2.3.4:5";host=svc.ns.svc.cluster.local`)
+	f.Add(`for="[::1]:5";host="quoted\"host"`)
+	f.Add(`host=;host=;;,,`)
+	f.Fuzz(func(t *testing.T, s string) {
+		h := ForwardedHost(s)
+		for i := 0; i < len(h); i++ {
+			if h[i] <= 0x20 || h[i] >= 0x7f {
+				t.Fatalf("ForwardedHost(%q) = %q: not printable ASCII", s, h)
+			}
+		}
+		// A host we build is the host we read back.
+		if h != "" && !strings.ContainsAny(h, `"\`) {
+			if got := ForwardedHost(BuildForwarded(netip.MustParseAddrPort("10.0.0.1:1"), h)); got != h {
+				t.Fatalf("host %q round-tripped to %q", h, got)
+			}
+		}
+	})
+}
+
+func TestTraceparent(t *testing.T) {
+	seen := map[string]bool{}
+	for range 100 {
+		tp := NewTraceparent()
+		if !ValidTraceparent(tp) || len(tp) != TraceparentLen {
+			t.Fatalf("NewTraceparent() = %q is not valid", tp)
+		}
+		if seen[tp] {
+			t.Fatalf("duplicate traceparent %q", tp)
+		}
+		seen[tp] = true
+	}
+	for tp, want := range map[string]bool{
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01": true,
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0":  false,
+		"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01": false,
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01": false,
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01": false,
+		"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01": false,
+		"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01": false,
+		"": false,
+	} {
+		if got := ValidTraceparent(tp); got != want {
+			t.Errorf("ValidTraceparent(%q) = %v, want %v", tp, got, want)
+		}
+	}
+	valid := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if TraceparentOrNew(valid) != valid {
+		t.Error("TraceparentOrNew replaced a valid traceparent")
+	}
+	if g := TraceparentOrNew("garbage"); !ValidTraceparent(g) {
+		t.Errorf("TraceparentOrNew(garbage) = %q", g)
+	}
+}
+
+func FuzzTraceparent(f *testing.F) {
+	f.Add("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	f.Add("00-00000000000000000000000000000000-0000000000000000-00")
+	f.Fuzz(func(t *testing.T, s string) {
+		got := TraceparentOrNew(s)
+		if !ValidTraceparent(got) || len(got) != TraceparentLen || !utf8.ValidString(got) {
+			t.Fatalf("TraceparentOrNew(%q) = %q", s, got)
+		}
+		if ValidTraceparent(s) && got != s {
+			t.Fatalf("valid %q was replaced", s)
+		}
+	})
+}
