@@ -145,12 +145,16 @@ func (in *interner) checkSegment(s string) error {
 	return err
 }
 
-func convIP(b []byte, field string) (netip.Addr, error) {
+// Field paths are built only on failure: conversion of a valid resource
+// allocates nothing but the converted value.
+
+func convIP(b []byte) (netip.Addr, bool) {
 	ip, ok := netip.AddrFromSlice(b)
-	if !ok {
-		return netip.Addr{}, ferr(field, "IP is %d bytes, want 4 or 16", len(b))
-	}
-	return ip.Unmap(), nil
+	return ip.Unmap(), ok
+}
+
+func badIP(field string, b []byte) error {
+	return ferr(field, "IP is %d bytes, want 4 or 16", len(b))
 }
 
 func convPort(p uint32, field string) (uint16, error) {
@@ -158,6 +162,18 @@ func convPort(p uint32, field string) (uint16, error) {
 		return 0, ferr(field, "port %d out of range", p)
 	}
 	return uint16(p), nil
+}
+
+func idx(field string, i int) string { return field + "[" + strconv.Itoa(i) + "]" }
+
+// workloadBlock co-allocates a workload with the backing arrays of its
+// common-case slices (one address, one service, two ports): one allocation
+// and less size-class rounding per workload.
+type workloadBlock struct {
+	w     Workload
+	addr  [1]netip.Addr
+	svc   [1]ServicePorts
+	ports [2]PortMapping
 }
 
 func (in *interner) workload(pw *workloadapi.Workload) (*Workload, error) {
@@ -170,7 +186,9 @@ func (in *interner) workload(pw *workloadapi.Workload) (*Workload, error) {
 	if pw.GetNamespace() == "" {
 		return nil, ferr("namespace", "required")
 	}
-	w := &Workload{
+	blk := &workloadBlock{}
+	w := &blk.w
+	*w = Workload{
 		UID:               pw.GetUid(),
 		Name:              pw.GetName(),
 		Namespace:         in.intern(pw.GetNamespace()),
@@ -212,11 +230,15 @@ func (in *interner) workload(pw *workloadapi.Workload) (*Workload, error) {
 		return nil, ferr("service_account", "not a SPIFFE path segment: %w", err)
 	}
 	if n := len(pw.GetAddresses()); n > 0 {
-		w.Addresses = make([]netip.Addr, n)
+		if n <= len(blk.addr) {
+			w.Addresses = blk.addr[:n:n]
+		} else {
+			w.Addresses = make([]netip.Addr, n)
+		}
 		for i, b := range pw.GetAddresses() {
-			ip, err := convIP(b, "addresses["+strconv.Itoa(i)+"]")
-			if err != nil {
-				return nil, err
+			ip, ok := convIP(b)
+			if !ok {
+				return nil, badIP(idx("addresses", i), b)
 			}
 			w.Addresses[i] = ip
 		}
@@ -253,26 +275,37 @@ func (in *interner) workload(pw *workloadapi.Workload) (*Workload, error) {
 		}
 	}
 	if svcs := pw.GetServices(); len(svcs) > 0 {
-		w.Services = make([]ServicePorts, 0, len(svcs))
+		if len(svcs) <= len(blk.svc) {
+			w.Services = blk.svc[:0:len(svcs)]
+		} else {
+			w.Services = make([]ServicePorts, 0, len(svcs))
+		}
+		portsFree := blk.ports[:]
 		for key, pl := range svcs {
-			field := "services[" + strconv.Quote(key) + "]"
+			field := func() string { return "services[" + strconv.Quote(key) + "]" }
 			if ns, host, ok := strings.Cut(key, "/"); !ok || ns == "" || host == "" {
-				return nil, ferr(field, "key is not namespace/hostname")
+				return nil, ferr(field(), "key is not namespace/hostname")
 			}
 			sp := ServicePorts{Service: in.intern(key)}
 			if n := len(pl.GetPorts()); n > 0 {
-				sp.Ports = make([]PortMapping, n)
+				if n <= len(portsFree) {
+					sp.Ports, portsFree = portsFree[:n:n], portsFree[n:]
+				} else {
+					sp.Ports = make([]PortMapping, n)
+				}
 				for i, p := range pl.GetPorts() {
-					pf := field + ".ports[" + strconv.Itoa(i) + "]"
-					if sp.Ports[i].ServicePort, err = convPort(p.GetServicePort(), pf+".service_port"); err != nil {
+					if p.GetServicePort() > 65535 || p.GetTargetPort() > 65535 || p.GetAppProtocol() < 0 || p.GetAppProtocol() > workloadapi.AppProtocol_TLS {
+						pf := idx(field()+".ports", i)
+						if _, err := convPort(p.GetServicePort(), pf+".service_port"); err != nil {
+							return nil, err
+						}
+						if _, err := convPort(p.GetTargetPort(), pf+".target_port"); err != nil {
+							return nil, err
+						}
+						_, err := appProtocol(p.GetAppProtocol(), pf+".app_protocol")
 						return nil, err
 					}
-					if sp.Ports[i].TargetPort, err = convPort(p.GetTargetPort(), pf+".target_port"); err != nil {
-						return nil, err
-					}
-					if _, err := appProtocol(p.GetAppProtocol(), pf+".app_protocol"); err != nil {
-						return nil, err
-					}
+					sp.Ports[i] = PortMapping{ServicePort: uint16(p.GetServicePort()), TargetPort: uint16(p.GetTargetPort())}
 				}
 			}
 			w.Services = append(w.Services, sp)
@@ -283,7 +316,7 @@ func (in *interner) workload(pw *workloadapi.Workload) (*Workload, error) {
 		w.AuthorizationPolicies = make([]string, n)
 		for i, k := range pw.GetAuthorizationPolicies() {
 			if ns, name, ok := strings.Cut(k, "/"); !ok || ns == "" || name == "" {
-				return nil, ferr("authorization_policies["+strconv.Itoa(i)+"]", "%q is not namespace/name", k)
+				return nil, ferr(idx("authorization_policies", i), "%q is not namespace/name", k)
 			}
 			w.AuthorizationPolicies[i] = in.intern(k)
 		}
@@ -330,9 +363,9 @@ func (in *interner) gateway(g *workloadapi.GatewayAddress, field string) (*Gatew
 		}
 		out.Hostname = NamespacedHostname{Namespace: in.intern(d.Hostname.GetNamespace()), Hostname: in.intern(d.Hostname.GetHostname())}
 	case *workloadapi.GatewayAddress_Address:
-		ip, err := convIP(d.Address.GetAddress(), field+".address.address")
-		if err != nil {
-			return nil, err
+		ip, ok := convIP(d.Address.GetAddress())
+		if !ok {
+			return nil, badIP(field+".address.address", d.Address.GetAddress())
 		}
 		out.Address = NetworkIP{Network: in.intern(d.Address.GetNetwork()), IP: ip}
 	default:
@@ -369,15 +402,14 @@ func (in *interner) service(ps *workloadapi.Service) (*Service, error) {
 	if n := len(ps.GetAddresses()); n > 0 {
 		s.VIPs = make([]NetworkAddress, n)
 		for i, a := range ps.GetAddresses() {
-			field := "addresses[" + strconv.Itoa(i) + "]"
-			ip, err := convIP(a.GetAddress(), field+".address")
-			if err != nil {
-				return nil, err
+			ip, ok := convIP(a.GetAddress())
+			if !ok {
+				return nil, badIP(idx("addresses", i)+".address", a.GetAddress())
 			}
 			bits := ip.BitLen()
 			if a.Length != nil {
 				if a.GetLength() > uint32(ip.BitLen()) {
-					return nil, ferr(field+".length", "%d is longer than the %d-bit address", a.GetLength(), ip.BitLen())
+					return nil, ferr(idx("addresses", i)+".length", "%d is longer than the %d-bit address", a.GetLength(), ip.BitLen())
 				}
 				bits = int(a.GetLength())
 			}
@@ -388,7 +420,7 @@ func (in *interner) service(ps *workloadapi.Service) (*Service, error) {
 		s.Ports = make([]Port, n)
 		var err error
 		for i, p := range ps.GetPorts() {
-			field := "ports[" + strconv.Itoa(i) + "]"
+			field := idx("ports", i)
 			if s.Ports[i].ServicePort, err = convPort(p.GetServicePort(), field+".service_port"); err != nil {
 				return nil, err
 			}

@@ -19,6 +19,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -71,7 +72,8 @@ func (s *Store) WaitFor(ctx context.Context, pred func(*Snapshot) bool) (*Snapsh
 
 // ApplyAddresses applies one WDS update: upserts keyed by resource name (a
 // Workload's uid, a Service's "namespace/hostname") and removed names (either
-// kind). Removals are applied first, then upserts in name order.
+// kind). Removals are applied first, then upserts (in no particular order;
+// resource names are unique, so the order does not change the result).
 //
 // Every resource is converted and validated; an invalid one is rejected and
 // keeps its previous version (or stays absent), while the valid ones of the
@@ -90,8 +92,7 @@ func (s *Store) ApplyAddresses(upserts map[string]*workloadapi.Address, removes 
 		}
 	}
 	var errs []*ResourceError
-	for _, name := range sortedKeys(upserts) {
-		a := upserts[name]
+	for name, a := range upserts {
 		switch {
 		case a.GetWorkload() != nil:
 			w, err := s.in.workload(a.GetWorkload())
@@ -131,8 +132,8 @@ func (s *Store) ApplyAuthorizations(upserts map[string]*securityapi.Authorizatio
 		b.removePolicy(name)
 	}
 	var errs []*ResourceError
-	for _, name := range sortedKeys(upserts) {
-		p, err := rbac.FromProto(upserts[name])
+	for name, a := range upserts {
+		p, err := rbac.FromProto(a)
 		if err == nil && p.Key != name {
 			err = ferr("name", "namespace/name %q does not match the resource name", p.Key)
 		}
@@ -155,16 +156,8 @@ func applyError(errs []*ResourceError) error {
 	if len(errs) == 0 {
 		return nil
 	}
+	slices.SortFunc(errs, func(a, b *ResourceError) int { return strings.Compare(a.Resource, b.Resource) })
 	return &ApplyError{Errors: errs}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // publish swaps in the built snapshot if anything changed and wakes waiters.
