@@ -6,10 +6,11 @@
 // The Client subscribes to both types as a wildcard, decodes every resource
 // into its generated proto, hands the batch to a Sink (internal/state), ACKs
 // or NACKs each response, tracks the accepted per-resource versions and
-// resumes with initial_resource_versions after a reconnect. The Server wraps
-// go-control-plane's delta server and one LinearCache per type; the control
-// plane replaces the whole desired set of a type with SetResources and only
-// changed or removed resources are pushed.
+// resumes with initial_resource_versions after a reconnect. The Server is a
+// small delta implementation on the ADS gRPC interface (go-control-plane
+// provides only the protos here): the control plane replaces the whole
+// desired set of a type with SetResources and only changed or removed
+// resources are pushed, encoded once and shared by all streams.
 //
 // It is not the state store and does not validate the semantics of a
 // resource (unknown enum values, bad addresses): that is the Sink's job. It
