@@ -18,7 +18,7 @@ CNITOOL_VERSION := v1.3.1
 APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone demo clean
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds demo clean
 
 all: build
 
@@ -93,7 +93,11 @@ test: deps tools lint proto-check unit e2e
 bench-hbone:
 	$(GO) run ./bench/hbone
 
-bench: bench-hbone
+## bench-xds: node state footprint and full sync at 100k workloads, control-plane push latency to 100 clients.
+bench-xds:
+	$(GO) run ./bench/xds
+
+bench: bench-hbone bench-xds
 
 clean:
 	rm -rf bin .tools
