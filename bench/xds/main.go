@@ -187,9 +187,9 @@ func pod(i int, rev string) *corev1.Pod {
 		},
 		Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%d", i%100), ServiceAccountName: "default"},
 		Status: corev1.PodStatus{
-			Phase:  corev1.PodRunning,
-			PodIP:  netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}).String(),
-			PodIPs: []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}).String()}},
+			Phase:      corev1.PodRunning,
+			PodIP:      netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}).String(),
+			PodIPs:     []corev1.PodIP{{IP: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}).String()}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 		},
 	}
