@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"time"
@@ -50,9 +51,20 @@ func main() {
 	clients := flag.Int("clients", 100, "node clients in the push test")
 	pods := flag.Int("pods", 2_000, "pods in the push test")
 	churn := flag.Duration("churn", 10*time.Second, "how long pods churn at 10 changes/s")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench-xds:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	if err := fullSync(*workloads, *services); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-xds: full sync:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 	if err := push(*clients, *pods, *churn); err != nil {
