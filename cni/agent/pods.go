@@ -277,9 +277,12 @@ func (a *Agent) retry(ctx context.Context, rec *podRec) {
 		if errors.Is(err, zds.ErrNoProxy) {
 			return // still none; the next proxy connection retries
 		}
-		if rec.err != err.Error() {
+		a.mu.Lock()
+		changed := rec.err != err.Error()
+		rec.err = err.Error()
+		a.mu.Unlock()
+		if changed {
 			a.log.Warn("pod redirection still pending", append(rec.logFields(), zap.Error(err))...)
-			rec.err = err.Error()
 			a.report(ctx, rec)
 		}
 		return
@@ -324,6 +327,11 @@ func (a *Agent) sync(ctx context.Context, objs *cluster.Objects) {
 	recs := make([]*podRec, 0, len(a.pods))
 	for _, r := range a.pods {
 		recs = append(recs, r)
+	}
+	for uid := range a.learned {
+		if pods[uid] == nil {
+			delete(a.learned, uid) // the pod is gone
+		}
 	}
 	a.mu.Unlock()
 	for _, rec := range recs {
