@@ -44,8 +44,10 @@ var ErrAlreadyRunning = errors.New("xds: client already running")
 
 // ClientConfig configures a Client.
 type ClientConfig struct {
-	// Address is the gRPC target of the control plane, e.g.
-	// "istiod.istio-system.svc:15012" or "127.0.0.1:15012". Required.
+	// Address is the control plane, host:port, e.g.
+	// "istiod.istio-system.svc:15012" or "127.0.0.1:15012". An "https://"
+	// prefix (as in Istio's XDS_ADDRESS) is accepted and dropped; TLS is
+	// decided by Insecure alone. Required.
 	Address string
 	// RootCAs verifies the server certificate. nil: the system roots.
 	RootCAs *x509.CertPool
@@ -115,6 +117,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("xds: client config: %w", err)
 	}
+	cfg.Address = strings.TrimPrefix(cfg.Address, "https://")
 	if cfg.InitialBackoff <= 0 {
 		cfg.InitialBackoff = DefaultInitialBackoff
 	}

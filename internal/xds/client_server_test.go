@@ -443,6 +443,14 @@ func TestNewClientValidates(t *testing.T) {
 			t.Errorf("error %q does not mention %s", err, want)
 		}
 	}
+	// Istio's XDS_ADDRESS form.
+	c, err := NewClient(ClientConfig{Address: "https://istiod.istio-system.svc:15012", Sink: newFakeSink(), Node: testNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.cfg.Address != "istiod.istio-system.svc:15012" {
+		t.Errorf("https:// address kept as %q", c.cfg.Address)
+	}
 	// Two clients sharing one registry collide.
 	reg := prometheus.NewRegistry()
 	cfg := ClientConfig{Address: "127.0.0.1:1", Sink: newFakeSink(), Node: testNode, Registerer: reg}
