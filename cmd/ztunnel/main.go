@@ -1,0 +1,191 @@
+// Command ztunnel is ztunnel-go's node proxy: it takes the pods the node
+// agent hands it over ZDS and runs their in-pod listeners, with state from
+// xDS and certificates from the CA. Configuration comes from Istio's
+// ztunnel environment variables (internal/config); --local-config DIR embeds
+// the control plane over a directory of YAML instead.
+//
+// Wiring only; the logic lives in the packages it connects.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"sync"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ztunnel-go/ztunnel-go/cni/zds"
+	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
+	"github.com/ztunnel-go/ztunnel-go/internal/admin"
+	"github.com/ztunnel-go/ztunnel-go/internal/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/inpod"
+	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
+	"github.com/ztunnel-go/ztunnel-go/proxy"
+)
+
+func main() {
+	localDir := flag.String("local-config", "", "embed the control plane over this directory of Kubernetes/Istio YAML instead of dialling XDS_ADDRESS")
+	flag.Parse()
+	cfg, err := config.Parse(os.LookupEnv, *localDir, os.Environ())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	level := zap.NewAtomicLevelAt(cfg.LogLevel)
+	zc := zap.NewProductionConfig()
+	zc.Level, zc.Encoding, zc.Sampling = level, cfg.LogFormat, nil // never sample away access-log lines
+	zc.EncoderConfig.TimeKey, zc.EncoderConfig.EncodeTime = "time", zapcore.ISO8601TimeEncoder
+	log, err := zc.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg, log, level); err != nil {
+		log.Error("ztunnel failed", zap.Error(err))
+		os.Exit(1)
+	}
+	log.Info("ztunnel stopped")
+}
+
+// run serves until ctx is done (SIGTERM) or /quitquitquit, then drains the
+// pods' listeners and stops.
+func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.AtomicLevel) error {
+	log.Info("starting ztunnel-go", zap.String("version", version()), zap.Any("config", cfg))
+	reg := admin.NewRegistry()
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	// svcCtx keeps xDS, certificates, the control plane and the admin
+	// servers alive while the pods' connections drain.
+	svcCtx, stopServices := context.WithCancel(context.Background())
+	var (
+		wg        sync.WaitGroup
+		fatalOnce sync.Once
+		fatal     error
+	)
+	goRun := func(name string, f func(context.Context) error, ctx context.Context) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil { // a dead control-plane link or admin server is fatal
+				fatalOnce.Do(func() { fatal = fmt.Errorf("%s: %w", name, err) })
+				stop()
+			}
+		}()
+	}
+	defer func() { stopServices(); wg.Wait() }()
+
+	up, err := remoteOrLocal(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	if up.run != nil {
+		goRun("embedded control plane", up.run, svcCtx)
+	}
+	store := state.NewStore()
+	xc, err := xds.NewClient(xds.ClientConfig{
+		Address: up.xdsAddr, RootCAs: up.xdsRoots, TokenFile: up.xdsTokenFile, Token: up.xdsToken,
+		ClusterID: cfg.ClusterID, Headers: cfg.XDSHeaders, Node: nodeInfo(cfg), Sink: store,
+		Log: log.Named("xds"), Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	goRun("xds client", xc.Run, svcCtx)
+	req, err := certmanager.NewGRPCRequester(certmanager.GRPCConfig{
+		Address: up.caAddr, RootCAs: up.caRoots, Token: up.caToken, ClusterID: cfg.ClusterID,
+		Headers: cfg.CAHeaders, TTL: cfg.SecretTTL,
+	})
+	if err != nil {
+		return err
+	}
+	defer req.Close()
+	certs, err := certmanager.New(certmanager.Config{}, certmanager.Deps{Requester: req, Logger: log.Named("certs"), Metrics: reg})
+	if err != nil {
+		return err
+	}
+	defer certs.Close()
+	goRun("certificate watcher", func(ctx context.Context) error {
+		watchWanted(ctx, store, cfg.NodeName, certs.SetWanted)
+		return nil
+	}, svcCtx)
+
+	// Pool nil: every pod gets its own HBONE pool dialling from inside its
+	// network namespace (proxy.Deps).
+	factory := &inpod.ProxyFactory{Proxy: &proxy.Deps{
+		Store: store, Certs: certs, Metrics: proxy.NewMetrics(reg), Log: log.Named("proxy"), Config: cfg,
+	}}
+	if cfg.DNSProxy {
+		fwd, err := dnsproxy.NewForwarder(dnsproxy.ForwarderConfig{Mark: cfg.PacketMark})
+		if err != nil {
+			return err
+		}
+		factory.DNS = &inpod.DNSTemplate{
+			Config: dnsproxy.Config{Network: cfg.Network, Resolver: dnsproxy.Resolver{
+				Domain: cfg.ClusterDomain, DisableIPv6: !cfg.IPv6Enabled, PreferredNamespace: cfg.PreferedServiceNS,
+			}},
+			Deps: dnsproxy.Deps{Store: store, Forwarder: fwd, Metrics: dnsproxy.NewMetrics(reg), Log: log.Named("dns")},
+		}
+	}
+	mgr, err := inpod.New(inpod.Config{DrainDeadline: cfg.DrainDeadline}, inpod.Deps{Factory: factory, Log: log.Named("inpod"), Registerer: reg})
+	if err != nil {
+		return err
+	}
+	zdsClient, err := zds.NewClient(zds.ClientConfig{Path: cfg.InpodUDS, Handler: mgr, Log: log.Named("zds")})
+	if err != nil {
+		return err
+	}
+	adm, err := admin.Listen(admin.Config{AdminAddr: cfg.AdminAddr, StatsAddr: cfg.StatsAddr, ReadinessAddr: cfg.ReadinessAddr}, admin.Deps{
+		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: stop,
+		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: version(),
+			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }}},
+		Readiness: admin.NewReadiness(admin.Task{Name: admin.TaskStateManager, Done: xc.Synced()},
+			admin.Task{Name: admin.TaskWorkloadProxyManager, Done: mgr.Ready()}),
+	})
+	if err != nil {
+		return err
+	}
+	goRun("admin servers", adm.Serve, svcCtx)
+	goRun("pending pod retries", mgr.Run, ctx)
+
+	// Pods are taken (and their listeners opened) only after the first full
+	// xDS sync (STYLE G4); until then the agent holds them back.
+	select {
+	case <-xc.Synced():
+		log.Info("state synced; connecting to the node agent", zap.String("socket", cfg.InpodUDS))
+		goRun("zds client", zdsClient.Run, ctx)
+	case <-ctx.Done():
+	}
+	<-ctx.Done()
+	log.Info("shutting down: draining pod listeners", zap.Duration("deadline", cfg.DrainDeadline))
+	mgr.Shutdown(context.Background()) // each pod bounded by DrainDeadline
+	stopServices()
+	wg.Wait()
+	return fatal
+}
+
+// remoteOrLocal picks the upstream: the embedded control plane with
+// --local-config, else XDS_ADDRESS/CA_ADDRESS.
+func remoteOrLocal(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) (*upstream, error) {
+	if cfg.LocalConfigDir != "" {
+		return localUpstream(cfg, log.Named("controlplane"), reg)
+	}
+	return remoteUpstream(cfg)
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "unknown"
+}

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/proxy/proxytest"
+)
+
+func TestWantedIdentities(t *testing.T) {
+	s := state.NewStore()
+	proxytest.Apply(t, s,
+		proxytest.Pod("ns1", "a", "10.0.0.1"),
+		proxytest.Pod("ns1", "a2", "10.0.0.2", proxytest.ServiceAccount("sa-a")), // same identity as a
+		proxytest.Pod("ns1", "b", "10.0.0.3"),
+		proxytest.Pod("ns1", "plain", "10.0.0.4", proxytest.Plaintext()),         // not HBONE: no certificate
+		proxytest.Pod("ns2", "elsewhere", "10.0.1.1", proxytest.OnNode("node1")), // another node
+	)
+	got := wantedIdentities(s.Load(), "node0")
+	want := []identity.Identity{
+		identity.MustNew("cluster.local", "ns1", "sa-a"),
+		identity.MustNew("cluster.local", "ns1", "sa-b"),
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("wanted = %v, want %v", got, want)
+	}
+	if got := wantedIdentities(s.Load(), "node9"); len(got) != 0 {
+		t.Errorf("empty node: %v", got)
+	}
+}
+
+func TestWatchWantedFollowsState(t *testing.T) {
+	s := state.NewStore()
+	calls := make(chan []identity.Identity, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { watchWanted(ctx, s, "node0", func(ids []identity.Identity) { calls <- ids }); close(done) }()
+	if ids := <-calls; len(ids) != 0 {
+		t.Errorf("initial wanted = %v", ids)
+	}
+	proxytest.Apply(t, s, proxytest.Pod("ns1", "a", "10.0.0.1"))
+	if ids := <-calls; len(ids) != 1 || ids[0].ServiceAccount != "sa-a" {
+		t.Errorf("after a pod arrived: %v", ids)
+	}
+	cancel()
+	<-done
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The whole binary in-process in local mode: the embedded control plane
+// serves xDS and the CA over loopback TLS with a node token, the state
+// syncs, certificates for this node's HBONE workloads are fetched, readiness
+// waits only for the (absent) node agent, and /quitquitquit stops it
+// cleanly.
+func TestRunLocalMode(t *testing.T) {
+	dir := t.TempDir()
+	yaml := `apiVersion: v1
+kind: Namespace
+metadata: {name: demo, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: demo, labels: {app: client}}
+spec: {nodeName: node0, serviceAccountName: client, containers: [{name: app, image: app}]}
+status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.0.0.10, podIPs: [{ip: 10.0.0.10}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: server, namespace: demo, labels: {app: server}}
+spec: {nodeName: node1, serviceAccountName: server, containers: [{name: app, image: app}]}
+status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.0.1.10, podIPs: [{ip: 10.0.1.10}]}
+`
+	if err := os.WriteFile(filepath.Join(dir, "mesh.yaml"), []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adminAddr, readyAddr := freePort(t), freePort(t)
+	env := map[string]string{
+		config.EnvNodeName: "node0", config.EnvInpodUDS: filepath.Join(dir, "no-agent.sock"),
+		config.EnvAdminAddr: adminAddr, config.EnvStatsAddr: freePort(t), config.EnvReadinessAddr: readyAddr,
+		config.EnvDNSProxy: "false",
+	}
+	cfg, err := config.Parse(func(k string) (string, bool) { v, ok := env[k]; return v, ok }, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	level := zap.NewAtomicLevelAt(zap.InfoLevel)
+	done := make(chan error, 1)
+	go func() { done <- run(context.Background(), cfg, zaptest.NewLogger(t, zaptest.Level(level)), level) }()
+
+	get := func(addr, path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Poll until the state is synced and the certificate fetched (a hang
+	// guard bounds it, not a timing assertion).
+	var dump struct {
+		Generation   uint64                  `json:"generation"`
+		Workloads    []struct{ Name string } `json:"workloads"`
+		Certificates []struct{ Identity, State string }
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get(readyAddr, "/healthz/ready")
+		ready := code == 500 && body == "not ready, pending: workload proxy manager"
+		_, raw := get(adminAddr, "/config_dump")
+		_ = json.Unmarshal([]byte(raw), &dump)
+		if ready && len(dump.Certificates) == 1 && dump.Certificates[0].State == "Available" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not synced: readiness %d %q; dump %s", code, body, raw)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if dump.Generation == 0 || len(dump.Workloads) != 2 {
+		t.Errorf("dump: generation %d, %d workloads", dump.Generation, len(dump.Workloads))
+	}
+	if got := dump.Certificates[0].Identity; got != "spiffe://cluster.local/ns/demo/sa/client" {
+		t.Errorf("certificate for %s, want only node0's client", got)
+	}
+	resp, err := http.Post("http://"+adminAddr+"/quitquitquit", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run = %v, want nil after /quitquitquit", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after /quitquitquit")
+	}
+	if code, body := get(adminAddr, "/"); code != 0 || !strings.Contains(body, "refused") {
+		t.Errorf("admin still serving after shutdown: %d %s", code, fmt.Sprint(body))
+	}
+}

@@ -1,0 +1,101 @@
+package inpod
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
+	"github.com/ztunnel-go/ztunnel-go/internal/netns"
+	"github.com/ztunnel-go/ztunnel-go/proxy"
+)
+
+// ProxyFactory is the production Factory: a pod's proxy is its
+// proxy.WorkloadProxy (15001, 15006, 15008) and, when DNS is set, its
+// dnsproxy.Server (15053), both in the pod's network namespace.
+type ProxyFactory struct {
+	// Proxy are the shared data-path dependencies. Required.
+	Proxy *proxy.Deps
+	// DNS, when non-nil, starts a DNS server per pod with this template
+	// (Workload and Deps.Netns are filled in per pod). nil: no DNS proxy
+	// (DNS_PROXY=false).
+	DNS *DNSTemplate
+}
+
+// DNSTemplate is what every pod's DNS server shares.
+type DNSTemplate struct {
+	Config dnsproxy.Config
+	Deps   dnsproxy.Deps
+}
+
+// NewProxy implements Factory.
+func (f *ProxyFactory) NewProxy(w Workload, ns *netns.Handle) (Proxy, error) {
+	if f.Proxy == nil {
+		return nil, errors.New("inpod: ProxyFactory.Proxy is required")
+	}
+	wp, err := proxy.NewWorkloadProxy(f.Proxy, proxy.WorkloadInfo{
+		UID: w.UID, Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.ServiceAccount,
+	}, ns)
+	if err != nil {
+		return nil, err
+	}
+	p := &podProxy{wp: wp}
+	if f.DNS != nil {
+		cfg, deps := f.DNS.Config, f.DNS.Deps
+		cfg.Workload = dnsproxy.WorkloadInfo{Namespace: w.Namespace, Name: w.Name}
+		deps.Netns = ns
+		dns, err := dnsproxy.New(cfg, deps)
+		if err != nil {
+			wp.Close()
+			return nil, fmt.Errorf("dns proxy: %w", err)
+		}
+		p.dns = dns
+	}
+	return p, nil
+}
+
+// podProxy runs a pod's workload proxy and optional DNS server as one
+// Proxy.
+type podProxy struct {
+	wp  *proxy.WorkloadProxy
+	dns *dnsproxy.Server // nil without DNS
+}
+
+func (p *podProxy) Serve(ctx context.Context) error {
+	if p.dns == nil {
+		return p.wp.Serve(ctx)
+	}
+	var (
+		wg     sync.WaitGroup
+		dnsErr error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		dnsErr = p.dns.Serve(ctx)
+	}()
+	err := p.wp.Serve(ctx)
+	// The listeners are gone (drained, closed or failed): DNS goes with them.
+	_ = p.dns.Close()
+	wg.Wait()
+	return errors.Join(err, dnsErr)
+}
+
+// Drain drains the connections; DNS keeps answering until they are done
+// (applications often resolve while finishing up).
+func (p *podProxy) Drain(ctx context.Context, deadline time.Duration) {
+	p.wp.Drain(ctx, deadline)
+	if p.dns != nil {
+		_ = p.dns.Close()
+	}
+}
+
+func (p *podProxy) Close() error {
+	p.wp.Close()
+	if p.dns != nil {
+		return p.dns.Close()
+	}
+	return nil
+}
