@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -53,7 +54,11 @@ func ztunnelCNI(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, "ztunnel-cni"),
+		goBin, err := exec.LookPath("go")
+		if err != nil { // sudo's PATH: the toolchain that built this test
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		out, err := exec.Command(goBin, "build", "-o", filepath.Join(binDir, "ztunnel-cni"),
 			"github.com/ztunnel-go/ztunnel-go/cmd/ztunnel-cni").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build ztunnel-cni: %w: %s", err, out)
