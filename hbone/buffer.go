@@ -92,6 +92,12 @@ func (q *chunkQueue) push(p []byte) {
 	}
 }
 
+// pushChunk appends a filled pooled buffer; the queue owns it from now on.
+func (q *chunkQueue) pushChunk(bp *[]byte) {
+	q.n += len(*bp)
+	q.chunks = append(q.chunks, queuedChunk{buf: bp})
+}
+
 // maxChunk is the largest receive chunk.
 const maxChunk = 16 << 10
 

@@ -139,7 +139,8 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, key Key, setup func(
 		cfg.OnHandshake(key)
 	}
 	var peer identity.Identity
-	tc := tls.Client(raw, clientTLSConfig(wc, key.Dst, &peer))
+	rc := newRawConn(raw)
+	tc := tls.Client(rc, clientTLSConfig(wc, key.Dst, &peer))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		if ctx.Err() != nil {
@@ -152,6 +153,7 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, key Key, setup func(
 		return nil, fmt.Errorf("hbone: connect %s: %w: server negotiated ALPN %q, want h2", key.NextHop, ErrHandshake, p)
 	}
 	c := newConn(tc, true, cfg.H2, peer, base)
+	c.raw = rc
 	if setup != nil {
 		setup(c)
 	}

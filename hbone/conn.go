@@ -33,6 +33,7 @@ import (
 // marked "under c.mu".
 type conn struct {
 	nc     net.Conn
+	raw    *rawConn // the socket under nc's TLS, for write batching; nil in tests
 	client bool
 	cfg    H2Settings
 	// advMaxStreams is the SETTINGS_MAX_CONCURRENT_STREAMS we advertise
@@ -167,7 +168,7 @@ func (c *conn) start() error {
 		c.recvWin += inc
 	}
 	c.wmu.Lock()
-	_, err := c.nc.Write(b)
+	err := c.writeLocked(b)
 	c.wmu.Unlock()
 	if err != nil {
 		c.fail(err)
@@ -341,6 +342,26 @@ func (c *conn) readData(length uint32, flags uint8, sid uint32) error {
 	}
 	for rem > 0 {
 		k := min(rem, maxChunk)
+		if k >= 4<<10 {
+			// Big enough to fill a chunk of its own: read straight into it.
+			bp := getBuf(k)
+			if _, err := io.ReadFull(c.nc, *bp); err != nil {
+				putBuf(bp)
+				return err
+			}
+			rem -= k
+			c.mu.Lock()
+			if t.err == nil && !t.closed {
+				t.q.pushChunk(bp)
+				c.mu.Unlock()
+				t.wakeRead()
+			} else {
+				c.mu.Unlock()
+				putBuf(bp)
+				c.creditConn(int64(k))
+			}
+			continue
+		}
 		if cap(c.rbuf) < maxChunk {
 			c.rbuf = make([]byte, maxChunk)
 		}
@@ -979,14 +1000,45 @@ func (c *conn) writeFrame(typ, flags uint8, sid uint32, p []byte) error {
 }
 
 func (c *conn) writeFrameLocked(typ, flags uint8, sid uint32, p []byte) error {
+	if len(p) > smallFrame && c.raw != nil {
+		var h [frameHeaderLen]byte
+		putFrameHeader(h[:], len(p), typ, flags, sid)
+		c.raw.startBatch()
+		_, err := c.nc.Write(h[:])
+		if err == nil {
+			_, err = c.nc.Write(p)
+		}
+		if ferr := c.raw.flush(); err == nil {
+			err = ferr
+		}
+		if err != nil {
+			c.fail(err)
+		}
+		return err
+	}
 	bp := getBuf(frameHeaderLen + len(p))
 	b := *bp
 	putFrameHeader(b, len(p), typ, flags, sid)
 	copy(b[frameHeaderLen:], p)
-	_, err := c.nc.Write(b)
+	err := c.writeLocked(b)
 	putBuf(bp)
 	if err != nil {
 		c.fail(err) // callers hold wmu, never mu: fail may take mu
+	}
+	return err
+}
+
+// writeLocked writes b to the TLS connection as one socket write (see
+// rawConn); the caller holds wmu.
+func (c *conn) writeLocked(b []byte) error {
+	if c.raw == nil {
+		_, err := c.nc.Write(b)
+		return err
+	}
+	c.raw.startBatch()
+	_, err := c.nc.Write(b)
+	if ferr := c.raw.flush(); err == nil {
+		err = ferr
 	}
 	return err
 }
@@ -1012,7 +1064,7 @@ func (c *conn) writeWindowUpdates(sid uint32, streamInc, connInc int64) {
 	bp := getBuf(n)
 	copy(*bp, b[:n])
 	c.wmu.Lock()
-	_, err := c.nc.Write(*bp)
+	err := c.writeLocked(*bp)
 	c.wmu.Unlock()
 	putBuf(bp)
 	if err != nil {
@@ -1156,6 +1208,10 @@ func (c *conn) fail(err error) {
 		c.idleTimer.Stop()
 	}
 	c.mu.Unlock()
+	if err != nil && c.raw != nil {
+		// Broken or hostile peer: do not let TLS's close_notify wait on it.
+		c.raw.Close()
+	}
 	c.nc.Close()
 	c.cancel()
 	for _, t := range wake {

@@ -35,9 +35,13 @@ const (
 	maxFrameSizeHi = 1<<24 - 1
 	clientPreface  = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-	// maxDataPayload bounds one DATA frame we write: a 64 KiB buffer with
-	// its frame header, which TLS cuts into four full records.
-	maxDataPayload = 64<<10 - frameHeaderLen
+	// maxDataPayload bounds one DATA frame we write: 64 KiB, four full TLS
+	// records, sent with one socket write (see rawConn).
+	maxDataPayload = 64 << 10
+	// smallFrame: payloads up to this size are copied next to their frame
+	// header (one TLS record); larger ones are written after it without a
+	// copy (one more record, same socket write).
+	smallFrame = 1 << 10
 )
 
 // H2Settings tunes the HTTP/2 layer of a Server or Pool. Zero fields take

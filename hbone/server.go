@@ -220,7 +220,8 @@ func (s *Server) serveConn(nc net.Conn) {
 		tc.SetKeepAliveConfig(tcpKeepalive)
 	}
 	remote := nc.RemoteAddr()
-	tc := tls.Server(nc, s.tlsConf)
+	rc := newRawConn(nc)
+	tc := tls.Server(rc, s.tlsConf)
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	err := tc.HandshakeContext(ctx)
 	cancel()
@@ -237,6 +238,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	}
 	peer := peerInTrustDomain(cs, s.cfg.Identity.TrustDomain)
 	c := newConn(tc, false, s.cfg.H2, peer, s.ctx)
+	c.raw = rc
 	c.advMaxStreams = s.cfg.MaxConcurrentStreams
 	c.maxHeaderList = 64 << 10
 	c.onStream = func(t *Tunnel, fields []hpack.HeaderField) { s.onStream(c, t, fields) }

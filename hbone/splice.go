@@ -30,20 +30,13 @@ const (
 // for readiness (a zero-copy MSG_PEEK), tunnel reads wait on the stream,
 // and tunnel bytes are written to c straight from the receive chunks.
 func Splice(t *Tunnel, c net.Conn) error {
-	errc := make(chan error, 1)
-	go func() {
-		err := t.writeTo(c)
-		if err == nil {
-			if cw, ok := c.(interface{ CloseWrite() error }); ok {
-				err = cw.CloseWrite()
-			}
-		}
-		if err != nil {
-			t.resetWith(http2.ErrCodeCancel, true)
-			c.Close()
-		}
-		errc <- err
-	}()
+	done := make(chan struct{})
+	t.c.mu.Lock()
+	t.sink, t.drainDone = c, done
+	t.c.mu.Unlock()
+	t.spliced.Store(true)
+	t.kickDrain() // bytes may have arrived before the splice began
+
 	err := copyToTunnel(t, c)
 	if err == nil {
 		err = t.CloseWrite()
@@ -52,7 +45,10 @@ func Splice(t *Tunnel, c net.Conn) error {
 		t.resetWith(http2.ErrCodeCancel, true)
 		c.Close()
 	}
-	err2 := <-errc
+	<-done
+	t.c.mu.Lock()
+	err2 := t.drainErr
+	t.c.mu.Unlock()
 	c.Close()
 	t.Close()
 	if err == nil {

@@ -41,6 +41,15 @@ type Tunnel struct {
 	respBaggage string     // under c.mu
 	cancel      func()     // under c.mu; server: cancels the handler's context
 
+	// Splice state: the t→sink direction runs on a goroutine started only
+	// when there is something to deliver (see kickDrain), so an idle
+	// spliced tunnel parks no goroutine for it.
+	spliced   atomic.Bool
+	sink      net.Conn      // under c.mu
+	draining  bool          // under c.mu; a drain goroutine runs
+	drainDone chan struct{} // under c.mu; closed when t→sink has ended; nil after
+	drainErr  error         // under c.mu
+
 	rnotify chan struct{} // cap 1: data, EOF, response or error arrived
 	wnotify chan struct{} // cap 1: send window grew or error
 	rdl     deadline
@@ -297,6 +306,10 @@ func (t *Tunnel) resetWith(code http2.ErrCode, local bool) {
 }
 
 func (t *Tunnel) wakeRead() {
+	if t.spliced.Load() {
+		t.kickDrain()
+		return
+	}
 	select {
 	case t.rnotify <- struct{}{}:
 	default:
@@ -344,26 +357,56 @@ func (t *Tunnel) waitReadable(ctx context.Context) error {
 	}
 }
 
-// writeTo moves received bytes to w chunk by chunk, without copying them
-// into a second buffer, until EOF (nil) or an error. Flow control credit is
-// returned only after w accepted the bytes, so a slow w slows the peer.
-func (t *Tunnel) writeTo(w io.Writer) error {
+// kickDrain starts the drain goroutine of a spliced tunnel if there is
+// something to deliver (bytes, EOF or an error) and none runs. The check
+// and the flag change share c.mu with the producers, so no wake-up is lost.
+func (t *Tunnel) kickDrain() {
+	c := t.c
+	c.mu.Lock()
+	if t.draining || t.drainDone == nil || (t.q.n == 0 && !t.remoteEnd && t.err == nil && !t.closed) {
+		c.mu.Unlock()
+		return
+	}
+	t.draining = true
+	c.mu.Unlock()
+	go t.drain()
+}
+
+// drain moves received bytes to the sink, several chunks per writev and
+// without copying them again, until the queue is empty (the goroutine
+// exits) or the direction ends: EOF half-closes the sink, an error aborts
+// both. Flow-control credit is returned only after the sink took the bytes,
+// so a slow sink slows the peer.
+func (t *Tunnel) drain() {
+	const maxBatch = 16
+	var bps [maxBatch]*[]byte
+	var bufs [maxBatch][]byte
 	c := t.c
 	for {
 		c.mu.Lock()
 		if t.q.n > 0 && !t.closed {
-			bp, data := t.q.pop()
+			k := 0
+			var n int64
+			for ; k < maxBatch && t.q.n > 0; k++ {
+				bps[k], bufs[k] = t.q.pop()
+				n += int64(len(bufs[k]))
+			}
+			sink := t.sink
 			c.mu.Unlock()
-			_, err := w.Write(data)
-			n := int64(len(data))
-			putBuf(bp)
+			nb := net.Buffers(bufs[:k])
+			_, err := nb.WriteTo(sink)
+			for i := range k {
+				putBuf(bps[i])
+				bps[i], bufs[i] = nil, nil
+			}
 			c.mu.Lock()
 			sInc, cInc := t.consumedLocked(n)
 			c.mu.Unlock()
 			t.recvd.Add(n)
 			c.writeWindowUpdates(t.id, sInc, cInc)
 			if err != nil {
-				return err
+				t.finishDrain(err)
+				return
 			}
 			continue
 		}
@@ -375,16 +418,41 @@ func (t *Tunnel) writeTo(w io.Writer) error {
 			err = io.EOF
 		case t.err != nil:
 			err = t.err
+		default:
+			t.draining = false // idle: exit; the next event starts a new drain
+			c.mu.Unlock()
+			return
 		}
 		c.mu.Unlock()
 		if err == io.EOF {
-			return nil
+			err = nil
 		}
-		if err != nil {
-			return err
-		}
-		<-t.rnotify
+		t.finishDrain(err)
+		return
 	}
+}
+
+// finishDrain ends the t→sink direction: half-close the sink on EOF, abort
+// both on an error, then tell Splice.
+func (t *Tunnel) finishDrain(err error) {
+	c := t.c
+	c.mu.Lock()
+	done, sink := t.drainDone, t.sink
+	t.drainDone, t.drainErr, t.draining = nil, err, false
+	c.mu.Unlock()
+	if err == nil {
+		if cw, ok := sink.(interface{ CloseWrite() error }); ok {
+			err = cw.CloseWrite()
+			c.mu.Lock()
+			t.drainErr = err
+			c.mu.Unlock()
+		}
+	}
+	if err != nil {
+		t.resetWith(http2.ErrCodeCancel, true)
+		sink.Close()
+	}
+	close(done)
 }
 
 // deadline is a settable point in time with a channel that is closed when

@@ -1,0 +1,728 @@
+// Command hbone benchmarks the hbone package on loopback and prints one
+// figure per line as "name value unit" on stdout; details go to stderr.
+// Every ratio is tunnel ÷ direct TCP measured in the same run.
+//
+//	go run ./bench/hbone
+//
+// The idle-memory figures run the server side and the application sink in
+// child processes (this binary re-executed with -role), so each side's heap
+// and goroutine stacks are measured alone.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
+)
+
+var (
+	clientID = identity.MustNew("cluster.local", "bench", "client")
+	serverID = identity.MustNew("cluster.local", "bench", "server")
+)
+
+const (
+	idleTunnels = 5000
+	writeSize   = 64 << 10
+)
+
+func main() {
+	role := flag.String("role", "", "internal: run as a child process (server or sink)")
+	caDir := flag.String("ca-dir", "", "internal: directory with the CA root for children")
+	sinkAddr := flag.String("sink", "", "internal: sink address for the server child")
+	only := flag.String("only", "", "run one figure only: throughput, parallel, rtt, idle, streams, handshakes")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	flag.Parse()
+	onlyFigure = *only
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	var err error
+	switch *role {
+	case "":
+		err = run()
+	case "server":
+		err = childServer(*caDir, *sinkAddr)
+	case "sink":
+		err = childSink()
+	default:
+		err = fmt.Errorf("unknown role %q", *role)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/hbone:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+
+func emit(name string, value float64, unit string) {
+	prec := 2
+	if value >= 100 {
+		prec = 0
+	}
+	fmt.Printf("%s %s %s\n", name, strconv.FormatFloat(value, 'f', prec, 64), unit)
+}
+
+// env is the in-process setup: a CA, the two workload certificates, an
+// HBONE server and the TCP sink/echo servers.
+type env struct {
+	ca    *ca.CA
+	certs *identity.StaticSource
+	srv   *hbone.Server
+	addr  netip.AddrPort
+	sink  netip.AddrPort
+	echo  netip.AddrPort
+	null  bool // the handler uses an in-memory upstream (stream-rate figure)
+}
+
+func newEnv() (*env, error) {
+	c, err := ca.New(ca.Options{})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := c.Issue(clientID, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := c.Issue(serverID, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	e := &env{ca: c, certs: identity.NewStaticSource(cc, sc)}
+	if e.sink, err = serveTCP(sinkConn); err != nil {
+		return nil, err
+	}
+	if e.echo, err = serveTCP(echoConn); err != nil {
+		return nil, err
+	}
+	e.srv, e.addr, err = startHBONE(e.certs, func(req *hbone.Request) (net.Conn, error) {
+		if e.null {
+			return &nullConn{}, nil
+		}
+		return net.Dial("tcp", req.Authority.String())
+	})
+	return e, err
+}
+
+func startHBONE(certs identity.CertSource, dial func(*hbone.Request) (net.Conn, error)) (*hbone.Server, netip.AddrPort, error) {
+	srv, err := hbone.NewServer(hbone.ServerConfig{
+		Identity: serverID, Certs: certs,
+		Handler: hbone.HandlerFunc(func(ctx context.Context, req *hbone.Request) hbone.Reply {
+			up, err := dial(req)
+			if err != nil {
+				return hbone.Reply{Status: 503}
+			}
+			return hbone.Reply{Upstream: up}
+		}),
+	})
+	if err != nil {
+		return nil, netip.AddrPort{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, netip.AddrPort{}, err
+	}
+	go srv.Serve(ln)
+	return srv, ln.Addr().(*net.TCPAddr).AddrPort(), nil
+}
+
+func serveTCP(serve func(net.Conn)) (netip.AddrPort, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort(), nil
+}
+
+// sinkConn reads everything with a 64 KiB buffer (io.Discard would read
+// 8 KiB at a time and slow the direct baseline), then answers with the
+// byte count so the writer knows when the last byte arrived.
+func sinkConn(c net.Conn) {
+	defer c.Close()
+	buf := make([]byte, writeSize)
+	var n int64
+	for {
+		k, err := c.Read(buf)
+		n += int64(k)
+		if err != nil {
+			break
+		}
+	}
+	fmt.Fprintf(c, "%d\n", n)
+}
+
+func echoConn(c net.Conn) {
+	defer c.Close()
+	io.Copy(c, c)
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+}
+
+// nullConn is an upstream that has nothing to say and swallows writes.
+type nullConn struct{ net.Conn }
+
+func (*nullConn) Read([]byte) (int, error)         { return 0, io.EOF }
+func (*nullConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (*nullConn) Close() error                     { return nil }
+func (*nullConn) CloseWrite() error                { return nil }
+func (*nullConn) SetDeadline(time.Time) error      { return nil }
+func (*nullConn) SetReadDeadline(time.Time) error  { return nil }
+func (*nullConn) SetWriteDeadline(time.Time) error { return nil }
+
+func (e *env) pool(mod func(*hbone.PoolConfig)) *hbone.Pool {
+	cfg := hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: e.certs}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := hbone.NewPool(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+func request(next, target netip.AddrPort) *hbone.ConnectRequest {
+	return &hbone.ConnectRequest{
+		Key: hbone.Key{Src: clientID, Dst: []identity.Identity{serverID},
+			SrcIP: netip.MustParseAddr("127.0.0.1"), NextHop: next},
+		Authority: target,
+	}
+}
+
+func run() error {
+	e, err := newEnv()
+	if err != nil {
+		return err
+	}
+	logf("machine: %d cores (GOMAXPROCS %d), %s", runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel())
+
+	want := func(name string) bool { return onlyFigure == "" || onlyFigure == name }
+	if want("throughput") {
+		tr, err := throughputRatio(e, 1)
+		if err != nil {
+			return err
+		}
+		emit("hbone_throughput_ratio", tr, "ratio")
+	}
+	if want("parallel") {
+		pr, err := throughputRatio(e, 8)
+		if err != nil {
+			return err
+		}
+		emit("hbone_parallel_ratio", pr, "ratio")
+	}
+	if want("rtt") {
+		rr, err := rttRatio(e)
+		if err != nil {
+			return err
+		}
+		emit("hbone_rtt_ratio", rr, "ratio")
+	}
+	if want("idle") {
+		cl, sv, err := idleBytes()
+		if err != nil {
+			return err
+		}
+		emit("hbone_idle_bytes_per_tunnel_client", cl, "bytes")
+		emit("hbone_idle_bytes_per_tunnel_server", sv, "bytes")
+		emit("hbone_idle_bytes_per_tunnel", max(cl, sv), "bytes")
+	}
+	if want("streams") {
+		sps, err := streamsPerSec(e)
+		if err != nil {
+			return err
+		}
+		emit("hbone_streams_per_sec_per_core", sps, "streams/s")
+	}
+	if want("handshakes") {
+		hps, err := handshakesPerSec(e)
+		if err != nil {
+			return err
+		}
+		emit("hbone_handshakes_per_sec_per_core", hps, "handshakes/s")
+	}
+	return nil
+}
+
+// onlyFigure limits the run to one figure (for profiling); "" runs all.
+var onlyFigure string
+
+// ---- throughput ----
+
+// blast writes to w for d, half-closes, and waits for the sink's count.
+func blast(w net.Conn, d time.Duration) (int64, time.Duration, error) {
+	buf := make([]byte, writeSize)
+	start := time.Now()
+	var sent int64
+	for time.Since(start) < d {
+		n, err := w.Write(buf)
+		sent += int64(n)
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := w.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		return 0, 0, err
+	}
+	line, err := bufio.NewReader(w).ReadString('\n')
+	if err != nil {
+		return 0, 0, fmt.Errorf("waiting for the sink: %w", err)
+	}
+	got, _ := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	if got != sent {
+		return 0, 0, fmt.Errorf("sink got %d bytes, sent %d", got, sent)
+	}
+	return sent, time.Since(start), nil
+}
+
+// rate runs streams parallel blasts over conns from open and returns the
+// aggregate bytes per second.
+func rate(streams int, d time.Duration, open func() (net.Conn, error)) (float64, error) {
+	conns := make([]net.Conn, streams)
+	for i := range conns {
+		c, err := open()
+		if err != nil {
+			return 0, err
+		}
+		conns[i] = c
+	}
+	var wg sync.WaitGroup
+	var total atomic.Int64
+	var firstErr atomic.Value
+	start := time.Now()
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			n, _, err := blast(c, d)
+			if err != nil {
+				firstErr.CompareAndSwap(nil, err)
+			}
+			total.Add(n)
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(total.Load()) / time.Since(start).Seconds(), nil
+}
+
+// throughputRatio alternates direct and tunnelled rounds and divides the
+// best tunnelled rate by the best direct one: on a shared machine the best
+// round is the one least disturbed by other load.
+func throughputRatio(e *env, streams int) (float64, error) {
+	p := e.pool(nil)
+	defer p.Close()
+	const rounds = 5
+	d := 500 * time.Millisecond
+	var bestDirect, bestTunnel float64
+	for r := range rounds {
+		direct, err := rate(streams, d, func() (net.Conn, error) { return net.Dial("tcp", e.sink.String()) })
+		if err != nil {
+			return 0, err
+		}
+		tunnel, err := rate(streams, d, func() (net.Conn, error) {
+			return p.Connect(context.Background(), request(e.addr, e.sink))
+		})
+		if err != nil {
+			return 0, err
+		}
+		logf("throughput %d stream(s) round %d: direct %.0f MB/s, hbone %.0f MB/s", streams, r, direct/1e6, tunnel/1e6)
+		bestDirect, bestTunnel = max(bestDirect, direct), max(bestTunnel, tunnel)
+	}
+	return bestTunnel / bestDirect, nil
+}
+
+// ---- latency ----
+
+func pingPong(c net.Conn, n int) (time.Duration, error) {
+	b := []byte{1}
+	start := time.Now()
+	for range n {
+		if _, err := c.Write(b); err != nil {
+			return 0, err
+		}
+		if _, err := io.ReadFull(c, b); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start) / time.Duration(n), nil
+}
+
+func rttRatio(e *env) (float64, error) {
+	p := e.pool(nil)
+	defer p.Close()
+	direct, err := net.Dial("tcp", e.echo.String())
+	if err != nil {
+		return 0, err
+	}
+	defer direct.Close()
+	tun, err := p.Connect(context.Background(), request(e.addr, e.echo))
+	if err != nil {
+		return 0, err
+	}
+	defer tun.Close()
+	const n = 5000
+	pingPong(direct, 500) // warm up
+	pingPong(tun, 500)
+	best := func(a, b time.Duration) time.Duration {
+		if a == 0 || b < a {
+			return b
+		}
+		return a
+	}
+	var bestDirect, bestTunnel time.Duration
+	for r := range 5 {
+		d, err := pingPong(direct, n)
+		if err != nil {
+			return 0, err
+		}
+		h, err := pingPong(tun, n)
+		if err != nil {
+			return 0, err
+		}
+		logf("rtt round %d: direct %v, hbone %v", r, d, h)
+		bestDirect, bestTunnel = best(bestDirect, d), best(bestTunnel, h)
+	}
+	return float64(bestTunnel) / float64(bestDirect), nil
+}
+
+// ---- rates per core ----
+
+// cpuTime is the process's user+system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// perCore runs op from workers goroutines for d and returns completed
+// operations per CPU-second of this process (client and server together).
+func perCore(workers int, d time.Duration, op func() error) (float64, float64, error) {
+	var n atomic.Int64
+	var firstErr atomic.Value
+	stop := time.Now().Add(d)
+	cpu0, t0 := cpuTime(), time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				if err := op(); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, 0, err
+	}
+	cpu, wall := cpuTime()-cpu0, time.Since(t0)
+	return float64(n.Load()) / cpu.Seconds(), float64(n.Load()) / wall.Seconds(), nil
+}
+
+func streamsPerSec(e *env) (float64, error) {
+	e.null = true
+	defer func() { e.null = false }()
+	p := e.pool(nil)
+	defer p.Close()
+	req := request(e.addr, netip.MustParseAddrPort("127.0.0.1:1"))
+	one := make([]byte, 1)
+	op := func() error {
+		t, err := p.Connect(context.Background(), req)
+		if err != nil {
+			return err
+		}
+		t.CloseWrite()
+		if _, err := t.Read(one); err != io.EOF {
+			return fmt.Errorf("want EOF, got %v", err)
+		}
+		return t.Close()
+	}
+	if err := op(); err != nil { // warm the pool
+		return 0, err
+	}
+	perCPU, perWall, err := perCore(16, 2*time.Second, op)
+	logf("streams: %.0f/s wall, %.0f per CPU-second (connect, 200, half-close both ways; in-memory upstream)", perWall, perCPU)
+	return perCPU, err
+}
+
+func handshakesPerSec(e *env) (float64, error) {
+	cfg := &hbone.ClientConfig{Certs: e.certs}
+	key := request(e.addr, e.echo).Key
+	op := func() error {
+		cc, err := hbone.Dial(context.Background(), cfg, key)
+		if err != nil {
+			return err
+		}
+		return cc.Close()
+	}
+	if err := op(); err != nil {
+		return 0, err
+	}
+	perCPU, perWall, err := perCore(8, 2*time.Second, op)
+	logf("handshakes: %.0f/s wall, %.0f per CPU-second (both ends in this process)", perWall, perCPU)
+	return perCPU, err
+}
+
+// ---- idle memory ----
+
+// memStats returns heap in use plus goroutine stacks, after GCs that also
+// empty sync.Pools.
+func memStats() (heap, stack uint64, goroutines int) {
+	for range 3 {
+		runtime.GC()
+	}
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc, m.StackInuse, runtime.NumGoroutine()
+}
+
+// child is a re-executed copy of this binary in some role.
+type child struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func startChild(args ...string) (*child, string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, "", err
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	c := &child{cmd: cmd, in: in, out: bufio.NewReader(outp)}
+	first, err := c.out.ReadString('\n')
+	if err != nil {
+		c.stop()
+		return nil, "", fmt.Errorf("child %v: %w", args, err)
+	}
+	return c, strings.TrimSpace(first), nil
+}
+
+func (c *child) ask(cmd string) (string, error) {
+	if _, err := fmt.Fprintln(c.in, cmd); err != nil {
+		return "", err
+	}
+	s, err := c.out.ReadString('\n')
+	return strings.TrimSpace(s), err
+}
+
+func (c *child) stop() {
+	c.in.Close()
+	c.cmd.Process.Kill()
+	c.cmd.Wait()
+}
+
+// childSink echoes on 127.0.0.1:0 and prints its address.
+func childSink() error {
+	addr, err := serveTCP(echoConn)
+	if err != nil {
+		return err
+	}
+	fmt.Println(addr)
+	io.Copy(io.Discard, os.Stdin) // until the parent goes away
+	return nil
+}
+
+// childServer runs an HBONE server whose handler dials the sink, prints
+// its address, and answers "mem" with "heap stack goroutines".
+func childServer(dir, sink string) error {
+	rootCert, err := os.ReadFile(filepath.Join(dir, "root.pem"))
+	if err != nil {
+		return err
+	}
+	rootKey, err := os.ReadFile(filepath.Join(dir, "root-key.pem"))
+	if err != nil {
+		return err
+	}
+	c, err := ca.New(ca.Options{RootCertPEM: rootCert, RootKeyPEM: rootKey})
+	if err != nil {
+		return err
+	}
+	sc, err := c.Issue(serverID, time.Hour)
+	if err != nil {
+		return err
+	}
+	_, addr, err := startHBONE(identity.NewStaticSource(sc), func(*hbone.Request) (net.Conn, error) {
+		return net.Dial("tcp", sink)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println(addr)
+	sc2 := bufio.NewScanner(os.Stdin)
+	for sc2.Scan() {
+		if sc2.Text() == "mem" {
+			h, s, g := memStats()
+			fmt.Println(h, s, g)
+		}
+	}
+	return nil
+}
+
+func parseMem(s string) (heap, stack uint64, g int, err error) {
+	_, err = fmt.Sscan(s, &heap, &stack, &g)
+	return heap, stack, g, err
+}
+
+func idleBytes() (client, server float64, err error) {
+	c, err := ca.New(ca.Options{})
+	if err != nil {
+		return 0, 0, err
+	}
+	dir, err := os.MkdirTemp("", "bench-hbone-")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	key, err := c.RootKeyPEM()
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "root.pem"), c.RootPEM(), 0o600); err != nil {
+		return 0, 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "root-key.pem"), key, 0o600); err != nil {
+		return 0, 0, err
+	}
+	sink, sinkAddr, err := startChild("-role", "sink")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer sink.stop()
+	srv, srvAddr, err := startChild("-role", "server", "-ca-dir", dir, "-sink", sinkAddr)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer srv.stop()
+	cc, err := c.Issue(clientID, time.Hour)
+	if err != nil {
+		return 0, 0, err
+	}
+	certs := identity.NewStaticSource(cc)
+	p, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: certs}})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer p.Close()
+	hop := netip.MustParseAddrPort(srvAddr)
+	target := netip.MustParseAddrPort(sinkAddr)
+
+	sBefore, err := srv.ask("mem")
+	if err != nil {
+		return 0, 0, err
+	}
+	cHeap0, cStack0, cG0 := memStats()
+	tuns := make([]*hbone.Tunnel, 0, idleTunnels)
+	one := []byte{7}
+	for range idleTunnels {
+		t, err := p.Connect(context.Background(), request(hop, target))
+		if err != nil {
+			return 0, 0, fmt.Errorf("tunnel %d: %w", len(tuns), err)
+		}
+		// One round trip: the tunnel is fully set up end to end.
+		if _, err := t.Write(one); err != nil {
+			return 0, 0, err
+		}
+		if _, err := io.ReadFull(t, one); err != nil {
+			return 0, 0, err
+		}
+		tuns = append(tuns, t)
+	}
+	time.Sleep(200 * time.Millisecond) // let the last splices park
+	cHeap1, cStack1, cG1 := memStats()
+	sAfter, err := srv.ask("mem")
+	if err != nil {
+		return 0, 0, err
+	}
+	sHeap0, sStack0, sG0, err := parseMem(sBefore)
+	if err != nil {
+		return 0, 0, err
+	}
+	sHeap1, sStack1, sG1, err := parseMem(sAfter)
+	if err != nil {
+		return 0, 0, err
+	}
+	n := float64(len(tuns))
+	client = (float64(cHeap1+cStack1) - float64(cHeap0+cStack0)) / n
+	server = (float64(sHeap1+sStack1) - float64(sHeap0+sStack0)) / n
+	logf("idle %d tunnels over %d connections: client heap %+.0f B stack %+.0f B goroutines %+d per tunnel ×1000; server heap %+.0f B stack %+.0f B goroutines %+d",
+		len(tuns), p.NumConns(),
+		(float64(cHeap1)-float64(cHeap0))/n, (float64(cStack1)-float64(cStack0))/n, (cG1-cG0)*1000/len(tuns),
+		(float64(sHeap1)-float64(sHeap0))/n, (float64(sStack1)-float64(sStack0))/n, sG1-sG0)
+	for _, t := range tuns {
+		t.Close()
+	}
+	return client, server, nil
+}
+
+// ---- helpers ----
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+

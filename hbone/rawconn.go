@@ -1,0 +1,128 @@
+package hbone
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// rawConn sits between crypto/tls and the TCP socket and cuts syscalls
+// without pinning memory on idle connections:
+//
+//   - Writes: crypto/tls writes every 16 KiB record with its own write
+//     call. While a frame is being written (batch), records are gathered in
+//     a pooled buffer and sent with one write; the buffer goes back to the
+//     pool right after.
+//   - Reads: crypto/tls reads a record at a time. rawConn waits for the
+//     socket to become readable without a buffer, then reads up to 64 KiB at
+//     once into a pooled buffer that is returned as soon as TLS drained it.
+//
+// Reads come only from the TLS reader (the read loop, or the handshake);
+// writes are serialised by crypto/tls.
+type rawConn struct {
+	net.Conn
+	rc syscall.RawConn // nil: no readiness wait (not a socket)
+
+	batching atomic.Bool
+	wmu      sync.Mutex // guards wbuf (tls may write an alert from Close)
+	wbuf     *[]byte
+
+	rbuf       *[]byte
+	rpos, rend int
+}
+
+const (
+	readBatch  = 64 << 10
+	writeBatch = 64<<10 + 4<<10 // a 64 KiB frame is four records plus overhead
+)
+
+var writeBatchPool = sync.Pool{New: func() any { b := make([]byte, 0, writeBatch); return &b }}
+
+func newRawConn(c net.Conn) *rawConn {
+	r := &rawConn{Conn: c}
+	if sc, ok := c.(syscall.Conn); ok && canWaitReadable {
+		if rc, err := sc.SyscallConn(); err == nil {
+			r.rc = rc
+		}
+	}
+	return r
+}
+
+func (r *rawConn) Read(p []byte) (int, error) {
+	if r.rbuf != nil {
+		n := copy(p, (*r.rbuf)[r.rpos:r.rend])
+		r.rpos += n
+		if r.rpos == r.rend {
+			putBuf(r.rbuf)
+			r.rbuf = nil
+		}
+		return n, nil
+	}
+	if len(p) >= readBatch {
+		return r.Conn.Read(p)
+	}
+	if r.rc != nil {
+		if err := waitReadable(r.rc); err != nil {
+			return 0, err
+		}
+	}
+	bp := getBuf(readBatch)
+	n, err := r.Conn.Read(*bp)
+	k := copy(p, (*bp)[:n])
+	if k < n {
+		r.rbuf, r.rpos, r.rend = bp, k, n
+	} else {
+		putBuf(bp)
+	}
+	return k, err
+}
+
+// startBatch gathers writes until flush.
+func (r *rawConn) startBatch() { r.batching.Store(true) }
+
+func (r *rawConn) Write(p []byte) (int, error) {
+	if !r.batching.Load() {
+		return r.Conn.Write(p)
+	}
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if r.wbuf == nil {
+		r.wbuf = writeBatchPool.Get().(*[]byte)
+	}
+	b := *r.wbuf
+	if len(b)+len(p) > cap(b) {
+		if len(b) > 0 {
+			if _, err := r.Conn.Write(b); err != nil {
+				*r.wbuf = b[:0]
+				return 0, err
+			}
+			b = b[:0]
+		}
+		if len(p) > cap(b) {
+			*r.wbuf = b
+			return r.Conn.Write(p)
+		}
+	}
+	*r.wbuf = append(b, p...)
+	return len(p), nil
+}
+
+// flush sends what the batch gathered and ends it.
+func (r *rawConn) flush() error {
+	r.batching.Store(false)
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if r.wbuf == nil {
+		return nil
+	}
+	b := *r.wbuf
+	var err error
+	if len(b) > 0 {
+		_, err = r.Conn.Write(b)
+	}
+	*r.wbuf = b[:0]
+	writeBatchPool.Put(r.wbuf)
+	r.wbuf = nil
+	return err
+}
