@@ -725,4 +725,3 @@ func cpuModel() string {
 	}
 	return "unknown CPU"
 }
-
