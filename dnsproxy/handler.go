@@ -97,6 +97,11 @@ func (s *Server) decide(raw []byte, q *query, out []byte) (reply []byte, fwd boo
 	if len(q.msg.Question) != 1 {
 		return s.headerReply(q, raw, rcodeFormErr, outcomeFormErr, "not exactly one question", out), false
 	}
+	if !countsMatch(raw, &q.msg) {
+		// Unpack forgives sections that end early; a query whose header
+		// lies is not forwarded.
+		return s.headerReply(q, raw, rcodeFormErr, outcomeFormErr, "section counts do not match the message", out), false
+	}
 	qs := q.msg.Question[0]
 	q.qname, q.qtype = qs.Name, qs.Qtype
 	q.labels[0] = qtypeLabel(q.qtype)
@@ -160,6 +165,13 @@ func (s *Server) decide(raw []byte, q *query, out []byte) (reply []byte, fwd boo
 		ce.Write(append(s.queryFields(q, outcome, dns.RcodeSuccess, len(r.Answer)), zap.String("service", svc))...)
 	}
 	return reply, false
+}
+
+func countsMatch(raw []byte, m *dns.Msg) bool {
+	return int(binary.BigEndian.Uint16(raw[4:])) == len(m.Question) &&
+		int(binary.BigEndian.Uint16(raw[6:])) == len(m.Answer) &&
+		int(binary.BigEndian.Uint16(raw[8:])) == len(m.Ns) &&
+		int(binary.BigEndian.Uint16(raw[10:])) == len(m.Extra)
 }
 
 // findOPT returns the request's OPT record; ok is false when there is more
@@ -277,29 +289,28 @@ func (s *Server) forward(q *query, write func([]byte)) {
 		if s.ctx.Err() != nil {
 			return // shutting down: the client will retry elsewhere
 		}
-		reply := s.pack(q, s.newReply(q, rcodeServFail), nil)
-		write(reply)
 		if ce := s.log.Check(zap.DebugLevel, "dns query"); ce != nil {
 			ce.Write(append(s.queryFields(q, outcomeFailed, rcodeServFail, 0), zap.Error(err))...)
 		}
+		write(s.pack(q, s.newReply(q, rcodeServFail), nil))
 		return
 	}
 	resp := (*bufp)[:n]
 	if q.proto == protoUDP && n > q.size {
 		var m dns.Msg
 		if err := m.Unpack(resp); err != nil {
-			write(s.pack(q, s.newReply(q, rcodeServFail), nil))
 			if ce := s.log.Check(zap.DebugLevel, "dns query"); ce != nil {
 				ce.Write(append(s.queryFields(q, outcomeFailed, rcodeServFail, 0), zap.NamedError("error", err))...)
 			}
+			write(s.pack(q, s.newReply(q, rcodeServFail), nil))
 			return
 		}
 		resp = s.pack(q, &m, nil)
 	}
-	write(resp)
 	if ce := s.log.Check(zap.DebugLevel, "dns query"); ce != nil {
 		ce.Write(s.queryFields(q, outcomeForwarded, int(resp[3]&0x0f), int(binary.BigEndian.Uint16(resp[6:])))...)
 	}
+	write(resp)
 }
 
 func (s *Server) logDrop(src netip.AddrPort, proto, reason string) {

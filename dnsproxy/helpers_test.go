@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -120,4 +121,16 @@ func apply(t testing.TB, st *state.Store, addrs ...*workloadapi.Address) {
 	if err := st.ApplyAddresses(m, nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// manyEndpoints is a headless service ns/name.ns.svc.cluster.local with n
+// healthy endpoints 10.2.<i/250>.<i%250+1>.
+func manyEndpoints(ns, name string, n int) []*workloadapi.Address {
+	host := name + "." + ns + ".svc.cluster.local"
+	out := []*workloadapi.Address{svcAddr(ns, host, nil)}
+	for i := 0; i < n; i++ {
+		ip := netip.AddrFrom4([4]byte{10, 2, byte(i / 250), byte(i%250 + 1)})
+		out = append(out, podAddr(ns, fmt.Sprintf("%s-%d", name, i), []string{ip.String()}, endpointOf(ns+"/"+host)))
+	}
+	return out
 }

@@ -135,7 +135,7 @@ type selfCache struct {
 }
 
 // New binds the pod's DNS listeners. On error nothing stays open.
-func New(cfg Config, deps Deps) (s *Server, reterr error) {
+func New(cfg Config, deps Deps) (_ *Server, reterr error) {
 	if deps.Store == nil {
 		return nil, errors.New("dnsproxy: Deps.Store is required")
 	}
@@ -149,7 +149,7 @@ func New(cfg Config, deps Deps) (s *Server, reterr error) {
 		upOpts = deps.Forwarder.opts
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s = &Server{
+	s := &Server{
 		cfg:      cfg,
 		store:    deps.Store,
 		fwd:      deps.Forwarder,
@@ -383,18 +383,12 @@ func (s *Server) serveConn(conn net.Conn) {
 			return
 		}
 		n := int(binary.BigEndian.Uint16(lenBuf[:]))
-		if n > maxQuery {
-			s.logDrop(src, protoTCP, "dropped: query too large")
-			return
-		}
-		if n > cap(buf) {
-			buf = make([]byte, n)
-		}
-		if _, err := io.ReadFull(conn, buf[:n]); err != nil {
+		pkt, err := readQuery(conn, n, &buf)
+		if err != nil {
 			return
 		}
 		q.reset(protoTCP, src)
-		reply, fwd := s.decide(buf[:n], &q, out)
+		reply, fwd := s.decide(pkt, &q, out)
 		if reply != nil {
 			write(reply)
 			out = reply[:0]
@@ -406,6 +400,24 @@ func (s *Server) serveConn(conn net.Conn) {
 			return // dropped garbage: do not keep the connection
 		}
 	}
+}
+
+// readQuery reads an n-byte TCP query into *buf (grown as needed up to
+// maxQuery+1 bytes). A longer query is read to its end and discarded except
+// for its first maxQuery+1 bytes, which still carry the header for a FORMERR.
+func readQuery(conn net.Conn, n int, buf *[]byte) ([]byte, error) {
+	keep := min(n, maxQuery+1)
+	if keep > cap(*buf) {
+		*buf = make([]byte, keep)
+	}
+	b := (*buf)[:keep]
+	if _, err := io.ReadFull(conn, b); err != nil {
+		return nil, err
+	}
+	if _, err := io.CopyN(io.Discard, conn, int64(n-keep)); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // self returns the pod's own workload in snap, found by Config.Workload and
