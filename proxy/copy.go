@@ -138,7 +138,7 @@ func closeWrite(c net.Conn) {
 func normalClose(err error) error {
 	switch {
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed),
-		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, os.ErrDeadlineExceeded):
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ENOTCONN), errors.Is(err, os.ErrDeadlineExceeded):
 		return nil
 	}
 	return err

@@ -1,0 +1,164 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/netns"
+	"github.com/ztunnel-go/ztunnel-go/internal/state"
+)
+
+// serveOutbound handles one connection the pod's capture rules redirected
+// to 15001: original destination, one snapshot, Route, then HBONE through
+// the pool or plain TCP from inside the pod, and one Result.
+func (p *WorkloadProxy) serveOutbound(c net.Conn) {
+	done, ok := p.group.Track()
+	if !ok {
+		c.Close()
+		return
+	}
+	defer done()
+	client := addrPortOf(c.RemoteAddr())
+	orig := OriginalDst(c)
+	res := NewResult(p.d.Metrics, p.access, Outbound, client, orig)
+	var err error
+	defer func() { res.Record(&err) }()
+
+	snap, src, werr := p.waitLocal(p.ctx)
+	if werr != nil {
+		c.Close()
+		err = WithReason(ReasonUnknownSource, werr)
+		return
+	}
+	res.Src = peerOf(src)
+	route, rerr := Route(snap, src, orig)
+	if rerr != nil {
+		c.Close()
+		err = routeReason(rerr)
+		return
+	}
+	res.DstAddr = route.NextHop
+	res.Service = serviceOf(route.Service)
+	res.Dst = peerOf(route.DstWorkload)
+
+	if route.Kind == RouteHBONE {
+		err = p.outboundHBONE(c, client, snap, src, &route, res)
+		return
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
+	up, derr := p.ns.Dial(ctx, "tcp", route.NextHop, netns.SockOpts{Mark: p.d.Config.PacketMark})
+	cancel()
+	if derr != nil {
+		err = WithReason(ReasonConnectFailed, derr)
+		return
+	}
+	defer up.Close()
+	err = Bidirectional(c, up, &res.Counters, p.group.Force())
+}
+
+// outboundHBONE opens the tunnel and splices it with the client's
+// connection. It owns c.
+func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *state.Snapshot, src *state.Workload,
+	route *RouteDecision, res *Result) error {
+	srcID := src.Identity()
+	res.MTLS = true
+	res.HBONEAddr = route.Authority
+	res.Src.Identity = srcID
+	res.Dst.Identity = route.UpstreamIdentity
+	var srcIP netip.Addr
+	if ip, ok := pickAddr(src, route.NextHop.Addr()); ok {
+		srcIP = ip
+	}
+	host := ""
+	if route.Service != nil {
+		host = route.Service.Hostname
+	}
+	req := &hbone.ConnectRequest{
+		Key: hbone.Key{
+			Src:     srcID,
+			Dst:     route.UpstreamIdentities(),
+			SrcIP:   srcIP,
+			NextHop: route.NextHop,
+		},
+		Authority: route.Authority,
+		Baggage:   baggageOf(src).String(),
+		Forwarded: hbone.BuildForwarded(client, host),
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
+	t, err := p.pool.Connect(ctx, req)
+	cancel()
+	if err != nil {
+		c.Close()
+		return hboneReason(err)
+	}
+	var forced atomic.Bool
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-p.group.Force():
+			forced.Store(true)
+			t.Close()
+			c.Close()
+		case <-stop:
+		}
+	}()
+	err = hbone.Splice(t, c)
+	close(stop)
+	st := t.Stats()
+	res.Counters.Sent.Add(st.BytesSent)
+	res.Counters.Received.Add(st.BytesReceived)
+	if forced.Load() {
+		return ErrForced
+	}
+	return normalClose(err)
+}
+
+// routeReason attaches the Result reason to a routing error.
+func routeReason(err error) error {
+	switch {
+	case errors.Is(err, ErrIllegalPort):
+		return WithReason(ReasonSelfCall, err)
+	case errors.Is(err, ErrNoHealthyUpstream), errors.Is(err, ErrUnknownWaypoint), errors.Is(err, ErrUnsupported):
+		return WithReason(ReasonNoHealthyUpstream, err)
+	}
+	return WithReason(ReasonInternal, err)
+}
+
+// hboneReason attaches the Result reason to a pool Connect error.
+func hboneReason(err error) error {
+	var se *hbone.StatusError
+	switch {
+	case errors.As(err, &se):
+		if se.Code == 401 {
+			return WithReason(ReasonPolicyDenied, fmt.Errorf("proxy: destination refused the tunnel: %w", err))
+		}
+		return WithReason(ReasonUpstreamStatus, err)
+	case errors.Is(err, hbone.ErrIdentityMismatch):
+		return WithReason(ReasonIdentity, err)
+	case errors.Is(err, hbone.ErrHandshake):
+		return WithReason(ReasonTLSFailure, err)
+	}
+	return WithReason(ReasonConnectFailed, err)
+}
+
+// baggageOf describes the source workload for the baggage header (control
+// plane values only).
+func baggageOf(w *state.Workload) hbone.Baggage {
+	return hbone.Baggage{
+		ClusterName:    w.ClusterID,
+		Namespace:      w.Namespace,
+		WorkloadType:   strings.ToLower(w.WorkloadType.String()),
+		WorkloadName:   w.WorkloadName,
+		ServiceName:    w.CanonicalName,
+		ServiceVersion: w.CanonicalRevision,
+		Region:         w.Locality.Region,
+		Zone:           w.Locality.Zone,
+	}
+}

@@ -1,0 +1,127 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
+	"github.com/ztunnel-go/ztunnel-go/internal/state"
+)
+
+// errRevoked ends a connection that a policy change no longer allows.
+var errRevoked = errors.New("authorization policy changed: connection no longer allowed")
+
+// authorize evaluates conn against the policies of the local workload in
+// snap and returns a ReasonPolicyDenied error naming the decision.
+func authorize(snap *state.Snapshot, local *state.Workload, conn rbac.Conn) error {
+	d := rbac.Evaluate(snap.PoliciesFor(local), conn)
+	if d.Allowed {
+		return nil
+	}
+	if d.Policy != "" {
+		return WithReason(ReasonPolicyDenied, fmt.Errorf("%s by %s", d.Reason, d.Policy))
+	}
+	return WithReason(ReasonPolicyDenied, errors.New(d.Reason.String()))
+}
+
+// tracked is one open, authorized inbound connection of the pod.
+type tracked struct {
+	conn    rbac.Conn
+	kill    func() // closes the connection; safe to call more than once
+	revoked atomic.Bool
+}
+
+// registry holds the pod's open inbound connections so that policy changes
+// can be checked against them (STYLE G4, ztunnel's PolicyWatcher).
+type registry struct {
+	mu    sync.Mutex
+	conns map[*tracked]struct{}
+}
+
+func (r *registry) add(t *tracked) {
+	r.mu.Lock()
+	if r.conns == nil {
+		r.conns = make(map[*tracked]struct{})
+	}
+	r.conns[t] = struct{}{}
+	r.mu.Unlock()
+}
+
+func (r *registry) remove(t *tracked) {
+	r.mu.Lock()
+	delete(r.conns, t)
+	r.mu.Unlock()
+}
+
+func (r *registry) snapshot() []*tracked {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*tracked, 0, len(r.conns))
+	for t := range r.conns {
+		out = append(out, t)
+	}
+	return out
+}
+
+// track registers an authorized connection. If the snapshot moved on since
+// authorization (authorizedWith), the connection is checked again at once,
+// so a change that raced the handshake is not missed.
+func (p *WorkloadProxy) track(t *tracked, authorizedWith *state.Snapshot) {
+	p.inbound.add(t)
+	if snap := p.d.Store.Load(); snap != authorizedWith {
+		p.recheck(snap, []*tracked{t})
+	}
+}
+
+// recheck closes the connections the policies of snap no longer allow.
+func (p *WorkloadProxy) recheck(snap *state.Snapshot, conns []*tracked) {
+	local := p.localIn(snap)
+	if local == nil {
+		return // the workload left the snapshot: its removal drains it
+	}
+	policies := snap.PoliciesFor(local)
+	for _, t := range conns {
+		if rbac.Evaluate(policies, t.conn).Allowed {
+			continue
+		}
+		if t.revoked.CompareAndSwap(false, true) {
+			p.log.Info("proxy: closing a connection a policy change no longer allows",
+				zap.Stringer("src", t.conn.SrcIP), zap.Uint16("dst_port", t.conn.DstPort),
+				zap.Stringer("src_identity", t.conn.SrcIdentity), zap.Uint64("generation", snap.Generation))
+			t.kill()
+		}
+	}
+}
+
+// watchPolicies re-evaluates every open inbound connection of the pod on
+// each snapshot swap until the proxy closes.
+func (p *WorkloadProxy) watchPolicies() {
+	for {
+		snap := p.d.Store.Load()
+		select {
+		case <-snap.Changed():
+		case <-p.closedCh:
+			return
+		}
+		next := p.d.Store.Load()
+		if conns := p.inbound.snapshot(); len(conns) > 0 {
+			p.recheck(next, conns)
+		}
+	}
+}
+
+// endErr is the error a finished inbound connection is recorded with:
+// revoked beats forced beats what the copy returned.
+func (t *tracked) endErr(err error, forced bool) error {
+	switch {
+	case t.revoked.Load():
+		return WithReason(ReasonRevoked, errRevoked)
+	case forced:
+		return ErrForced
+	}
+	return err
+}

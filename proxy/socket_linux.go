@@ -1,0 +1,93 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h).
+const ip6tSOOriginalDst = 80
+
+// OriginalDst returns where the client of an accepted, redirected
+// connection meant to go: SO_ORIGINAL_DST (IPv4 conntrack), else
+// IP6T_SO_ORIGINAL_DST (IPv6), else the socket's local address (a
+// connection that was not NATed, as on 15008, or TPROXY). The result is
+// unmapped (IPv4 as 4 bytes).
+func OriginalDst(c net.Conn) netip.AddrPort {
+	local := addrPortOf(c.LocalAddr())
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return local
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return local
+	}
+	var dst netip.AddrPort
+	_ = rc.Control(func(fd uintptr) {
+		if ap, err := origDst4(int(fd)); err == nil {
+			dst = ap
+			return
+		}
+		if ap, err := origDst6(int(fd)); err == nil {
+			dst = ap
+		}
+	})
+	if dst.IsValid() {
+		return dst
+	}
+	return local
+}
+
+func getsockopt(fd, level, opt int, buf []byte) (int, error) {
+	l := uint32(len(buf))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt),
+		uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(l), nil
+}
+
+// origDst4 reads a struct sockaddr_in.
+func origDst4(fd int) (netip.AddrPort, error) {
+	var b [unix.SizeofSockaddrInet4]byte
+	n, err := getsockopt(fd, unix.SOL_IP, unix.SO_ORIGINAL_DST, b[:])
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if n < 8 || binary.NativeEndian.Uint16(b[0:2]) != unix.AF_INET {
+		return netip.AddrPort{}, fmt.Errorf("proxy: SO_ORIGINAL_DST: unexpected sockaddr")
+	}
+	port := binary.BigEndian.Uint16(b[2:4])
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), port), nil
+}
+
+// origDst6 reads a struct sockaddr_in6.
+func origDst6(fd int) (netip.AddrPort, error) {
+	var b [unix.SizeofSockaddrInet6]byte
+	n, err := getsockopt(fd, unix.SOL_IPV6, ip6tSOOriginalDst, b[:])
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if n < 24 || binary.NativeEndian.Uint16(b[0:2]) != unix.AF_INET6 {
+		return netip.AddrPort{}, fmt.Errorf("proxy: IP6T_SO_ORIGINAL_DST: unexpected sockaddr")
+	}
+	port := binary.BigEndian.Uint16(b[2:4])
+	return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])).Unmap(), port), nil
+}
+
+// addrPortOf converts a TCP address, unmapped; zero for anything else.
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
