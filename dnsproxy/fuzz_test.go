@@ -35,9 +35,9 @@ func FuzzServeDNS(f *testing.F) {
 	seed(big)
 	f.Add([]byte{}, false)
 	f.Add([]byte{0, 1, 0x01, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1}, false)          // compression loop
-	f.Add([]byte{0, 1, 0x81, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1}, true)                   // a response
-	f.Add([]byte{0, 1, 0x10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 'a', 0, 0, 1, 0, 3}, false)          // opcode 2, class CHAOS
-	f.Add([]byte{0, 1, 0x01, 0, 0, 2, 0, 0, 0, 0, 0, 1, 1, 'a', 0, 0, 1, 0, 1}, false)          // lying counts
+	f.Add([]byte{0, 1, 0x81, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1}, true)                  // a response
+	f.Add([]byte{0, 1, 0x10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 'a', 0, 0, 1, 0, 3}, false)         // opcode 2, class CHAOS
+	f.Add([]byte{0, 1, 0x01, 0, 0, 2, 0, 0, 0, 0, 0, 1, 1, 'a', 0, 0, 1, 0, 1}, false)         // lying counts
 	f.Add([]byte{0, 1, 0x01, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 1, 0, 0, 41, 0, 0}, false) // cut OPT
 
 	ts := startServer(f, Config{}, nil)

@@ -38,13 +38,20 @@ type upstream struct {
 // every message, so odd queries reach handler.
 func startUpstream(t testing.TB, handler func(w dns.ResponseWriter, r *dns.Msg)) *upstream {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	var pc net.PacketConn
+	var ln net.Listener
+	for attempt := 0; ln == nil; attempt++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		// The UDP port may be taken for TCP (by a client socket): retry.
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
+			pc.Close()
+			if attempt == 10 {
+				t.Fatal(err)
+			}
+		}
 	}
 	u := &upstream{addr: pc.LocalAddr().(*net.UDPAddr).AddrPort()}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
