@@ -1,0 +1,291 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/inpod"
+	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
+	"github.com/ztunnel-go/ztunnel-go/internal/state"
+)
+
+// dump is the node proxy's /config_dump as zctl reads it. Enums arrive as
+// their wire names (the state types print them but do not parse them), so
+// the resources are decoded into these mirrors.
+type dump struct {
+	Generation    uint64                 `json:"generation"`
+	Workloads     []workload             `json:"workloads"`
+	Services      []service              `json:"services"`
+	Policies      []policy               `json:"policies"`
+	Certificates  []certmanager.CertDump `json:"certificates"`
+	WorkloadState *inpod.Dump            `json:"workloadState"`
+}
+
+type workload struct {
+	UID                   string                `json:"uid"`
+	Name                  string                `json:"name"`
+	Namespace             string                `json:"namespace"`
+	Addresses             []netip.Addr          `json:"addresses"`
+	Hostname              string                `json:"hostname"`
+	Network               string                `json:"network"`
+	Protocol              string                `json:"protocol"`
+	NativeTunnel          bool                  `json:"nativeTunnel"`
+	TrustDomain           string                `json:"trustDomain"`
+	ServiceAccount        string                `json:"serviceAccount"`
+	Waypoint              *state.GatewayAddress `json:"waypoint"`
+	NetworkGateway        *state.GatewayAddress `json:"networkGateway"`
+	Node                  string                `json:"node"`
+	CanonicalName         string                `json:"canonicalName"`
+	CanonicalRevision     string                `json:"canonicalRevision"`
+	WorkloadType          string                `json:"workloadType"`
+	WorkloadName          string                `json:"workloadName"`
+	Services              []state.ServicePorts  `json:"services"`
+	AuthorizationPolicies []string              `json:"authorizationPolicies"`
+	Healthy               bool                  `json:"healthy"`
+	ClusterID             string                `json:"clusterId"`
+	Locality              state.Locality        `json:"locality"`
+	HostNetwork           bool                  `json:"hostNetwork"`
+	Capacity              uint32                `json:"capacity"`
+}
+
+type service struct {
+	Key             string                 `json:"key"`
+	Name            string                 `json:"name"`
+	Namespace       string                 `json:"namespace"`
+	Hostname        string                 `json:"hostname"`
+	VIPs            []state.NetworkAddress `json:"vips"`
+	Ports           []port                 `json:"ports"`
+	SubjectAltNames []identity.Identity    `json:"subjectAltNames"`
+	Waypoint        *state.GatewayAddress  `json:"waypoint"`
+}
+
+type port struct {
+	ServicePort uint16 `json:"servicePort"`
+	TargetPort  uint16 `json:"targetPort"`
+	AppProtocol string `json:"appProtocol"`
+}
+
+type policy struct {
+	Key       string `json:"key"`
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	Scope     string `json:"scope"`
+	Action    string `json:"action"`
+	DryRun    bool   `json:"dryRun"`
+	Rules     []struct {
+		Clauses []struct {
+			Matches []match `json:"matches"`
+		} `json:"clauses"`
+	} `json:"rules"`
+}
+
+type match struct {
+	Namespaces          []stringMatch         `json:"namespaces"`
+	NotNamespaces       []stringMatch         `json:"notNamespaces"`
+	Principals          []stringMatch         `json:"principals"`
+	NotPrincipals       []stringMatch         `json:"notPrincipals"`
+	SourceIPs           []netip.Prefix        `json:"sourceIps"`
+	NotSourceIPs        []netip.Prefix        `json:"notSourceIps"`
+	DestinationIPs      []netip.Prefix        `json:"destinationIps"`
+	NotDestinationIPs   []netip.Prefix        `json:"notDestinationIps"`
+	DestinationPorts    []uint16              `json:"destinationPorts"`
+	NotDestinationPorts []uint16              `json:"notDestinationPorts"`
+	ServiceAccounts     []rbac.ServiceAccount `json:"serviceAccounts"`
+	NotServiceAccounts  []rbac.ServiceAccount `json:"notServiceAccounts"`
+}
+
+type stringMatch struct {
+	Kind  string `json:"kind"`
+	Value string `json:"value"`
+}
+
+func parseDump(b []byte) (*dump, error) {
+	var d dump
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("config dump: %w", err)
+	}
+	return &d, nil
+}
+
+// enumOf finds the value of E whose String() is name, among 0..max.
+func enumOf[E interface {
+	~uint8
+	String() string
+}](name string, max E) (E, error) {
+	for v := E(0); v <= max; v++ {
+		if v.String() == name {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown value %q", name)
+}
+
+// snapshot rebuilds the node's state from the dump through the same
+// conversion xDS updates take (workloads and services back to WDS protos).
+// Load-balancing preferences, weighted waypoints, application tunnels and
+// extensions are not in the rebuild.
+func (d *dump) snapshot() (*state.Snapshot, error) {
+	addrs := make(map[string]*workloadapi.Address, len(d.Workloads)+len(d.Services))
+	for _, w := range d.Workloads {
+		pw := &workloadapi.Workload{
+			Uid: w.UID, Name: w.Name, Namespace: w.Namespace, Hostname: w.Hostname, Network: w.Network,
+			TunnelProtocol: workloadapi.TunnelProtocol(workloadapi.TunnelProtocol_value[w.Protocol]),
+			NativeTunnel:   w.NativeTunnel, TrustDomain: w.TrustDomain, ServiceAccount: w.ServiceAccount,
+			Waypoint: gatewayProto(w.Waypoint), NetworkGateway: gatewayProto(w.NetworkGateway), Node: w.Node,
+			CanonicalName: w.CanonicalName, CanonicalRevision: w.CanonicalRevision,
+			WorkloadType: workloadapi.WorkloadType(workloadapi.WorkloadType_value[w.WorkloadType]),
+			WorkloadName: w.WorkloadName, AuthorizationPolicies: w.AuthorizationPolicies, ClusterId: w.ClusterID,
+			Locality: &workloadapi.Locality{Region: w.Locality.Region, Zone: w.Locality.Zone, Subzone: w.Locality.Subzone},
+			Capacity: wrapperspb.UInt32(w.Capacity),
+		}
+		for _, a := range w.Addresses {
+			pw.Addresses = append(pw.Addresses, a.AsSlice())
+		}
+		if !w.Healthy {
+			pw.Status = workloadapi.WorkloadStatus_UNHEALTHY
+		}
+		if w.HostNetwork {
+			pw.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
+		}
+		if len(w.Services) > 0 {
+			pw.Services = map[string]*workloadapi.PortList{}
+		}
+		for _, sp := range w.Services {
+			pl := &workloadapi.PortList{}
+			for _, p := range sp.Ports {
+				pl.Ports = append(pl.Ports, &workloadapi.Port{ServicePort: uint32(p.ServicePort), TargetPort: uint32(p.TargetPort)})
+			}
+			pw.Services[sp.Service] = pl
+		}
+		addrs[w.UID] = &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: pw}}
+	}
+	for _, s := range d.Services {
+		ps := &workloadapi.Service{Name: s.Name, Namespace: s.Namespace, Hostname: s.Hostname, Waypoint: gatewayProto(s.Waypoint)}
+		for _, v := range s.VIPs {
+			na := &workloadapi.NetworkAddress{Network: v.Network, Address: v.Prefix.Addr().AsSlice()}
+			if v.Prefix.Bits() != v.Prefix.Addr().BitLen() {
+				l := uint32(v.Prefix.Bits())
+				na.Length = &l
+			}
+			ps.Addresses = append(ps.Addresses, na)
+		}
+		for _, p := range s.Ports {
+			ps.Ports = append(ps.Ports, &workloadapi.Port{ServicePort: uint32(p.ServicePort), TargetPort: uint32(p.TargetPort),
+				AppProtocol: workloadapi.AppProtocol(workloadapi.AppProtocol_value[p.AppProtocol])})
+		}
+		for _, id := range s.SubjectAltNames {
+			ps.SubjectAltNames = append(ps.SubjectAltNames, id.String())
+		}
+		addrs[s.Key] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: ps}}
+	}
+	st := state.NewStore()
+	if err := st.ApplyAddresses(addrs, nil); err != nil {
+		return nil, fmt.Errorf("rebuilding state from the dump: %w", err)
+	}
+	return st.Load(), nil
+}
+
+func gatewayProto(g *state.GatewayAddress) *workloadapi.GatewayAddress {
+	if g == nil {
+		return nil
+	}
+	out := &workloadapi.GatewayAddress{HboneMtlsPort: uint32(g.HBONEPort)}
+	if g.IsHostname() {
+		out.Destination = &workloadapi.GatewayAddress_Hostname{Hostname: &workloadapi.NamespacedHostname{
+			Namespace: g.Hostname.Namespace, Hostname: g.Hostname.Hostname}}
+	} else {
+		out.Destination = &workloadapi.GatewayAddress_Address{Address: &workloadapi.NetworkAddress{
+			Network: g.Address.Network, Address: g.Address.IP.AsSlice()}}
+	}
+	return out
+}
+
+// rbacPolicies converts the dump's policies into evaluation-ready ones.
+func (d *dump) rbacPolicies() (map[string]*rbac.Policy, error) {
+	out := make(map[string]*rbac.Policy, len(d.Policies))
+	for _, p := range d.Policies {
+		scope, err := enumOf(p.Scope, rbac.ScopeWorkloadSelector)
+		if err != nil {
+			return nil, fmt.Errorf("policy %s scope: %w", p.Key, err)
+		}
+		action, err := enumOf(p.Action, rbac.Deny)
+		if err != nil {
+			return nil, fmt.Errorf("policy %s action: %w", p.Key, err)
+		}
+		rp := &rbac.Policy{Key: p.Key, Name: p.Name, Namespace: p.Namespace, Scope: scope, Action: action, DryRun: p.DryRun}
+		for _, r := range p.Rules {
+			var rr rbac.Rule
+			for _, c := range r.Clauses {
+				var rc rbac.Clause
+				for _, m := range c.Matches {
+					rm, err := m.convert()
+					if err != nil {
+						return nil, fmt.Errorf("policy %s: %w", p.Key, err)
+					}
+					rc.Matches = append(rc.Matches, rm)
+				}
+				rr.Clauses = append(rr.Clauses, rc)
+			}
+			rp.Rules = append(rp.Rules, rr)
+		}
+		out[p.Key] = rp
+	}
+	return out, nil
+}
+
+func (m match) convert() (rbac.Match, error) {
+	var errs []error
+	sm := func(in []stringMatch) []rbac.StringMatch {
+		var out []rbac.StringMatch
+		for _, s := range in {
+			k, err := enumOf(s.Kind, rbac.Presence)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			out = append(out, rbac.StringMatch{Kind: k, Value: s.Value})
+		}
+		return out
+	}
+	rm := rbac.Match{
+		Namespaces: sm(m.Namespaces), NotNamespaces: sm(m.NotNamespaces),
+		Principals: sm(m.Principals), NotPrincipals: sm(m.NotPrincipals),
+		SourceIPs: m.SourceIPs, NotSourceIPs: m.NotSourceIPs,
+		DestinationIPs: m.DestinationIPs, NotDestinationIPs: m.NotDestinationIPs,
+		DestinationPorts: m.DestinationPorts, NotDestinationPorts: m.NotDestinationPorts,
+		ServiceAccounts: m.ServiceAccounts, NotServiceAccounts: m.NotServiceAccounts,
+	}
+	if len(errs) > 0 {
+		return rm, fmt.Errorf("string match kind: %w", errs[0])
+	}
+	return rm, nil
+}
+
+// policiesFor returns the policies applying to w, as state.PoliciesFor
+// selects them (ambient-protocol.md §5.2): namespace-scope policies of w's
+// namespace, global ones, and w's selector policies; sorted by key.
+func policiesFor(all map[string]*rbac.Policy, w *state.Workload) []*rbac.Policy {
+	keys := map[string]bool{}
+	for k, p := range all {
+		if (p.Scope == rbac.ScopeNamespace && p.Namespace == w.Namespace) || p.Scope == rbac.ScopeGlobal {
+			keys[k] = true
+		}
+	}
+	for _, k := range w.AuthorizationPolicies {
+		if _, ok := all[k]; ok {
+			keys[k] = true
+		}
+	}
+	out := make([]*rbac.Policy, 0, len(keys))
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		out = append(out, all[k])
+	}
+	return out
+}
