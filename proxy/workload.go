@@ -206,34 +206,33 @@ func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (p *Workload
 	return p, nil
 }
 
-// listen binds port with the pod's socket options. IP_TRANSPARENT is
-// best-effort: without the privilege the listener is bound without it and
-// transparent is false.
+// listen binds port with the pod's socket options, on [::] (dual-stack)
+// when IPv6 is enabled and usable in the namespace, else on 0.0.0.0.
+// IP_TRANSPARENT is best-effort: without the privilege the listener is
+// bound without it and transparent is false.
 func (p *WorkloadProxy) listen(port uint16) (ln net.Listener, transparent bool, err error) {
 	cfg := p.d.Config
-	addr := netip.AddrPortFrom(netip.IPv6Unspecified(), port)
-	if !cfg.IPv6Enabled {
-		addr = netip.AddrPortFrom(netip.IPv4Unspecified(), port)
+	addrs := []netip.Addr{netip.IPv4Unspecified()}
+	if cfg.IPv6Enabled {
+		addrs = []netip.Addr{netip.IPv6Unspecified(), netip.IPv4Unspecified()}
 	}
-	opts := netns.SockOpts{Mark: cfg.PacketMark, ReusePort: cfg.InpodPortReuse, Transparent: true}
-	ln, err = p.ns.Listen(context.Background(), addr, opts)
-	if err != nil {
-		opts.Transparent = false
-		ln, err = p.ns.Listen(context.Background(), addr, opts)
-		if err == nil {
-			p.log.Warn("proxy: IP_TRANSPARENT not permitted; the app will see the proxy's address as source",
-				zap.Uint16("port", port))
+	var errs []error
+	for _, ip := range addrs {
+		addr := netip.AddrPortFrom(ip, port)
+		for _, tp := range []bool{true, false} {
+			opts := netns.SockOpts{Mark: cfg.PacketMark, ReusePort: cfg.InpodPortReuse, Transparent: tp}
+			ln, err := p.ns.Listen(context.Background(), addr, opts)
+			if err == nil {
+				if !tp {
+					p.log.Warn("proxy: IP_TRANSPARENT not permitted; the app will see the proxy's address as source",
+						zap.Uint16("port", port), zap.Errors("errors", errs))
+				}
+				return ln, tp, nil
+			}
+			errs = append(errs, err)
 		}
 	}
-	if err != nil && cfg.IPv6Enabled {
-		// No IPv6 in this namespace: fall back to IPv4 only.
-		addr = netip.AddrPortFrom(netip.IPv4Unspecified(), port)
-		ln, err = p.ns.Listen(context.Background(), addr, opts)
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("proxy: pod %s/%s: %w", p.info.Namespace, p.info.Name, err)
-	}
-	return ln, opts.Transparent, nil
+	return nil, false, fmt.Errorf("proxy: pod %s/%s: %w", p.info.Namespace, p.info.Name, errors.Join(errs...))
 }
 
 // migrateOnClose turns on net.ipv4.tcp_migrate_req in the pod's
