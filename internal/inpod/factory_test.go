@@ -60,7 +60,9 @@ func newRealManager(t *testing.T) *Manager {
 	return m
 }
 
-func podPorts() []uint16 { return []uint16{proxy.OutboundPort, proxy.InboundPlaintextPort, proxy.HBONEPort, dnsproxy.Port} }
+func podPorts() []uint16 {
+	return []uint16{proxy.OutboundPort, proxy.InboundPlaintextPort, proxy.HBONEPort, dnsproxy.Port}
+}
 
 // Real pod proxies in real network namespaces: each pod gets its own
 // 15001/15006/15008 and DNS listeners; a repeated add is idempotent;
