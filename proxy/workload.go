@@ -99,7 +99,7 @@ type localCache struct {
 // Config.InpodPortReuse (so a new proxy can bind while an old one drains)
 // and IP_TRANSPARENT where permitted (it enables keeping the client's
 // source IP towards the app). On error it closes everything it opened.
-func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (p *WorkloadProxy, reterr error) {
+func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (_ *WorkloadProxy, reterr error) {
 	switch {
 	case d == nil || d.Store == nil:
 		return nil, errors.New("proxy: Deps.Store is required")
@@ -126,7 +126,9 @@ func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (p *Workload
 	if log == nil {
 		log = zap.NewNop()
 	}
-	p = &WorkloadProxy{
+	// p is a local, not the named result: the cleanup below and the force
+	// watcher must see it even when an error return sets the result to nil.
+	p := &WorkloadProxy{
 		d:        d,
 		info:     info,
 		ns:       ns,

@@ -105,7 +105,6 @@ func TestProxyFactoryInNetns(t *testing.T) {
 // succeeds.
 func TestProxyFactoryBindConflictPending(t *testing.T) {
 	roottest.Require(t)
-	t.Skip("blocked: proxy.NewWorkloadProxy's error path dereferences its nil named result (proxy/workload.go:148) and races on it (:142/:169); reported to the lead")
 	a := netnstest.New(t, "a")
 	m := newRealManager(t)
 	blocker, err := a.Listen(context.Background(), netip.MustParseAddrPort("0.0.0.0:15001"), netns.SockOpts{})
