@@ -93,6 +93,10 @@ func resourceError(name string, err error) *ResourceError {
 // strings unused since are forgotten, so memory stays bounded by about twice
 // the live set without reference counting. Used under the Store's writer lock.
 type interner struct {
+	// validateOnly interners (parallel conversion workers) do not intern:
+	// the results are interned afterwards by the store's interner.
+	validateOnly bool
+
 	cur, prev map[string]string
 	limit     int
 	// Validation caches for SPIFFE pieces, reset with each generation.
@@ -102,8 +106,8 @@ type interner struct {
 const minInternLimit = 4096
 
 func (in *interner) intern(s string) string {
-	if s == "" {
-		return ""
+	if s == "" || in.validateOnly {
+		return s
 	}
 	if v, ok := in.cur[s]; ok {
 		return v
@@ -119,12 +123,16 @@ func (in *interner) intern(s string) string {
 		in.tdErr = map[string]error{}
 		in.segErr = map[string]error{}
 	}
-	s = strings.Clone(s)
+	// No strings.Clone: decoded protobuf strings are their own allocations,
+	// not views into a larger buffer.
 	in.cur[s] = s
 	return s
 }
 
 func (in *interner) checkTrustDomain(td string) error {
+	if in.tdErr == nil {
+		in.tdErr = map[string]error{}
+	}
 	if err, ok := in.tdErr[td]; ok {
 		return err
 	}
@@ -137,6 +145,9 @@ func (in *interner) checkTrustDomain(td string) error {
 }
 
 func (in *interner) checkSegment(s string) error {
+	if in.segErr == nil {
+		in.segErr = map[string]error{}
+	}
 	if err, ok := in.segErr[s]; ok {
 		return err
 	}
@@ -503,4 +514,50 @@ func (in *interner) service(ps *workloadapi.Service) (*Service, error) {
 		s.Extensions = append(s.Extensions, ext)
 	}
 	return s, nil
+}
+
+// canonWorkload re-interns w's shared strings through in. Bulk conversion
+// runs in parallel with per-worker interners; this makes the result share
+// storage with everything else the store holds.
+func (in *interner) canonWorkload(w *Workload) {
+	for _, p := range []*string{&w.Namespace, &w.Network, &w.TrustDomain, &w.ServiceAccount, &w.Node,
+		&w.CanonicalName, &w.CanonicalRevision, &w.WorkloadName, &w.ClusterID,
+		&w.Locality.Region, &w.Locality.Zone, &w.Locality.Subzone} {
+		*p = in.intern(*p)
+	}
+	for i := range w.Services {
+		w.Services[i].Service = in.intern(w.Services[i].Service)
+	}
+	for i := range w.AuthorizationPolicies {
+		w.AuthorizationPolicies[i] = in.intern(w.AuthorizationPolicies[i])
+	}
+	in.canonGateway(w.Waypoint)
+	in.canonGateway(w.NetworkGateway)
+}
+
+func (in *interner) canonGateway(g *GatewayAddress) {
+	if g == nil {
+		return
+	}
+	g.Hostname.Namespace = in.intern(g.Hostname.Namespace)
+	g.Hostname.Hostname = in.intern(g.Hostname.Hostname)
+	g.Address.Network = in.intern(g.Address.Network)
+}
+
+// canonService is canonWorkload for services.
+func (in *interner) canonService(s *Service) {
+	s.Namespace = in.intern(s.Namespace)
+	s.Hostname = in.intern(s.Hostname)
+	s.Key = in.intern(s.Key)
+	for i := range s.VIPs {
+		s.VIPs[i].Network = in.intern(s.VIPs[i].Network)
+	}
+	for i := range s.SubjectAltNames {
+		id := &s.SubjectAltNames[i]
+		id.TrustDomain, id.Namespace, id.ServiceAccount = in.intern(id.TrustDomain), in.intern(id.Namespace), in.intern(id.ServiceAccount)
+	}
+	in.canonGateway(s.Waypoint)
+	for i := range s.WeightedWaypoints {
+		in.canonGateway(&s.WeightedWaypoints[i].Destination)
+	}
 }

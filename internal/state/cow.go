@@ -68,7 +68,13 @@ type shardEditor[K comparable, V any] struct {
 	old   *shardMap[K, V]
 	cur   *shardMap[K, V] // nil until the first write
 	owned [shardCount / 64]uint64
+	hint  int // capacity of shards created from nothing
 }
+
+// expect presizes shards created from nothing for n entries in total, so a
+// bulk load does not rehash while growing. Exact n matters: Go maps round
+// capacity up to a power of two, so over-estimating can double a shard.
+func (e *shardEditor[K, V]) expect(n int) { e.hint = n / shardCount }
 
 func (e *shardEditor[K, V]) init(old *shardMap[K, V]) { e.old = old }
 
@@ -90,7 +96,7 @@ func (e *shardEditor[K, V]) shard(k K) map[K]V {
 		if s := e.cur.shards[i]; s != nil {
 			e.cur.shards[i] = maps.Clone(s)
 		} else {
-			e.cur.shards[i] = make(map[K]V)
+			e.cur.shards[i] = make(map[K]V, e.hint)
 		}
 		e.owned[i/64] |= 1 << (i % 64)
 	}

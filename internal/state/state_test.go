@@ -527,7 +527,8 @@ func TestConcurrentReaders(t *testing.T) {
 func TestCopyOnWriteSharing(t *testing.T) {
 	s := NewStore()
 	var as []*workloadapi.Address
-	for i := 0; i < 2000; i++ {
+	const n = parallelThreshold + 1000 // also exercises parallel conversion
+	for i := 0; i < n; i++ {
 		a := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
 		as = append(as, pod("ns", "p"+a.String(), a.String(), inService("ns/web", 80, 80)))
 	}
@@ -550,7 +551,17 @@ func TestCopyOnWriteSharing(t *testing.T) {
 	if after.WorkloadByIP("", ip("10.1.0.7")).Capacity != 5 || before.WorkloadByIP("", ip("10.1.0.7")).Capacity != 1 {
 		t.Errorf("update not visible or leaked into the old snapshot")
 	}
-	if len(after.EndpointsByKey("ns/web")) != 2000 {
+	// Strings converted by different workers are interned to one copy.
+	var nsData, svcData *byte
+	for w := range before.Workloads() {
+		if nsData == nil {
+			nsData, svcData = unsafeData(w.Namespace), unsafeData(w.Services[0].Service)
+		}
+		if unsafeData(w.Namespace) != nsData || unsafeData(w.Services[0].Service) != svcData {
+			t.Fatalf("workload %s: strings not interned across conversion workers", w.UID)
+		}
+	}
+	if len(after.EndpointsByKey("ns/web")) != n {
 		t.Errorf("endpoints = %d", len(after.EndpointsByKey("ns/web")))
 	}
 }

@@ -18,6 +18,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -84,6 +85,17 @@ func (s *Store) ApplyAddresses(upserts map[string]*workloadapi.Address, removes 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := newBuilder(s.cur.Load())
+	if len(upserts) >= 16*shardCount && b.old.NumWorkloads() == 0 {
+		// First full sync: presize the per-workload indexes.
+		n := 0
+		for _, a := range upserts {
+			if a.GetWorkload() != nil {
+				n++
+			}
+		}
+		b.workloads.expect(n)
+		b.workloadIP.expect(n)
+	}
 	for _, name := range removes {
 		if _, ok := b.workloads.get(name); ok {
 			b.removeWorkload(name)
@@ -92,30 +104,14 @@ func (s *Store) ApplyAddresses(upserts map[string]*workloadapi.Address, removes 
 		}
 	}
 	var errs []*ResourceError
-	for name, a := range upserts {
+	for _, c := range s.convertAddresses(upserts) {
 		switch {
-		case a.GetWorkload() != nil:
-			w, err := s.in.workload(a.GetWorkload())
-			if err == nil && w.UID != name {
-				err = ferr("uid", "%q does not match the resource name", w.UID)
-			}
-			if err != nil {
-				errs = append(errs, resourceError(name, err))
-				continue
-			}
-			b.upsertWorkload(w)
-		case a.GetService() != nil:
-			svc, err := s.in.service(a.GetService())
-			if err == nil && svc.Key != name {
-				err = ferr("hostname", "namespace/hostname %q does not match the resource name", svc.Key)
-			}
-			if err != nil {
-				errs = append(errs, resourceError(name, err))
-				continue
-			}
-			b.upsertService(svc)
+		case c.err != nil:
+			errs = append(errs, resourceError(c.name, c.err))
+		case c.w != nil:
+			b.upsertWorkload(c.w)
 		default:
-			errs = append(errs, &ResourceError{Resource: name, Field: "type", Err: fmt.Errorf("neither workload nor service")})
+			b.upsertService(c.s)
 		}
 	}
 	s.publish(b)
@@ -150,6 +146,85 @@ func (s *Store) ApplyAuthorizations(upserts map[string]*securityapi.Authorizatio
 	}
 	s.publish(b)
 	return applyError(errs)
+}
+
+// converted is one converted Address: exactly one of w, s, err is set.
+type converted struct {
+	name string
+	w    *Workload
+	s    *Service
+	err  error
+}
+
+// parallelThreshold is the update size from which conversion runs on all
+// CPUs (full syncs); smaller updates convert inline.
+const parallelThreshold = 2048
+
+// convertAddresses converts and validates upserts. Large updates are split
+// across GOMAXPROCS workers, each with a private interner; the results are
+// then re-interned through the store's interner. Called with s.mu held.
+func (s *Store) convertAddresses(upserts map[string]*workloadapi.Address) []converted {
+	out := make([]converted, 0, len(upserts))
+	ins := make([]*workloadapi.Address, 0, len(upserts))
+	for name, a := range upserts {
+		out = append(out, converted{name: name})
+		ins = append(ins, a)
+	}
+	workers := runtime.GOMAXPROCS(0)
+	if len(out) < parallelThreshold || workers < 2 {
+		for i := range out {
+			convertAddress(&s.in, ins[i], &out[i])
+		}
+		return out
+	}
+	var wg sync.WaitGroup
+	chunk := (len(out) + workers - 1) / workers
+	for lo := 0; lo < len(out); lo += chunk {
+		hi := min(lo+chunk, len(out))
+		wg.Go(func() {
+			in := interner{validateOnly: true}
+			for i := lo; i < hi; i++ {
+				convertAddress(&in, ins[i], &out[i])
+			}
+		})
+	}
+	wg.Wait()
+	for i := range out {
+		switch {
+		case out[i].w != nil:
+			s.in.canonWorkload(out[i].w)
+		case out[i].s != nil:
+			s.in.canonService(out[i].s)
+		}
+	}
+	return out
+}
+
+func convertAddress(in *interner, a *workloadapi.Address, c *converted) {
+	switch {
+	case a.GetWorkload() != nil:
+		w, err := in.workload(a.GetWorkload())
+		if err == nil && w.UID != c.name {
+			err = ferr("uid", "%q does not match the resource name", w.UID)
+		}
+		if err != nil {
+			c.err = err
+			return
+		}
+		c.w = w
+	case a.GetService() != nil:
+		svc, err := in.service(a.GetService())
+		if err == nil && svc.Key != c.name {
+			err = ferr("hostname", "namespace/hostname %q does not match the resource name", svc.Key)
+		}
+		if err != nil {
+			c.err = err
+			return
+		}
+		c.s = svc
+	default:
+		c.err = ferr("type", "neither workload nor service")
+	}
 }
 
 func applyError(errs []*ResourceError) error {
