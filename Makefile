@@ -22,8 +22,14 @@ FUZZTIME ?= 5s
 
 all: build
 
+## build: the four binaries into bin/ (ztunnel, ztunnel-cni, ztunnel-cp, zctl).
 build:
+	@mkdir -p bin
 	$(GO) build -o bin/ ./cmd/...
+
+## demo: a two-node mesh in network namespaces on this machine, a scripted tour, then teardown (KEEP=1 keeps it).
+demo: deps tools build
+	BIN_DIR=$(CURDIR)/bin $(GO) run ./internal/meshlab/demo
 
 ## deps: install the OS packages the root tests need (Debian/Ubuntu, as root).
 deps:
