@@ -40,14 +40,14 @@ func FuzzServeDNS(f *testing.F) {
 	f.Add([]byte{0, 1, 0x01, 0, 0, 2, 0, 0, 0, 0, 0, 1, 1, 'a', 0, 0, 1, 0, 1}, false)         // lying counts
 	f.Add([]byte{0, 1, 0x01, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 1, 0, 0, 41, 0, 0}, false) // cut OPT
 
-	ts := startServer(f, Config{}, nil)
-	apply(f, ts.store, manyEndpoints(clientNS, "many", 60)...)
 	// A short upstream timeout keeps queries the upstream ignores cheap.
-	fwd, err := NewForwarder(ForwarderConfig{Servers: []netip.AddrPort{ts.upstram.addr}, NoMark: true, Timeout: 200 * time.Millisecond})
+	up := startUpstream(f, upstreamAnswer)
+	fwd, err := NewForwarder(ForwarderConfig{Servers: []netip.AddrPort{up.addr}, NoMark: true, Timeout: 200 * time.Millisecond})
 	if err != nil {
 		f.Fatal(err)
 	}
-	ts.Server.fwd = fwd
+	ts := startServer(f, Config{}, fwd)
+	apply(f, ts.store, manyEndpoints(clientNS, "many", 60)...)
 	src := netip.MustParseAddrPort("127.0.0.1:5353")
 
 	f.Fuzz(func(t *testing.T, raw []byte, tcp bool) {
