@@ -17,6 +17,7 @@ package state
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -135,7 +136,7 @@ func (s *Store) ApplyAuthorizations(upserts map[string]*securityapi.Authorizatio
 		}
 		if err != nil {
 			re := resourceError(name, err)
-			if fe, ok := err.(*rbac.FieldError); ok {
+			if fe := (*rbac.FieldError)(nil); errors.As(err, &fe) {
 				re.Field, re.Err = fe.Field, fe.Err
 			}
 			errs = append(errs, re)
