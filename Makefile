@@ -18,7 +18,7 @@ CNITOOL_VERSION := v1.3.1
 APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds demo clean
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-dns demo clean
 
 all: build
 
@@ -103,7 +103,11 @@ bench-hbone:
 bench-xds:
 	$(GO) run ./bench/xds
 
-bench: bench-hbone bench-xds
+## bench-dns: answers from state vs a bare miekg/dns server; added latency of forwarding.
+bench-dns:
+	$(GO) run ./bench/dns
+
+bench: bench-hbone bench-xds bench-dns
 
 clean:
 	rm -rf bin .tools

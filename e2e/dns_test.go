@@ -182,12 +182,3 @@ func TestDNSCapture(t *testing.T) {
 		}
 	}
 }
-
-// TestDNSServiceEntryConnectThroughMesh_TODO is the issue's "a TCP
-// connection to the auto-allocated address reaches the ServiceEntry's
-// endpoint through the mesh" step. It needs the node proxy's outbound
-// listener (15001) and routing, which are not in the tree yet (as of
-// 2026-11-30): wire it up when proxy/outbound lands.
-func TestDNSServiceEntryConnectThroughMesh_TODO(t *testing.T) {
-	t.Skip("TODO: needs the node proxy's outbound path (proxy/outbound.go); DNS side is covered by TestDNSCapture")
-}
