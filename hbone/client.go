@@ -82,7 +82,7 @@ type ClientConn struct {
 
 // Dial opens an HBONE connection for key.
 func Dial(ctx context.Context, cfg *ClientConfig, key Key) (*ClientConn, error) {
-	c, err := dialConn(ctx, context.Background(), cfg, key, nil)
+	c, err := dialConn(ctx, context.Background(), cfg, nil, key, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +113,7 @@ func (cc *ClientConn) Done() <-chan struct{} { return cc.c.done }
 
 // dialConn dials and handshakes; setup, if set, runs on the new conn
 // before its read loop starts (to install hooks).
-func dialConn(ctx, base context.Context, cfg *ClientConfig, key Key, setup func(*conn)) (*conn, error) {
+func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, key Key, setup func(*conn)) (*conn, error) {
 	timeout := cfg.ConnectTimeout
 	if timeout <= 0 {
 		timeout = DefaultConnectTimeout
@@ -140,7 +140,7 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, key Key, setup func(
 	}
 	var peer identity.Identity
 	rc := newRawConn(raw)
-	tc := tls.Client(rc, clientTLSConfig(wc, key.Dst, &peer))
+	tc := tls.Client(rc, clientTLSConfig(wc, key.Dst, &peer, cache))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		if ctx.Err() != nil {

@@ -64,10 +64,11 @@ type PoolConfig struct {
 // Pool is a pool of outbound HBONE connections (one per local workload in
 // in-pod mode). It is safe for concurrent use.
 type Pool struct {
-	cfg    PoolConfig
-	log    *zap.Logger
-	ctx    context.Context
-	cancel context.CancelFunc
+	cfg      PoolConfig
+	log      *zap.Logger
+	verified *verifyCache
+	ctx      context.Context
+	cancel   context.CancelFunc
 
 	mu     sync.Mutex
 	keys   map[poolKey]*keyConns
@@ -134,7 +135,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = DefaultConnectTimeout
 	}
-	p := &Pool{cfg: cfg, log: cfg.Logger, keys: make(map[poolKey]*keyConns)}
+	p := &Pool{cfg: cfg, log: cfg.Logger, keys: make(map[poolKey]*keyConns), verified: newVerifyCache()}
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
@@ -215,7 +216,7 @@ func cloneKey(k *Key) Key {
 }
 
 func (p *Pool) dial(kc *keyConns, dc *dialCall, key Key) {
-	c, err := dialConn(p.ctx, p.ctx, &p.cfg.ClientConfig, key, func(nc *conn) {
+	c, err := dialConn(p.ctx, p.ctx, &p.cfg.ClientConfig, p.verified, key, func(nc *conn) {
 		nc.idleTimeout = p.cfg.IdleTimeout
 		nc.onClose = func(err error) { p.remove(kc, nc, err) }
 	})
@@ -299,4 +300,15 @@ func (p *Pool) Close() error {
 		c.closeGracefully()
 	}
 	return nil
+}
+
+// Dial opens a connection for key with the pool's configuration that is
+// not pooled (the caller owns and closes it), for callers that must not
+// share one, such as the inner connection of double HBONE.
+func (p *Pool) Dial(ctx context.Context, key Key) (*ClientConn, error) {
+	c, err := dialConn(ctx, context.Background(), &p.cfg.ClientConfig, p.verified, key, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &ClientConn{c: c}, nil
 }

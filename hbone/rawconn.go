@@ -4,7 +4,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 )
 
 // rawConn sits between crypto/tls and the TCP socket and cuts syscalls
@@ -14,15 +13,15 @@ import (
 //     call. While a frame is being written (batch), records are gathered in
 //     a pooled buffer and sent with one write; the buffer goes back to the
 //     pool right after.
-//   - Reads: crypto/tls reads a record at a time. rawConn waits for the
-//     socket to become readable without a buffer, then reads up to 64 KiB at
-//     once into a pooled buffer that is returned as soon as TLS drained it.
+//   - Reads: crypto/tls reads a record at a time. rawConn reads up to
+//     64 KiB at once into a pooled buffer taken only when the socket is
+//     readable (pollReader) and returned as soon as TLS drained it.
 //
 // Reads come only from the TLS reader (the read loop, or the handshake);
 // writes are serialised by crypto/tls.
 type rawConn struct {
 	net.Conn
-	rc syscall.RawConn // nil: no readiness wait (not a socket)
+	pr *pollReader // nil: plain blocking reads (not a socket)
 
 	batching atomic.Bool
 	wmu      sync.Mutex // guards wbuf (tls may write an alert from Close)
@@ -40,13 +39,7 @@ const (
 var writeBatchPool = sync.Pool{New: func() any { b := make([]byte, 0, writeBatch); return &b }}
 
 func newRawConn(c net.Conn) *rawConn {
-	r := &rawConn{Conn: c}
-	if sc, ok := c.(syscall.Conn); ok && canWaitReadable {
-		if rc, err := sc.SyscallConn(); err == nil {
-			r.rc = rc
-		}
-	}
-	return r
+	return &rawConn{Conn: c, pr: newPollReader(c)}
 }
 
 func (r *rawConn) Read(p []byte) (int, error) {
@@ -62,13 +55,17 @@ func (r *rawConn) Read(p []byte) (int, error) {
 	if len(p) >= readBatch {
 		return r.Conn.Read(p)
 	}
-	if r.rc != nil {
-		if err := waitReadable(r.rc); err != nil {
+	var bp *[]byte
+	var n int
+	var err error
+	if r.pr != nil {
+		if bp, n, err = r.pr.read(readBatch); err != nil {
 			return 0, err
 		}
+	} else {
+		bp = getBuf(readBatch)
+		n, err = r.Conn.Read(*bp)
 	}
-	bp := getBuf(readBatch)
-	n, err := r.Conn.Read(*bp)
 	k := copy(p, (*bp)[:n])
 	if k < n {
 		r.rbuf, r.rpos, r.rend = bp, k, n

@@ -120,7 +120,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg:       cfg,
 		log:       cfg.Logger,
-		tlsConf:   serverTLSConfig(cfg.Identity, cfg.Certs),
+		tlsConf:   serverTLSConfig(cfg.Identity, cfg.Certs, newVerifyCache()),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*conn]struct{}),
 		drained:   make(chan struct{}),

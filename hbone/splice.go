@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"syscall"
 
 	"golang.org/x/net/http2"
 )
@@ -26,9 +25,11 @@ const (
 // both: t is reset and c closed. Splice owns both and closes them before
 // it returns; the result is nil when both directions ended with EOF.
 //
-// While a direction is idle it holds no buffer: socket reads first wait
-// for readiness (a zero-copy MSG_PEEK), tunnel reads wait on the stream,
-// and tunnel bytes are written to c straight from the receive chunks.
+// While a direction is idle it holds no buffer and the tunnel→c direction
+// no goroutine: socket reads take their pooled buffer only once the socket
+// is readable (pollReader), and received tunnel bytes are written to c
+// straight from the receive chunks by a goroutine that runs only while
+// there is something to write.
 func Splice(t *Tunnel, c net.Conn) error {
 	done := make(chan struct{})
 	t.c.mu.Lock()
@@ -59,25 +60,40 @@ func Splice(t *Tunnel, c net.Conn) error {
 
 // copyToTunnel copies c to t until EOF (nil) or an error.
 func copyToTunnel(t *Tunnel, c net.Conn) error {
-	var rc syscall.RawConn
-	if sc, ok := c.(syscall.Conn); ok {
-		if r, err := sc.SyscallConn(); err == nil && canWaitReadable {
-			rc = r
+	if pr := newPollReader(c); pr != nil {
+		size := spliceStartBuf
+		for {
+			bp, n, err := pr.read(size)
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			_, werr := t.Write((*bp)[:n])
+			full := n == len(*bp)
+			putBuf(bp)
+			if werr != nil {
+				return werr
+			}
+			// A full read means more is queued: read bigger; a short one
+			// means we caught up: go back to the small start size.
+			switch {
+			case full && size < spliceMaxBuf:
+				size *= 4
+			case !full:
+				size = spliceStartBuf
+			}
 		}
 	}
 	peer, _ := c.(*Tunnel)
-	initial := spliceStartBuf
-	if rc == nil && peer == nil {
-		initial = spliceIdleBuf
+	initial := spliceIdleBuf
+	if peer != nil {
+		initial = spliceStartBuf
 	}
 	size := initial
 	for {
-		switch {
-		case rc != nil:
-			if err := waitReadable(rc); err != nil {
-				return err
-			}
-		case peer != nil:
+		if peer != nil {
 			if err := peer.waitReadable(t.c.ctx); err != nil {
 				return err
 			}

@@ -2,8 +2,9 @@
 
 package hbone
 
-import "syscall"
+// pollReader is Linux-only; elsewhere reads fall back to blocking reads.
+type pollReader struct{}
 
-const canWaitReadable = false
+func newPollReader(any) *pollReader { return nil }
 
-func waitReadable(syscall.RawConn) error { return nil }
+func (*pollReader) read(int) (*[]byte, int, error) { panic("unreachable") }

@@ -1,11 +1,15 @@
 package hbone
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
@@ -18,7 +22,7 @@ const alpnH2 = "h2"
 // rotation applies to new connections), and a client certificate that must
 // chain to that workload's trust bundle and carry a SPIFFE id in its trust
 // domain. Authorization of the peer identity is the Handler's job.
-func serverTLSConfig(local identity.Identity, certs identity.CertSource) *tls.Config {
+func serverTLSConfig(local identity.Identity, certs identity.CertSource, cache *verifyCache) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		MaxVersion: tls.VersionTLS13,
@@ -37,7 +41,7 @@ func serverTLSConfig(local identity.Identity, certs identity.CertSource) *tls.Co
 				SessionTicketsDisabled:      true,
 				DynamicRecordSizingDisabled: true,
 				VerifyConnection: func(cs tls.ConnectionState) error {
-					_, err := verifyClient(cs, wc, local.TrustDomain)
+					_, err := verifyClient(cs, wc, local.TrustDomain, cache)
 					return err
 				},
 			}, nil
@@ -47,8 +51,8 @@ func serverTLSConfig(local identity.Identity, certs identity.CertSource) *tls.Co
 
 // verifyClient checks a client chain against the bundle and the trust
 // domain and returns the client's identity.
-func verifyClient(cs tls.ConnectionState, wc *identity.WorkloadCertificate, td string) (identity.Identity, error) {
-	if err := verifyChain(cs.PeerCertificates, wc.Roots, x509.ExtKeyUsageClientAuth); err != nil {
+func verifyClient(cs tls.ConnectionState, wc *identity.WorkloadCertificate, td string, cache *verifyCache) (identity.Identity, error) {
+	if err := verifyChain(cs.PeerCertificates, wc.Roots, x509.ExtKeyUsageClientAuth, cache); err != nil {
 		return identity.Identity{}, err
 	}
 	for _, u := range cs.PeerCertificates[0].URIs {
@@ -68,7 +72,7 @@ func verifyClient(cs tls.ConnectionState, wc *identity.WorkloadCertificate, td s
 // ALPN h2, and a server that chains to the source workload's trust bundle
 // and names one of want in a URI SAN (not hostname verification). The
 // verified server identity is stored in *got.
-func clientTLSConfig(wc *identity.WorkloadCertificate, want []identity.Identity, got *identity.Identity) *tls.Config {
+func clientTLSConfig(wc *identity.WorkloadCertificate, want []identity.Identity, got *identity.Identity, cache *verifyCache) *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		MaxVersion:   tls.VersionTLS13,
@@ -79,7 +83,7 @@ func clientTLSConfig(wc *identity.WorkloadCertificate, want []identity.Identity,
 		SessionTicketsDisabled:      true,
 		DynamicRecordSizingDisabled: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			id, err := verifyServer(cs, wc, want)
+			id, err := verifyServer(cs, wc, want, cache)
 			if err == nil {
 				*got = id
 			}
@@ -88,8 +92,8 @@ func clientTLSConfig(wc *identity.WorkloadCertificate, want []identity.Identity,
 	}
 }
 
-func verifyServer(cs tls.ConnectionState, wc *identity.WorkloadCertificate, want []identity.Identity) (identity.Identity, error) {
-	if err := verifyChain(cs.PeerCertificates, wc.Roots, x509.ExtKeyUsageServerAuth); err != nil {
+func verifyServer(cs tls.ConnectionState, wc *identity.WorkloadCertificate, want []identity.Identity, cache *verifyCache) (identity.Identity, error) {
+	if err := verifyChain(cs.PeerCertificates, wc.Roots, x509.ExtKeyUsageServerAuth, cache); err != nil {
 		return identity.Identity{}, err
 	}
 	for _, u := range cs.PeerCertificates[0].URIs {
@@ -110,12 +114,16 @@ func verifyServer(cs tls.ConnectionState, wc *identity.WorkloadCertificate, want
 		uriList(cs.PeerCertificates[0]), ErrIdentityMismatch, want)
 }
 
-func verifyChain(chain []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage) error {
+func verifyChain(chain []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage, cache *verifyCache) error {
 	if len(chain) == 0 {
 		return errors.New("peer sent no certificate")
 	}
 	if roots == nil {
 		return errors.New("no trust bundle for the local workload")
+	}
+	key := cache.key(chain, roots, usage)
+	if cache.hit(key, time.Now()) {
+		return nil
 	}
 	opts := x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}
 	if len(chain) > 1 {
@@ -124,10 +132,87 @@ func verifyChain(chain []*x509.Certificate, roots *x509.CertPool, usage x509.Ext
 			opts.Intermediates.AddCert(c)
 		}
 	}
-	if _, err := chain[0].Verify(opts); err != nil {
+	chains, err := chain[0].Verify(opts)
+	if err != nil {
 		return fmt.Errorf("peer certificate: %w", err)
 	}
+	cache.add(key, chains)
 	return nil
+}
+
+// verifyCache remembers chains that verified against a trust bundle so a
+// workload that reconnects costs no second chain verification: the same
+// certificates (by SHA-256 of their DER) against the same *x509.CertPool
+// with the same key usage verify the same way, as long as now is inside
+// the validity window of every certificate of the verified chain, which is
+// checked on each hit. A rotated bundle is a new pool, hence a miss. The
+// handshake signature (proof of the private key) is checked by TLS on
+// every handshake regardless. A nil *verifyCache caches nothing.
+type verifyCache struct {
+	mu sync.Mutex
+	m  map[verifyKey]validity
+}
+
+type verifyKey struct {
+	roots *x509.CertPool
+	usage x509.ExtKeyUsage
+	sum   [sha256.Size]byte
+}
+
+type validity struct{ notBefore, notAfter time.Time }
+
+const maxVerifyCache = 4096
+
+func newVerifyCache() *verifyCache { return &verifyCache{m: make(map[verifyKey]validity)} }
+
+func (vc *verifyCache) key(chain []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage) verifyKey {
+	if vc == nil {
+		return verifyKey{}
+	}
+	h := sha256.New()
+	for _, c := range chain {
+		var l [4]byte
+		binary.BigEndian.PutUint32(l[:], uint32(len(c.Raw)))
+		h.Write(l[:])
+		h.Write(c.Raw)
+	}
+	k := verifyKey{roots: roots, usage: usage}
+	h.Sum(k.sum[:0])
+	return k
+}
+
+func (vc *verifyCache) hit(k verifyKey, now time.Time) bool {
+	if vc == nil {
+		return false
+	}
+	vc.mu.Lock()
+	v, ok := vc.m[k]
+	vc.mu.Unlock()
+	return ok && !now.Before(v.notBefore) && !now.After(v.notAfter)
+}
+
+func (vc *verifyCache) add(k verifyKey, chains [][]*x509.Certificate) {
+	if vc == nil || len(chains) == 0 {
+		return
+	}
+	var v validity
+	for i, c := range chains[0] {
+		if i == 0 || c.NotBefore.After(v.notBefore) {
+			v.notBefore = c.NotBefore
+		}
+		if i == 0 || c.NotAfter.Before(v.notAfter) {
+			v.notAfter = c.NotAfter
+		}
+	}
+	vc.mu.Lock()
+	if len(vc.m) >= maxVerifyCache {
+		for old := range vc.m { // evict an arbitrary entry
+			delete(vc.m, old)
+			break
+		}
+	}
+	vc.m[k] = v
+	vc.mu.Unlock()
 }
 
 func uriList(c *x509.Certificate) string {
