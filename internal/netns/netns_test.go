@@ -174,13 +174,16 @@ func TestDoRepanicsAfterRestoring(t *testing.T) {
 func TestDoDiscardsThreadWhenRestoreFails(t *testing.T) {
 	roottest.Require(t)
 	ns := netnstest.New(t, "a")
+	// Take the process's namespace before Do: if the stuck thread turns out
+	// to be the main thread, /proc/self/ns/net (the thread-group leader's)
+	// names the target namespace afterwards.
+	root := rootID(t)
 	netns.SetRestoreForTest(ns.Handle, func(int) error { return unix.EPERM })
 	var tid int
 	err := ns.Do(func() error { tid = unix.Gettid(); return nil })
 	if !errors.Is(err, netns.ErrRestore) || !errors.Is(err, unix.EPERM) {
 		t.Fatalf("Do = %v, want ErrRestore wrapping EPERM", err)
 	}
-	root := rootID(t)
 	if tid != os.Getpid() {
 		// The thread exits asynchronously after the goroutine returns.
 		deadline := time.Now().Add(10 * time.Second)
