@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -33,18 +34,22 @@ func TestOpenRejectsNonNetns(t *testing.T) {
 }
 
 func TestIDOfSameNamespaceIsEqual(t *testing.T) {
+	// The calling thread's namespace through two paths (not /proc/self,
+	// which is the main thread's: a test may strand it on purpose).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	a, err := netns.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := netns.Open("/proc/self/ns/net")
+	b, err := netns.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
 	if a.ID() != b.ID() || a.ID() == (netns.ID{}) {
-		t.Fatalf("Current %v != /proc/self/ns/net %v", a.ID(), b.ID())
+		t.Fatalf("Current %v != /proc/self/task/<tid>/ns/net %v", a.ID(), b.ID())
 	}
 	fd, err := unix.Dup(a.FD())
 	if err != nil {
@@ -310,8 +315,11 @@ func current(t *testing.T) *netns.Handle {
 	return h
 }
 
+// rootID is the namespace the process's goroutines run in. It reads the
+// calling thread's namespace, not /proc/self (the main thread's): an earlier
+// test may have stranded the main thread in a test namespace on purpose.
 func rootID(t *testing.T) netns.ID {
-	h, err := netns.Open("/proc/self/ns/net")
+	h, err := netns.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
