@@ -1,0 +1,394 @@
+// Package kube is the Kubernetes cluster source: client-go informers for
+// Namespaces, Pods, Services and EndpointSlices, Istio's typed informers
+// (istio.io/client-go) for ServiceEntries, WorkloadEntries,
+// AuthorizationPolicies and PeerAuthentications, and Gateway API's
+// (sigs.k8s.io/gateway-api) for Gateways and GatewayClasses. After every
+// change, debounced, it publishes a new immutable cluster.Objects built from
+// the informer caches, so the control plane runs the same translation as in
+// local mode and the node agent sees the same objects.
+//
+// Current is nil until every informer has synced once. When the API server
+// goes away the informers re-list and re-watch on their own; the last
+// published Objects keep serving meanwhile.
+//
+// It does not write anything to the API server (see
+// internal/controlplane/kubestatus and cni/agent/kube) and does not
+// translate anything (see internal/controlplane/translate).
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	istioinformers "istio.io/client-go/pkg/informers/externalversions"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+)
+
+// Kind names one watched object type (the Kubernetes kind).
+type Kind string
+
+// The kinds a Source can watch.
+const (
+	Namespaces            Kind = "Namespace"
+	Pods                  Kind = "Pod"
+	Services              Kind = "Service"
+	EndpointSlices        Kind = "EndpointSlice"
+	ServiceEntries        Kind = "ServiceEntry"
+	WorkloadEntries       Kind = "WorkloadEntry"
+	AuthorizationPolicies Kind = "AuthorizationPolicy"
+	PeerAuthentications   Kind = "PeerAuthentication"
+	Gateways              Kind = "Gateway"
+	GatewayClasses        Kind = "GatewayClass"
+)
+
+// AllKinds is every kind the control plane translates.
+func AllKinds() []Kind {
+	return []Kind{Namespaces, Pods, Services, EndpointSlices, ServiceEntries, WorkloadEntries,
+		AuthorizationPolicies, PeerAuthentications, Gateways, GatewayClasses}
+}
+
+// AgentKinds is what the node agent needs: namespaces and pods.
+func AgentKinds() []Kind { return []Kind{Namespaces, Pods} }
+
+// DefaultDebounce is how long a Source waits after a change for more
+// changes before it publishes.
+const DefaultDebounce = 50 * time.Millisecond
+
+// syncLogInterval spaces the "still waiting for informers" log lines.
+const syncLogInterval = 10 * time.Second
+
+// Clients are the typed clientsets a Source reads through.
+type Clients struct {
+	Kube    kubernetes.Interface
+	Istio   istioclient.Interface
+	Gateway gatewayclient.Interface
+}
+
+// NewClients builds the three clientsets from one REST configuration.
+func NewClients(rc *rest.Config) (*Clients, error) {
+	k, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kube: client: %w", err)
+	}
+	i, err := istioclient.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kube: istio client: %w", err)
+	}
+	g, err := gatewayclient.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kube: gateway client: %w", err)
+	}
+	return &Clients{Kube: k, Istio: i, Gateway: g}, nil
+}
+
+// RESTConfig loads a kubeconfig file, or the in-cluster configuration (the
+// pod's service account) when kubeconfig is "".
+func RESTConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kube: in-cluster configuration (pass --kubeconfig outside a pod): %w", err)
+		}
+		return rc, nil
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kube: kubeconfig %s: %w", kubeconfig, err)
+	}
+	return rc, nil
+}
+
+// Config configures New.
+type Config struct {
+	// Clients to read through. Required; Istio may be nil when no Istio
+	// kind is watched, Gateway when no Gateway API kind is.
+	Clients *Clients
+	// Kinds to watch; nil means AllKinds. Unwatched kinds stay empty in
+	// the published Objects.
+	Kinds []Kind
+	// NodeName, if set, restricts Pods to spec.nodeName=NodeName (a field
+	// selector evaluated by the API server): the node agent's view.
+	NodeName string
+	// Debounce: 0 means DefaultDebounce.
+	Debounce time.Duration
+	// Log: nil means no logging.
+	Log *zap.Logger
+}
+
+// watched is one informer and its kind.
+type watched struct {
+	kind     Kind
+	informer cache.SharedIndexInformer
+}
+
+// Source is the Kubernetes cluster.Source. Create it with New, then Run.
+type Source struct {
+	cfg      Config
+	log      *zap.Logger
+	watched  []watched
+	starters []func(stop <-chan struct{})
+	stoppers []func()
+
+	kick    chan struct{}
+	events  atomic.Uint64 // changes seen by the informer handlers
+	running atomic.Bool
+
+	mu        sync.Mutex
+	cur       *cluster.Objects
+	changed   chan struct{}
+	synced    chan struct{}
+	published uint64 // events count of cur
+}
+
+// New validates cfg and sets the informers up; nothing is contacted before Run.
+func New(cfg Config) (*Source, error) {
+	if cfg.Clients == nil || cfg.Clients.Kube == nil {
+		return nil, errors.New("kube: Config.Clients.Kube is required")
+	}
+	if cfg.Kinds == nil {
+		cfg.Kinds = AllKinds()
+	}
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = DefaultDebounce
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	s := &Source{cfg: cfg, log: log, kick: make(chan struct{}, 1), changed: make(chan struct{}), synced: make(chan struct{})}
+	transform := informers.WithTransform(stripManagedFields)
+
+	want := func(k Kind) bool { return slices.Contains(cfg.Kinds, k) }
+	needIstio := want(ServiceEntries) || want(WorkloadEntries) || want(AuthorizationPolicies) || want(PeerAuthentications)
+	needGateway := want(Gateways) || want(GatewayClasses)
+	if needIstio && cfg.Clients.Istio == nil {
+		return nil, errors.New("kube: Config.Clients.Istio is required to watch Istio kinds")
+	}
+	if needGateway && cfg.Clients.Gateway == nil {
+		return nil, errors.New("kube: Config.Clients.Gateway is required to watch Gateway API kinds")
+	}
+	for _, k := range cfg.Kinds {
+		if !slices.Contains(AllKinds(), k) {
+			return nil, fmt.Errorf("kube: unknown kind %q", k)
+		}
+	}
+
+	core := informers.NewSharedInformerFactoryWithOptions(cfg.Clients.Kube, 0, transform)
+	s.starters = append(s.starters, core.Start)
+	s.stoppers = append(s.stoppers, core.Shutdown)
+	podOpts := []informers.SharedInformerOption{transform}
+	if cfg.NodeName != "" {
+		sel := "spec.nodeName=" + cfg.NodeName
+		podOpts = append(podOpts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sel }))
+	}
+	podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Clients.Kube, 0, podOpts...)
+	s.starters = append(s.starters, podFactory.Start)
+	s.stoppers = append(s.stoppers, podFactory.Shutdown)
+
+	add := func(k Kind, inf cache.SharedIndexInformer) {
+		if want(k) {
+			s.watched = append(s.watched, watched{kind: k, informer: inf})
+		}
+	}
+	// Only informers that are asked for are created: a factory starts
+	// exactly the informers requested from it.
+	if want(Namespaces) {
+		add(Namespaces, core.Core().V1().Namespaces().Informer())
+	}
+	if want(Pods) {
+		add(Pods, podFactory.Core().V1().Pods().Informer())
+	}
+	if want(Services) {
+		add(Services, core.Core().V1().Services().Informer())
+	}
+	if want(EndpointSlices) {
+		add(EndpointSlices, core.Discovery().V1().EndpointSlices().Informer())
+	}
+	if needIstio {
+		f := istioinformers.NewSharedInformerFactoryWithOptions(cfg.Clients.Istio, 0, istioinformers.WithTransform(stripManagedFields))
+		s.starters = append(s.starters, f.Start)
+		s.stoppers = append(s.stoppers, f.Shutdown)
+		if want(ServiceEntries) {
+			add(ServiceEntries, f.Networking().V1().ServiceEntries().Informer())
+		}
+		if want(WorkloadEntries) {
+			add(WorkloadEntries, f.Networking().V1().WorkloadEntries().Informer())
+		}
+		if want(AuthorizationPolicies) {
+			add(AuthorizationPolicies, f.Security().V1().AuthorizationPolicies().Informer())
+		}
+		if want(PeerAuthentications) {
+			add(PeerAuthentications, f.Security().V1().PeerAuthentications().Informer())
+		}
+	}
+	if needGateway {
+		f := gatewayinformers.NewSharedInformerFactoryWithOptions(cfg.Clients.Gateway, 0, gatewayinformers.WithTransform(stripManagedFields))
+		s.starters = append(s.starters, f.Start)
+		s.stoppers = append(s.stoppers, f.Shutdown)
+		if want(Gateways) {
+			add(Gateways, f.Gateway().V1().Gateways().Informer())
+		}
+		if want(GatewayClasses) {
+			add(GatewayClasses, f.Gateway().V1().GatewayClasses().Informer())
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { s.bump() },
+		UpdateFunc: func(o, n any) {
+			if sameVersion(o, n) {
+				return // a resync or a relist that found nothing new
+			}
+			s.bump()
+		},
+		DeleteFunc: func(any) { s.bump() },
+	}
+	for _, w := range s.watched {
+		if _, err := w.informer.AddEventHandler(handler); err != nil {
+			return nil, fmt.Errorf("kube: %s informer: %w", w.kind, err)
+		}
+	}
+	return s, nil
+}
+
+// stripManagedFields drops metadata.managedFields before objects enter the
+// caches: nothing here reads them and they are often the bulk of an object.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func sameVersion(o, n any) bool {
+	om, err1 := meta.Accessor(o)
+	nm, err2 := meta.Accessor(n)
+	return err1 == nil && err2 == nil && om.GetResourceVersion() == nm.GetResourceVersion()
+}
+
+func (s *Source) bump() {
+	s.events.Add(1)
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Current implements cluster.Source.
+func (s *Source) Current() (*cluster.Objects, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur, s.changed
+}
+
+// Synced is closed once every informer has synced and the first Objects
+// are published.
+func (s *Source) Synced() <-chan struct{} { return s.synced }
+
+// Run implements cluster.Source: it starts the informers, publishes once
+// they have all synced, then after every (debounced) change, until ctx is
+// done. It may be called once.
+func (s *Source) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("kube: Source.Run called twice")
+	}
+	for _, start := range s.starters {
+		start(ctx.Done())
+	}
+	defer func() {
+		for _, stop := range s.stoppers {
+			stop() // waits for the informer goroutines; ctx is done by now
+		}
+	}()
+	if !s.waitSynced(ctx) {
+		return nil
+	}
+	s.publish()
+	close(s.synced)
+	s.log.Info("kubernetes informers synced", zap.Int("kinds", len(s.watched)), zap.String("node", s.cfg.NodeName))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.kick:
+		}
+		t := time.NewTimer(s.cfg.Debounce)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		s.publish()
+	}
+}
+
+// waitSynced polls the informers until all have synced, logging the ones
+// still missing now and then (a CRD that is not installed never syncs).
+func (s *Source) waitSynced(ctx context.Context) bool {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	start := time.Now()
+	lastLog := start
+	for {
+		var missing []string
+		for _, w := range s.watched {
+			if !w.informer.HasSynced() {
+				missing = append(missing, string(w.kind))
+			}
+		}
+		if len(missing) == 0 {
+			return true
+		}
+		if time.Since(lastLog) >= syncLogInterval {
+			lastLog = time.Now()
+			s.log.Warn("still waiting for kubernetes informers to sync (is the API server reachable, are the CRDs installed, may this account list them?)",
+				zap.Strings("kinds", missing), zap.Duration("waited", time.Since(start)))
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// publish builds a new Objects from the caches if anything changed since
+// the last one.
+func (s *Source) publish() {
+	n := s.events.Load()
+	s.mu.Lock()
+	if s.cur != nil && n == s.published {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	objs := &cluster.Objects{}
+	for _, w := range s.watched {
+		for _, o := range w.informer.GetStore().List() {
+			objs.Add(o)
+		}
+	}
+	objs.Sort()
+	s.mu.Lock()
+	s.cur, s.published = objs, n
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
