@@ -1,0 +1,296 @@
+// Command mesh benchmarks the whole mesh against direct traffic on a
+// two-node cluster of network namespaces (internal/meshlab: the real
+// ztunnel-cp, ztunnel-cni and ztunnel binaries) and prints one figure per
+// line as "name value unit" on stdout; raw figures and progress go to
+// stderr. Every ratio and difference compares two paths measured in the
+// same run, alternated where the figure allows it.
+//
+//	go run ./bench/mesh [-bin-dir bin] [-fortio .tools/bin/fortio] [-profile DIR]
+//
+// The topology (node0 holds the clients, node1 the servers):
+//
+//	mesh pair:   bench-mesh/client (captured) → bench-mesh/server (captured),
+//	             HBONE through both node proxies
+//	direct pair: bench-plain/client → bench-plain/server, both uncaptured
+//	             (wired outside the mesh), no proxy on the path
+//	outside:     10.31.1.254, a second address of bench-plain/server that the
+//	             control plane never heard of: a captured client reaches it
+//	             through its node proxy's passthrough (plain TCP, splice)
+//
+// plus 1,000 scale pods and 10 Services (objects only, no namespaces) in
+// the control plane's config, so each proxy's state holds >1,000 workloads.
+//
+// It needs root, iperf3 (`make deps`), the CNI tools (`make tools`) and
+// fortio (built from its Go module at FortioVersion into .tools/bin when
+// missing). It is not a test: it asserts nothing beyond the setup working.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+)
+
+func main() {
+	binDir := flag.String("bin-dir", "", "directory with prebuilt ztunnel, ztunnel-cni, ztunnel-cp (empty: go build them)")
+	fortioBin := flag.String("fortio", "", "fortio binary (empty: <repo>/.tools/bin/fortio, installed at "+FortioVersion+" when missing)")
+	profileDir := flag.String("profile", "", "write CPU profiles of both node proxies (iperf3 single stream, fortio) into this directory")
+	iperfSecs := flag.Int("iperf-seconds", 3, "measured seconds per iperf3 run (after 1 s omitted)")
+	rounds := flag.Int("rounds", 2, "alternated iperf3 rounds per path (the best counts)")
+	flag.Parse()
+
+	prog := testcluster.NewProgram("bench-mesh", os.Stderr)
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigc
+		logf("interrupted: tearing down")
+		prog.Close()
+		os.Exit(130)
+	}()
+
+	start := time.Now()
+	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, profileDir: *profileDir}
+	err := b.run(*binDir, *fortioBin)
+	prog.Close()
+	logf("total %v (teardown included)", time.Since(start).Round(100*time.Millisecond))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/mesh:", err)
+		os.Exit(1)
+	}
+	if prog.Failed() {
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+
+func emit(name string, value float64, unit string) {
+	prec := 2
+	switch {
+	case unit == "ratio" || unit == "vcpu":
+		prec = 3
+	case value >= 100 || value <= -100:
+		prec = 0
+	}
+	fmt.Printf("%s %s %s\n", name, strconv.FormatFloat(value, 'f', prec, 64), unit)
+}
+
+// bench holds the running topology.
+type bench struct {
+	prog       *testcluster.Program
+	iperfSecs  int
+	rounds     int
+	profileDir string
+
+	m      *meshlab.Mesh
+	fortio string
+	// The two pairs; see the package comment.
+	meshClient, meshServer     *testcluster.Pod
+	directClient, directServer *testcluster.Pod
+}
+
+// Ports of the servers in both server pods.
+const (
+	iperfPort   = 5201
+	fortioPort  = 8080
+	greeterPort = 7000
+)
+
+// outsideIP is the second address of the direct server pod, unknown to the
+// control plane (pod addresses stop at 10.31.<node>.249).
+const outsideIP = "10.31.1.254"
+
+func (b *bench) run(binDir, fortioBin string) error {
+	logf("machine: nproc=%d, cpu=%q, loadavg=%s", runtime.NumCPU(), cpuModel(), loadAvg())
+	var err error
+	if b.fortio, err = ensureFortio(fortioBin); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := b.setup(binDir); err != nil {
+		return err
+	}
+	logf("setup %v", time.Since(t0).Round(100*time.Millisecond))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+
+	// Throughput: single stream, 8 streams, passthrough.
+	single, err := b.iperfPair(ctx, "single stream", 1, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "iperf-single")
+	if err != nil {
+		return err
+	}
+	parallel, err := b.iperfPair(ctx, "8 streams", 8, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "")
+	if err != nil {
+		return err
+	}
+	pass, err := b.iperfPair(ctx, "passthrough", 1, b.meshClient, outsideIP, b.directClient, outsideIP, "")
+	if err != nil {
+		return err
+	}
+
+	// Latency and proxy CPU at 1000 requests/s.
+	lat, err := b.latency(ctx)
+	if err != nil {
+		return err
+	}
+
+	// Connection setup to a destination outside the mesh.
+	conn, err := b.connects(ctx)
+	if err != nil {
+		return err
+	}
+
+	rss, err := b.proxyMemory()
+	if err != nil {
+		return err
+	}
+	logf("load average now: %s", loadAvg())
+
+	emit("mesh_throughput_ratio", single.ratio(), "ratio")
+	emit("mesh_parallel_ratio", parallel.ratio(), "ratio")
+	emit("mesh_passthrough_ratio", pass.ratio(), "ratio")
+	emit("mesh_added_latency_p50_us", lat.added(50), "us")
+	emit("mesh_added_latency_p90_us", lat.added(90), "us")
+	emit("mesh_added_latency_p99_us", lat.added(99), "us")
+	emit("mesh_proxy_cpu_per_1k_rps", lat.cpuPer1kPerProxy(), "vcpu")
+	emit("mesh_proxy_rss_mb", rss, "MB")
+	emit("mesh_connect_added_us", conn.added(), "us")
+	return nil
+}
+
+// setup starts the mesh, the namespaces, the scale objects, the four pods
+// and the servers in the server pods.
+func (b *bench) setup(binDir string) error {
+	m, err := meshlab.Start(b.prog, meshlab.Options{BinDir: binDir})
+	if err != nil {
+		return err
+	}
+	b.m = m
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ambient := map[string]string{"istio.io/dataplane-mode": "ambient"}
+	for ns, labels := range map[string]map[string]string{"bench-mesh": ambient, "bench-plain": nil, scaleNamespace: ambient} {
+		if err := m.Cluster.AddNamespace(ns, labels); err != nil {
+			return err
+		}
+	}
+	scaleFirst, scaleLast, err := b.applyScale()
+	if err != nil {
+		return err
+	}
+	for _, p := range []struct {
+		dst  **testcluster.Pod
+		node int
+		spec testcluster.PodSpec
+	}{
+		{&b.meshClient, 0, testcluster.PodSpec{Name: "client", Namespace: "bench-mesh"}},
+		{&b.meshServer, 1, testcluster.PodSpec{Name: "server", Namespace: "bench-mesh"}},
+		{&b.directClient, 0, testcluster.PodSpec{Name: "client", Namespace: "bench-plain", Uncaptured: true}},
+		{&b.directServer, 1, testcluster.PodSpec{Name: "server", Namespace: "bench-plain", Uncaptured: true}},
+	} {
+		pod, err := m.AddPod(ctx, p.node, p.spec)
+		if err != nil {
+			return err
+		}
+		*p.dst = pod
+	}
+	if err := m.WaitForWorkloads(ctx, b.meshClient.IP, b.meshServer.IP, b.directClient.IP, b.directServer.IP, scaleFirst, scaleLast); err != nil {
+		return err
+	}
+	if _, err := b.directServer.Exec(ctx, "ip", "addr", "add", outsideIP+"/32", "dev", "eth0"); err != nil {
+		return err
+	}
+	for _, srv := range []*testcluster.Pod{b.meshServer, b.directServer} {
+		if err := b.startServers(ctx, srv); err != nil {
+			return err
+		}
+	}
+	for i, mn := range m.Nodes {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", mn.Proxy.PID()))
+		if strings.TrimSpace(string(comm)) != meshlab.BinZtunnel {
+			return fmt.Errorf("node%d proxy pid %d is %q, not %s", i, mn.Proxy.PID(), strings.TrimSpace(string(comm)), meshlab.BinZtunnel)
+		}
+	}
+	return nil
+}
+
+// startServers runs iperf3, fortio's echo server and the greeter in pod p.
+func (b *bench) startServers(ctx context.Context, p *testcluster.Pod) error {
+	tag := p.Namespace + "-" + p.Name
+	ip, err := p.Start(testcluster.Process{Name: "iperf3-" + tag, Path: "iperf3",
+		Args: []string{"-s", "-p", strconv.Itoa(iperfPort), "--forceflush"}})
+	if err != nil {
+		return err
+	}
+	// iperf3 exits 1 on SIGTERM: stop it here, before the cluster's
+	// teardown would report that.
+	b.prog.Cleanup(func() { _ = ip.Stop() })
+	if err := waitListening(ctx, p, iperfPort); err != nil {
+		return fmt.Errorf("iperf3 server in %s: %w (log: %s)", tag, err, ip.Log())
+	}
+	fp, err := p.Start(testcluster.Process{Name: "fortio-" + tag, Path: b.fortio, Dir: b.prog.TempDir(),
+		Args: []string{"server", "-http-port", strconv.Itoa(fortioPort), "-grpc-port", "disabled", "-redirect-port", "disabled", "-loglevel", "Warning"}})
+	if err != nil {
+		return err
+	}
+	if err := waitListening(ctx, p, fortioPort); err != nil {
+		return fmt.Errorf("fortio server in %s: %w (log: %s)", tag, err, fp.Log())
+	}
+	return serveGreeter(b.prog, p, greeterPort)
+}
+
+// ensureFortio returns the fortio binary: path if given, else
+// <repo>/.tools/bin/fortio, installed from the Go module proxy at
+// FortioVersion when missing (GOFLAGS=-mod=mod: our go.mod is untouched).
+func ensureFortio(path string) (string, error) {
+	if path != "" {
+		return path, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	root := wd
+	for !fileExists(filepath.Join(root, "go.mod")) {
+		if filepath.Dir(root) == root {
+			return "", fmt.Errorf("fortio: no go.mod above %s; pass -fortio", wd)
+		}
+		root = filepath.Dir(root)
+	}
+	bin := filepath.Join(root, ".tools", "bin")
+	path = filepath.Join(bin, "fortio")
+	if out, err := runCmd(context.Background(), path, "version"); err == nil && strings.TrimSpace(out) == strings.TrimPrefix(FortioVersion, "v") {
+		return path, nil
+	}
+	logf("installing fortio %s into %s", FortioVersion, bin)
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if out, err := runCmdEnv(ctx, []string{"GOBIN=" + bin, "GOFLAGS=-mod=mod"}, goBin, "install", "fortio.org/fortio@"+FortioVersion); err != nil {
+		return "", fmt.Errorf("installing fortio: %w: %s", err, out)
+	}
+	return path, nil
+}
+
+// FortioVersion is the pinned fortio module version. v1.69.0 and later
+// import grol.io/grol (a scripting engine), which the module proxy reachable
+// here does not serve; v1.68.2 is the newest without it.
+const FortioVersion = "v1.68.2"
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

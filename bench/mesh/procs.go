@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat
+// (100 on every Linux architecture Go supports).
+const clockTicks = 100
+
+// proxyCPU returns each node proxy's CPU time (user + system) so far, in
+// seconds, by node.
+func (b *bench) proxyCPU() ([2]float64, error) {
+	var out [2]float64
+	for i, mn := range b.m.Nodes[:2] {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", mn.Proxy.PID()))
+		if err != nil {
+			return out, fmt.Errorf("node%d proxy CPU: %w", i, err)
+		}
+		// Fields after the command name (which may hold spaces) in
+		// parentheses: state is field 3, utime 14, stime 15.
+		s := string(data)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			return out, fmt.Errorf("node%d proxy CPU: short /proc stat %q", i, s)
+		}
+		ut, err1 := strconv.ParseFloat(f[11], 64)
+		st, err2 := strconv.ParseFloat(f[12], 64)
+		if err1 != nil || err2 != nil {
+			return out, fmt.Errorf("node%d proxy CPU: bad /proc stat %q", i, s)
+		}
+		out[i] = (ut + st) / clockTicks
+	}
+	return out, nil
+}
+
+// proxyMemory reports both proxies' resident memory and state size to
+// stderr and returns the larger VmRSS in MiB.
+func (b *bench) proxyMemory() (float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var max float64
+	for i, mn := range b.m.Nodes {
+		st, err := procStatus(mn.Proxy.PID())
+		if err != nil {
+			return 0, fmt.Errorf("node%d proxy memory: %w", i, err)
+		}
+		rss := float64(st["VmRSS"]) / 1024
+		if rss > max {
+			max = rss
+		}
+		workloads, services := stateSize(ctx, b.m, i)
+		logf("node%d proxy: VmRSS %.1f MiB, VmHWM %.1f MiB, threads %d; state: %d workloads, %d services",
+			i, rss, float64(st["VmHWM"])/1024, st["Threads"], workloads, services)
+	}
+	return max, nil
+}
+
+// procStatus returns the numeric fields of /proc/<pid>/status (kB for the
+// memory fields).
+func procStatus(pid int) (map[string]int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseInt(strings.Fields(v + " x")[0], 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out, sc.Err()
+}
+
+// stateSize counts the workloads and services in node i's proxy
+// /config_dump (-1 when it cannot be read).
+func stateSize(ctx context.Context, m *meshlab.Mesh, i int) (workloads, services int) {
+	body, err := m.ConfigDump(ctx, i)
+	if err != nil {
+		return -1, -1
+	}
+	var dump map[string]any
+	if json.Unmarshal(body, &dump) != nil {
+		return -1, -1
+	}
+	return count(dump["workloads"]), count(dump["services"])
+}
+
+func count(v any) int {
+	switch v := v.(type) {
+	case []any:
+		return len(v)
+	case map[string]any:
+		return len(v)
+	}
+	return -1
+}
+
+// profileProxies starts a CPU profile of seconds on both node proxies
+// (admin /debug/pprof/profile) and returns a function that waits for them
+// and writes <profileDir>/<name>-node<i>.pprof.
+func (b *bench) profileProxies(name string, seconds int) func() {
+	var wg sync.WaitGroup
+	for i, mn := range b.m.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			path := filepath.Join(b.profileDir, fmt.Sprintf("%s-node%d.pprof", name, i))
+			if err := fetchProfile(mn.Node, seconds, path); err != nil {
+				logf("profile %s node%d: %v", name, i, err)
+				return
+			}
+			logf("profile %s node%d: %s", name, i, path)
+		}()
+	}
+	return wg.Wait
+}
+
+func fetchProfile(n *testcluster.Node, seconds int, path string) error {
+	client := &http.Client{Timeout: time.Duration(seconds+10) * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return n.Dial(ctx, "tcp", addr)
+		},
+	}}
+	resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", meshlab.ProxyAdminAddr, seconds))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// waitListening polls `ss` inside pod p until a TCP socket listens on
+// port. (Dialling would not tell: a captured pod's node proxy accepts on
+// the pod's behalf.)
+func waitListening(ctx context.Context, p *testcluster.Pod, port int) error {
+	for {
+		out, err := p.Exec(ctx, "ss", "-Hltn", fmt.Sprintf("sport = :%d", port))
+		if err == nil && strings.TrimSpace(string(out)) != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nothing listens on port %d in %s/%s: %w", port, p.Namespace, p.Name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func runCmd(ctx context.Context, path string, args ...string) (string, error) {
+	return runCmdEnv(ctx, nil, path, args...)
+}
+
+func runCmdEnv(ctx context.Context, env []string, path string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func cpuModel() string {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+func loadAvg() string {
+	data, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
