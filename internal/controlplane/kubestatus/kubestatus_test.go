@@ -20,7 +20,7 @@ func TestDesired(t *testing.T) {
 	}}
 	got := Desired(st)
 	want := map[string][]Address{
-		"a/se": {{"240.240.0.1", "x.example"}, {"2001:2::1", "x.example"}, {"240.240.0.2", "y.example"}, {"2001:2::2", "y.example"}},
+		"a/se":    {{"240.240.0.1", "x.example"}, {"2001:2::1", "x.example"}, {"240.240.0.2", "y.example"}, {"2001:2::2", "y.example"}},
 		"b/other": {{"240.240.0.3", "z.example"}},
 	}
 	if !reflect.DeepEqual(got, want) {
