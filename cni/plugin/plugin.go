@@ -65,7 +65,16 @@ type Config struct {
 	// means no source: then every pod is sent to the agent, which decides
 	// (and an unreachable agent fails every ADD; see Decide).
 	LocalConfigDir string `json:"local_config_dir,omitempty"`
+	// Kubeconfig is a kubeconfig file; when set the pod and namespace are
+	// looked up in the Kubernetes API (through the KubeSourceFunc given to
+	// MainWith) instead of LocalConfigDir.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
 }
+
+// KubeSourceFunc builds the PodSource for Config.Kubeconfig. The binary
+// supplies it (cni/agent/kube.NewPodSource) so this package stays free of
+// client-go.
+type KubeSourceFunc func(kubeconfig string) (PodSource, error)
 
 // ParseConfig decodes the stdin configuration, applies defaults and parses
 // prevResult, which a chained plugin must have.
@@ -133,15 +142,20 @@ func parseArgs(s string) (podArgs, error) {
 
 // Main is the CNI plugin binary: it reads CNI_* and stdin, runs the command
 // and exits (status 1 with a CNI error on stdout on failure).
-func Main() {
-	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: noop, Check: noop},
+func Main() { MainWith(nil) }
+
+// MainWith is Main with a PodSource factory for configurations that name a
+// kubeconfig; nil means such configurations fail every ADD (fail closed).
+func MainWith(kube KubeSourceFunc) {
+	add := func(args *skel.CmdArgs) error { return cmdAdd(args, kube) }
+	skel.PluginMainFuncs(skel.CNIFuncs{Add: add, Del: noop, Check: noop},
 		version.VersionsStartingFrom("0.3.0"),
 		"ztunnel-cni: chained CNI plugin handing ambient pods to the ztunnel-go node agent")
 }
 
 func noop(*skel.CmdArgs) error { return nil }
 
-func cmdAdd(args *skel.CmdArgs) error {
+func cmdAdd(args *skel.CmdArgs, kube KubeSourceFunc) error {
 	conf, prev, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
@@ -153,7 +167,14 @@ func cmdAdd(args *skel.CmdArgs) error {
 	log := newLogger(conf, pa, args.ContainerID)
 	defer log.Sync()
 	var src PodSource
-	if conf.LocalConfigDir != "" {
+	switch {
+	case conf.Kubeconfig != "" && kube == nil:
+		return types.NewError(types.ErrTryAgainLater, "ztunnel-cni: kubeconfig configured but this binary has no Kubernetes pod source", "")
+	case conf.Kubeconfig != "":
+		if src, err = kube(conf.Kubeconfig); err != nil {
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ztunnel-cni: Kubernetes pod source: %v; the pod will be retried", err), "")
+		}
+	case conf.LocalConfigDir != "":
 		src = LocalDirSource{Dir: conf.LocalConfigDir}
 	}
 	a := &adder{log: log, src: src, attempts: lookupAttempts, interval: lookupInterval}
