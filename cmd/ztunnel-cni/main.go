@@ -14,7 +14,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,8 +25,11 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/agent"
 	"github.com/ztunnel-go/ztunnel-go/cni/agent/install"
+	agentkube "github.com/ztunnel-go/ztunnel-go/cni/agent/kube"
 	"github.com/ztunnel-go/ztunnel-go/cni/plugin"
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 )
 
@@ -43,17 +48,25 @@ type options struct {
 	dnsCapture, ipv6, reconcile        bool
 	adminAddr, logLevel                string
 	excludeNamespaces, systemNamespace string
+	// Kubernetes mode.
+	kubeconfig, pluginKubeconfig string
+	inCluster                    bool
 }
+
+func (o options) kubeMode() bool { return o.kubeconfig != "" || o.inCluster }
 
 func main() {
 	if os.Getenv(envCNICommand) != "" {
-		plugin.Main()
+		plugin.MainWith(agentkube.NewPodSource)
 		return
 	}
 	var o options
 	fs := flag.NewFlagSet("ztunnel-cni", flag.ExitOnError)
 	fs.StringVar(&o.nodeName, "node-name", "", "this node's name (required): only pods scheduled here are handled")
-	fs.StringVar(&o.localConfig, "local-config", "", "local mode: directory of Kubernetes YAML to read namespaces and pods from (required until Kubernetes mode lands)")
+	fs.StringVar(&o.localConfig, "local-config", "", "local mode: directory of Kubernetes YAML to read namespaces and pods from")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: read namespaces and this node's pods from the API server with this kubeconfig (the plugin uses it too)")
+	fs.BoolVar(&o.inCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account; the plugin gets a kubeconfig written to --plugin-kubeconfig")
+	fs.StringVar(&o.pluginKubeconfig, "plugin-kubeconfig", "", "with --in-cluster: where to write the plugin's kubeconfig (default <cni-conf-dir>/ztunnel-cni-kubeconfig)")
 	fs.StringVar(&o.zdsSocket, "zds-socket", agent.DefaultZDSSocket, "ZDS socket the node proxy connects to")
 	fs.StringVar(&o.pluginSocket, "plugin-socket", agent.DefaultPluginSocket, "socket the CNI plugin sends pod events to")
 	fs.StringVar(&o.stateDir, "state-dir", agent.DefaultStateDir, "directory for the enrolled-pods state file")
@@ -113,22 +126,42 @@ func run(ctx context.Context, o options, log *zap.Logger) error {
 	switch {
 	case o.nodeName == "":
 		return errors.New("--node-name is required")
-	case o.localConfig == "":
-		return errors.New("--local-config is required (the Kubernetes API source comes later)")
+	case o.localConfig == "" && !o.kubeMode():
+		return errors.New("--local-config (local mode) or --kubeconfig/--in-cluster (Kubernetes mode) is required")
+	case o.localConfig != "" && o.kubeMode():
+		return errors.New("--local-config and --kubeconfig/--in-cluster exclude each other")
 	}
 	log.Info("starting node agent", zap.Any("options", map[string]any{
 		"node": o.nodeName, "local_config": o.localConfig, "zds_socket": o.zdsSocket, "plugin_socket": o.pluginSocket,
 		"state_dir": o.stateDir, "install": o.install, "keep_on_exit": o.keepOnExit, "cni_bin_dir": o.cniBinDir,
 		"cni_conf_dir": o.cniConfDir, "dns_capture": o.dnsCapture, "ipv6": o.ipv6, "reconcile_pod_rules_on_startup": o.reconcile,
 		"admin_addr": o.adminAddr, "exclude_namespaces": o.excludeNamespaces, "system_namespace": o.systemNamespace,
+		"kubeconfig": o.kubeconfig, "in_cluster": o.inCluster,
 	}))
-	src := local.New(o.localConfig, log.Named("local"), 0)
+	var (
+		src        cluster.Source
+		refresh    func() error
+		status     agent.StatusWriter
+		pluginKube string
+		background []func(context.Context)
+	)
+	if o.kubeMode() {
+		k, err := kubeWiring(o, log)
+		if err != nil {
+			return err
+		}
+		src, status, pluginKube, background = k.src, k.status, k.pluginKubeconfig, k.background
+	} else {
+		ls := local.New(o.localConfig, log.Named("local"), 0)
+		src, refresh = ls, func() error { _, err := ls.Load(); return err }
+	}
 	enrollment := plugin.Enrollment{ExcludeNamespaces: splitList(o.excludeNamespaces), SystemNamespace: o.systemNamespace}
 	host := &agent.KernelHost{IPv6: o.ipv6, Mode: rules.DetectMode()}
 	a, err := agent.New(agent.Config{
 		NodeName:           o.nodeName,
 		Source:             src,
-		Refresh:            func() error { _, err := src.Load(); return err },
+		Refresh:            refresh,
+		Status:             status,
 		ZDSSocket:          o.zdsSocket,
 		PluginSocket:       o.pluginSocket,
 		StateDir:           o.stateDir,
@@ -145,13 +178,23 @@ func run(ctx context.Context, o options, log *zap.Logger) error {
 	icfg := install.Config{BinDir: o.cniBinDir, ConfDir: o.cniConfDir, Plugin: map[string]any{
 		"name":               install.PluginType,
 		"agent_socket":       o.pluginSocket,
-		"local_config_dir":   o.localConfig,
 		"log_level":          o.logLevel,
 		"exclude_namespaces": enrollment.ExcludeNamespaces,
 		"system_namespace":   o.systemNamespace,
 	}}
+	if pluginKube != "" {
+		icfg.Plugin["kubeconfig"] = pluginKube
+	} else {
+		icfg.Plugin["local_config_dir"] = o.localConfig
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var bg sync.WaitGroup
+	for _, f := range background {
+		bg.Add(1)
+		go func() { defer bg.Done(); f(runCtx) }()
+	}
+	defer func() { cancel(); bg.Wait() }()
 	done := make(chan struct{})
 	if o.install {
 		go func() {
@@ -188,6 +231,61 @@ func run(ctx context.Context, o options, log *zap.Logger) error {
 		log.Info("leaving the plugin installed (--keep-on-exit): new ambient pods wait for the next agent")
 	}
 	return err
+}
+
+// kubeParts are Kubernetes mode's agent source, status writer, the plugin's
+// kubeconfig and the goroutines they need.
+type kubeParts struct {
+	src              cluster.Source
+	status           agent.StatusWriter
+	pluginKubeconfig string
+	background       []func(context.Context)
+}
+
+func kubeWiring(o options, log *zap.Logger) (*kubeParts, error) {
+	rc, err := kube.RESTConfig(o.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	clients, err := kube.NewClients(rc)
+	if err != nil {
+		return nil, err
+	}
+	src, err := agentkube.NewSource(clients.Kube, o.nodeName, log.Named("source"))
+	if err != nil {
+		return nil, err
+	}
+	sw, err := agentkube.NewStatusWriter(agentkube.StatusConfig{Client: clients.Kube, Source: src, Log: log.Named("status")})
+	if err != nil {
+		return nil, err
+	}
+	k := &kubeParts{src: src, status: sw, pluginKubeconfig: o.kubeconfig, background: []func(context.Context){sw.Run}}
+	if o.kubeconfig == "" {
+		// In a pod: the plugin runs on the host and cannot read our
+		// service account; give it a kubeconfig, rewritten when the
+		// projected token rotates.
+		path := o.pluginKubeconfig
+		if path == "" {
+			path = filepath.Join(o.cniConfDir, "ztunnel-cni-kubeconfig")
+		}
+		if _, err := agentkube.WriteKubeconfig(path, rc); err != nil {
+			return nil, err
+		}
+		k.pluginKubeconfig = path
+		k.background = append(k.background, func(ctx context.Context) {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Minute):
+				}
+				if _, err := agentkube.WriteKubeconfig(path, rc); err != nil {
+					log.Warn("refreshing the plugin kubeconfig failed", zap.Error(err))
+				}
+			}
+		})
+	}
+	return k, nil
 }
 
 // keepInstalled installs the plugin and re-checks it until ctx is done.
