@@ -47,10 +47,14 @@ K8S_VERSION=v1.37.2
 HELM_VERSION=v3.22.0
 
 mkdir -p "$root"
-# One lock for the whole cache: two test binaries asking at once build once.
-# -n only looks, so it does not wait for a build in progress.
-exec 9>"$root/.lock"
-[ -n "$check_only" ] || flock 9
+
+# lock NAME: one build of a component at a time, so two test binaries asking
+# at once build once. -n only looks, so it does not wait for a build.
+lock() {
+	[ -z "$check_only" ] || return 0
+	exec 9>"$root/.lock-$1"
+	flock 9
+}
 
 # hashof DIR RECIPE: the cache key of a wrapper module built with RECIPE
 # (packages and flags).
@@ -75,6 +79,7 @@ build_k8s() {
 	done
 	local pkgs="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl"
 	local out=$root/k8s-$(hashof "$here" "cgo=0 trimpath $pkgs go.etcd.io/etcd/server/v3 $ld")
+	lock k8s
 	if [ -n "$check_only" ] && ! have "$out" etcd kube-apiserver kubectl; then missing=1; fi
 	if [ -z "$check_only" ] && ! have "$out" etcd kube-apiserver kubectl; then
 		echo "hack/k8s/build.sh: building etcd, kube-apiserver and kubectl $K8S_VERSION into $out (about 12 min on 2 cores the first time)" >&2
@@ -92,6 +97,7 @@ build_k8s() {
 		mv "$tmp" "$out"
 		echo "hack/k8s/build.sh: k8s built in $((SECONDS - start)) s" >&2
 	fi
+	exec 9>&-
 	echo "$out"
 }
 
@@ -103,6 +109,7 @@ build_helm() {
 		ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=37"
 	done
 	local out=$root/helm-$(hashof "$here/helm" "cgo=0 trimpath helm.sh/helm/v3/cmd/helm $ld")
+	lock helm
 	if [ -n "$check_only" ] && ! have "$out" helm; then missing=1; fi
 	if [ -z "$check_only" ] && ! have "$out" helm; then
 		echo "hack/k8s/build.sh: building helm $HELM_VERSION into $out" >&2
@@ -118,6 +125,7 @@ build_helm() {
 		mv "$tmp" "$out"
 		echo "hack/k8s/build.sh: helm built in $((SECONDS - start)) s" >&2
 	fi
+	exec 9>&-
 	echo "$out"
 }
 
