@@ -1,0 +1,458 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	securityv1beta1 "istio.io/api/security/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ztunnel-go/ztunnel-go/cni/agent"
+	agentkube "github.com/ztunnel-go/ztunnel-go/cni/agent/kube"
+	"github.com/ztunnel-go/ztunnel-go/cni/plugin"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/caapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
+	"github.com/ztunnel-go/ztunnel-go/internal/netns"
+	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"go.uber.org/zap/zaptest"
+)
+
+const ambientLabel = "istio.io/dataplane-mode"
+
+// TestKubeControlPlane runs the control plane on a real API server: pods,
+// policies and ServiceEntries come from the API, node proxies authenticate
+// with pod-bound ServiceAccount tokens, ServiceEntry addresses are written
+// to status and survive a control-plane restart, and the control plane
+// resyncs after an API server restart.
+func TestKubeControlPlane(t *testing.T) {
+	s := startKubeAPI(t)
+	clients := kubeClients(t, s)
+	kc := clients.Kube
+	ctx := ctxT(t, 80*time.Second)
+	createNode(t, kc, "node-a")
+	createNode(t, kc, "node-b")
+	if err := s.EnsureNamespace(ctx, "app", map[string]string{ambientLabel: "ambient"}); err != nil {
+		t.Fatal(err)
+	}
+	// Node proxies: ServiceAccount istio-system/ztunnel, one pod per node.
+	ztA := createPod(t, kc, kubePod{ns: "istio-system", name: "ztunnel-a", node: "node-a", sa: "ztunnel"})
+	ztB := createPod(t, kc, kubePod{ns: "istio-system", name: "ztunnel-b", node: "node-b", sa: "ztunnel"})
+	tokA, err := s.CreatePodToken(ctx, ztA, kubeapi.AudienceIstioCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokB, err := s.CreatePodToken(ctx, ztB, kubeapi.AudienceIstioCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent annotated web after capturing it: HBONE.
+	web := createPod(t, kc, kubePod{ns: "app", name: "web", node: "node-a", sa: "web",
+		annots: map[string]string{agentkube.AnnotationRedirection: agentkube.RedirectionEnabled}})
+	setRunning(t, kc, web, "10.31.0.10")
+
+	authority, err := ca.New(ca.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := startKubeCP(t, clients, authority, "cp-1")
+	sink := watchXDS(t, cp, authority, tokA, "node-a")
+
+	webUID := "Kubernetes//Pod/app/web"
+	eventually(t, "web as an HBONE workload in xDS", func() bool {
+		w := sink.address(webUID).GetWorkload()
+		return w != nil && w.GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE && w.GetNode() == "node-a" && w.GetServiceAccount() == "web"
+	})
+
+	t.Run("AuthorizationPolicy", func(t *testing.T) {
+		ap := &securityv1.AuthorizationPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "deny-foo"},
+			Spec: securityv1beta1.AuthorizationPolicy{
+				Action: securityv1beta1.AuthorizationPolicy_DENY,
+				Rules:  []*securityv1beta1.Rule{{From: []*securityv1beta1.Rule_From{{Source: &securityv1beta1.Source{Namespaces: []string{"foo"}}}}}},
+			},
+		}
+		if _, err := clients.Istio.SecurityV1().AuthorizationPolicies("app").Create(ctx, ap, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the policy as an Authorization", func() bool {
+			a := sink.authorization("app/deny-foo")
+			return a != nil && a.GetAction().String() == "DENY"
+		})
+	})
+
+	t.Run("CA", func(t *testing.T) {
+		pool := x509.NewCertPool()
+		pool.AddCert(authority.Root())
+		conn, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "istiod.istio-system.svc"})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		cac := caapi.NewIstioCertificateServiceClient(conn)
+		id := identity.MustNew("cluster.local", "app", "web")
+		key, _ := identity.GenerateKey()
+		csr, _ := identity.NewCSR(id, key)
+		call := func(tok string) error {
+			_, err := cac.CreateCertificate(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok), &caapi.IstioCertificateRequest{Csr: string(csr)})
+			return err
+		}
+		if err := call(tokA); err != nil {
+			t.Fatalf("node-a proxy asking for app/web (on node-a): %v", err)
+		}
+		if err := call(tokB); status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("node-b proxy asking for app/web (on node-a): %v, want PermissionDenied", err)
+		}
+		// A token for another audience is not a CA credential.
+		other, err := s.CreatePodToken(ctx, ztA, kubeapi.DefaultAudience)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := call(other); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("token with audience %s: %v, want Unauthenticated", kubeapi.DefaultAudience, err)
+		}
+		// A workload's own token obtains its own identity only.
+		webTok, err := s.CreatePodToken(ctx, web, kubeapi.AudienceIstioCA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := call(webTok); err != nil {
+			t.Fatalf("app/web asking for itself: %v", err)
+		}
+		otherID := identity.MustNew("cluster.local", "istio-system", "ztunnel")
+		csr2, _ := identity.NewCSR(otherID, key)
+		_, err = cac.CreateCertificate(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+webTok), &caapi.IstioCertificateRequest{Csr: string(csr2)})
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("app/web asking for istio-system/ztunnel: %v, want PermissionDenied", err)
+		}
+	})
+
+	se := &networkingv1.ServiceEntry{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "ext"},
+		Spec: networkingv1alpha3.ServiceEntry{
+			Hosts:      []string{"api.example.com"},
+			Ports:      []*networkingv1alpha3.ServicePort{{Number: 443, Name: "tls", Protocol: "TLS"}},
+			Resolution: networkingv1alpha3.ServiceEntry_DNS,
+		},
+	}
+	var first []string
+	t.Run("ServiceEntry status.addresses", func(t *testing.T) {
+		if _, err := clients.Istio.NetworkingV1().ServiceEntries("app").Create(ctx, se, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		first = waitSEAddresses(t, clients, sink, nil)
+		if !cp.status.Leading() {
+			t.Fatal("the only control plane does not lead")
+		}
+		// A second replica waits for the Lease and writes nothing.
+		second := startKubeCP(t, clients, authority, "cp-2")
+		time.Sleep(500 * time.Millisecond) // a few retry periods: it must stay a follower
+		if second.status.Leading() {
+			t.Fatal("two replicas lead at once")
+		}
+		second.stop()
+	})
+
+	t.Run("ServiceEntry addresses survive a control-plane restart", func(t *testing.T) {
+		if first == nil {
+			t.Skip("no addresses from the previous step")
+		}
+		cp.stop()
+		cp = startKubeCP(t, clients, authority, "cp-3")
+		sink = watchXDS(t, cp, authority, tokA, "node-a")
+		got := waitSEAddresses(t, clients, sink, first)
+		eventually(t, "the new control plane to lead", cp.status.Leading)
+		// Leading, it re-reads the status and keeps it.
+		time.Sleep(300 * time.Millisecond)
+		if now := seStatus(t, clients); !slices.Equal(now, got) {
+			t.Fatalf("status changed after the new leader started: %v, then %v", got, now)
+		}
+	})
+
+	t.Run("API server restart", func(t *testing.T) {
+		s.Stop()
+		// Meanwhile the control plane keeps serving what it had.
+		if sink.address(webUID) == nil {
+			t.Fatal("workload lost while the API server is down")
+		}
+		if err := s.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		late := createPod(t, kc, kubePod{ns: "app", name: "late", node: "node-b", sa: "late",
+			annots: map[string]string{agentkube.AnnotationRedirection: agentkube.RedirectionEnabled}})
+		setRunning(t, kc, late, "10.31.1.10")
+		eventually(t, "a pod created after the restart in xDS", func() bool {
+			return sink.address("Kubernetes//Pod/app/late").GetWorkload().GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE
+		})
+		// node-b's proxy may now obtain late's identity: the placement view resynced.
+		pool := x509.NewCertPool()
+		pool.AddCert(authority.Root())
+		conn, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "istiod.istio-system.svc"})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		id := identity.MustNew("cluster.local", "app", "late")
+		key, _ := identity.GenerateKey()
+		csr, _ := identity.NewCSR(id, key)
+		_, err = caapi.NewIstioCertificateServiceClient(conn).CreateCertificate(
+			metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tokB), &caapi.IstioCertificateRequest{Csr: string(csr)})
+		if err != nil {
+			t.Fatalf("node-b proxy asking for app/late after the restart: %v", err)
+		}
+	})
+
+	t.Run("plugin lookup retries while the API server is down", func(t *testing.T) {
+		src := &agentkube.PodSource{Client: kc, Interval: 100 * time.Millisecond, MaxInterval: 300 * time.Millisecond}
+		s.Stop()
+		type res struct {
+			pod *corev1.Pod
+			ns  *corev1.Namespace
+			err error
+		}
+		out := make(chan res, 1)
+		go func() {
+			p, n, err := src.Lookup(ctx, "app", "web")
+			out <- res{p, n, err}
+		}()
+		time.Sleep(time.Second) // a few failed attempts
+		if err := s.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		r := <-out
+		if r.err != nil || r.pod == nil || r.pod.UID != web.UID || r.ns.Labels[ambientLabel] != "ambient" {
+			t.Fatalf("lookup across the restart: %+v", r)
+		}
+		if ok, why := plugin.IsAmbient(r.pod, r.ns, plugin.Enrollment{}); !ok {
+			t.Fatalf("web not ambient: %s", why)
+		}
+		_, ns, err := src.Lookup(ctx, "app", "nope")
+		if !errors.Is(err, plugin.ErrPodNotFound) || ns == nil {
+			t.Fatalf("absent pod: ns=%v err=%v, want ErrPodNotFound with the namespace", ns, err)
+		}
+	})
+}
+
+// seStatus reads app/ext's status.addresses as sorted "host=value" strings.
+func seStatus(t *testing.T, clients *kube.Clients) []string {
+	t.Helper()
+	got, err := clients.Istio.NetworkingV1().ServiceEntries("app").Get(ctxT(t, 10*time.Second), "ext", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range got.Status.GetAddresses() {
+		out = append(out, a.GetHost()+"="+a.GetValue())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitSEAddresses waits until app/ext has one IPv4 and one IPv6 address of
+// the auto-allocation ranges in its status (equal to want, if given) and
+// xDS serves the service with exactly those addresses.
+func waitSEAddresses(t *testing.T, clients *kube.Clients, sink *xdsSink, want []string) []string {
+	t.Helper()
+	var got []string
+	eventually(t, "status.addresses of app/ext", func() bool {
+		got = seStatus(t, clients)
+		if want != nil {
+			return slices.Equal(got, want)
+		}
+		if len(got) != 2 {
+			return false
+		}
+		var v4, v6 bool
+		for _, g := range got {
+			a, err := netip.ParseAddr(strings.TrimPrefix(g, "api.example.com="))
+			v4 = v4 || (err == nil && netip.MustParsePrefix("240.240.0.0/16").Contains(a))
+			v6 = v6 || (err == nil && netip.MustParsePrefix("2001:2::/48").Contains(a))
+		}
+		return v4 && v6
+	})
+	eventually(t, "the ServiceEntry's addresses in xDS", func() bool {
+		svc := sink.address("app/api.example.com").GetService()
+		var served []string
+		for _, a := range svc.GetAddresses() {
+			if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
+				served = append(served, "api.example.com="+ip.String())
+			}
+		}
+		slices.Sort(served)
+		return slices.Equal(served, got)
+	})
+	return got
+}
+
+// TestKubeAgent runs the node agent on a real API server: it sees only its
+// node's pods, labelling and unlabelling the namespace enrolls and
+// unenrolls running pods (rules in their network namespaces, the node
+// proxy told over ZDS), the redirection annotation is written through
+// pods/status, and all of it still works after an API server restart. The
+// test plays kubelet: Pod object, sandbox through the CNI chain, status.
+func TestKubeAgent(t *testing.T) {
+	roottest.Require(t)
+	s := startKubeAPI(t)
+	kc := s.Client()
+	c := testcluster.New(t, testcluster.Options{})
+	node := c.Node(0)
+	ctx := ctxT(t, 80*time.Second)
+	createNode(t, kc, node.Name)
+	if err := s.EnsureNamespace(ctx, "mesh", nil); err != nil {
+		t.Fatal(err)
+	}
+	sandboxes := map[string]*testcluster.Pod{}
+	for _, name := range []string{"a", "b"} {
+		obj := createPod(t, kc, kubePod{ns: "mesh", name: name, node: node.Name, sa: "app"})
+		// Uncaptured: the plain chain (bridge, loopback); enrollment of
+		// running pods is the agent's watch path.
+		p, err := node.AddPod(ctx, testcluster.PodSpec{Name: name, Namespace: "mesh", ServiceAccount: "app", Uncaptured: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sandboxes[name] = p
+		setRunning(t, kc, obj, p.IP.String())
+	}
+	// A pod of another node is outside the agent's field selector.
+	setRunning(t, kc, createPod(t, kc, kubePod{ns: "mesh", name: "elsewhere", node: "node-x", sa: "app"}), "10.31.9.9")
+
+	dir := t.TempDir()
+	zdsSock := filepath.Join(dir, "zds.sock")
+	proxy := startStandIn(t, zdsSock)
+	log := zaptest.NewLogger(t)
+	src, err := agentkube.NewSource(kc, node.Name, log.Named("source"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := agentkube.NewStatusWriter(agentkube.StatusConfig{Client: kc, Source: src, Log: log.Named("status")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{
+		NodeName: node.Name, Source: src, Status: sw, Log: log,
+		ZDSSocket: zdsSock, PluginSocket: filepath.Join(dir, "plugin.sock"), StateDir: filepath.Join(dir, "state"),
+		Host: nopHost{}, // the probe SNAT would go into this (root) namespace
+		FindNetns: func(_ context.Context, pod *corev1.Pod, _ string) (string, *netns.Handle, error) {
+			p := sandboxes[pod.Name]
+			if p == nil || pod.Namespace != "mesh" {
+				return "", nil, os.ErrNotExist
+			}
+			h, err := netns.Open(p.NetNSPath())
+			return p.NetNSPath(), h, err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { sw.Run(runCtx); done <- struct{}{} }()
+	go func() {
+		if err := a.Run(runCtx); err != nil {
+			t.Errorf("agent: %v", err)
+		}
+		done <- struct{}{}
+	}()
+	t.Cleanup(func() { cancel(); <-done; <-done })
+	proxy.wait("snapshot 0")
+
+	annotation := func(name string) (string, bool) {
+		p, err := kc.CoreV1().Pods("mesh").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := p.Annotations[agentkube.AnnotationRedirection]
+		return v, ok
+	}
+	label := func(value *string) {
+		t.Helper()
+		v := "null"
+		if value != nil {
+			v = `"` + *value + `"`
+		}
+		patch := []byte(`{"metadata":{"labels":{"` + ambientLabel + `":` + v + `}}}`)
+		if _, err := kc.CoreV1().Namespaces().Patch(ctx, "mesh", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ambient := "ambient"
+	enrolled := func(when string) {
+		t.Helper()
+		label(&ambient)
+		proxy.wait("add a", "add b")
+		eventually(t, "redirection annotations "+when, func() bool {
+			va, _ := annotation("a")
+			vb, _ := annotation("b")
+			return va == agentkube.RedirectionEnabled && vb == agentkube.RedirectionEnabled
+		})
+		for name, p := range sandboxes {
+			if !strings.Contains(nat(t, p), redirect15001) {
+				t.Fatalf("pod %s has no capture rules %s", name, when)
+			}
+		}
+		if _, ok := annotation("elsewhere"); ok {
+			t.Fatal("a pod of another node was annotated")
+		}
+	}
+	unenrolled := func(when string) {
+		t.Helper()
+		label(nil)
+		proxy.wait("del a", "del b")
+		eventually(t, "annotations removed "+when, func() bool {
+			_, oka := annotation("a")
+			_, okb := annotation("b")
+			return !oka && !okb
+		})
+		for name, p := range sandboxes {
+			if strings.Contains(nat(t, p), redirect15001) {
+				t.Fatalf("pod %s keeps capture rules %s", name, when)
+			}
+		}
+	}
+
+	enrolled("after labelling the namespace")
+	unenrolled("after unlabelling the namespace")
+
+	s.Stop()
+	time.Sleep(500 * time.Millisecond) // the informers notice and back off
+	if !a.Ready() {
+		t.Fatal("agent not ready while the API server is down")
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	enrolled("after an API server restart")
+	unenrolled("after an API server restart")
+}
+
+// nopHost stands in for the node-side probe SNAT, which would be installed
+// in the test process's (the machine's) own network namespace.
+type nopHost struct{}
+
+func (nopHost) Setup() error                   { return nil }
+func (nopHost) AddPodIPs(_ []netip.Addr) error { return nil }
+func (nopHost) DelPodIPs(_ []netip.Addr) error { return nil }
+func (nopHost) Teardown() error                { return nil }
