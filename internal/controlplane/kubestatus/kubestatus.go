@@ -90,6 +90,10 @@ type Writer struct {
 
 	mu      sync.Mutex
 	desired map[string][]Address // "ns/name" → addresses; nil until the first Save
+	// savedRV is each ServiceEntry's resourceVersion in the source when
+	// desired was saved: what the allocator (about) saw.
+	savedRV map[string]string
+	saves   uint64
 }
 
 // Address is one entry of ServiceEntry status.addresses.
@@ -140,8 +144,15 @@ func (w *Writer) Load() (autoalloc.State, error) { return autoalloc.State{}, nil
 // fails and never blocks on the API server.
 func (w *Writer) Save(st autoalloc.State) error {
 	d := Desired(st)
+	rv := map[string]string{}
+	if objs, _ := w.cfg.Source.Current(); objs != nil {
+		for _, se := range objs.ServiceEntries {
+			rv[se.Namespace+"/"+se.Name] = se.ResourceVersion
+		}
+	}
 	w.mu.Lock()
-	w.desired = d
+	w.desired, w.savedRV = d, rv
+	w.saves++
 	w.mu.Unlock()
 	select {
 	case w.kick <- struct{}{}:
@@ -232,26 +243,51 @@ func (w *Writer) Run(ctx context.Context) error {
 	return nil
 }
 
+// settleTime is how long a ServiceEntry change may go without a new Save
+// before the allocator is taken to have seen it and left its addresses
+// alone (it re-allocates within the control plane's debounce).
+const settleTime = time.Second
+
 // lead is the write loop while holding the Lease.
 func (w *Writer) lead(ctx context.Context) {
 	backoff := time.Duration(0)
+	settled := false
 	for {
 		objs, changed := w.cfg.Source.Current()
 		var retry <-chan time.Time
 		if objs != nil {
-			if failed := w.Reconcile(ctx, objs); failed > 0 {
+			w.mu.Lock()
+			saves := w.saves
+			w.mu.Unlock()
+			failed, deferred := w.reconcile(ctx, objs, settled)
+			switch {
+			case failed > 0:
 				backoff = min(max(2*backoff, 500*time.Millisecond), maxBackoff)
 				retry = time.After(backoff)
-			} else {
+			case deferred > 0:
+				backoff = 0
+				retry = time.After(settleTime)
+			default:
 				backoff = 0
 			}
+			settled = false
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			case <-w.kick:
+			case <-retry:
+				w.mu.Lock()
+				settled = deferred > 0 && w.saves == saves
+				w.mu.Unlock()
+			}
+			continue
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
 		case <-w.kick:
-		case <-retry:
 		}
 	}
 }
@@ -259,26 +295,43 @@ func (w *Writer) lead(ctx context.Context) {
 // Reconcile writes every ServiceEntry of objs whose status differs from the
 // latest Save and returns how many writes failed (to be retried). Before
 // the first Save it does nothing: an empty desired set must not wipe the
-// addresses. Run calls it while leading; tests may call it directly.
+// addresses. A ServiceEntry whose non-empty status differs and that
+// changed since the Save is left for the allocator to look at first (a
+// later Reconcile writes it). Run calls it while leading; tests may call
+// it directly.
 func (w *Writer) Reconcile(ctx context.Context, objs *cluster.Objects) (failed int) {
+	failed, _ = w.reconcile(ctx, objs, false)
+	return failed
+}
+
+// reconcile is Reconcile; settled writes ServiceEntries that changed since
+// the Save too, and deferred counts those it left.
+func (w *Writer) reconcile(ctx context.Context, objs *cluster.Objects, settled bool) (failed, deferred int) {
 	w.mu.Lock()
-	desired := w.desired
+	desired, savedRV := w.desired, w.savedRV
 	w.mu.Unlock()
 	if desired == nil {
-		return 0
+		return 0, 0
 	}
 	for _, se := range objs.ServiceEntries {
-		want := desired[se.Namespace+"/"+se.Name]
+		key := se.Namespace + "/" + se.Name
+		want := desired[key]
 		have := statusAddrs(se)
 		if sameSet(have, want) {
 			continue
 		}
+		if len(have) > 0 && !settled && savedRV[key] != se.ResourceVersion {
+			// Someone (an earlier leader, a user) set these addresses after
+			// the allocator's last look: let it re-allocate from them.
+			deferred++
+			continue
+		}
 		if err := w.write(ctx, se.Namespace, se.Name, string(se.UID), have, want); err != nil {
 			failed++
-			w.log.Warn("writing ServiceEntry status.addresses failed; will retry", zap.String("service_entry", se.Namespace+"/"+se.Name), zap.Error(err))
+			w.log.Warn("writing ServiceEntry status.addresses failed; will retry", zap.String("service_entry", key), zap.Error(err))
 		}
 	}
-	return failed
+	return failed, deferred
 }
 
 // ErrConflict is returned (wrapped) when the status changed since it was

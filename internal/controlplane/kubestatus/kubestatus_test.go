@@ -1,14 +1,23 @@
 package kubestatus
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
 )
 
@@ -119,5 +128,60 @@ func TestPatchVariants(t *testing.T) {
 func TestNewDefaults(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Fatal("missing clients accepted")
+	}
+}
+
+// staticSource is a cluster.Source that always shows one set.
+type staticSource struct{ objs *cluster.Objects }
+
+func (s staticSource) Run(context.Context) error { return nil }
+func (s staticSource) Current() (*cluster.Objects, <-chan struct{}) {
+	return s.objs, make(chan struct{})
+}
+
+func se(rv string, addrs ...string) *networkingv1.ServiceEntry {
+	e := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "se", UID: "u1", ResourceVersion: rv}}
+	e.Spec.Hosts = []string{"x"}
+	for _, a := range addrs {
+		e.Status.Addresses = append(e.Status.Addresses, &networkingv1alpha3.ServiceEntryAddress{Value: a, Host: "x"})
+	}
+	return e
+}
+
+// TestReconcileDefers: a status that changed after the allocator's last
+// look is left alone until it settles; equal status is never written; an
+// unreachable API server counts as a failed write.
+func TestReconcileDefers(t *testing.T) {
+	saved := &cluster.Objects{ServiceEntries: []*networkingv1.ServiceEntry{se("1")}}
+	src := &staticSource{objs: saved}
+	// Nothing listens there: any write fails.
+	w, err := New(Config{Istio: istioclient.NewForConfigOrDie(&rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second}),
+		Kube: kubernetes.NewForConfigOrDie(&rest.Config{Host: "https://127.0.0.1:1"}), Source: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if f, d := w.reconcile(ctx, saved, false); f != 0 || d != 0 {
+		t.Fatalf("before any Save: failed=%d deferred=%d", f, d)
+	}
+	st := autoalloc.State{Allocations: []autoalloc.Allocation{{Namespace: "ns", Name: "se", Host: "x", V4: netip.MustParseAddr("240.240.0.1")}}}
+	_ = w.Save(st)
+	tests := []struct {
+		name             string
+		objs             *cluster.Objects
+		settled          bool
+		failed, deferred int
+	}{
+		{name: "status equals desired", objs: &cluster.Objects{ServiceEntries: []*networkingv1.ServiceEntry{se("2", "240.240.0.1")}}},
+		{name: "someone else's addresses, unsettled", objs: &cluster.Objects{ServiceEntries: []*networkingv1.ServiceEntry{se("2", "240.240.0.7")}}, deferred: 1},
+		{name: "someone else's addresses, settled", objs: &cluster.Objects{ServiceEntries: []*networkingv1.ServiceEntry{se("2", "240.240.0.7")}}, settled: true, failed: 1},
+		{name: "no status yet: written at once", objs: &cluster.Objects{ServiceEntries: []*networkingv1.ServiceEntry{se("2")}}, failed: 1},
+		{name: "unchanged since Save: written at once", objs: &cluster.Objects{ServiceEntries: []*networkingv1.ServiceEntry{se("1", "240.240.0.7")}}, failed: 1},
+	}
+	for _, tt := range tests {
+		f, d := w.reconcile(ctx, tt.objs, tt.settled)
+		if f != tt.failed || d != tt.deferred {
+			t.Errorf("%s: failed=%d deferred=%d, want %d, %d", tt.name, f, d, tt.failed, tt.deferred)
+		}
 	}
 }
