@@ -29,6 +29,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/agent"
 	agentkube "github.com/ztunnel-go/ztunnel-go/cni/agent/kube"
 	"github.com/ztunnel-go/ztunnel-go/cni/plugin"
+	"github.com/ztunnel-go/ztunnel-go/cni/rules"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/caapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
@@ -355,6 +356,11 @@ func TestKubeAgent(t *testing.T) {
 		NodeName: node.Name, Source: src, Status: sw, Log: log,
 		ZDSSocket: zdsSock, PluginSocket: filepath.Join(dir, "plugin.sock"), StateDir: filepath.Join(dir, "state"),
 		Host: nopHost{}, // the probe SNAT would go into this (root) namespace
+		// The default iptables variant, as in a fresh node namespace (and as
+		// nat() reads it), not the one this machine's own rules use.
+		Applier: func(_ string, ns *netns.Handle) rules.Applier {
+			return rules.NewKernelApplier(rules.KernelConfig{Netns: ns, Mode: rules.ModeDefault})
+		},
 		FindNetns: func(_ context.Context, pod *corev1.Pod, _ string) (string, *netns.Handle, error) {
 			p := sandboxes[pod.Name]
 			if p == nil || pod.Namespace != "mesh" {
