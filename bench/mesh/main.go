@@ -33,6 +33,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,10 +45,12 @@ import (
 
 func main() {
 	binDir := flag.String("bin-dir", "", "directory with prebuilt ztunnel, ztunnel-cni, ztunnel-cp (empty: go build them)")
-	fortioBin := flag.String("fortio", "", "fortio binary (empty: <repo>/.tools/bin/fortio, installed at "+FortioVersion+" when missing)")
+	fortioBin := flag.String("fortio", "", "fortio binary (empty: <repo>/.tools/bin/fortio, installed at -fortio-version when missing or another version)")
+	fortioVersion := flag.String("fortio-version", FortioVersion, "fortio module version to install")
 	profileDir := flag.String("profile", "", "write CPU profiles of both node proxies (iperf3 single stream, fortio) into this directory")
 	iperfSecs := flag.Int("iperf-seconds", 3, "measured seconds per iperf3 run (after 1 s omitted)")
 	rounds := flag.Int("rounds", 2, "alternated iperf3 rounds per path (the best counts)")
+	only := flag.String("only", "", "comma-separated parts to run (iperf, latency, connect); empty means all (a partial run prints only its figures)")
 	flag.Parse()
 
 	prog := testcluster.NewProgram("bench-mesh", os.Stderr)
@@ -61,8 +64,8 @@ func main() {
 	}()
 
 	start := time.Now()
-	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, profileDir: *profileDir}
-	err := b.run(*binDir, *fortioBin)
+	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, profileDir: *profileDir, only: *only}
+	err := b.run(*binDir, *fortioBin, *fortioVersion)
 	prog.Close()
 	logf("total %v (teardown included)", time.Since(start).Round(100*time.Millisecond))
 	if err != nil {
@@ -93,6 +96,7 @@ type bench struct {
 	iperfSecs  int
 	rounds     int
 	profileDir string
+	only       string
 
 	m      *meshlab.Mesh
 	fortio string
@@ -112,10 +116,10 @@ const (
 // control plane (pod addresses stop at 10.31.<node>.249).
 const outsideIP = "10.31.1.254"
 
-func (b *bench) run(binDir, fortioBin string) error {
+func (b *bench) run(binDir, fortioBin, fortioVersion string) error {
 	logf("machine: nproc=%d, cpu=%q, loadavg=%s", runtime.NumCPU(), cpuModel(), loadAvg())
 	var err error
-	if b.fortio, err = ensureFortio(fortioBin); err != nil {
+	if b.fortio, err = ensureFortio(fortioBin, fortioVersion); err != nil {
 		return err
 	}
 	t0 := time.Now()
@@ -127,48 +131,67 @@ func (b *bench) run(binDir, fortioBin string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 
-	// Throughput: single stream, 8 streams, passthrough.
-	single, err := b.iperfPair(ctx, "single stream", 1, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "iperf-single")
-	if err != nil {
-		return err
+	var figures []func()
+	if b.want("iperf") {
+		// Throughput: single stream, 8 streams, passthrough.
+		single, err := b.iperfPair(ctx, "single stream", 1, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "iperf-single")
+		if err != nil {
+			return err
+		}
+		parallel, err := b.iperfPair(ctx, "8 streams", 8, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "")
+		if err != nil {
+			return err
+		}
+		pass, err := b.iperfPair(ctx, "passthrough", 1, b.meshClient, outsideIP, b.directClient, outsideIP, "")
+		if err != nil {
+			return err
+		}
+		figures = append(figures, func() {
+			emit("mesh_throughput_ratio", single.ratio(), "ratio")
+			emit("mesh_parallel_ratio", parallel.ratio(), "ratio")
+			emit("mesh_passthrough_ratio", pass.ratio(), "ratio")
+		})
 	}
-	parallel, err := b.iperfPair(ctx, "8 streams", 8, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "")
-	if err != nil {
-		return err
+	if b.want("latency") {
+		// Latency and proxy CPU at 1000 requests/s.
+		lat, err := b.latency(ctx)
+		if err != nil {
+			return err
+		}
+		figures = append(figures, func() {
+			emit("mesh_added_latency_p50_us", lat.added(50), "us")
+			emit("mesh_added_latency_p90_us", lat.added(90), "us")
+			emit("mesh_added_latency_p99_us", lat.added(99), "us")
+			emit("mesh_proxy_cpu_per_1k_rps", lat.cpuPer1kPerProxy(), "vcpu")
+		})
 	}
-	pass, err := b.iperfPair(ctx, "passthrough", 1, b.meshClient, outsideIP, b.directClient, outsideIP, "")
-	if err != nil {
-		return err
+	if b.want("connect") {
+		// Connection setup to a destination outside the mesh.
+		conn, err := b.connects(ctx)
+		if err != nil {
+			return err
+		}
+		figures = append(figures, func() { emit("mesh_connect_added_us", conn.added(), "us") })
 	}
-
-	// Latency and proxy CPU at 1000 requests/s.
-	lat, err := b.latency(ctx)
-	if err != nil {
-		return err
-	}
-
-	// Connection setup to a destination outside the mesh.
-	conn, err := b.connects(ctx)
-	if err != nil {
-		return err
-	}
-
+	// Memory after all the traffic, 1,000+ workloads in state.
 	rss, err := b.proxyMemory()
 	if err != nil {
 		return err
 	}
+	figures = append(figures, func() { emit("mesh_proxy_rss_mb", rss, "MB") })
+	if err := b.verifyPaths(); err != nil {
+		return err
+	}
 	logf("load average now: %s", loadAvg())
-
-	emit("mesh_throughput_ratio", single.ratio(), "ratio")
-	emit("mesh_parallel_ratio", parallel.ratio(), "ratio")
-	emit("mesh_passthrough_ratio", pass.ratio(), "ratio")
-	emit("mesh_added_latency_p50_us", lat.added(50), "us")
-	emit("mesh_added_latency_p90_us", lat.added(90), "us")
-	emit("mesh_added_latency_p99_us", lat.added(99), "us")
-	emit("mesh_proxy_cpu_per_1k_rps", lat.cpuPer1kPerProxy(), "vcpu")
-	emit("mesh_proxy_rss_mb", rss, "MB")
-	emit("mesh_connect_added_us", conn.added(), "us")
+	for _, f := range figures {
+		f()
+	}
 	return nil
+}
+
+// want reports whether part runs (-only).
+func (b *bench) want(part string) bool {
+	return b.only == "" || slices.Contains(strings.Split(b.only, ","), part)
 }
 
 // setup starts the mesh, the namespaces, the scale objects, the four pods
@@ -254,8 +277,8 @@ func (b *bench) startServers(ctx context.Context, p *testcluster.Pod) error {
 
 // ensureFortio returns the fortio binary: path if given, else
 // <repo>/.tools/bin/fortio, installed from the Go module proxy at
-// FortioVersion when missing (GOFLAGS=-mod=mod: our go.mod is untouched).
-func ensureFortio(path string) (string, error) {
+// version when missing or different (GOFLAGS=-mod=mod: our go.mod is untouched).
+func ensureFortio(path, version string) (string, error) {
 	if path != "" {
 		return path, nil
 	}
@@ -272,14 +295,14 @@ func ensureFortio(path string) (string, error) {
 	}
 	bin := filepath.Join(root, ".tools", "bin")
 	path = filepath.Join(bin, "fortio")
-	if out, err := runCmd(context.Background(), path, "version"); err == nil && strings.TrimSpace(out) == strings.TrimPrefix(FortioVersion, "v") {
+	if out, err := runCmd(context.Background(), path, "version"); err == nil && strings.TrimSpace(out) == strings.TrimPrefix(version, "v") {
 		return path, nil
 	}
-	logf("installing fortio %s into %s", FortioVersion, bin)
+	logf("installing fortio %s into %s", version, bin)
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if out, err := runCmdEnv(ctx, []string{"GOBIN=" + bin, "GOFLAGS=-mod=mod"}, goBin, "install", "fortio.org/fortio@"+FortioVersion); err != nil {
+	if out, err := runCmdEnv(ctx, []string{"GOBIN=" + bin, "GOFLAGS=-mod=mod"}, goBin, "install", "fortio.org/fortio@"+version); err != nil {
 		return "", fmt.Errorf("installing fortio: %w: %s", err, out)
 	}
 	return path, nil

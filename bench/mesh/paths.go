@@ -109,7 +109,8 @@ func (b *bench) iperf(ctx context.Context, c *testcluster.Pod, dst string, strea
 // the mesh run.
 type latencyResult struct {
 	mesh, direct fortioResult
-	cpuSecs      [2]float64 // per node proxy, during the mesh run
+	cpuSecs      [2]float64       // per node proxy, during the mesh run
+	runqWait     [2]time.Duration // per node proxy, runnable but not running, during the mesh run
 	wall         float64
 }
 
@@ -166,6 +167,7 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	if err != nil {
 		return l, err
 	}
+	waitBefore := b.runqWait()
 	t0 := time.Now()
 	var stopProf func()
 	if b.profileDir != "" {
@@ -183,8 +185,10 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	if err != nil {
 		return l, err
 	}
+	waitAfter := b.runqWait()
 	for i := range l.cpuSecs {
 		l.cpuSecs[i] = after[i] - before[i]
+		l.runqWait[i] = waitAfter[i] - waitBefore[i]
 	}
 	for _, r := range []struct {
 		name string
@@ -195,6 +199,9 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 	logf("proxy CPU during the mesh run (%.1f s): node0 %.2f s (%.3f vCPU), node1 %.2f s (%.3f vCPU)",
 		l.wall, l.cpuSecs[0], l.cpuSecs[0]/l.wall, l.cpuSecs[1], l.cpuSecs[1]/l.wall)
+	n := float64(l.mesh.DurationHistogram.Count)
+	logf("proxy threads runnable but waiting for a CPU during the mesh run: node0 %.0f µs, node1 %.0f µs per request",
+		float64(l.runqWait[0].Microseconds())/n, float64(l.runqWait[1].Microseconds())/n)
 	return l, nil
 }
 

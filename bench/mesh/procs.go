@@ -67,10 +67,60 @@ func (b *bench) proxyMemory() (float64, error) {
 			max = rss
 		}
 		workloads, services := stateSize(ctx, b.m, i)
-		logf("node%d proxy: VmRSS %.1f MiB, VmHWM %.1f MiB, threads %d; state: %d workloads, %d services",
-			i, rss, float64(st["VmHWM"])/1024, st["Threads"], workloads, services)
+		logf("node%d proxy: VmRSS %.1f MiB (anon %.1f, file %.1f), VmHWM %.1f MiB, threads %d; state: %d workloads, %d services; Go runtime: %s",
+			i, rss, float64(st["RssAnon"])/1024, float64(st["RssFile"])/1024, float64(st["VmHWM"])/1024, st["Threads"],
+			workloads, services, goMemStats(ctx, mn.Node))
+		if b.profileDir != "" {
+			path := filepath.Join(b.profileDir, fmt.Sprintf("heap-node%d.pprof", i))
+			if err := fetch(ctx, mn.Node, "/debug/pprof/heap", path); err != nil {
+				logf("heap profile node%d: %v", i, err)
+			}
+		}
 	}
 	return max, nil
+}
+
+// goMemStats summarises the runtime.MemStats lines of a proxy's heap
+// profile (debug=1), in MiB.
+func goMemStats(ctx context.Context, n *testcluster.Node) string {
+	body, err := get(ctx, n, "/debug/pprof/heap?debug=1", 10*time.Second)
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, line := range strings.Split(string(body), "\n") {
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "# "), " = ")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "Sys", "HeapInuse", "HeapIdle", "HeapReleased", "StackInuse", "MSpanInuse", "GCSys", "OtherSys":
+			if n, err := strconv.ParseFloat(v, 64); err == nil {
+				parts = append(parts, fmt.Sprintf("%s %.1f", k, n/(1<<20)))
+			}
+		}
+	}
+	return strings.Join(parts, ", ") + " MiB"
+}
+
+// runqWait returns the time each proxy's threads spent runnable but
+// waiting for a CPU so far (the second field of /proc/<pid>/task/*/schedstat).
+func (b *bench) runqWait() [2]time.Duration {
+	var out [2]time.Duration
+	for i, mn := range b.m.Nodes[:2] {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", mn.Proxy.PID()))
+		for _, t := range tasks {
+			data, err := os.ReadFile(t)
+			if err != nil {
+				continue // the thread exited
+			}
+			if f := strings.Fields(string(data)); len(f) >= 2 {
+				ns, _ := strconv.ParseInt(f[1], 10, 64)
+				out[i] += time.Duration(ns)
+			}
+		}
+	}
+	return out
 }
 
 // procStatus returns the numeric fields of /proc/<pid>/status (kB for the
@@ -140,31 +190,50 @@ func (b *bench) profileProxies(name string, seconds int) func() {
 }
 
 func fetchProfile(n *testcluster.Node, seconds int, path string) error {
-	client := &http.Client{Timeout: time.Duration(seconds+10) * time.Second, Transport: &http.Transport{
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(seconds+15)*time.Second)
+	defer cancel()
+	return fetch(ctx, n, fmt.Sprintf("/debug/pprof/profile?seconds=%d", seconds), path)
+}
+
+// get GETs path from node n's proxy admin endpoint (meshlab.NodeHTTP has a
+// fixed 5 s timeout, too short for a CPU profile).
+func get(ctx context.Context, n *testcluster.Node, path string, timeout time.Duration) ([]byte, error) {
+	client := &http.Client{Timeout: timeout, Transport: &http.Transport{
+		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return n.Dial(ctx, "tcp", addr)
 		},
 	}}
-	resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", meshlab.ProxyAdminAddr, seconds))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+meshlab.ProxyAdminAddr+path, nil)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: status %d", path, resp.StatusCode)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
+	return body, err
+}
+
+// fetch writes what get returns into file out.
+func fetch(ctx context.Context, n *testcluster.Node, path, out string) error {
+	timeout := 30 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
 	}
-	f, err := os.Create(path)
+	body, err := get(ctx, n, path, timeout)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
-	return f.Close()
+	return os.WriteFile(out, body, 0o644)
 }
 
 // waitListening polls `ss` inside pod p until a TCP socket listens on
