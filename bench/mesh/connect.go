@@ -50,6 +50,9 @@ func (c connectResult) added() float64 { return us(median(c.mesh) - median(c.dir
 func (b *bench) connects(ctx context.Context) (connectResult, error) {
 	var r connectResult
 	dst := fmt.Sprintf("%s:%d", outsideIP, greeterPort)
+	if b.profileDir != "" {
+		defer b.profileProxies("connect", 3)()
+	}
 	for block := 0; block < connectsPerPath/connectBlock; block++ {
 		order := []bool{true, false}
 		if block%2 == 1 {
