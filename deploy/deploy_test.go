@@ -20,8 +20,8 @@ const systemNamespace = "istio-system"
 
 // TestDryRunApply applies every rendered document server-side with
 // dryRun=All against a real kube-apiserver, so schema, validation and
-// admission errors (e.g. capabilities with allowPrivilegeEscalation=false)
-// fail here rather than at install time. Then it applies them for real and
+// admission errors (a misspelt field, a negative minAvailable) fail here
+// rather than at install time. Then it applies them for real and
 // checks the RBAC: each component may do what it needs and no more.
 func TestDryRunApply(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
