@@ -365,9 +365,10 @@ spec:
 	} else if strings.Contains(err.Error(), "timeout") {
 		t.Fatalf("connection not closed after the DENY policy: %v", err)
 	}
-	// (As of 2026-11 the revocation line does not name the policy.)
+	// The revocation line names the policy that revoked it.
 	if _, err := m.WaitAccessLog(ctx, server.Node.Index, func(a meshlab.AccessLog) bool {
 		return a.Str("direction") == "inbound" && a.Str("dst.workload") == "mx-server-1" && a.Str("reason") == "revoked" &&
+			strings.HasSuffix(a.Str("error"), "denied by matrix/deny-mx-client") &&
 			a.Str("src.identity") == spiffe("matrix", "mx-client") && a.Int("bytes_recv") == 5
 	}); err != nil {
 		t.Fatal(err)

@@ -33,6 +33,8 @@ type tracked struct {
 	conn    rbac.Conn
 	kill    func() // closes the connection; safe to call more than once
 	revoked atomic.Bool
+	// why says which policy decision revoked it, set before revoked.
+	why atomic.Pointer[error]
 }
 
 // registry holds the pod's open inbound connections so that policy changes
@@ -85,13 +87,22 @@ func (p *WorkloadProxy) recheck(snap *state.Snapshot, conns []*tracked) {
 	}
 	policies := snap.PoliciesFor(local)
 	for _, t := range conns {
-		if rbac.Evaluate(policies, t.conn).Allowed {
+		d := rbac.Evaluate(policies, t.conn)
+		if d.Allowed {
 			continue
+		}
+		if t.why.Load() == nil {
+			why := fmt.Errorf("%w: %s", errRevoked, d.Reason)
+			if d.Policy != "" {
+				why = fmt.Errorf("%w: %s by %s", errRevoked, d.Reason, d.Policy)
+			}
+			t.why.CompareAndSwap(nil, &why)
 		}
 		if t.revoked.CompareAndSwap(false, true) {
 			p.log.Info("proxy: closing a connection a policy change no longer allows",
 				zap.Stringer("src", t.conn.SrcIP), zap.Uint16("dst_port", t.conn.DstPort),
-				zap.Stringer("src_identity", t.conn.SrcIdentity), zap.Uint64("generation", snap.Generation))
+				zap.Stringer("src_identity", t.conn.SrcIdentity), zap.Uint64("generation", snap.Generation),
+				zap.String("policy", d.Policy), zap.Stringer("decision", d.Reason))
 			t.kill()
 		}
 	}
@@ -119,6 +130,9 @@ func (p *WorkloadProxy) watchPolicies() {
 func (t *tracked) endErr(err error, forced bool) error {
 	switch {
 	case t.revoked.Load():
+		if why := t.why.Load(); why != nil {
+			return WithReason(ReasonRevoked, *why)
+		}
 		return WithReason(ReasonRevoked, errRevoked)
 	case forced:
 		return ErrForced

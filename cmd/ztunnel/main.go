@@ -43,6 +43,7 @@ func main() {
 	level := zap.NewAtomicLevelAt(cfg.LogLevel)
 	zc := zap.NewProductionConfig()
 	zc.Level, zc.Encoding, zc.Sampling = level, cfg.LogFormat, nil // never sample away access-log lines
+	zc.DisableStacktrace = true                                    // a refused connection is not a crash
 	zc.EncoderConfig.TimeKey, zc.EncoderConfig.EncodeTime = "time", zapcore.ISO8601TimeEncoder
 	log, err := zc.Build()
 	if err != nil {
