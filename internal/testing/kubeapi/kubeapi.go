@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -390,17 +391,28 @@ func (s *Server) spawn(name string, args []string) (*process, error) {
 		cmd.Stdout, cmd.Stderr = logf, logf
 	}
 	// Its own process group, and killed if the test binary dies first.
+	// Pdeathsig fires when the *thread* that started the child exits, and Go
+	// may end threads (a goroutine exiting while locked, as a failed netns
+	// switch does), so the child is started and waited for on a locked
+	// thread of its own that lives exactly as long as the child.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("kubeapi: start %s: %w", name, err)
-	}
 	p := &process{name: name, cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		err := cmd.Start()
+		started <- err
+		if err != nil {
+			return
+		}
 		p.err = cmd.Wait()
 		logf.Close()
 		close(p.done)
 	}()
+	if err := <-started; err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("kubeapi: start %s: %w", name, err)
+	}
 	return p, nil
 }
 
