@@ -20,7 +20,7 @@ import (
 const EnvBinDir = "ZTG_K8S_BIN"
 
 // coldBuild is how long a build with empty Go caches takes on 2 cores
-// (as of 2026-07), used to refuse a build that cannot finish before the test
+// (as of 2026-11), used to refuse a build that cannot finish before the test
 // binary's deadline.
 const coldBuild = 15 * time.Minute
 
