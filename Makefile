@@ -20,7 +20,7 @@ FORTIO_VERSION := v1.68.2
 APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-dns bench-mesh demo clean
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-dns bench-mesh demo clean k8s-bins deploy-check
 
 all: build
 
@@ -73,16 +73,27 @@ lint:
 	$(GO) vet ./...
 
 ## unit: every package's tests with the race detector (root-only tests run too when root).
-unit: tools
+## k8s-bins: etcd, kube-apiserver, kubectl and helm built from their Go modules (hack/k8s; ~15 min on
+## 2 cores the first time, then cached in ~/.cache/ztunnel-go/k8s).
+k8s-bins:
+	@hack/k8s/build.sh k8s helm >/dev/null
+
+K8S_ENV = ZTG_K8S_BIN=$$(hack/k8s/build.sh k8s)
+
+unit: tools k8s-bins
 	ZTG_REQUIRE_ROOT=$${ZTG_REQUIRE_ROOT:-$$( [ $$(id -u) = 0 ] && echo 1 )} \
-	ZTG_CNI_BIN=$(CNI_BIN) \
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/e2e')
+	ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) \
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/e2e')
 	@# Allocation budgets (sync.Pool drops items under -race, so they run without it).
 	$(GO) test -count=1 -run 'Allocs' $$($(GO) list ./... | grep -v '/e2e')
 
 ## e2e: end-to-end tests in network namespaces (root).
-e2e: tools
-	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(GO) test -race -count=1 -p 1 ./e2e/...; fi
+e2e: tools k8s-bins
+	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) $(GO) test -race -count=1 -p 1 -timeout 20m ./e2e/...; fi
+
+## deploy-check: helm lint, helm template vs deploy/manifests, server-side dry-run + RBAC check on a real API server.
+deploy-check: k8s-bins
+	deploy/check.sh
 
 ## fuzz: a short run of every fuzz target (FUZZTIME=5s each by default; `make fuzz FUZZTIME=5m` for a long run).
 fuzz:
@@ -95,7 +106,7 @@ fuzz:
 	done
 
 ## test: everything CI runs.
-test: deps tools lint proto-check unit e2e
+test: deps tools lint proto-check unit e2e deploy-check
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 bench-hbone:
