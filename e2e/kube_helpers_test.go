@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -98,6 +99,7 @@ func setRunning(t *testing.T, c kubernetes.Interface, pod *corev1.Pod, ip string
 
 // xdsSink keeps what a real xds.Client received.
 type xdsSink struct {
+	stop  func() // disconnects the client
 	mu    sync.Mutex
 	addrs map[string]*workloadapi.Address
 	authz map[string]*securityapi.Authorization
@@ -155,7 +157,8 @@ type kubeCP struct {
 
 func startKubeCP(t *testing.T, clients *kube.Clients, authority *ca.CA, identity string) *kubeCP {
 	t.Helper()
-	src, err := kube.New(kube.Config{Clients: clients})
+	log := zaptest.NewLogger(t).Named(identity)
+	src, err := kube.New(kube.Config{Clients: clients, Log: log.Named("source")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +167,7 @@ func startKubeCP(t *testing.T, clients *kube.Clients, authority *ca.CA, identity
 		t.Fatal(err)
 	}
 	status, err := kubestatus.New(kubestatus.Config{
-		Istio: clients.Istio, Kube: clients.Kube, Source: src, Identity: identity,
+		Istio: clients.Istio, Kube: clients.Kube, Source: src, Identity: identity, Log: log.Named("se-status"),
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond,
 	})
 	if err != nil {
@@ -175,7 +178,7 @@ func startKubeCP(t *testing.T, clients *kube.Clients, authority *ca.CA, identity
 		t.Fatal(err)
 	}
 	cp, err := controlplane.New(controlplane.Config{
-		Source: src, Translate: translate.Config{}, Allocator: alloc, CA: authority, Auth: auth,
+		Source: src, Translate: translate.Config{}, Allocator: alloc, CA: authority, Auth: auth, Log: log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -222,6 +225,7 @@ func watchXDS(t *testing.T, k *kubeCP, authority *ca.CA, token, node string) *xd
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	s.stop = func() { cancel(); <-done }
+	t.Cleanup(s.stop)
 	return s
 }

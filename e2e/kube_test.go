@@ -59,6 +59,9 @@ func TestKubeControlPlane(t *testing.T) {
 	if err := s.EnsureNamespace(ctx, "app", map[string]string{ambientLabel: "ambient"}); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.EnsureServiceAccount(ctx, "istio-system", "ztunnel"); err != nil {
+		t.Fatal(err)
+	}
 	// Node proxies: ServiceAccount istio-system/ztunnel, one pod per node.
 	ztA := createPod(t, kc, kubePod{ns: "istio-system", name: "ztunnel-a", node: "node-a", sa: "ztunnel"})
 	ztB := createPod(t, kc, kubePod{ns: "istio-system", name: "ztunnel-b", node: "node-b", sa: "ztunnel"})
@@ -177,30 +180,54 @@ func TestKubeControlPlane(t *testing.T) {
 		second.stop()
 	})
 
-	t.Run("ServiceEntry addresses survive a control-plane restart", func(t *testing.T) {
-		if first == nil {
-			t.Skip("no addresses from the previous step")
-		}
-		cp.stop()
-		cp = startKubeCP(t, clients, authority, "cp-3")
-		sink = watchXDS(t, cp, authority, tokA, "node-a")
-		got := waitSEAddresses(t, clients, sink, first)
-		eventually(t, "the new control plane to lead", cp.status.Leading)
-		// Leading, it re-reads the status and keeps it.
-		time.Sleep(300 * time.Millisecond)
-		if now := seStatus(t, clients); !slices.Equal(now, got) {
-			t.Fatalf("status changed after the new leader started: %v, then %v", got, now)
-		}
-	})
+	// ServiceEntry addresses survive a control-plane restart. Not a
+	// subtest: the new control plane lives until the end of the test.
+	if first == nil {
+		t.Fatal("no ServiceEntry addresses to keep")
+	}
+	sink.stop() // or the old control plane waits for the stream to end
+	cp.stop()
+	cp = startKubeCP(t, clients, authority, "cp-3")
+	sink = watchXDS(t, cp, authority, tokA, "node-a")
+	kept := waitSEAddresses(t, clients, sink, first)
+	eventually(t, "the new control plane to lead", cp.status.Leading)
+	// Leading, it re-reads the status and keeps it.
+	time.Sleep(300 * time.Millisecond)
+	if now := seStatus(t, clients); !slices.Equal(now, kept) {
+		t.Fatalf("status changed after the new leader started: %v, then %v", kept, now)
+	}
 
 	t.Run("API server restart", func(t *testing.T) {
 		s.Stop()
-		// Meanwhile the control plane keeps serving what it had.
+		// Meanwhile the control plane keeps serving what it had, and the
+		// CNI plugin's lookup keeps retrying.
 		if sink.address(webUID) == nil {
 			t.Fatal("workload lost while the API server is down")
 		}
+		type lookup struct {
+			pod *corev1.Pod
+			ns  *corev1.Namespace
+			err error
+		}
+		looked := make(chan lookup, 1)
+		go func() {
+			src := &agentkube.PodSource{Client: kc, Interval: 100 * time.Millisecond, MaxInterval: 500 * time.Millisecond, Attempts: 200}
+			p, n, err := src.Lookup(ctx, "app", "web")
+			looked <- lookup{p, n, err}
+		}()
 		if err := s.Restart(); err != nil {
 			t.Fatal(err)
+		}
+		r := <-looked
+		if r.err != nil || r.pod == nil || r.pod.UID != web.UID || r.ns.Labels[ambientLabel] != "ambient" {
+			t.Fatalf("plugin lookup across the restart: %+v", r)
+		}
+		if ok, why := plugin.IsAmbient(r.pod, r.ns, plugin.Enrollment{}); !ok {
+			t.Fatalf("web not ambient: %s", why)
+		}
+		_, ns, err := (&agentkube.PodSource{Client: kc}).Lookup(ctx, "app", "nope")
+		if !errors.Is(err, plugin.ErrPodNotFound) || ns == nil {
+			t.Fatalf("absent pod: ns=%v err=%v, want ErrPodNotFound with the namespace", ns, err)
 		}
 		late := createPod(t, kc, kubePod{ns: "app", name: "late", node: "node-b", sa: "late",
 			annots: map[string]string{agentkube.AnnotationRedirection: agentkube.RedirectionEnabled}})
@@ -226,35 +253,6 @@ func TestKubeControlPlane(t *testing.T) {
 		}
 	})
 
-	t.Run("plugin lookup retries while the API server is down", func(t *testing.T) {
-		src := &agentkube.PodSource{Client: kc, Interval: 100 * time.Millisecond, MaxInterval: 300 * time.Millisecond}
-		s.Stop()
-		type res struct {
-			pod *corev1.Pod
-			ns  *corev1.Namespace
-			err error
-		}
-		out := make(chan res, 1)
-		go func() {
-			p, n, err := src.Lookup(ctx, "app", "web")
-			out <- res{p, n, err}
-		}()
-		time.Sleep(time.Second) // a few failed attempts
-		if err := s.Restart(); err != nil {
-			t.Fatal(err)
-		}
-		r := <-out
-		if r.err != nil || r.pod == nil || r.pod.UID != web.UID || r.ns.Labels[ambientLabel] != "ambient" {
-			t.Fatalf("lookup across the restart: %+v", r)
-		}
-		if ok, why := plugin.IsAmbient(r.pod, r.ns, plugin.Enrollment{}); !ok {
-			t.Fatalf("web not ambient: %s", why)
-		}
-		_, ns, err := src.Lookup(ctx, "app", "nope")
-		if !errors.Is(err, plugin.ErrPodNotFound) || ns == nil {
-			t.Fatalf("absent pod: ns=%v err=%v, want ErrPodNotFound with the namespace", ns, err)
-		}
-	})
 }
 
 // seStatus reads app/ext's status.addresses as sorted "host=value" strings.

@@ -94,6 +94,7 @@ func TestSourceOnAPIServer(t *testing.T) {
 	}
 	t.Cleanup(func() { stop(); <-done; <-done })
 
+	t.Logf("%s: sources running", time.Now().Format("15:04:05.000"))
 	objs := waitFor(t, all, "both pods", func(o *cluster.Objects) bool { return len(o.Pods) == 2 })
 	if objs.Namespace("app") == nil || objs.Namespace("app").Labels["istio.io/dataplane-mode"] != "ambient" {
 		t.Fatalf("namespace app missing or unlabelled: %v", objs.Namespaces)
@@ -117,6 +118,7 @@ func TestSourceOnAPIServer(t *testing.T) {
 		return len(o.ServiceEntries) == 1 && o.ServiceEntries[0].Spec.Hosts[0] == "x.example.com"
 	})
 
+	t.Logf("%s: stopping the API server", time.Now().Format("15:04:05.000"))
 	api.Stop()
 	before, _ := agent.Current()
 	time.Sleep(300 * time.Millisecond)
@@ -126,9 +128,12 @@ func TestSourceOnAPIServer(t *testing.T) {
 	if err := api.Restart(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("%s: API server back", time.Now().Format("15:04:05.000"))
 	mkPod("a2", "n1")
 	waitFor(t, agent, "a pod created after the restart", func(o *cluster.Objects) bool { return len(o.Pods) == 2 })
-	if err := kc.CoreV1().Pods("app").Delete(ctx, "a1", metav1.DeleteOptions{}); err != nil {
+	t.Logf("%s: a2 seen", time.Now().Format("15:04:05.000"))
+	// No kubelet confirms a graceful deletion: delete at once.
+	if err := kc.CoreV1().Pods("app").Delete(ctx, "a1", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, agent, "the deletion", func(o *cluster.Objects) bool {

@@ -92,7 +92,7 @@ func TestOnAPIServer(t *testing.T) {
 
 	// A deleted node proxy pod's token is no longer valid.
 	tok2 := token(zt2, kubeapi.AudienceIstioCA)
-	if err := kc.CoreV1().Pods("istio-system").Delete(ctx, zt2.Name, metav1.DeleteOptions{}); err != nil {
+	if err := kc.CoreV1().Pods("istio-system").Delete(ctx, zt2.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Authenticate(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+tok2))); !errors.Is(err, caserver.ErrUnauthenticated) {
