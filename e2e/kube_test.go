@@ -1,15 +1,21 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -460,3 +466,98 @@ func (nopHost) Setup() error                   { return nil }
 func (nopHost) AddPodIPs(_ []netip.Addr) error { return nil }
 func (nopHost) DelPodIPs(_ []netip.Addr) error { return nil }
 func (nopHost) Teardown() error                { return nil }
+
+// TestKubeBinaries runs the shipped binaries in Kubernetes mode against the
+// API server: ztunnel-cp --kubeconfig syncs, leads and stops cleanly on
+// SIGTERM; the ztunnel-cni plugin with a "kubeconfig" key looks pods up in
+// the API (a plain pod passes through, an ambient pod fails closed while
+// no agent listens).
+func TestKubeBinaries(t *testing.T) {
+	s := startKubeAPI(t)
+	ctx := ctxT(t, 60*time.Second)
+	bin := t.TempDir()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	for _, cmd := range []string{"ztunnel-cp", "ztunnel-cni"} {
+		if out, err := exec.Command(goBin, "build", "-o", filepath.Join(bin, cmd), "github.com/ztunnel-go/ztunnel-go/cmd/"+cmd).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v: %s", cmd, err, out)
+		}
+	}
+	if err := s.EnsureNamespace(ctx, "mesh", map[string]string{ambientLabel: "ambient"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnsureNamespace(ctx, "plain", nil); err != nil {
+		t.Fatal(err)
+	}
+	kc := s.Client()
+	createPod(t, kc, kubePod{ns: "mesh", name: "amb", node: "n1"})
+	createPod(t, kc, kubePod{ns: "plain", name: "web", node: "n1"})
+
+	t.Run("ztunnel-cp", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		var out lockedBuffer
+		cp := exec.Command(filepath.Join(bin, "ztunnel-cp"), "--kubeconfig", s.Kubeconfig(), "--listen", addr,
+			"--state-dir", t.TempDir(), "--lease-namespace", "default")
+		cp.Stdout, cp.Stderr = &out, &out
+		if err := cp.Start(); err != nil {
+			t.Fatal(err)
+		}
+		logs := func() string { return out.String() }
+		eventually(t, "ztunnel-cp to sync and lead", func() bool {
+			l := logs()
+			return strings.Contains(l, "kubernetes informers synced") && strings.Contains(l, "leading: writing ServiceEntry status.addresses")
+		})
+		if err := cp.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cp.Wait(); err != nil {
+			t.Fatalf("ztunnel-cp exit: %v\n%s", err, logs())
+		}
+	})
+
+	t.Run("plugin", func(t *testing.T) {
+		add := func(ns, name string) (string, error) {
+			conf := `{"cniVersion":"1.0.0","name":"ztg","type":"ztunnel-cni","kubeconfig":"` + s.Kubeconfig() +
+				`","agent_socket":"` + filepath.Join(t.TempDir(), "none.sock") + `","prevResult":{"cniVersion":"1.0.0",` +
+				`"interfaces":[{"name":"eth0","sandbox":"/var/run/netns/x"}],"ips":[{"interface":0,"address":"10.31.0.9/24"}]}}`
+			cmd := exec.CommandContext(ctx, filepath.Join(bin, "ztunnel-cni"))
+			cmd.Env = append(os.Environ(), "CNI_COMMAND=ADD", "CNI_CONTAINERID=c1", "CNI_NETNS=/var/run/netns/x", "CNI_IFNAME=eth0",
+				"CNI_PATH="+bin, "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+ns+";K8S_POD_NAME="+name)
+			cmd.Stdin = strings.NewReader(conf)
+			out, err := cmd.Output()
+			return string(out), err
+		}
+		if out, err := add("plain", "web"); err != nil || !strings.Contains(out, "10.31.0.9/24") {
+			t.Fatalf("plain pod: %v: %s", err, out)
+		}
+		out, err := add("mesh", "amb")
+		if err == nil || !strings.Contains(out, "agent unreachable") {
+			t.Fatalf("ambient pod without an agent: err=%v out=%s", err, out)
+		}
+	})
+}
+
+// lockedBuffer is a bytes.Buffer a child process writes while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
