@@ -480,11 +480,10 @@ func TestKubeBinaries(t *testing.T) {
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	for _, cmd := range []string{"ztunnel-cp", "ztunnel-cni"} {
-		if out, err := exec.Command(goBin, "build", "-o", filepath.Join(bin, cmd), "github.com/ztunnel-go/ztunnel-go/cmd/"+cmd).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v: %s", cmd, err, out)
-		}
+	if out, err := exec.Command(goBin, "build", "-o", filepath.Join(bin, "ztunnel-cp"), "github.com/ztunnel-go/ztunnel-go/cmd/ztunnel-cp").CombinedOutput(); err != nil {
+		t.Fatalf("go build ztunnel-cp: %v: %s", err, out)
 	}
+	cniBin := ztunnelCNI(t) // shared with the capture tests
 	if err := s.EnsureNamespace(ctx, "mesh", map[string]string{ambientLabel: "ambient"}); err != nil {
 		t.Fatal(err)
 	}
@@ -527,9 +526,9 @@ func TestKubeBinaries(t *testing.T) {
 			conf := `{"cniVersion":"1.0.0","name":"ztg","type":"ztunnel-cni","kubeconfig":"` + s.Kubeconfig() +
 				`","agent_socket":"` + filepath.Join(t.TempDir(), "none.sock") + `","prevResult":{"cniVersion":"1.0.0",` +
 				`"interfaces":[{"name":"eth0","sandbox":"/var/run/netns/x"}],"ips":[{"interface":0,"address":"10.31.0.9/24"}]}}`
-			cmd := exec.CommandContext(ctx, filepath.Join(bin, "ztunnel-cni"))
+			cmd := exec.CommandContext(ctx, filepath.Join(cniBin, "ztunnel-cni"))
 			cmd.Env = append(os.Environ(), "CNI_COMMAND=ADD", "CNI_CONTAINERID=c1", "CNI_NETNS=/var/run/netns/x", "CNI_IFNAME=eth0",
-				"CNI_PATH="+bin, "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+ns+";K8S_POD_NAME="+name)
+				"CNI_PATH="+cniBin, "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+ns+";K8S_POD_NAME="+name)
 			cmd.Stdin = strings.NewReader(conf)
 			out, err := cmd.Output()
 			return string(out), err

@@ -85,6 +85,10 @@ type StatusWriter struct {
 
 	mu   sync.Mutex
 	want map[string]wantStatus // by UID
+	// patched holds the UIDs this writer has patched: for them the
+	// source's cache may lag behind our own write, so it is not trusted to
+	// say a write is unnecessary. Pruned of pods the source no longer has.
+	patched map[string]bool
 }
 
 type wantStatus struct {
@@ -114,7 +118,7 @@ func NewStatusWriter(cfg StatusConfig) (*StatusWriter, error) {
 	}
 	rl := workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, 10*time.Second)
 	return &StatusWriter{
-		client: cfg.Client, src: cfg.Source, log: log, want: map[string]wantStatus{},
+		client: cfg.Client, src: cfg.Source, log: log, want: map[string]wantStatus{}, patched: map[string]bool{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(rl, workqueue.TypedRateLimitingQueueConfig[string]{Name: "pod-redirection-status"}),
 	}, nil
 }
@@ -180,6 +184,9 @@ func (w *StatusWriter) sync(ctx context.Context, uid string) error {
 	} else {
 		patch = fmt.Appendf(nil, `{"metadata":{"uid":%q,"annotations":{%q:%q}}}`, uid, AnnotationRedirection, s.value)
 	}
+	w.mu.Lock()
+	w.patched[uid] = true
+	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, err := w.client.CoreV1().Pods(s.namespace).Patch(ctx, s.name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
@@ -216,13 +223,32 @@ func (w *StatusWriter) exists(ctx context.Context, s wantStatus, uid string) boo
 }
 
 // cachedAlready reports whether the source shows the pod with the wanted
-// annotation already (or, for a removal, shows no such pod with it).
+// annotation already (or, for a removal, shows no such pod with it), for a
+// pod this writer never patched (the agent re-reporting pods after its own
+// restart).
 func (w *StatusWriter) cachedAlready(uid string, s wantStatus) bool {
 	if w.src == nil {
 		return false
 	}
 	objs, _ := w.src.Current()
 	if objs == nil {
+		return false
+	}
+	w.mu.Lock()
+	patched := w.patched[uid]
+	if len(w.patched) > 2*len(objs.Pods)+64 {
+		live := map[string]bool{}
+		for _, p := range objs.Pods {
+			live[string(p.UID)] = true
+		}
+		for u := range w.patched {
+			if !live[u] {
+				delete(w.patched, u)
+			}
+		}
+	}
+	w.mu.Unlock()
+	if patched {
 		return false
 	}
 	for _, p := range objs.Pods {
