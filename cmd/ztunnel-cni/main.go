@@ -66,7 +66,7 @@ func main() {
 	fs.StringVar(&o.localConfig, "local-config", "", "local mode: directory of Kubernetes YAML to read namespaces and pods from")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: read namespaces and this node's pods from the API server with this kubeconfig (the plugin uses it too)")
 	fs.BoolVar(&o.inCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account; the plugin gets a kubeconfig written to --plugin-kubeconfig")
-	fs.StringVar(&o.pluginKubeconfig, "plugin-kubeconfig", "", "with --in-cluster: where to write the plugin's kubeconfig (default <cni-conf-dir>/ztunnel-cni-kubeconfig)")
+	fs.StringVar(&o.pluginKubeconfig, "plugin-kubeconfig", "", "with --in-cluster: where to write the plugin's kubeconfig, a path that is the same on the host, where the runtime runs the plugin (default <state-dir>/plugin-kubeconfig)")
 	fs.StringVar(&o.zdsSocket, "zds-socket", agent.DefaultZDSSocket, "ZDS socket the node proxy connects to")
 	fs.StringVar(&o.pluginSocket, "plugin-socket", agent.DefaultPluginSocket, "socket the CNI plugin sends pod events to")
 	fs.StringVar(&o.stateDir, "state-dir", agent.DefaultStateDir, "directory for the enrolled-pods state file")
@@ -266,7 +266,7 @@ func kubeWiring(o options, log *zap.Logger) (*kubeParts, error) {
 		// projected token rotates.
 		path := o.pluginKubeconfig
 		if path == "" {
-			path = filepath.Join(o.cniConfDir, "ztunnel-cni-kubeconfig")
+			path = filepath.Join(o.stateDir, "plugin-kubeconfig")
 		}
 		if _, err := agentkube.WriteKubeconfig(path, rc); err != nil {
 			return nil, err
