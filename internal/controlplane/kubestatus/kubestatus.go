@@ -49,7 +49,7 @@ import (
 // Defaults.
 const (
 	DefaultLeaseNamespace = "istio-system"
-	DefaultLeaseName      = "ztunnel-go-ip-autoallocate"
+	DefaultLeaseName      = "ztunnel-cp" // the chart's Role grants exactly this Lease
 	DefaultLeaseDuration  = 15 * time.Second
 	DefaultRenewDeadline  = 10 * time.Second
 	DefaultRetryPeriod    = 2 * time.Second
