@@ -8,8 +8,10 @@
 // The deciding lives in subpackages: translate (objects → resources),
 // autoalloc (ServiceEntry addresses), caserver (certificates and caller
 // authentication). This package only sequences them and reports what
-// happened (ConfigDump). It does not talk to the Kubernetes API itself; a
-// Kubernetes cluster.Source is a later addition.
+// happened (ConfigDump). It does not talk to the Kubernetes API itself: in
+// Kubernetes mode cmd/ztunnel-cp hands it the API-backed parts (the
+// cluster/kube Source, kubeauth's Authenticator and live Placement,
+// kubestatus as the allocator's Store).
 package controlplane
 
 import (
@@ -57,6 +59,11 @@ type Config struct {
 	CA *ca.CA
 	// Auth authenticates node proxies on xDS and on the CA. Required.
 	Auth caserver.Authenticator
+	// Placement answers the CA's "does ns/sa run on node N?". nil: the
+	// latest translation's pods (CachedPlacement), which is all local mode
+	// has; Kubernetes mode passes a live check against the API server
+	// (kubeauth.Placement) that consults CachedPlacement first.
+	Placement caserver.Placement
 	// ServingNames are the DNS names and IPs of the TLS serving certificate.
 	// nil: caserver.DefaultServingNames(root namespace) plus the listener's IP.
 	ServingNames []string
@@ -133,8 +140,12 @@ func New(cfg Config) (*ControlPlane, error) {
 		}
 	}
 	c.xds = xds.NewServer(xds.ServerConfig{Log: log.Named("xds"), Registerer: cfg.Registerer})
+	placement := cfg.Placement
+	if placement == nil {
+		placement = c.CachedPlacement()
+	}
 	srv, err := caserver.New(caserver.Config{
-		CA: cfg.CA, Auth: cfg.Auth, Placement: caserver.PlacementFunc(c.onNode), Log: log.Named("ca"),
+		CA: cfg.CA, Auth: cfg.Auth, Placement: placement, Log: log.Named("ca"),
 	})
 	if err != nil {
 		return nil, err
@@ -142,6 +153,11 @@ func New(cfg Config) (*ControlPlane, error) {
 	c.ca = srv
 	return c, nil
 }
+
+// CachedPlacement answers the CA's placement question from the latest
+// translation's pods: fast, but a pod scheduled a moment ago may be missing
+// until the source delivers it. It is the default Placement.
+func (c *ControlPlane) CachedPlacement() caserver.Placement { return caserver.PlacementFunc(c.onNode) }
 
 // onNode answers the CA's placement question from the latest translation.
 func (c *ControlPlane) onNode(node, ns, sa string) bool {
