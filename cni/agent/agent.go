@@ -14,7 +14,8 @@
 //
 // It is not the plugin (cni/plugin), the rule builder (cni/rules), the ZDS
 // wire protocol (cni/zds) or the installer (cni/agent/install), and it does
-// not write Kubernetes objects (StatusWriter is the seam for that).
+// not write Kubernetes objects itself: StatusWriter is the seam, implemented
+// for the API server by cni/agent/kube.
 package agent
 
 import (

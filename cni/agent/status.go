@@ -47,9 +47,9 @@ type PodStatus struct {
 	Since time.Time `json:"since"`
 }
 
-// StatusWriter publishes pod redirection status. In Kubernetes this becomes
-// the ambient.istio.io/redirection annotation (a pods/status patch, later);
-// in local mode LogStatus logs it. Calls for one pod come in order.
+// StatusWriter publishes pod redirection status. In Kubernetes this is
+// the ambient.istio.io/redirection annotation, patched through pods/status
+// (cni/agent/kube.StatusWriter); in local mode LogStatus logs it. Calls for one pod come in order.
 type StatusWriter interface {
 	// WriteStatus publishes s (a state change or new settings).
 	WriteStatus(ctx context.Context, s PodStatus) error

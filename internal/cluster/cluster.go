@@ -2,7 +2,8 @@
 // Kubernetes, Istio and Gateway API objects it translates, gathered into an
 // immutable Objects set, and the Source interface that produces such sets.
 // Local mode (a directory of YAML, package cluster/local) and the Kubernetes
-// API (a later source) both feed the same translation through this package.
+// API (client-go informers, package cluster/kube) both feed the same
+// translation through this package.
 //
 // It does not translate anything into mesh resources; see internal/controlplane.
 package cluster

@@ -11,8 +11,9 @@
 // reused until the range wraps.
 //
 // Persistence is pluggable (Store): local mode keeps a JSON file in the state
-// directory (FileStore); a Kubernetes store writing status.addresses is a
-// later addition. The package does not translate ServiceEntries into mesh
+// directory (FileStore); Kubernetes mode's store is
+// internal/controlplane/kubestatus, which writes status.addresses while it
+// holds the leader Lease. The package does not translate ServiceEntries into mesh
 // resources; internal/controlplane/translate reads the Allocations.
 package autoalloc
 
