@@ -267,3 +267,42 @@ func TestNodeInfo(t *testing.T) {
 		}
 	}
 }
+
+// A large response (a full sync) is decoded on all CPUs; the outcome must be
+// the same as the sequential path: every good resource applied with its
+// version, every bad one named in the NACK and not recorded.
+func TestHandleLargeResponseDecodesInParallel(t *testing.T) {
+	const n = parallelDecodeMin + 1000
+	resp := &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: "n1"}
+	for i := range n {
+		name := "w" + strconv.Itoa(i)
+		switch i {
+		case 7, n - 1:
+			resp.Resources = append(resp.Resources, rawRes(name, "v1", AddressType, []byte{0xff, 0xff, 0xff}))
+		case 1500:
+			resp.Resources = append(resp.Resources, rawRes(name, "v1", AuthorizationType, nil))
+		default:
+			resp.Resources = append(resp.Resources, res(t, name, "v"+strconv.Itoa(i),
+				&workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{Uid: name, Name: name}}}))
+		}
+	}
+	sink := newFakeSink()
+	h := newHandler(sink)
+	ack := h.handle(resp)
+	msg := ack.GetErrorDetail().GetMessage()
+	for _, want := range []string{"w7", "w" + strconv.Itoa(n-1), "w1500"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("NACK %q does not name %s", msg, want)
+		}
+	}
+	held := h.resourceVersions(AddressType)
+	if len(sink.addrs) != n-3 || len(held) != n-3 {
+		t.Fatalf("applied %d, versions held %d; want %d", len(sink.addrs), len(held), n-3)
+	}
+	if held["w42"] != "v42" || sink.addrs["w42"].GetWorkload().GetUid() != "w42" {
+		t.Fatalf("w42: version %q, resource %v", held["w42"], sink.addrs["w42"])
+	}
+	if _, ok := held["w7"]; ok {
+		t.Fatal("a rejected resource has a recorded version")
+	}
+}
