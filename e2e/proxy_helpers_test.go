@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
+	"github.com/ztunnel-go/ztunnel-go/internal/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
@@ -188,26 +189,7 @@ func serveApps(t *testing.T, p *testcluster.Pod) {
 // back.
 func roundTrip(t *testing.T, from *testcluster.Pod, dst netip.AddrPort, payload []byte) ([]byte, error) {
 	t.Helper()
-	ctx := ctxT(t, 10*time.Second)
-	c, err := from.Dial(ctx, "tcp", dst.String())
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	werr := make(chan error, 1)
-	go func() {
-		_, err := c.Write(payload)
-		if err == nil {
-			err = c.(*net.TCPConn).CloseWrite()
-		}
-		werr <- err
-	}()
-	got, err := io.ReadAll(c)
-	if err != nil {
-		return got, err
-	}
-	return got, <-werr
+	return meshlab.RoundTrip(ctxT(t, 20*time.Second), from, dst, payload)
 }
 
 // accessLines returns the access-log lines whose fields contain all of
