@@ -3,13 +3,19 @@
 // container runtime invoking it) it is the chained CNI plugin
 // (cni/plugin.Main); otherwise it is the node agent (cni/agent), normally run
 // by a DaemonSet. It only wires flags to packages.
+//
+// --check-flags parses and validates the agent's flags, prints what they
+// amount to as one JSON object and exits without touching the node or the
+// API server: deploy's tests run it with the chart's arguments.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -51,6 +57,7 @@ type options struct {
 	// Kubernetes mode.
 	kubeconfig, pluginKubeconfig string
 	inCluster                    bool
+	checkFlags                   bool
 }
 
 func (o options) kubeMode() bool { return o.kubeconfig != "" || o.inCluster }
@@ -60,8 +67,42 @@ func main() {
 		plugin.MainWith(agentkube.NewPodSource)
 		return
 	}
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ztunnel-cni:", err)
+		os.Exit(2)
+	}
+	if o.checkFlags {
+		if err := json.NewEncoder(os.Stdout).Encode(o.summary()); err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	log, err := newLogger(o.logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ztunnel-cni:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, o, log); err != nil {
+		log.Error("node agent failed", zap.Error(err))
+		log.Sync()
+		os.Exit(1)
+	}
+	log.Info("node agent stopped")
+	log.Sync()
+}
+
+// parseFlags parses and validates the agent's args (without the program
+// name). Usage and flag errors go to stderr.
+func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
-	fs := flag.NewFlagSet("ztunnel-cni", flag.ExitOnError)
+	fs := flag.NewFlagSet("ztunnel-cni", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	fs.StringVar(&o.nodeName, "node-name", "", "this node's name (required): only pods scheduled here are handled")
 	fs.StringVar(&o.localConfig, "local-config", "", "local mode: directory of Kubernetes YAML to read namespaces and pods from")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubernetes mode: read namespaces and this node's pods from the API server with this kubeconfig (the plugin uses it too)")
@@ -81,22 +122,82 @@ func main() {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.excludeNamespaces, "exclude-namespaces", "", "comma-separated namespaces never captured")
 	fs.StringVar(&o.systemNamespace, "system-namespace", plugin.DefaultSystemNamespace, "namespace of the mesh's own pods (never captured)")
-	fs.Parse(os.Args[1:])
+	fs.BoolVar(&o.checkFlags, "check-flags", false, "validate the flags, print their effect as JSON and exit without starting anything")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return o, o.validate()
+}
 
-	log, err := newLogger(o.logLevel)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ztunnel-cni:", err)
-		os.Exit(2)
+// validate checks what can be checked without the node or the network.
+func (o options) validate() error {
+	switch {
+	case o.nodeName == "":
+		return errors.New("--node-name is required")
+	case o.localConfig == "" && !o.kubeMode():
+		return errors.New("--local-config (local mode) or --kubeconfig/--in-cluster (Kubernetes mode) is required")
+	case o.localConfig != "" && o.kubeMode():
+		return errors.New("--local-config and --kubeconfig/--in-cluster exclude each other")
+	case o.pluginKubeconfig != "" && !o.inCluster:
+		return errors.New("--plugin-kubeconfig goes with --in-cluster")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := run(ctx, o, log); err != nil {
-		log.Error("node agent failed", zap.Error(err))
-		log.Sync()
-		os.Exit(1)
+	if _, err := zap.ParseAtomicLevel(o.logLevel); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
 	}
-	log.Info("node agent stopped")
-	log.Sync()
+	if o.adminAddr != "" {
+		if _, _, err := net.SplitHostPort(o.adminAddr); err != nil {
+			return fmt.Errorf("--admin-addr: %w", err)
+		}
+	}
+	return nil
+}
+
+// readyPath is the admin endpoint's readiness path (agent.AdminHandler).
+const readyPath = "/ready"
+
+// summary is what --check-flags prints: the flags' effect as a deployment
+// sees it.
+type summary struct {
+	Mode             string `json:"mode"` // "local" or "kubernetes"
+	NodeName         string `json:"node_name"`
+	AdminAddr        string `json:"admin_addr,omitempty"`
+	ReadyPath        string `json:"ready_path,omitempty"`
+	ZDSSocket        string `json:"zds_socket"`
+	PluginSocket     string `json:"plugin_socket"`
+	StateDir         string `json:"state_dir"`
+	CNIBinDir        string `json:"cni_bin_dir,omitempty"`
+	CNIConfDir       string `json:"cni_conf_dir,omitempty"`
+	PluginKubeconfig string `json:"plugin_kubeconfig,omitempty"` // the plugin reads it on the host
+}
+
+func (o options) summary() summary {
+	s := summary{Mode: "local", NodeName: o.nodeName, AdminAddr: o.adminAddr, ZDSSocket: o.zdsSocket,
+		PluginSocket: o.pluginSocket, StateDir: o.stateDir}
+	if o.adminAddr != "" {
+		s.ReadyPath = readyPath
+	}
+	if o.install {
+		s.CNIBinDir, s.CNIConfDir = o.cniBinDir, o.cniConfDir
+	}
+	if o.kubeMode() {
+		s.Mode, s.PluginKubeconfig = "kubernetes", o.pluginKubeconfigPath()
+	}
+	return s
+}
+
+// pluginKubeconfigPath is the kubeconfig the plugin is configured with:
+// --kubeconfig itself, or with --in-cluster the one written for it.
+func (o options) pluginKubeconfigPath() string {
+	switch {
+	case o.kubeconfig != "":
+		return o.kubeconfig
+	case o.pluginKubeconfig != "":
+		return o.pluginKubeconfig
+	}
+	return filepath.Join(o.stateDir, "plugin-kubeconfig")
 }
 
 func newLogger(level string) (*zap.Logger, error) {
@@ -123,13 +224,8 @@ func splitList(s string) []string {
 }
 
 func run(ctx context.Context, o options, log *zap.Logger) error {
-	switch {
-	case o.nodeName == "":
-		return errors.New("--node-name is required")
-	case o.localConfig == "" && !o.kubeMode():
-		return errors.New("--local-config (local mode) or --kubeconfig/--in-cluster (Kubernetes mode) is required")
-	case o.localConfig != "" && o.kubeMode():
-		return errors.New("--local-config and --kubeconfig/--in-cluster exclude each other")
+	if err := o.validate(); err != nil {
+		return err
 	}
 	log.Info("starting node agent", zap.Any("options", map[string]any{
 		"node": o.nodeName, "local_config": o.localConfig, "zds_socket": o.zdsSocket, "plugin_socket": o.pluginSocket,
@@ -264,10 +360,7 @@ func kubeWiring(o options, log *zap.Logger) (*kubeParts, error) {
 		// In a pod: the plugin runs on the host and cannot read our
 		// service account; give it a kubeconfig, rewritten when the
 		// projected token rotates.
-		path := o.pluginKubeconfig
-		if path == "" {
-			path = filepath.Join(o.stateDir, "plugin-kubeconfig")
-		}
+		path := o.pluginKubeconfigPath()
 		if _, err := agentkube.WriteKubeconfig(path, rc); err != nil {
 			return nil, err
 		}
