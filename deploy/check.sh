@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks the deployment: helm lint, helm template diffed against the
-# committed manifests, the vendored Istio CRDs against istio.io/api, and a
+# committed manifests, the vendored Istio CRDs against istio.io/api, a
 # server-side dry-run apply (plus an RBAC check) of the manifests against a
-# real kube-apiserver (go test ./deploy).
+# real kube-apiserver, and the binaries' own flag and environment parsing
+# run on what the manifests pass them (go test ./deploy).
 #
 #   deploy/check.sh       check (what `make deploy-check` runs)
 #   deploy/check.sh -u    regenerate deploy/manifests and the vendored CRDs, then check
@@ -58,5 +59,5 @@ if ! diff -u "$RENDERED" "$tmp/rendered.yaml"; then
 	exit 1
 fi
 
-echo "--- server-side dry-run apply" >&2
-ZTG_K8S_BIN=$k8s_bin go test -count=1 -run 'TestDryRunApply' ./deploy/
+echo "--- server-side dry-run apply; the binaries on the manifests' arguments" >&2
+ZTG_K8S_BIN=$k8s_bin go test -count=1 -run 'TestDryRunApply|TestManifestMatchesBinaries' ./deploy/

@@ -87,6 +87,12 @@ func TestDryRunApply(t *testing.T) {
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "ztunnel-cp", Namespace: systemNamespace}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "other", Namespace: systemNamespace}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "update", Resource: "configmaps", Name: "istio-ca-root-cert", Namespace: systemNamespace}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "get", Resource: "configmaps", Name: "istio-ca-root-cert", Namespace: systemNamespace}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Resource: "configmaps", Namespace: systemNamespace}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "update", Resource: "configmaps", Name: "other", Namespace: systemNamespace}, false},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "configmaps", Namespace: systemNamespace}, false},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Resource: "configmaps", Namespace: "app"}, false},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods", Namespace: "app"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: systemNamespace}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "app"}, false},
 		// Node agent.
