@@ -43,8 +43,8 @@ func (c Caller) String() string {
 
 // Authenticator establishes the caller of a gRPC request from its incoming
 // metadata (metadata.FromIncomingContext). Errors wrap ErrUnauthenticated.
-// Local mode uses NodeTokens; Kubernetes mode (TokenReview of projected
-// service account tokens) is a later implementation.
+// Local mode uses NodeTokens; Kubernetes mode uses kubeauth.Authenticator
+// (TokenReview of projected service account tokens, audience istio-ca).
 type Authenticator interface {
 	Authenticate(ctx context.Context) (Caller, error)
 }
