@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/x509"
+	"github.com/prometheus/client_golang/prometheus"
 	"net"
 	"sync"
 	"testing"
@@ -99,10 +100,31 @@ func setRunning(t *testing.T, c kubernetes.Interface, pod *corev1.Pod, ip string
 
 // xdsSink keeps what a real xds.Client received.
 type xdsSink struct {
-	stop  func() // disconnects the client
+	stop func() // disconnects the client
+	// reg holds the client's istio_xds_* metrics (terminations tell whether
+	// the stream ever dropped).
+	reg   *prometheus.Registry
 	mu    sync.Mutex
 	addrs map[string]*workloadapi.Address
 	authz map[string]*securityapi.Authorization
+}
+
+// terminations counts how often the client's xDS stream ended.
+func (s *xdsSink) terminations(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "istio_xds_connection_terminations_total" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
 }
 
 func newXDSSink() *xdsSink {
@@ -214,10 +236,11 @@ func watchXDS(t *testing.T, k *kubeCP, authority *ca.CA, token, node string) *xd
 	pool := x509.NewCertPool()
 	pool.AddCert(authority.Root())
 	s := newXDSSink()
+	s.reg = prometheus.NewRegistry()
 	c, err := xds.NewClient(xds.ClientConfig{
 		Address: k.addr, RootCAs: pool, ServerName: "istiod.istio-system.svc", Token: token,
 		Node: xds.NodeInfo{PodName: "ztunnel-" + node, PodNamespace: "istio-system", InstanceIPs: []string{"10.30.0.1"}, NodeName: node},
-		Sink: s,
+		Sink: s, Registerer: s.reg,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -204,6 +204,7 @@ func TestKubeControlPlane(t *testing.T) {
 	}
 
 	t.Run("API server restart", func(t *testing.T) {
+		dropsBefore := sink.terminations(t)
 		s.Stop()
 		// Meanwhile the control plane keeps serving what it had, and the
 		// CNI plugin's lookup keeps retrying.
@@ -256,6 +257,11 @@ func TestKubeControlPlane(t *testing.T) {
 			metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tokB), &caapi.IstioCertificateRequest{Csr: string(csr)})
 		if err != nil {
 			t.Fatalf("node-b proxy asking for app/late after the restart: %v", err)
+		}
+		// The node proxy's established xDS stream outlived the API server's
+		// absence: it never dropped, and the change above came over it.
+		if d := sink.terminations(t) - dropsBefore; d != 0 {
+			t.Fatalf("xDS stream dropped %v times while the API server restarted", d)
 		}
 	})
 
