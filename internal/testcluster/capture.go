@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
@@ -125,16 +126,24 @@ func (cp *Capture) stderrText() string {
 
 // Stop ends the capture and returns every packet that crossed the bridge
 // before the call. To be sure tcpdump has written them all, it first sends a
-// marker frame onto the bridge and waits (up to 10 s) until the marker shows
-// up in the output; the marker is not returned.
+// marker frame onto the bridge (again every half second) and waits (up to
+// 10 s) until the marker shows up in the output; the marker is not returned.
 func (cp *Capture) Stop() ([]Packet, error) {
 	nonce := make([]byte, 16)
 	_, _ = rand.Read(nonce)
+	// One frame can be lost (a busy machine, a full queue): resend the
+	// marker every half second until it shows up or 10 s have passed.
 	var werr error
-	if err := cp.sendMarker(nonce); err != nil {
-		werr = err
-	} else {
-		werr = cp.waitFor(nonce, 10*time.Second)
+	for start := time.Now(); ; {
+		if werr = cp.sendMarker(nonce); werr != nil {
+			break
+		}
+		if werr = cp.waitFor(nonce, 500*time.Millisecond); werr == nil || time.Since(start) >= 10*time.Second {
+			break
+		}
+		if errors.Is(werr, errTcpdumpExited) {
+			break
+		}
 	}
 	cp.signal(syscall.SIGTERM)
 	select {
@@ -158,8 +167,28 @@ func (cp *Capture) Stop() ([]Packet, error) {
 	if werr != nil {
 		return out, fmt.Errorf("testcluster: capture may be incomplete: %w", werr)
 	}
+	// Resending the marker must not hide a lossy capture: tcpdump reports
+	// the kernel's drops when it exits.
+	if n := droppedByKernel(cp.stderrText()); n > 0 {
+		return out, fmt.Errorf("testcluster: capture incomplete: %d packets dropped by kernel", n)
+	}
 	return out, nil
 }
+
+// droppedByKernel reads tcpdump's exit statistics ("N packets dropped by
+// kernel"); 0 when absent.
+func droppedByKernel(stderr string) int {
+	for _, line := range strings.Split(stderr, "\n") {
+		var n int
+		if _, err := fmt.Sscanf(strings.TrimSpace(line), "%d packets dropped by kernel", &n); err == nil {
+			return n
+		}
+	}
+	return 0
+}
+
+// errTcpdumpExited: tcpdump ended before the capture was stopped.
+var errTcpdumpExited = errors.New("tcpdump exited")
 
 func (cp *Capture) waitFor(nonce []byte, d time.Duration) error {
 	deadline := time.NewTimer(d)
@@ -175,7 +204,7 @@ func (cp *Capture) waitFor(nonce []byte, d time.Duration) error {
 		select {
 		case <-grew:
 		case <-cp.done:
-			return fmt.Errorf("tcpdump exited (%v) before the marker arrived: %s", cp.waitErr, cp.stderrText())
+			return fmt.Errorf("%w (%v) before the marker arrived: %s", errTcpdumpExited, cp.waitErr, cp.stderrText())
 		case <-deadline.C:
 			return fmt.Errorf("marker frame not captured within %v", d)
 		}

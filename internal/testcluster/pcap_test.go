@@ -122,3 +122,13 @@ func FuzzParsePcap(f *testing.F) {
 		}
 	})
 }
+
+func TestDroppedByKernel(t *testing.T) {
+	stderr := "tcpdump: listening on br0\n12 packets captured\n14 packets received by filter\n2 packets dropped by kernel\n"
+	if n := droppedByKernel(stderr); n != 2 {
+		t.Fatalf("droppedByKernel = %d, want 2", n)
+	}
+	if n := droppedByKernel("tcpdump: listening on br0\n0 packets dropped by kernel\n"); n != 0 {
+		t.Fatalf("droppedByKernel = %d, want 0", n)
+	}
+}
