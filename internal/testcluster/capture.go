@@ -45,7 +45,7 @@ func (c *Cluster) CaptureUnderlay(ctx context.Context, filter string) (*Capture,
 		return nil, fmt.Errorf("testcluster: tcpdump not found (`make deps`): %w", err)
 	}
 	args := []string{"netns", "exec", c.underlay.name, tcpdump,
-		"-i", "br0", "-n", "-U", "--immediate-mode", "-Z", "root", "-w", "-"}
+		"-i", "br0", "-n", "-U", "--immediate-mode", "-B", "131072", "-Z", "root", "-w", "-"}
 	if filter != "" {
 		args = append(args, fmt.Sprintf("(%s) or ether proto %#x", filter, markerEtherType))
 	}
