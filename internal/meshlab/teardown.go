@@ -7,7 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
 )
 
 // Teardown removes what a mesh left behind when its process could not
@@ -33,7 +34,7 @@ func Teardown(prefix string) (int, error) {
 		if !strings.HasPrefix(name, prefix) {
 			continue
 		}
-		killIn(filepath.Join("/var/run/netns", name))
+		testcluster.KillNetNSProcesses(filepath.Join("/var/run/netns", name))
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("ip netns del %s: %w: %s", name, err, out))
 			continue
@@ -43,24 +44,4 @@ func Teardown(prefix string) (int, error) {
 	}
 	_ = os.Remove(etcNetns) // only if empty
 	return n, errors.Join(errs...)
-}
-
-// killIn SIGKILLs the processes whose network namespace is the one bound at
-// path.
-func killIn(path string) {
-	var want syscall.Stat_t
-	if syscall.Stat(path, &want) != nil {
-		return
-	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
-	for _, p := range procs {
-		var st syscall.Stat_t
-		if syscall.Stat(p, &st) != nil || st.Dev != want.Dev || st.Ino != want.Ino {
-			continue
-		}
-		var pid int
-		if _, err := fmt.Sscanf(p, "/proc/%d/ns/net", &pid); err == nil && pid != os.Getpid() {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
 }

@@ -452,7 +452,7 @@ func (c *Cluster) deleteLeftovers() error {
 	var errs []error
 	for _, name := range names {
 		c.t.Logf("testcluster: deleting leftover namespace %s", name)
-		killNetNSProcesses(filepath.Join(netnsDir, name))
+		KillNetNSProcesses(filepath.Join(netnsDir, name))
 		ns := &NetNS{c: c, name: name}
 		if err := ns.destroy(); err != nil {
 			errs = append(errs, err)
@@ -480,9 +480,10 @@ func listNetNS(prefix string) ([]string, error) {
 	return out, nil
 }
 
-// killNetNSProcesses SIGKILLs every process whose network namespace is the
-// one bound at path (what `ip netns pids` lists).
-func killNetNSProcesses(path string) {
+// KillNetNSProcesses SIGKILLs every process whose network namespace is the
+// one bound at path (what `ip netns pids` lists), except this process. Used
+// to sweep leftovers of an aborted run before deleting its namespaces.
+func KillNetNSProcesses(path string) {
 	var want syscall.Stat_t
 	if err := syscall.Stat(path, &want); err != nil {
 		return
