@@ -31,7 +31,7 @@ build:
 
 ## demo: a two-node mesh in network namespaces on this machine, a scripted tour, then teardown (KEEP=1 keeps it).
 demo: deps tools build
-	BIN_DIR=$(CURDIR)/bin KEEP=$(KEEP) $(GO) run ./internal/meshlab/demo
+	BIN_DIR=$(CURDIR)/bin KEEP=$(KEEP) $(GO) run ./cmd/ztunnel-demo
 
 ## deps: install the OS packages the root tests need (Debian/Ubuntu, as root).
 deps:

@@ -4,7 +4,7 @@
 // a server-side dry-run apply of the rendered manifests against a real API
 // server, plus an RBAC check of what each component may do; and the
 // binaries' own parsing (ztunnel-cp and ztunnel-cni --check-flags,
-// internal/config for the node proxy) run on the arguments and environment
+// internal/node/config for the node proxy) run on the arguments and environment
 // the manifests give them, checked against the manifests' probes, Service,
 // volumes and RBAC. It has no Go code of its own; nothing imports it.
 package deploy

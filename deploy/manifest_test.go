@@ -25,7 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 )
 
@@ -37,7 +37,7 @@ const (
 	imageCP      = "ztunnel-cp"
 )
 
-// ztunnelReadinessPath is what internal/admin serves on READINESS_ADDR.
+// ztunnelReadinessPath is what internal/node/admin serves on READINESS_ADDR.
 const ztunnelReadinessPath = "/healthz/ready"
 
 // cpSummary and cniSummary are what `ztunnel-cp --check-flags` and
@@ -79,7 +79,7 @@ type workload struct {
 
 // TestManifestMatchesBinaries runs the real binaries' flag parsing
 // (--check-flags) on the arguments and environment the rendered manifests
-// give each container, and internal/config's parsing on the node proxy's
+// give each container, and internal/node/config's parsing on the node proxy's
 // environment, then checks that what they amount to fits the rest of the
 // manifests: probes hit the port and path the binary serves, the node proxy
 // dials a Service name the control plane's certificate covers and mounts the
@@ -352,7 +352,7 @@ func checkFlags(t *testing.T, bin string, w *workload, summary any) {
 }
 
 // ztunnelConfig checks the node proxy's environment: every name is one
-// internal/config defines, and config.Parse accepts the values.
+// internal/node/config defines, and config.Parse accepts the values.
 func ztunnelConfig(t *testing.T, w *workload) *config.Config {
 	t.Helper()
 	if len(w.args) > 0 {
@@ -362,7 +362,7 @@ func ztunnelConfig(t *testing.T, w *workload) *config.Config {
 	var environ []string
 	for name, v := range w.env {
 		if !names[name] && !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
-			t.Errorf("%s sets %s, which internal/config does not read", w.c.Name, name)
+			t.Errorf("%s sets %s, which internal/node/config does not read", w.c.Name, name)
 		}
 		environ = append(environ, name+"="+v)
 	}
@@ -374,7 +374,7 @@ func ztunnelConfig(t *testing.T, w *workload) *config.Config {
 	return cfg
 }
 
-// configEnvNames reads internal/config's Env* string constants from its
+// configEnvNames reads internal/node/config's Env* string constants from its
 // source: names, and prefixes (constants named *Prefix).
 func configEnvNames(t *testing.T) (map[string]bool, []string) {
 	t.Helper()
@@ -412,7 +412,7 @@ func configEnvNames(t *testing.T) (map[string]bool, []string) {
 		}
 	}
 	if len(names) < 10 {
-		t.Fatalf("found only %d Env constants in internal/config; has the file moved?", len(names))
+		t.Fatalf("found only %d Env constants in internal/node/config; has the file moved?", len(names))
 	}
 	return names, prefixes
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 const clientNS = "client-ns"

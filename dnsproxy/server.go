@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // Port is the DNS proxy's port inside each captured pod (UDP and TCP).

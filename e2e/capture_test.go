@@ -12,7 +12,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/agent"
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 // Issue 4's end-to-end tests: real CNI ADDs through ztunnel-cni, the node

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 // clusterDNS is a stand-in for the cluster's DNS server: a miekg/dns server

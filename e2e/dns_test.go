@@ -19,9 +19,9 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 // TestDNSCapture runs the DNS proxy in a captured pod of the netns cluster.

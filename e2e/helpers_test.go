@@ -27,8 +27,8 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 // binDir holds the ztunnel-cni binary built once per test run.

@@ -3,11 +3,12 @@ package e2e
 import (
 	"context"
 	"crypto/x509"
-	"github.com/prometheus/client_golang/prometheus"
 	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
@@ -19,10 +20,10 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )

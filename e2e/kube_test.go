@@ -39,12 +39,12 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/caapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"go.uber.org/zap/zaptest"
 )
 

@@ -11,10 +11,10 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/meshlab"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
 )
 
 // Issue 7's end-to-end suite: the mesh built by meshlab from the real

@@ -19,13 +19,13 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
 	"github.com/ztunnel-go/ztunnel-go/hbone"
-	"github.com/ztunnel-go/ztunnel-go/internal/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
-	"github.com/ztunnel-go/ztunnel-go/internal/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/proxy"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	pt "github.com/ztunnel-go/ztunnel-go/proxy/proxytest"
+	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
 
 // Issue 5's end-to-end tests: the node proxy's data path (proxy.WorkloadProxy,

@@ -26,6 +26,6 @@
 //
 // The package decides nothing about routing or authorization: callers pass
 // the next hop, the expected identities and the authority, and the server's
-// Handler decides 200/401/503. It does not import internal/state, the CA or
+// Handler decides 200/401/503. It does not import internal/node/state, the CA or
 // Kubernetes packages; certificates come through identity.CertSource.
 package hbone

@@ -8,9 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+
 	"github.com/ztunnel-go/ztunnel-go/hbone"
-	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // Inbound HBONE errors, each mapped to a CONNECT status.
@@ -67,8 +69,8 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	if target.Addr() != arrival.Addr() && !servesAsWaypoint(snap, local, target) {
 		return refuse(400, WithReason(ReasonBadRequest, fmt.Errorf("proxy: authority %s, arrived on %s: %w", target, arrival, errAuthorityMismatch)))
 	}
-	if isIllegalPort(target.Port()) {
-		return refuse(503, WithReason(ReasonSelfCall, fmt.Errorf("proxy: authority %s: %w", target, ErrIllegalPort)))
+	if route.IsProxyPort(target.Port()) {
+		return refuse(503, WithReason(ReasonSelfCall, fmt.Errorf("proxy: authority %s: %w", target, route.ErrIllegalPort)))
 	}
 	// The app is reached on this pod's IP; a sandwiched waypoint addressed
 	// by a service VIP takes the traffic on its application-tunnel port.

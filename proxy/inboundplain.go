@@ -6,7 +6,9 @@ import (
 	"net"
 	"sync"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
 )
 
 // errNotLocal: a plaintext connection redirected to 15006 was not addressed
@@ -31,8 +33,8 @@ func (p *WorkloadProxy) servePlaintext(c net.Conn) {
 	defer func() { res.Record(&err) }()
 	defer c.Close()
 
-	if isIllegalPort(dst.Port()) {
-		err = WithReason(ReasonSelfCall, fmt.Errorf("proxy: plaintext to %s: %w", dst, ErrIllegalPort))
+	if route.IsProxyPort(dst.Port()) {
+		err = WithReason(ReasonSelfCall, fmt.Errorf("proxy: plaintext to %s: %w", dst, route.ErrIllegalPort))
 		return
 	}
 	snap, local, werr := p.waitLocal(p.ctx)

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // serveOutbound handles one connection the pod's capture rules redirected
@@ -37,23 +39,23 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn) {
 		return
 	}
 	res.Src = peerOf(src)
-	route, rerr := Route(snap, src, orig)
+	rt, rerr := route.Outbound(snap, src, orig)
 	if rerr != nil {
 		c.Close()
 		err = routeReason(rerr)
 		return
 	}
-	res.DstAddr = route.NextHop
-	res.Service = serviceOf(route.Service)
-	res.Dst = peerOf(route.DstWorkload)
+	res.DstAddr = rt.NextHop
+	res.Service = serviceOf(rt.Service)
+	res.Dst = peerOf(rt.DstWorkload)
 
-	if route.Kind == RouteHBONE {
-		err = p.outboundHBONE(c, client, snap, src, &route, res)
+	if rt.Kind == route.HBONE {
+		err = p.outboundHBONE(c, client, snap, src, &rt, res)
 		return
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
-	up, derr := p.ns.Dial(ctx, "tcp", route.NextHop, netns.SockOpts{Mark: p.d.Config.PacketMark})
+	up, derr := p.ns.Dial(ctx, "tcp", rt.NextHop, netns.SockOpts{Mark: p.d.Config.PacketMark})
 	cancel()
 	if derr != nil {
 		err = WithReason(ReasonConnectFailed, derr)
@@ -66,28 +68,28 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn) {
 // outboundHBONE opens the tunnel and splices it with the client's
 // connection. It owns c.
 func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *state.Snapshot, src *state.Workload,
-	route *RouteDecision, res *Result) error {
+	rt *route.Decision, res *Result) error {
 	srcID := src.Identity()
 	res.MTLS = true
-	res.HBONEAddr = route.Authority
+	res.HBONEAddr = rt.Authority
 	res.Src.Identity = srcID
-	res.Dst.Identity = route.UpstreamIdentity
+	res.Dst.Identity = rt.UpstreamIdentity
 	var srcIP netip.Addr
-	if ip, ok := pickAddr(src, route.NextHop.Addr()); ok {
+	if ip, ok := route.AddrLike(src, rt.NextHop.Addr()); ok {
 		srcIP = ip
 	}
 	host := ""
-	if route.Service != nil {
-		host = route.Service.Hostname
+	if rt.Service != nil {
+		host = rt.Service.Hostname
 	}
 	req := &hbone.ConnectRequest{
 		Key: hbone.Key{
 			Src:     srcID,
-			Dst:     route.UpstreamIdentities(),
+			Dst:     rt.UpstreamIdentities(),
 			SrcIP:   srcIP,
-			NextHop: route.NextHop,
+			NextHop: rt.NextHop,
 		},
-		Authority: route.Authority,
+		Authority: rt.Authority,
 		Baggage:   baggageOf(src).String(),
 		Forwarded: hbone.BuildForwarded(client, host),
 	}
@@ -123,9 +125,9 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 // routeReason attaches the Result reason to a routing error.
 func routeReason(err error) error {
 	switch {
-	case errors.Is(err, ErrIllegalPort):
+	case errors.Is(err, route.ErrIllegalPort):
 		return WithReason(ReasonSelfCall, err)
-	case errors.Is(err, ErrNoHealthyUpstream), errors.Is(err, ErrUnknownWaypoint), errors.Is(err, ErrUnsupported):
+	case errors.Is(err, route.ErrNoHealthyUpstream), errors.Is(err, route.ErrUnknownWaypoint), errors.Is(err, route.ErrUnsupported):
 		return WithReason(ReasonNoHealthyUpstream, err)
 	}
 	return WithReason(ReasonInternal, err)

@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // errRevoked ends a connection that a policy change no longer allows.

@@ -11,14 +11,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
-	"github.com/ztunnel-go/ztunnel-go/internal/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/drain"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // Timeouts of the data path (ambient-protocol.md §1.3, §1.5).
@@ -167,13 +169,13 @@ func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (_ *Workload
 		closers = append(closers, func() { ln.Close() })
 		return ln, nil
 	}
-	if p.lnOut, err = listen(OutboundPort); err != nil {
+	if p.lnOut, err = listen(route.OutboundPort); err != nil {
 		return nil, err
 	}
-	if p.lnPlain, err = listen(InboundPlaintextPort); err != nil {
+	if p.lnPlain, err = listen(route.InboundPlaintextPort); err != nil {
 		return nil, err
 	}
-	if p.lnHBONE, err = listen(HBONEPort); err != nil {
+	if p.lnHBONE, err = listen(route.HBONEPort); err != nil {
 		return nil, err
 	}
 	p.spoof = d.Config.EnableOrigSrc && transparent

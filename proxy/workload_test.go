@@ -11,20 +11,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/netns/netnstest"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
+	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
-	pt "github.com/ztunnel-go/ztunnel-go/proxy/proxytest"
 )
 
 // podEnv is one network namespace standing in for a pod: the pod's IP
@@ -121,7 +123,7 @@ func (e *podEnv) connect(t *testing.T, authority string) (*hbone.Tunnel, error) 
 		},
 	}, hbone.Key{
 		Src: identity.MustNew("cluster.local", "apps", "peer"), Dst: []identity.Identity{e.id},
-		NextHop: netip.AddrPortFrom(podIP, HBONEPort),
+		NextHop: netip.AddrPortFrom(podIP, route.HBONEPort),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +231,7 @@ func TestDrainRefusesNewKeepsOld(t *testing.T) {
 	<-drained
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if c, err := e.ns.Dial(ctx, "tcp", netip.AddrPortFrom(podIP, HBONEPort), netns.SockOpts{}); err == nil {
+	if c, err := e.ns.Dial(ctx, "tcp", netip.AddrPortFrom(podIP, route.HBONEPort), netns.SockOpts{}); err == nil {
 		c.Close()
 		t.Fatal("15008 still accepts after Drain")
 	}

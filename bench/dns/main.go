@@ -31,8 +31,8 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
-	"github.com/ztunnel-go/ztunnel-go/internal/state/statetest"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/statetest"
 )
 
 func main() {

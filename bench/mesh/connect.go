@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 // connectsPerPath connections are made per path, in alternated blocks.

@@ -39,8 +39,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/meshlab"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 func main() {

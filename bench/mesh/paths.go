@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 // pair holds one figure per round for the mesh path and the direct path.

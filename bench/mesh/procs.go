@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/meshlab"
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
 )
 
 // The scale objects: pods that exist only as objects (no namespace, no

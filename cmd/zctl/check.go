@@ -7,9 +7,10 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
-	"github.com/ztunnel-go/ztunnel-go/proxy"
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // errDenied is returned by check when policy would deny the connection, so
@@ -64,7 +65,7 @@ func check(w io.Writer, d *dump, srcRef string, dst netip.AddrPort) error {
 		srcIP = src.Addresses[0]
 	}
 	fmt.Fprintf(w, "source:       %s/%s %s (%s) on %s\n", src.Namespace, src.Name, srcIP, src.Identity(), or(src.Node, "-"))
-	r, err := proxy.Route(snap, src, dst)
+	r, err := route.Outbound(snap, src, dst)
 	if err != nil {
 		fmt.Fprintf(w, "route:        refused at the source: %v\n", err)
 		return errDenied
@@ -73,11 +74,11 @@ func check(w io.Writer, d *dump, srcRef string, dst netip.AddrPort) error {
 		fmt.Fprintf(w, "destination:  %s is service %s\n", dst, r.Service.Key)
 	}
 	switch r.Kind {
-	case proxy.RoutePassthrough:
+	case route.Passthrough:
 		fmt.Fprintf(w, "route:        passthrough: plain TCP to %s (not a mesh destination)\n", dst)
 		fmt.Fprintln(w, "policy:       none (no node proxy authorizes it)")
 		return nil
-	case proxy.RouteDirect:
+	case route.Direct:
 		fmt.Fprintf(w, "route:        direct: plain TCP to %s (%s/%s does not use HBONE)\n", r.NextHop, r.DstWorkload.Namespace, r.DstWorkload.Name)
 		fmt.Fprintln(w, "policy:       none (the destination is not captured by a node proxy)")
 		return nil

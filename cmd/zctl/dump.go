@@ -11,10 +11,10 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/certmanager"
-	"github.com/ztunnel-go/ztunnel-go/internal/inpod"
-	"github.com/ztunnel-go/ztunnel-go/internal/rbac"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // dump is the node proxy's /config_dump as zctl reads it. Enums arrive as

@@ -5,7 +5,7 @@
 //	zctl check [--admin localhost:15000] [--file dump.json] <src-workload> <dst-ip:port>
 //
 // config-dump prints the node's state as tables. check rebuilds the state
-// offline and runs the data path's own routing decision (proxy.Route) and
+// offline and runs the data path's own routing decision (route.Outbound) and
 // L4 authorization (rbac.Evaluate) on it, to show how a connection from
 // <src-workload> (uid, namespace/name or IP) to <dst> would leave the pod
 // and whether the destination would allow it; it exits 3 on a deny.

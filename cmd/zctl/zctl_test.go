@@ -10,12 +10,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/admin"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/certmanager"
-	"github.com/ztunnel-go/ztunnel-go/internal/inpod"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
-	"github.com/ztunnel-go/ztunnel-go/proxy/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
 
 // cannedDump builds a mesh in a real state.Store and dumps it through the

@@ -59,11 +59,11 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
 )
 
 type options struct {

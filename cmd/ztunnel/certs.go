@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // wantedIdentities are the identities the node proxy prefetches and keeps

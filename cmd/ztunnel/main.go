@@ -1,7 +1,7 @@
 // Command ztunnel is ztunnel-go's node proxy: it takes the pods the node
 // agent hands it over ZDS and runs their in-pod listeners, with state from
 // xDS and certificates from the CA. Configuration comes from Istio's
-// ztunnel environment variables (internal/config); --local-config DIR embeds
+// ztunnel environment variables (internal/node/config); --local-config DIR embeds
 // the control plane over a directory of YAML instead.
 //
 // Wiring only; the logic lives in the packages it connects.
@@ -23,11 +23,11 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
-	"github.com/ztunnel-go/ztunnel-go/internal/admin"
-	"github.com/ztunnel-go/ztunnel-go/internal/config"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/certmanager"
-	"github.com/ztunnel-go/ztunnel-go/internal/inpod"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy"
 )

@@ -17,10 +17,10 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/state"
-	"github.com/ztunnel-go/ztunnel-go/proxy/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
 
 func TestWantedIdentities(t *testing.T) {

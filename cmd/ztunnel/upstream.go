@@ -14,12 +14,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
-	"github.com/ztunnel-go/ztunnel-go/internal/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/netns/netnstest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 )
 

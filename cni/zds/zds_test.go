@@ -19,7 +19,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/netns/netnstest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 )
 

@@ -32,9 +32,9 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 

@@ -4,7 +4,7 @@
 // the data path (hbone/, proxy/) uses to get "the certificate for identity X"
 // and its trust bundle, so the data path never imports the CA or the CA client.
 //
-// It is not a CA (see internal/identity/ca) and does not fetch or rotate
+// It is not a CA (see internal/controlplane/ca) and does not fetch or rotate
 // certificates.
 package identity
 

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
-	"github.com/ztunnel-go/ztunnel-go/internal/netns/netnstest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 )
 

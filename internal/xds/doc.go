@@ -4,7 +4,7 @@
 // (type.googleapis.com/istio.security.Authorization) resources.
 //
 // The Client subscribes to both types as a wildcard, decodes every resource
-// into its generated proto, hands the batch to a Sink (internal/state), ACKs
+// into its generated proto, hands the batch to a Sink (internal/node/state), ACKs
 // or NACKs each response, tracks the accepted per-resource versions and
 // resumes with initial_resource_versions after a reconnect. The Server is a
 // small delta implementation on the ADS gRPC interface (go-control-plane

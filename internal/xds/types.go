@@ -18,7 +18,7 @@ const (
 // typeURLs is the order in which the client subscribes.
 var typeURLs = [...]string{AddressType, AuthorizationType}
 
-// Sink receives decoded resources. internal/state implements it. Each call
+// Sink receives decoded resources. internal/node/state implements it. Each call
 // carries one xDS response of one type: upserts by resource name and the names
 // to remove. The Sink applies every resource it can; a non-nil error makes the
 // client NACK the response with the error's message.

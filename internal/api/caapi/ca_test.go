@@ -7,7 +7,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/api/apitest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/apitest"
 )
 
 // contract is the wire contract with Istio's istio.v1.auth package.

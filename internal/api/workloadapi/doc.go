@@ -8,5 +8,5 @@
 // package is wire-compatible with istiod and Istio's ztunnel.
 //
 // It holds no logic: converting these messages into ztunnel-go's own state and
-// validating them is the job of internal/state and internal/xds.
+// validating them is the job of internal/node/state and internal/xds.
 package workloadapi

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/api/apitest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/apitest"
 )
 
 // contract is the wire contract with Istio: every field number and enum value

@@ -7,7 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/api/apitest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/apitest"
 )
 
 // contract is the wire contract with Istio's istio.workload.zds package. Note

@@ -6,7 +6,7 @@
 // Authenticator guards the xDS stream through UnaryInterceptor and
 // StreamInterceptor.
 //
-// It does not sign anything itself (internal/identity/ca does) and does not
+// It does not sign anything itself (internal/controlplane/ca does) and does not
 // know the cluster: a Placement answers "does ns/sa run on node N?".
 package caserver
 
@@ -25,8 +25,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/caapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
 )
 
 // ImpersonatedIdentityKey is the request metadata key a node proxy uses to

@@ -12,8 +12,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity/ca"
 )
 
 // DefaultServingNames are the names istiod's serving certificate covers

@@ -1,0 +1,57 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+)
+
+func env(m map[string]string) config.Lookup {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1"}), "/cfg", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PacketMark != 1337 || c.TrustDomain != "cluster.local" || c.ClusterID != "Kubernetes" ||
+		c.InpodUDS != "/var/run/ztunnel/ztunnel.sock" || c.SecretTTL != 24*time.Hour ||
+		c.PoolMaxStreamsPerConn != 100 || c.PoolUnusedRelease != 5*time.Minute || c.DrainDeadline != 5*time.Second ||
+		c.AdminAddr != "localhost:15000" || !c.InpodPortReuse || !c.DNSProxy {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+func TestValuesAndHeaders(t *testing.T) {
+	c, err := config.Parse(env(map[string]string{
+		"NODE_NAME": "n1", "XDS_ADDRESS": "cp:15012", "ISTIO_META_CLUSTER_ID": "c2", "CLUSTER_ID": "ignored",
+		"PACKET_MARK": "4242", "SECRET_TTL": "3600", "TERMINATION_GRACE_PERIOD_SECONDS": "30", "LOG_LEVEL": "debug",
+	}), "", []string{"XDS_HEADER_x-a=1", "CA_HEADER_x-b=2", "OTHER=3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CAAddress != "cp:15012" || c.ClusterID != "c2" || c.PacketMark != 4242 || c.SecretTTL != time.Hour ||
+		c.DrainDeadline != 25*time.Second || c.LogLevel.String() != "debug" {
+		t.Fatalf("values: %+v", c)
+	}
+	if c.XDSHeaders["x-a"] != "1" || c.CAHeaders["x-b"] != "2" || len(c.XDSHeaders) != 1 {
+		t.Fatalf("headers: %v %v", c.XDSHeaders, c.CAHeaders)
+	}
+}
+
+func TestErrorsNameTheVariable(t *testing.T) {
+	_, err := config.Parse(env(map[string]string{
+		"PACKET_MARK": "x", "IPV6_ENABLED": "maybe", "SECRET_TTL": "soon", "LOG_LEVEL": "loud", "INSTANCE_IP": "1.2.3",
+	}), "", nil)
+	if err == nil {
+		t.Fatal("bad environment accepted")
+	}
+	for _, want := range []string{"PACKET_MARK", "IPV6_ENABLED", "SECRET_TTL", "LOG_LEVEL", "INSTANCE_IP", "XDS_ADDRESS is required", "NODE_NAME is required"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %s: %v", want, err)
+		}
+	}
+}

@@ -1,0 +1,8 @@
+// Package route is the node proxy's outbound routing decision: a pure
+// function of one state snapshot, the source workload and the original
+// destination (Outbound), returning a Decision the 15001 listener carries
+// out without looking anything up again.
+//
+// It holds no sockets and starts nothing, so zctl links it to explain a
+// route offline without linking the listeners in package proxy.
+package route

@@ -1,0 +1,294 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+)
+
+// Ports the node proxy listens on inside each pod (ambient-protocol.md §2).
+const (
+	OutboundPort         = 15001
+	InboundPlaintextPort = 15006
+	HBONEPort            = 15008
+)
+
+// IsProxyPort reports whether port is one of our own listener ports: a
+// connection whose final destination is one of them would loop through the
+// proxy ("attempted recursive call").
+func IsProxyPort(port uint16) bool {
+	return port == OutboundPort || port == InboundPlaintextPort || port == HBONEPort
+}
+
+// Routing errors. Outbound returns them wrapped with the destination; callers
+// branch with errors.Is.
+var (
+	// ErrIllegalPort: the destination is the proxy's own port on loopback
+	// (outbound) or the target port is one of its ports (inbound).
+	ErrIllegalPort = errors.New("attempted recursive call to a proxy port")
+	// ErrNoHealthyUpstream: the destination is a service VIP but no endpoint
+	// can take the connection (none, none healthy, or none serving the port).
+	ErrNoHealthyUpstream = errors.New("no healthy upstream")
+	// ErrUnknownWaypoint: the destination has a waypoint that the snapshot
+	// cannot resolve to a workload.
+	ErrUnknownWaypoint = errors.New("waypoint not found")
+	// ErrUnsupported: the upstream needs a feature this proxy lacks
+	// (on-demand DNS for hostname workloads, double HBONE across networks).
+	ErrUnsupported = errors.New("unsupported upstream")
+)
+
+// Kind is how an outbound connection leaves the pod.
+type Kind uint8
+
+// Route kinds.
+const (
+	// Passthrough: plain TCP from the pod straight to the original
+	// destination, which the mesh does not know.
+	Passthrough Kind = iota
+	// Direct: plain TCP to a known non-HBONE workload: a
+	// load-balanced service endpoint (podIP:targetPort) or the workload the
+	// client addressed (the original destination).
+	Direct
+	// HBONE: HTTP/2 CONNECT over mTLS to NextHop with Authority.
+	HBONE
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Direct:
+		return "direct"
+	case HBONE:
+		return "hbone"
+	}
+	return "passthrough"
+}
+
+// Decision is the outbound routing decision for one connection, what
+// Outbound returns: the 15001 listener carries it out and looks nothing up
+// again.
+// Its pointers are shared with the snapshot it was computed from and must
+// not be modified.
+type Decision struct {
+	// Kind says how to connect.
+	Kind Kind
+	// NextHop is the L4 address to dial: ip:15008 (the waypoint's or the
+	// destination pod's) for HBONE, podIP:targetPort for Direct, the
+	// original destination for Passthrough.
+	NextHop netip.AddrPort
+	// Authority is the CONNECT :authority (HBONE only; zero otherwise):
+	// podIP:targetPort to a pod, the original destination (VIP:port or
+	// podIP:port as dialled) through a waypoint.
+	Authority netip.AddrPort
+	// UpstreamIdentity is the identity the HBONE server must present: the
+	// destination workload's, or the waypoint workload's. Zero unless HBONE.
+	UpstreamIdentity identity.Identity
+	// UpstreamSANs are further acceptable server identities: the intended
+	// service's SubjectAltNames (the waypoint service's for a waypoint). The
+	// slice is the snapshot's and read-only; nil when none.
+	UpstreamSANs []identity.Identity
+	// Service is the service the client addressed (its VIP), nil when it
+	// addressed a workload or something unknown. Metrics and the
+	// forwarded header name it.
+	Service *state.Service
+	// DstWorkload is the workload the connection terminates at: the
+	// selected endpoint, the addressed workload, or the waypoint; nil for
+	// Passthrough.
+	DstWorkload *state.Workload
+	// Waypoint is true when NextHop is the destination's waypoint.
+	Waypoint bool
+}
+
+// UpstreamIdentities returns the acceptable server identities in order,
+// UpstreamIdentity first, as the HBONE pool key wants them. It allocates;
+// call it once per connection, when dialling.
+func (r *Decision) UpstreamIdentities() []identity.Identity {
+	if r.UpstreamIdentity.IsZero() {
+		return nil
+	}
+	ids := make([]identity.Identity, 0, 1+len(r.UpstreamSANs))
+	ids = append(ids, r.UpstreamIdentity)
+	for _, s := range r.UpstreamSANs {
+		if s != r.UpstreamIdentity {
+			ids = append(ids, s)
+		}
+	}
+	return ids
+}
+
+// Outbound decides how the pod src's connection to origDst leaves the pod
+// (ambient-protocol.md §9), reading only snap. src may be nil (an unknown
+// source: no load-balancing preference, no waypoint exemption). It does
+// not allocate on success.
+//
+//  1. Loopback to one of the proxy's ports: ErrIllegalPort.
+//  2. A service VIP (on src's network, preferring src's namespace) whose
+//     service has a waypoint that is not src: HBONE to the waypoint,
+//     authority origDst.
+//  3. A service VIP otherwise: an endpoint is load-balanced; none means
+//     ErrNoHealthyUpstream. HBONE endpoints get HBONE to podIP:15008 with
+//     authority podIP:targetPort, others Direct TCP to podIP:targetPort.
+//  4. A workload IP: through the workload's waypoint if it has one that is
+//     not src (authority origDst), else HBONE to podIP:15008 with authority
+//     origDst, or Direct TCP to origDst for a non-HBONE workload.
+//  5. Anything else: Passthrough to origDst.
+func Outbound(snap *state.Snapshot, src *state.Workload, origDst netip.AddrPort) (Decision, error) {
+	return OutboundWith(snap, src, origDst, nil)
+}
+
+// OutboundWith is Outbound with the random source for endpoint selection: rnd(n)
+// returns a number in [0, n); nil means math/rand/v2.IntN. Tests pass a
+// fixed one.
+func OutboundWith(snap *state.Snapshot, src *state.Workload, origDst netip.AddrPort, rnd func(int) int) (Decision, error) {
+	dst := netip.AddrPortFrom(origDst.Addr().Unmap(), origDst.Port())
+	if dst.Addr().IsLoopback() && IsProxyPort(dst.Port()) {
+		return Decision{}, fmt.Errorf("proxy: route to %s: %w", dst, ErrIllegalPort)
+	}
+	network, ns := "", ""
+	if src != nil {
+		network, ns = src.Network, src.Namespace
+	}
+
+	if svc := snap.ServiceByVIP(network, dst.Addr(), ns); svc != nil {
+		if g := svc.Waypoint; g != nil {
+			wp, wsvc, err := resolveGateway(snap, src, g, rnd)
+			if err != nil {
+				return Decision{}, fmt.Errorf("proxy: route to %s (service %s): %w", dst, svc.Hostname, err)
+			}
+			if !isSelf(src, wp) {
+				return waypointRoute(wp, wsvc, g, svc, dst)
+			}
+		}
+		w, port, err := snap.SelectEndpoint(svc, dst.Port(), src, rnd)
+		if err != nil {
+			return Decision{}, fmt.Errorf("proxy: route to %s (service %s): %w: %w", dst, svc.Hostname, ErrNoHealthyUpstream, err)
+		}
+		ip, ok := AddrLike(w, dst.Addr())
+		if !ok {
+			return Decision{}, unsupported(dst, w)
+		}
+		target := netip.AddrPortFrom(ip, port)
+		if w.Protocol != state.TunnelHBONE {
+			return Decision{Kind: Direct, NextHop: target, Service: svc, DstWorkload: w}, nil
+		}
+		return Decision{
+			Kind:             HBONE,
+			NextHop:          netip.AddrPortFrom(ip, HBONEPort),
+			Authority:        target,
+			UpstreamIdentity: w.Identity(),
+			UpstreamSANs:     svc.SubjectAltNames,
+			Service:          svc,
+			DstWorkload:      w,
+		}, nil
+	}
+
+	if w := snap.WorkloadByIP(network, dst.Addr()); w != nil {
+		if g := w.Waypoint; g != nil {
+			wp, wsvc, err := resolveGateway(snap, src, g, rnd)
+			if err != nil {
+				return Decision{}, fmt.Errorf("proxy: route to %s (workload %s/%s): %w", dst, w.Namespace, w.Name, err)
+			}
+			if !isSelf(src, wp) {
+				return waypointRoute(wp, wsvc, g, nil, dst)
+			}
+		}
+		if w.Protocol != state.TunnelHBONE {
+			return Decision{Kind: Direct, NextHop: dst, DstWorkload: w}, nil
+		}
+		return Decision{
+			Kind:             HBONE,
+			NextHop:          netip.AddrPortFrom(dst.Addr(), HBONEPort),
+			Authority:        dst,
+			UpstreamIdentity: w.Identity(),
+			DstWorkload:      w,
+		}, nil
+	}
+	return Decision{Kind: Passthrough, NextHop: dst}, nil
+}
+
+func waypointRoute(wp *state.Workload, wsvc *state.Service, g *state.GatewayAddress, svc *state.Service, dst netip.AddrPort) (Decision, error) {
+	ip, ok := AddrLike(wp, dst.Addr())
+	if !ok {
+		return Decision{}, unsupported(dst, wp)
+	}
+	port := g.HBONEPort
+	if port == 0 {
+		port = state.DefaultHBONEPort
+	}
+	r := Decision{
+		Kind:             HBONE,
+		NextHop:          netip.AddrPortFrom(ip, port),
+		Authority:        dst,
+		UpstreamIdentity: wp.Identity(),
+		Service:          svc,
+		DstWorkload:      wp,
+		Waypoint:         true,
+	}
+	if wsvc != nil {
+		r.UpstreamSANs = wsvc.SubjectAltNames
+	}
+	return r, nil
+}
+
+func unsupported(dst netip.AddrPort, w *state.Workload) error {
+	what := "no address of a usable family"
+	switch {
+	case len(w.Addresses) == 0 && w.Hostname != "":
+		what = "hostname workload (on-demand DNS)"
+	case len(w.Addresses) == 0 && w.NetworkGateway != nil:
+		what = "workload behind a network gateway (double HBONE)"
+	}
+	return fmt.Errorf("proxy: route to %s via %s/%s: %w: %s", dst, w.Namespace, w.Name, ErrUnsupported, what)
+}
+
+// resolveGateway finds the workload behind a waypoint address: by service
+// hostname (an endpoint load-balanced on the HBONE port), or by IP (a
+// workload, else a service VIP). The service is returned when known, for
+// its SANs.
+func resolveGateway(snap *state.Snapshot, src *state.Workload, g *state.GatewayAddress, rnd func(int) int) (*state.Workload, *state.Service, error) {
+	port := g.HBONEPort
+	if port == 0 {
+		port = state.DefaultHBONEPort
+	}
+	var svc *state.Service
+	if g.IsHostname() {
+		svc = snap.ServiceForGateway(g)
+		if svc == nil {
+			return nil, nil, fmt.Errorf("%w: service %s/%s unknown", ErrUnknownWaypoint, g.Hostname.Namespace, g.Hostname.Hostname)
+		}
+	} else {
+		if w := snap.WorkloadByIP(g.Address.Network, g.Address.IP); w != nil {
+			return w, nil, nil
+		}
+		svc = snap.ServiceByVIP(g.Address.Network, g.Address.IP, "")
+		if svc == nil {
+			return nil, nil, fmt.Errorf("%w: address %s unknown", ErrUnknownWaypoint, g.Address.IP)
+		}
+	}
+	w, _, err := snap.SelectEndpoint(svc, port, src, rnd)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: service %s: %w", ErrUnknownWaypoint, svc.Hostname, err)
+	}
+	return w, svc, nil
+}
+
+// isSelf reports whether the source is the waypoint itself (a sandwiched
+// waypoint sending on to the destination must not loop back to itself).
+func isSelf(src, wp *state.Workload) bool {
+	return src != nil && wp != nil && src.UID == wp.UID
+}
+
+// AddrLike picks w's address of like's family, else its first address.
+func AddrLike(w *state.Workload, like netip.Addr) (netip.Addr, bool) {
+	for _, a := range w.Addresses {
+		if a.Is4() == like.Is4() {
+			return a, true
+		}
+	}
+	if len(w.Addresses) > 0 {
+		return w.Addresses[0], true
+	}
+	return netip.Addr{}, false
+}
