@@ -1,5 +1,14 @@
-// Package repotest holds repository-wide checks that run with `go test`: every
-// package carries a package doc comment, and the data path does not import
-// what it must not (Kubernetes clients, the node state, the CA). It has no
-// code of its own besides these tests.
+// Package repotest holds repository-wide checks that run with `go test`:
+//
+//   - every package carries exactly one package doc comment;
+//   - the layout by owner holds: only the owner folders (node, controlplane,
+//     testing) and the shared packages sit directly under internal/, and
+//     the prefix rules in layoutRules (the node never links the control
+//     plane, the control plane never links the data path, nothing outside
+//     the test trees links internal/testing) are kept;
+//   - each binary links exactly the packages its committed cmd/<bin>/deps.txt
+//     lists, so a new dependency shows up in review;
+//   - our protos never clash with Istio's Go types in the registry.
+//
+// It has no code of its own besides these tests.
 package repotest

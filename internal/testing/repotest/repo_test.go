@@ -1,12 +1,9 @@
 package repotest
 
 import (
-	"encoding/json"
 	"go/parser"
 	"go/token"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -94,57 +91,4 @@ func hasAnyDoc(t *testing.T, files []string) bool {
 		}
 	}
 	return false
-}
-
-// TestDependencyDirections keeps the data path small and honest (STYLE G15):
-// hbone/ and proxy/ never import Kubernetes clients, hbone/ never imports the
-// node state, and no data-path package imports the CA.
-func TestDependencyDirections(t *testing.T) {
-	root := repoRoot(t)
-	rules := []struct {
-		pkg       string
-		forbidden []string
-	}{
-		{"./hbone/...", []string{"k8s.io/client-go", "github.com/ztunnel-go/ztunnel-go/internal/node/state", "github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca", "github.com/ztunnel-go/ztunnel-go/internal/controlplane"}},
-		{"./proxy/...", []string{"k8s.io/client-go", "github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca", "github.com/ztunnel-go/ztunnel-go/internal/controlplane"}},
-		{"./dnsproxy/...", []string{"k8s.io/client-go", "github.com/ztunnel-go/ztunnel-go/internal/controlplane"}},
-		// Test support is never linked into a product binary.
-		{"./cmd/ztunnel", []string{"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster", "github.com/ztunnel-go/ztunnel-go/internal/testing"}},
-	}
-	for _, r := range rules {
-		if _, err := os.Stat(filepath.Join(root, strings.TrimSuffix(r.pkg, "/..."))); err != nil {
-			continue // package not written yet
-		}
-		cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Deps,Standard", r.pkg)
-		cmd.Dir = root
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		dec := json.NewDecoder(out)
-		seen := map[string]bool{}
-		for {
-			var p struct{ ImportPath string }
-			if err := dec.Decode(&p); err == io.EOF {
-				break
-			} else if err != nil {
-				t.Fatal(err)
-			}
-			seen[p.ImportPath] = true
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("go list %s: %v", r.pkg, err)
-		}
-		for dep := range seen {
-			for _, f := range r.forbidden {
-				if dep == f || strings.HasPrefix(dep, f+"/") {
-					t.Errorf("%s depends on %s, which it must not", r.pkg, dep)
-				}
-			}
-		}
-	}
 }
