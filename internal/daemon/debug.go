@@ -1,0 +1,123 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"html"
+	"net/http"
+	"runtime/pprof"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// DebugHandlers adds what every daemon's Debug server carries to mux:
+// /logging (GET shows the level; POST ?level=<lvl> sets it, POST ?reset
+// restores the level the process started with) and the Go profiles under
+// /debug/pprof/ (index, profile?seconds=N for CPU, and every named
+// profile). Changing state takes POST, as in Istio's ztunnel and Envoy, so
+// a browser cannot change it by following a link.
+func DebugHandlers(mux *http.ServeMux, level zap.AtomicLevel) {
+	mux.Handle("/logging", &logging{level: level, initial: level.Level()})
+	mux.HandleFunc("GET /debug/pprof/", pprofIndex)
+	mux.HandleFunc("GET /debug/pprof/profile", pprofCPU)
+	mux.HandleFunc("GET /debug/pprof/{name}", pprofNamed)
+}
+
+type logging struct {
+	level   zap.AtomicLevel
+	initial zapcore.Level
+}
+
+func (l *logging) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		if q.Has("level") || q.Has("reset") {
+			w.Header().Set("Allow", "GET, POST")
+			http.Error(w, "changing the log level takes POST", http.StatusMethodNotAllowed)
+			return
+		}
+	case http.MethodPost:
+		switch {
+		case q.Has("reset"):
+			l.level.SetLevel(l.initial)
+		case q.Has("level"):
+			lvl, err := ParseLevel(q.Get("level"))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			l.level.SetLevel(lvl)
+		default:
+			http.Error(w, "POST /logging?level=<debug|info|warn|error> or /logging?reset", http.StatusBadRequest)
+			return
+		}
+	default:
+		w.Header().Set("Allow", "GET, POST")
+		http.Error(w, "use GET or POST", http.StatusMethodNotAllowed)
+		return
+	}
+	fmt.Fprintf(w, "current log level is %s\n", l.level.Level())
+}
+
+func pprofIndex(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/debug/pprof/" {
+		http.NotFound(w, r)
+		return
+	}
+	var b strings.Builder
+	b.WriteString("<html><body><h1>profiles</h1><ul>\n")
+	b.WriteString(`<li><a href="profile?seconds=10">profile</a> (CPU, 10 s)</li>` + "\n")
+	profiles := pprof.Profiles()
+	sort.Slice(profiles, func(i, j int) bool { return profiles[i].Name() < profiles[j].Name() })
+	for _, p := range profiles {
+		n := html.EscapeString(p.Name())
+		fmt.Fprintf(&b, "<li><a href=\"%s?debug=1\">%s</a> (%d)</li>\n", n, n, p.Count())
+	}
+	b.WriteString("</ul></body></html>\n")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	fmt.Fprint(w, b.String())
+}
+
+func pprofNamed(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	p := pprof.Lookup(name)
+	if p == nil {
+		http.Error(w, fmt.Sprintf("unknown profile %q", name), http.StatusNotFound)
+		return
+	}
+	debug, _ := strconv.Atoi(r.URL.Query().Get("debug"))
+	if debug > 0 {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	} else {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", name))
+	}
+	_ = p.WriteTo(w, debug)
+}
+
+// pprofCPU records a CPU profile for ?seconds= (default 10, at most 300).
+func pprofCPU(w http.ResponseWriter, r *http.Request) {
+	secs, err := strconv.Atoi(r.URL.Query().Get("seconds"))
+	if err != nil || secs <= 0 {
+		secs = 10
+	}
+	secs = min(secs, 300)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="profile"`)
+	if err := pprof.StartCPUProfile(w); err != nil {
+		w.Header().Del("Content-Disposition")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		http.Error(w, "cpu profile: "+err.Error(), http.StatusConflict)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(secs)*time.Second)
+	defer cancel()
+	<-ctx.Done()
+	pprof.StopCPUProfile()
+}

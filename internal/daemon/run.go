@@ -1,0 +1,63 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"go.uber.org/zap"
+)
+
+// SignalContext is cancelled on SIGTERM or SIGINT (a pod's stop, ^C).
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+}
+
+// ExitOnFlagError ends the process for a flag-parsing error of binary name:
+// 0 for -h/--help (usage is printed already), else the error and exit code
+// 2. It returns when err is nil.
+func ExitOnFlagError(name string, err error) {
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+}
+
+// PrintCheck writes what a --check-flags run prints: v as one JSON object
+// and a newline.
+func PrintCheck(w io.Writer, v any) error {
+	return json.NewEncoder(w).Encode(v)
+}
+
+// Exit ends a daemon after its run returned err: logged at error level
+// with exit code 1, or a "stopped" line and exit code 0 when nil.
+func Exit(log *zap.Logger, name string, err error) {
+	code := 0
+	if err != nil {
+		log.Error(name+" failed", zap.Error(err))
+		code = 1
+	} else {
+		log.Info(name + " stopped")
+	}
+	_ = log.Sync()
+	os.Exit(code)
+}
+
+// Version is the main module's version from the build information, or
+// "unknown".
+func Version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "unknown"
+}
