@@ -16,7 +16,7 @@
 //   - Tunnel: one CONNECT stream, a net.Conn with CloseWrite and byte
 //     counters.
 //
-// The HTTP/2 framing layer is our own small engine (conn.go) built on
+// The HTTP/2 framing layer is our own small engine (conn*.go) built on
 // golang.org/x/net/http2/hpack, not x/net's Server and Transport: the
 // Transport keeps a request-body scratch buffer of up to 512 KiB and a
 // goroutine per stream for the life of a CONNECT, and the Server cannot
