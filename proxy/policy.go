@@ -15,6 +15,10 @@ import (
 // errRevoked ends a connection that a policy change no longer allows.
 var errRevoked = errors.New("authorization policy changed: connection no longer allowed")
 
+// errWorkloadGone ends a connection whose local workload left the snapshot:
+// there is no policy left to hold it to, so it is not allowed (fail closed).
+var errWorkloadGone = errors.New("the pod's workload left the control plane's snapshot; no policy applies")
+
 // authorize evaluates conn against the policies of the local workload in
 // snap and returns a ReasonPolicyDenied error naming the decision.
 func authorize(snap *state.Snapshot, local *state.Workload, conn rbac.Conn) error {
@@ -83,7 +87,13 @@ func (p *WorkloadProxy) track(t *tracked, authorizedWith *state.Snapshot) {
 func (p *WorkloadProxy) recheck(snap *state.Snapshot, conns []*tracked) {
 	local := p.localIn(snap)
 	if local == nil {
-		return // the workload left the snapshot: its removal drains it
+		// The workload left the snapshot: nothing says these connections
+		// are allowed any more. The pod's removal over ZDS would drain
+		// them, but it may never come (or come late): close them now.
+		for _, t := range conns {
+			p.revoke(snap, t, errWorkloadGone, "", "workload gone")
+		}
+		return
 	}
 	policies := snap.PoliciesFor(local)
 	for _, t := range conns {
@@ -91,20 +101,23 @@ func (p *WorkloadProxy) recheck(snap *state.Snapshot, conns []*tracked) {
 		if d.Allowed {
 			continue
 		}
-		if t.why.Load() == nil {
-			why := fmt.Errorf("%w: %s", errRevoked, d.Reason)
-			if d.Policy != "" {
-				why = fmt.Errorf("%w: %s by %s", errRevoked, d.Reason, d.Policy)
-			}
-			t.why.CompareAndSwap(nil, &why)
+		why := fmt.Errorf("%w: %s", errRevoked, d.Reason)
+		if d.Policy != "" {
+			why = fmt.Errorf("%w: %s by %s", errRevoked, d.Reason, d.Policy)
 		}
-		if t.revoked.CompareAndSwap(false, true) {
-			p.log.Info("proxy: closing a connection a policy change no longer allows",
-				zap.Stringer("src", t.conn.SrcIP), zap.Uint16("dst_port", t.conn.DstPort),
-				zap.Stringer("src_identity", t.conn.SrcIdentity), zap.Uint64("generation", snap.Generation),
-				zap.String("policy", d.Policy), zap.Stringer("decision", d.Reason))
-			t.kill()
-		}
+		p.revoke(snap, t, why, d.Policy, d.Reason.String())
+	}
+}
+
+// revoke closes t once, recording why (the first cause wins).
+func (p *WorkloadProxy) revoke(snap *state.Snapshot, t *tracked, why error, policy, decision string) {
+	t.why.CompareAndSwap(nil, &why)
+	if t.revoked.CompareAndSwap(false, true) {
+		p.log.Info("proxy: closing a connection that is no longer allowed",
+			zap.Stringer("src", t.conn.SrcIP), zap.Uint16("dst_port", t.conn.DstPort),
+			zap.Stringer("src_identity", t.conn.SrcIdentity), zap.Uint64("generation", snap.Generation),
+			zap.String("policy", policy), zap.String("decision", decision))
+		t.kill()
 	}
 }
 
