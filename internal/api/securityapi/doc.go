@@ -9,3 +9,11 @@
 //
 // It holds no logic: policy evaluation lives elsewhere (the RBAC package).
 package securityapi
+
+// AuditExtension is the name of the Extension (no config) ztunnel-go's
+// control plane puts on an AUDIT AuthorizationPolicy. The wire has no AUDIT
+// action, so the policy goes out as a dry-run DENY carrying this marker:
+// any node proxy evaluates it without enforcing it (Istio's ztunnel logs a
+// dry-run match), and ztunnel-go's reports the match as audited rather than
+// as "would deny".
+const AuditExtension = "ztunnel-go.io/audit"

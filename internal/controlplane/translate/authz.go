@@ -2,13 +2,11 @@ package translate
 
 import (
 	"fmt"
-	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/emptypb"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
@@ -25,43 +23,41 @@ type selectorPolicy struct {
 	selector  map[string]string
 }
 
-// l4WhenKeys are the `when` keys node proxies can evaluate.
-var l4WhenKeys = map[string]bool{
-	"source.ip":        true,
-	"source.namespace": true,
-	"source.principal": true,
-	"destination.ip":   true,
-	"destination.port": true,
-}
+// AnnotationDryRun marks an AuthorizationPolicy as dry-run: node proxies
+// evaluate and log it but never enforce it (Istio's annotation).
+const AnnotationDryRun = "istio.io/dry-run"
+
+// NotEnforcedByWaypoint is the status of a targetRef policy: ztunnel-go has
+// no waypoint of its own that enforces policies.
+const NotEnforcedByWaypoint = "not enforced: no waypoint enforces policies in this mesh"
 
 func (t *translator) translateAuthorizationPolicies() {
+	var targets *targetIndex
 	for _, ap := range t.objs.AuthorizationPolicies {
 		key := ap.Namespace + "/" + ap.Name
 		st := PolicyStatus{Kind: kindAP, Name: key}
 		if refs := targetRefs(ap); len(refs) > 0 {
-			st.Message = "has targetRef(s): enforced by the waypoint or gateway it targets, not sent to node proxies"
-			t.attachToWaypoints(ap, refs)
+			if targets == nil {
+				targets = t.newTargetIndex()
+			}
+			st.Message = t.attachToWaypoints(ap, refs, targets)
+			t.warnf(kindAP, ap.Namespace, ap.Name, "%s", st.Message)
 			t.policies = append(t.policies, st)
 			continue
 		}
-		switch ap.Spec.Action {
-		case securityv1beta1.AuthorizationPolicy_ALLOW, securityv1beta1.AuthorizationPolicy_DENY:
-		case securityv1beta1.AuthorizationPolicy_AUDIT:
-			st.Message = "action AUDIT is not enforced by node proxies (it only logs, in waypoints); not sent"
-			t.warnf(kindAP, ap.Namespace, ap.Name, "AUDIT is not enforced by node proxies; not sent")
-			t.policies = append(t.policies, st)
-			continue
-		default:
-			st.Message = fmt.Sprintf("action %s is not supported by node proxies; not sent", ap.Spec.Action)
-			t.warnf(kindAP, ap.Namespace, ap.Name, "action %s is not supported by node proxies; not sent", ap.Spec.Action)
+		if ap.Spec.Action == securityv1beta1.AuthorizationPolicy_CUSTOM {
+			st.Message = "action CUSTOM is not supported by node proxies; not sent"
+			t.warnf(kindAP, ap.Namespace, ap.Name, "%s", st.Message)
 			t.policies = append(t.policies, st)
 			continue
 		}
-		out, msgs := convertAuthorizationPolicy(t.cfg.RootNamespace, ap)
-		for _, m := range msgs {
-			t.warnf(kindAP, ap.Namespace, ap.Name, "%s", m)
+		out, msgs, bad := convertAuthorizationPolicy(t.cfg.RootNamespace, ap)
+		if len(msgs) > 0 {
+			t.warnf(kindAP, ap.Namespace, ap.Name, "%s", strings.Join(msgs, "; "))
 		}
 		st.Sent = true
+		st.DryRun = out.DryRun
+		st.Invalid = bad
 		st.Message = strings.Join(msgs, "; ")
 		t.policies = append(t.policies, st)
 		t.authz[key] = out
@@ -86,36 +82,99 @@ func targetRefs(ap *securityv1.AuthorizationPolicy) []*targetRef {
 
 type targetRef struct{ group, kind, name, namespace string }
 
+func (r *targetRef) String() string {
+	g := r.group
+	if g == "" {
+		g = "core"
+	}
+	return g + "/" + r.kind + " " + r.name
+}
+
+// targetIndex is what a targetRef may name, built once per translation
+// (only when some policy has targetRefs).
+type targetIndex struct {
+	services, serviceEntries, waypoints map[string]bool // "ns/name"
+}
+
+func (t *translator) newTargetIndex() *targetIndex {
+	x := &targetIndex{services: map[string]bool{}, serviceEntries: map[string]bool{}, waypoints: map[string]bool{}}
+	for _, s := range t.objs.Services {
+		x.services[s.Namespace+"/"+s.Name] = true
+	}
+	for _, se := range t.objs.ServiceEntries {
+		x.serviceEntries[se.Namespace+"/"+se.Name] = true
+	}
+	for _, gw := range t.objs.Gateways {
+		if string(gw.Spec.GatewayClassName) == WaypointClass {
+			x.waypoints[gw.Namespace+"/"+gw.Name] = true
+		}
+	}
+	return x
+}
+
 // attachToWaypoints records ap on the waypoints it targets (Istio 1.25
 // baseline): a Gateway of class istio-waypoint in the policy's namespace, or
-// GatewayClass istio-waypoint from the root namespace (every waypoint).
-func (t *translator) attachToWaypoints(ap *securityv1.AuthorizationPolicy, refs []*targetRef) {
+// GatewayClass istio-waypoint from the root namespace (every waypoint). It
+// returns the policy's status message: such policies are for waypoints, and
+// ztunnel-go has none that enforces them, so they are never "enforced";
+// each targetRef that names nothing is listed.
+func (t *translator) attachToWaypoints(ap *securityv1.AuthorizationPolicy, refs []*targetRef, x *targetIndex) string {
 	key := ap.Namespace + "/" + ap.Name
 	attached := map[string]bool{}
+	var nothing []string
 	for _, r := range refs {
-		if r.group != "gateway.networking.k8s.io" || r.namespace != "" && r.namespace != ap.Namespace {
+		ns := ap.Namespace
+		if r.namespace != "" && r.namespace != ap.Namespace {
+			nothing = append(nothing, r.String()+" (targetRefs cannot leave the policy's namespace)")
 			continue
 		}
-		for _, gw := range t.objs.Gateways {
-			if string(gw.Spec.GatewayClassName) != WaypointClass {
+		found := false
+		switch {
+		case r.group == "gateway.networking.k8s.io" && r.kind == "Gateway":
+			if x.waypoints[ns+"/"+r.name] {
+				attached[ns+"/"+r.name], found = true, true
+			}
+		case r.group == "gateway.networking.k8s.io" && r.kind == "GatewayClass":
+			if r.name == WaypointClass && ap.Namespace != t.cfg.RootNamespace {
+				nothing = append(nothing, r.String()+" (only from the root namespace "+t.cfg.RootNamespace+")")
 				continue
 			}
-			switch {
-			case r.kind == "Gateway" && gw.Name == r.name && gw.Namespace == ap.Namespace,
-				r.kind == "GatewayClass" && r.name == WaypointClass && ap.Namespace == t.cfg.RootNamespace:
-				attached[gw.Namespace+"/"+gw.Name] = true
+			if r.name == WaypointClass {
+				for gw := range x.waypoints {
+					attached[gw] = true
+				}
+				found = len(x.waypoints) > 0
 			}
+		case r.group == "" && r.kind == "Service":
+			found = x.services[ns+"/"+r.name]
+		case r.group == "networking.istio.io" && r.kind == "ServiceEntry":
+			found = x.serviceEntries[ns+"/"+r.name]
+		}
+		if !found {
+			nothing = append(nothing, r.String())
 		}
 	}
 	for gw := range attached {
 		t.wpPols[gw] = append(t.wpPols[gw], key)
 		sort.Strings(t.wpPols[gw])
 	}
+	msg := NotEnforcedByWaypoint + " (targetRefs make it a waypoint policy; node proxies never get it)"
+	if len(nothing) > 0 {
+		msg += "; targetRef attaches to nothing: " + strings.Join(nothing, ", ")
+	}
+	return msg
 }
 
-// convertAuthorizationPolicy converts an ALLOW or DENY policy without
-// targetRefs (§5.4, §5.5). The messages describe dropped or omitted parts.
-func convertAuthorizationPolicy(rootNs string, ap *securityv1.AuthorizationPolicy) (*securityapi.Authorization, []string) {
+// convertAuthorizationPolicy converts a policy without targetRefs (§5.4,
+// §5.5). The messages describe dropped or omitted parts; bad lists the
+// values that cannot be enforced ("field: why"). What cannot be enforced
+// fails closed, as Istio does: an ALLOW rule with a bad value is dropped
+// (allows less), a DENY rule with a bad value becomes a rule that matches
+// every connection (denies everything the policy selects), and an action
+// node proxies do not know denies everything too. AUDIT goes out as a
+// dry-run DENY marked with securityapi.AuditExtension (logged, never
+// enforced).
+func convertAuthorizationPolicy(rootNs string, ap *securityv1.AuthorizationPolicy) (*securityapi.Authorization, []string, []string) {
 	scope := securityapi.Scope_WORKLOAD_SELECTOR
 	if ap.Spec.Selector == nil {
 		scope = securityapi.Scope_NAMESPACE
@@ -123,40 +182,77 @@ func convertAuthorizationPolicy(rootNs string, ap *securityv1.AuthorizationPolic
 			scope = securityapi.Scope_GLOBAL
 		}
 	}
-	action := securityapi.Action_ALLOW
-	if ap.Spec.Action == securityv1beta1.AuthorizationPolicy_DENY {
-		action = securityapi.Action_DENY
-	}
-	out := &securityapi.Authorization{Name: ap.Name, Namespace: ap.Namespace, Scope: scope, Action: action}
-	var l7 []string
-	dropped := 0
-	for _, rule := range ap.Spec.Rules {
-		r, found := convertRule(action, ap.Namespace, rule)
-		l7 = append(l7, found...)
-		if r == nil {
-			dropped++
-			continue
-		}
-		out.Rules = append(out.Rules, r)
-	}
+	var bad problems
 	var msgs []string
+	out := &securityapi.Authorization{Name: ap.Name, Namespace: ap.Namespace, Scope: scope}
+	if v, ok := ap.Annotations[AnnotationDryRun]; ok {
+		dry, err := strconv.ParseBool(v)
+		if err != nil {
+			bad.addf("metadata.annotations["+AnnotationDryRun+"]", "%q is not true or false; the policy is enforced", v)
+		}
+		out.DryRun = dry
+	}
+	action := securityapi.Action_ALLOW
+	switch ap.Spec.Action {
+	case securityv1beta1.AuthorizationPolicy_ALLOW:
+	case securityv1beta1.AuthorizationPolicy_DENY:
+		action = securityapi.Action_DENY
+	case securityv1beta1.AuthorizationPolicy_AUDIT:
+		action = securityapi.Action_DENY
+		out.DryRun = true
+		out.Extensions = []*securityapi.Extension{{Name: securityapi.AuditExtension}}
+		msgs = append(msgs, "AUDIT: sent as a dry-run policy; node proxies log its matches and never deny")
+	default:
+		bad.addf("spec.action", "unknown value %d", int32(ap.Spec.Action))
+		out.Action = securityapi.Action_DENY
+		out.Rules = []*securityapi.Rule{{}}
+		msgs = append(msgs, "unknown action: sent as a DENY of every connection to the workloads it selects (fail closed)")
+		return out, msgs, bad
+	}
+	out.Action = action
+	var l7 []string
+	droppedL7, droppedBad := 0, 0
+	var denyAll []string
+	for ri, rule := range ap.Spec.Rules {
+		before := len(bad)
+		r, found := convertRule(action, ap.Namespace, fieldAt("spec.rules", ri), rule, &bad)
+		l7 = append(l7, found...)
+		switch {
+		case len(bad) > before && action == securityapi.Action_ALLOW:
+			droppedBad++
+		case len(bad) > before:
+			out.Rules = append(out.Rules, &securityapi.Rule{})
+			denyAll = append(denyAll, fieldAt("spec.rules", ri))
+		case r == nil:
+			droppedL7++
+		default:
+			out.Rules = append(out.Rules, r)
+		}
+	}
 	if len(l7) > 0 {
 		attrs := strings.Join(dedupe(l7), ", ")
 		if action == securityapi.Action_ALLOW {
-			m := fmt.Sprintf("node proxies cannot match %s; %d ALLOW rule(s) using them dropped (more restrictive; use a waypoint for L7 rules)", attrs, dropped)
-			if len(out.Rules) == 0 {
-				m += "; no rule is left, so this policy denies all traffic to the workloads it selects"
-			}
-			msgs = append(msgs, m)
+			msgs = append(msgs, fmt.Sprintf("node proxies cannot match %s; %d ALLOW rule(s) using them dropped (more restrictive; use a waypoint for L7 rules)", attrs, droppedL7))
 		} else {
-			m := fmt.Sprintf("node proxies cannot match %s; omitted from DENY rules (a match left with only L7 conditions never matches)", attrs)
-			if neverMatches(out) {
-				m += "; this DENY policy has no effect at node proxies"
-			}
-			msgs = append(msgs, m)
+			msgs = append(msgs, fmt.Sprintf("node proxies cannot match %s; omitted from DENY rules (a match left with only L7 conditions never matches)", attrs))
 		}
 	}
-	return out, msgs
+	if len(bad) > 0 {
+		msgs = append(msgs, "invalid: "+strings.Join(bad, "; "))
+	}
+	if droppedBad > 0 {
+		msgs = append(msgs, fmt.Sprintf("%d ALLOW rule(s) with invalid values dropped (fail closed: allows less)", droppedBad))
+	}
+	if len(denyAll) > 0 {
+		msgs = append(msgs, fmt.Sprintf("DENY rule(s) %s with invalid values match every connection (fail closed: denies all the policy selects)", strings.Join(denyAll, ", ")))
+	}
+	switch {
+	case action == securityapi.Action_ALLOW && len(out.Rules) == 0 && droppedL7+droppedBad > 0:
+		msgs = append(msgs, "no rule is left, so this policy denies all traffic to the workloads it selects")
+	case action == securityapi.Action_DENY && len(l7) > 0 && neverMatches(out):
+		msgs = append(msgs, "this DENY policy has no effect at node proxies")
+	}
+	return out, msgs, bad
 }
 
 // neverMatches reports whether every rule has a clause made only of empty
@@ -180,66 +276,74 @@ func neverMatches(a *securityapi.Authorization) bool {
 	return true
 }
 
-// convertRule converts one rule. For ALLOW, any L7 attribute drops the rule
-// (nil). For DENY, L7 attributes are omitted from their Match. Each
-// non-empty from/to/when list becomes one Clause (AND between them); each
-// entry one Match (OR within).
-func convertRule(action securityapi.Action, ns string, rule *securityv1beta1.Rule) (*securityapi.Rule, []string) {
+// convertRule converts one rule at path, adding every value it cannot
+// enforce to bad (the caller decides what an invalid rule becomes). For
+// ALLOW, any L7 attribute drops the rule (nil). For DENY, L7 attributes
+// are omitted from their Match. Each non-empty from/to/when list becomes
+// one Clause (AND between them); each entry one Match (OR within).
+func convertRule(action securityapi.Action, ns, path string, rule *securityv1beta1.Rule, bad *problems) (*securityapi.Rule, []string) {
 	var l7 []string
 	var from, to, when []*securityapi.Match
-	for _, f := range rule.From {
+	for i, f := range rule.From {
 		s := f.GetSource()
-		found := l7Source(s)
-		l7 = append(l7, found...)
-		if len(found) > 0 && action == securityapi.Action_ALLOW {
-			return nil, l7
-		}
+		p := fieldAt(path+".from", i) + ".source."
+		l7 = append(l7, l7Source(s)...)
 		from = append(from, &securityapi.Match{
-			Principals:         stringMatches(s.GetPrincipals()),
-			NotPrincipals:      stringMatches(s.GetNotPrincipals()),
-			Namespaces:         stringMatches(s.GetNamespaces()),
-			NotNamespaces:      stringMatches(s.GetNotNamespaces()),
-			SourceIps:          addresses(s.GetIpBlocks()),
-			NotSourceIps:       addresses(s.GetNotIpBlocks()),
-			ServiceAccounts:    serviceAccounts(ns, s.GetServiceAccounts()),
-			NotServiceAccounts: serviceAccounts(ns, s.GetNotServiceAccounts()),
+			Principals:         stringMatches(p+"principals", s.GetPrincipals(), true, bad),
+			NotPrincipals:      stringMatches(p+"notPrincipals", s.GetNotPrincipals(), true, bad),
+			Namespaces:         stringMatches(p+"namespaces", s.GetNamespaces(), false, bad),
+			NotNamespaces:      stringMatches(p+"notNamespaces", s.GetNotNamespaces(), false, bad),
+			SourceIps:          addresses(p+"ipBlocks", s.GetIpBlocks(), bad),
+			NotSourceIps:       addresses(p+"notIpBlocks", s.GetNotIpBlocks(), bad),
+			ServiceAccounts:    serviceAccounts(p+"serviceAccounts", ns, s.GetServiceAccounts(), bad),
+			NotServiceAccounts: serviceAccounts(p+"notServiceAccounts", ns, s.GetNotServiceAccounts(), bad),
 		})
 	}
-	for _, tt := range rule.To {
+	for i, tt := range rule.To {
 		o := tt.GetOperation()
-		found := l7Operation(o)
-		l7 = append(l7, found...)
-		if len(found) > 0 && action == securityapi.Action_ALLOW {
-			return nil, l7
-		}
+		p := fieldAt(path+".to", i) + ".operation."
+		l7 = append(l7, l7Operation(o)...)
 		to = append(to, &securityapi.Match{
-			DestinationPorts:    ports(o.GetPorts()),
-			NotDestinationPorts: ports(o.GetNotPorts()),
+			DestinationPorts:    ports(p+"ports", o.GetPorts(), bad),
+			NotDestinationPorts: ports(p+"notPorts", o.GetNotPorts(), bad),
 		})
 	}
-	for _, c := range rule.When {
-		if !l4WhenKeys[c.GetKey()] {
-			l7 = append(l7, "when."+c.GetKey())
-			if action == securityapi.Action_ALLOW {
-				return nil, l7
+	for i, c := range rule.When {
+		p := fieldAt(path+".when", i)
+		key := c.GetKey()
+		l4, isL7 := whenKind(key)
+		if len(c.GetValues()) == 0 && len(c.GetNotValues()) == 0 {
+			bad.addf(p, "condition on %q has neither values nor notValues", key)
+		}
+		if !l4 {
+			if isL7 {
+				l7 = append(l7, "when."+key)
+			} else {
+				bad.addf(p+".key", "%q is not an attribute Istio knows", key)
 			}
 			when = append(when, &securityapi.Match{})
 			continue
 		}
+		vs, nvs := p+".values", p+".notValues"
 		m := &securityapi.Match{}
-		switch c.GetKey() {
+		switch key {
 		case "source.ip":
-			m.SourceIps, m.NotSourceIps = addresses(c.GetValues()), addresses(c.GetNotValues())
+			m.SourceIps, m.NotSourceIps = addresses(vs, c.GetValues(), bad), addresses(nvs, c.GetNotValues(), bad)
 		case "source.namespace":
-			m.Namespaces, m.NotNamespaces = stringMatches(c.GetValues()), stringMatches(c.GetNotValues())
+			m.Namespaces, m.NotNamespaces = stringMatches(vs, c.GetValues(), false, bad), stringMatches(nvs, c.GetNotValues(), false, bad)
 		case "source.principal":
-			m.Principals, m.NotPrincipals = stringMatches(c.GetValues()), stringMatches(c.GetNotValues())
+			m.Principals, m.NotPrincipals = stringMatches(vs, c.GetValues(), true, bad), stringMatches(nvs, c.GetNotValues(), true, bad)
+		case "source.serviceAccount":
+			m.ServiceAccounts, m.NotServiceAccounts = serviceAccounts(vs, ns, c.GetValues(), bad), serviceAccounts(nvs, ns, c.GetNotValues(), bad)
 		case "destination.ip":
-			m.DestinationIps, m.NotDestinationIps = addresses(c.GetValues()), addresses(c.GetNotValues())
+			m.DestinationIps, m.NotDestinationIps = addresses(vs, c.GetValues(), bad), addresses(nvs, c.GetNotValues(), bad)
 		case "destination.port":
-			m.DestinationPorts, m.NotDestinationPorts = ports(c.GetValues()), ports(c.GetNotValues())
+			m.DestinationPorts, m.NotDestinationPorts = ports(vs, c.GetValues(), bad), ports(nvs, c.GetNotValues(), bad)
 		}
 		when = append(when, m)
+	}
+	if len(l7) > 0 && action == securityapi.Action_ALLOW {
+		return nil, l7
 	}
 	r := &securityapi.Rule{}
 	for _, ms := range [][]*securityapi.Match{from, to, when} {
@@ -279,63 +383,6 @@ func l7Operation(o *securityv1beta1.Operation) []string {
 	add("notMethods", o.GetNotMethods())
 	add("paths", o.GetPaths())
 	add("notPaths", o.GetNotPaths())
-	return out
-}
-
-// stringMatches: "*" is presence, "*x" a suffix, "x*" a prefix, else exact.
-func stringMatches(vs []string) []*securityapi.StringMatch {
-	var out []*securityapi.StringMatch
-	for _, v := range vs {
-		var m securityapi.StringMatch
-		switch {
-		case v == "*":
-			m.MatchType = &securityapi.StringMatch_Presence{Presence: &emptypb.Empty{}}
-		case strings.HasPrefix(v, "*"):
-			m.MatchType = &securityapi.StringMatch_Suffix{Suffix: v[1:]}
-		case strings.HasSuffix(v, "*"):
-			m.MatchType = &securityapi.StringMatch_Prefix{Prefix: v[:len(v)-1]}
-		default:
-			m.MatchType = &securityapi.StringMatch_Exact{Exact: v}
-		}
-		out = append(out, &m)
-	}
-	return out
-}
-
-// addresses parses IPs and CIDRs; unparsable entries are skipped, as istiod
-// does (its validation rejects them first).
-func addresses(vs []string) []*securityapi.Address {
-	var out []*securityapi.Address
-	for _, v := range vs {
-		if p, err := netip.ParsePrefix(v); err == nil {
-			out = append(out, &securityapi.Address{Address: addrBytes(p.Addr()), Length: uint32(p.Bits())})
-		} else if a, err := netip.ParseAddr(v); err == nil {
-			out = append(out, &securityapi.Address{Address: addrBytes(a), Length: uint32(a.BitLen())})
-		}
-	}
-	return out
-}
-
-func ports(vs []string) []uint32 {
-	var out []uint32
-	for _, v := range vs {
-		if p, err := strconv.ParseUint(v, 10, 16); err == nil {
-			out = append(out, uint32(p))
-		}
-	}
-	return out
-}
-
-// serviceAccounts parses "ns/sa" or "sa" (policy namespace).
-func serviceAccounts(ns string, vs []string) []*securityapi.ServiceAccountMatch {
-	var out []*securityapi.ServiceAccountMatch
-	for _, v := range vs {
-		n, sa, ok := strings.Cut(v, "/")
-		if !ok {
-			n, sa = ns, v
-		}
-		out = append(out, &securityapi.ServiceAccountMatch{Namespace: n, ServiceAccount: sa})
-	}
 	return out
 }
 

@@ -92,6 +92,13 @@ type PolicyStatus struct {
 	Sent bool `json:"sent"`
 	// Message explains partial conversion or why it is not sent.
 	Message string `json:"message,omitempty"`
+	// DryRun: sent with dry_run (istio.io/dry-run, or action AUDIT); node
+	// proxies log what it would decide and never enforce it.
+	DryRun bool `json:"dryRun,omitempty"`
+	// Invalid lists the values that cannot be enforced, each
+	// "<field path>: <why>" (spec.rules[0].from[0].source.ipBlocks[1]: ...).
+	// They fail closed: see Message for what became of their rules.
+	Invalid []string `json:"invalid,omitempty"`
 }
 
 // Result is everything one translation produces. Maps are keyed by xDS

@@ -68,7 +68,8 @@ func TestStringMatches(t *testing.T) {
 		{"exact", "exact:exact"},
 	}
 	for _, tc := range tests {
-		m := stringMatches([]string{tc.in})[0]
+		var bad problems
+		m := stringMatches("p", []string{tc.in}, false, &bad)[0]
 		var got string
 		switch x := m.MatchType.(type) {
 		case *securityapi.StringMatch_Presence:
