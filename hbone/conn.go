@@ -3,7 +3,6 @@ package hbone
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -124,43 +123,25 @@ func newConn(nc net.Conn, client bool, cfg H2Settings, peer identity.Identity, p
 // loop and keepalive. The caller sets hooks and limits before.
 func (c *conn) start() error {
 	c.hdec.SetMaxStringLength(int(c.maxHeaderList))
-	settings := []struct {
-		id  http2.SettingID
-		val uint32
-	}{
-		{http2.SettingInitialWindowSize, c.cfg.StreamWindow},
-		{http2.SettingMaxFrameSize, c.cfg.MaxFrameSize},
-		{http2.SettingMaxHeaderListSize, c.maxHeaderList},
-	}
+	settings := make([]setting, 0, 5)
+	settings = append(settings,
+		setting{http2.SettingInitialWindowSize, c.cfg.StreamWindow},
+		setting{http2.SettingMaxFrameSize, c.cfg.MaxFrameSize},
+		setting{http2.SettingMaxHeaderListSize, c.maxHeaderList},
+	)
 	if c.client {
-		settings = append(settings, struct {
-			id  http2.SettingID
-			val uint32
-		}{http2.SettingEnablePush, 0})
+		settings = append(settings, setting{http2.SettingEnablePush, 0})
 	}
 	if c.advMaxStreams > 0 {
-		settings = append(settings, struct {
-			id  http2.SettingID
-			val uint32
-		}{http2.SettingMaxConcurrentStreams, c.advMaxStreams})
+		settings = append(settings, setting{http2.SettingMaxConcurrentStreams, c.advMaxStreams})
 	}
 	var b []byte
 	if c.client {
 		b = append(b, clientPreface...)
 	}
-	off := len(b)
-	b = append(b, make([]byte, frameHeaderLen+6*len(settings))...)
-	putFrameHeader(b[off:], 6*len(settings), frameSettings, 0, 0)
-	for i, s := range settings {
-		p := b[off+frameHeaderLen+6*i:]
-		binary.BigEndian.PutUint16(p, uint16(s.id))
-		binary.BigEndian.PutUint32(p[2:], s.val)
-	}
+	b = appendSettings(b, settings)
 	if inc := int64(c.cfg.ConnWindow) - defaultWindow; inc > 0 {
-		off = len(b)
-		b = append(b, make([]byte, frameHeaderLen+4)...)
-		putFrameHeader(b[off:], 4, frameWindowUpdate, 0, 0)
-		binary.BigEndian.PutUint32(b[off+frameHeaderLen:], uint32(inc))
+		b = appendWindowUpdate(b, 0, uint32(inc))
 		c.recvWin += inc
 	}
 	c.wmu.Lock()

@@ -172,57 +172,71 @@ func (c *conn) readData(length uint32, flags uint8, sid uint32) error {
 	}
 	for rem > 0 {
 		k := min(rem, maxChunk)
-		if k >= 4<<10 {
-			// Big enough to fill a chunk of its own: read straight into it.
-			bp := getBuf(k)
-			if _, err := io.ReadFull(c.nc, *bp); err != nil {
-				putBuf(bp)
-				return err
-			}
-			rem -= k
-			c.mu.Lock()
-			if t.err == nil && !t.closed {
-				t.q.pushChunk(bp)
-				c.mu.Unlock()
-				t.wakeRead()
-			} else {
-				c.mu.Unlock()
-				putBuf(bp)
-				c.creditConn(int64(k))
-			}
-			continue
-		}
-		if cap(c.rbuf) < maxChunk {
-			c.rbuf = make([]byte, maxChunk)
-		}
-		b := c.rbuf[:k]
-		if _, err := io.ReadFull(c.nc, b); err != nil {
+		if err := c.readChunk(t, k); err != nil {
 			return err
 		}
 		rem -= k
-		c.mu.Lock()
-		if t.err == nil && !t.closed {
-			t.q.push(b)
-			c.mu.Unlock()
-			t.wakeRead()
-		} else {
-			// The stream went away while we read: return the window.
-			c.mu.Unlock()
-			c.creditConn(int64(k))
-		}
 	}
 	if err := c.discardPad(pad); err != nil {
 		return err
 	}
 	if flags&flagEndStream != 0 {
-		c.mu.Lock()
-		t.remoteEnd = true
-		gone := c.maybeRemoveLocked(t)
-		c.mu.Unlock()
-		t.wakeRead()
-		c.afterRemove(gone)
+		c.endRemote(t)
 	}
 	return nil
+}
+
+// readChunk reads the next k (at most maxChunk) bytes of a DATA payload and
+// queues them on t. A chunk of 4 KiB or more is read straight into a pooled
+// buffer that the queue then owns; a smaller one goes through the scratch
+// buffer and is copied onto the queue's tail. If the stream went away while
+// we read, the bytes are dropped and their window returned.
+func (c *conn) readChunk(t *Tunnel, k int) error {
+	var bp *[]byte
+	var b []byte
+	if k >= 4<<10 {
+		bp = getBuf(k)
+		b = *bp
+	} else {
+		if cap(c.rbuf) < maxChunk {
+			c.rbuf = make([]byte, maxChunk)
+		}
+		b = c.rbuf[:k]
+	}
+	if _, err := io.ReadFull(c.nc, b); err != nil {
+		if bp != nil {
+			putBuf(bp)
+		}
+		return err
+	}
+	c.mu.Lock()
+	if t.err != nil || t.closed {
+		c.mu.Unlock()
+		if bp != nil {
+			putBuf(bp)
+		}
+		c.creditConn(int64(k))
+		return nil
+	}
+	if bp != nil {
+		t.q.pushChunk(bp)
+	} else {
+		t.q.push(b)
+	}
+	c.mu.Unlock()
+	t.wakeRead()
+	return nil
+}
+
+// endRemote records the peer's END_STREAM on t, removes the stream if this
+// side has ended too, and wakes its reader.
+func (c *conn) endRemote(t *Tunnel) {
+	c.mu.Lock()
+	t.remoteEnd = true
+	gone := c.maybeRemoveLocked(t)
+	c.mu.Unlock()
+	t.wakeRead()
+	c.afterRemove(gone)
 }
 
 func (c *conn) discardPad(pad int) error {
@@ -231,6 +245,23 @@ func (c *conn) discardPad(pad int) error {
 	}
 	_, err := io.CopyN(io.Discard, c.nc, int64(pad))
 	return err
+}
+
+// lockedStream takes mu and returns sid's stream with mu still held. For a
+// stream it does not track it releases mu and returns nil, with a protocol
+// error if sid was never opened (a frame on an idle stream) and no error if
+// the stream is gone already (closed or reset: the frame is ignored).
+func (c *conn) lockedStream(sid uint32, frame string) (*Tunnel, error) {
+	c.mu.Lock()
+	if t := c.streams[sid]; t != nil {
+		return t, nil
+	}
+	idle := c.isIdleStreamLocked(sid)
+	c.mu.Unlock()
+	if idle {
+		return nil, protoErr("%s on idle stream %d", frame, sid)
+	}
+	return nil, nil
 }
 
 // isIdleStreamLocked reports whether sid was never opened (RFC 9113 5.1).
@@ -368,25 +399,14 @@ func (c *conn) trailers(t *Tunnel, endStream bool) error {
 		t.resetWith(http2.ErrCodeProtocol, false)
 		return nil
 	}
-	c.mu.Lock()
-	t.remoteEnd = true
-	gone := c.maybeRemoveLocked(t)
-	c.mu.Unlock()
-	t.wakeRead()
-	c.afterRemove(gone)
+	c.endRemote(t)
 	return nil
 }
 
 func (c *conn) onResponseHeaders(sid uint32, endStream bool) error {
-	c.mu.Lock()
-	t := c.streams[sid]
+	t, err := c.lockedStream(sid, "HEADERS")
 	if t == nil {
-		idle := c.isIdleStreamLocked(sid)
-		c.mu.Unlock()
-		if idle {
-			return protoErr("HEADERS on idle stream %d", sid)
-		}
-		return nil // a stream we already reset
+		return err
 	}
 	if t.status != 0 {
 		c.mu.Unlock()
@@ -548,15 +568,9 @@ func (c *conn) readWindowUpdate(length uint32, sid uint32) error {
 		c.mu.Unlock()
 		return nil
 	}
-	c.mu.Lock()
-	t := c.streams[sid]
+	t, err := c.lockedStream(sid, "WINDOW_UPDATE")
 	if t == nil {
-		idle := c.isIdleStreamLocked(sid)
-		c.mu.Unlock()
-		if idle {
-			return protoErr("WINDOW_UPDATE on idle stream %d", sid)
-		}
-		return nil
+		return err
 	}
 	if inc == 0 || t.sendWin+inc > maxWindow {
 		c.mu.Unlock()
@@ -582,15 +596,9 @@ func (c *conn) readRST(length uint32, sid uint32) error {
 		return err
 	}
 	code := http2.ErrCode(binary.BigEndian.Uint32(p))
-	c.mu.Lock()
-	t := c.streams[sid]
+	t, err := c.lockedStream(sid, "RST_STREAM")
 	if t == nil {
-		idle := c.isIdleStreamLocked(sid)
-		c.mu.Unlock()
-		if idle {
-			return protoErr("RST_STREAM on idle stream %d", sid)
-		}
-		return nil
+		return err
 	}
 	var e error = &StreamResetError{Code: code, Remote: true}
 	if code == http2.ErrCodeRefusedStream && c.client && t.status == 0 {
@@ -641,9 +649,8 @@ func (c *conn) readGoAway(length uint32, sid uint32) error {
 			}
 		}
 	}
-	gone := false
 	for _, t := range failed {
-		gone = c.removeLocked(t) || gone
+		c.removeLocked(t) // idleness is checked below, with the GOAWAY in mind
 	}
 	idle := c.active == 0
 	c.mu.Unlock()
@@ -657,6 +664,5 @@ func (c *conn) readGoAway(length uint32, sid uint32) error {
 		}
 		return fmt.Errorf("hbone: peer sent GOAWAY %s: %q", code, p[8:])
 	}
-	_ = gone
 	return nil
 }

@@ -66,23 +66,19 @@ func (c *conn) writeLocked(b []byte) error {
 // writeWindowUpdates sends a stream and/or connection WINDOW_UPDATE in one
 // write.
 func (c *conn) writeWindowUpdates(sid uint32, streamInc, connInc int64) {
-	var b [2 * (frameHeaderLen + 4)]byte
-	n := 0
+	var arr [2 * (frameHeaderLen + 4)]byte
+	b := arr[:0]
 	if streamInc > 0 {
-		putFrameHeader(b[n:], 4, frameWindowUpdate, 0, sid)
-		binary.BigEndian.PutUint32(b[n+frameHeaderLen:], uint32(streamInc))
-		n += frameHeaderLen + 4
+		b = appendWindowUpdate(b, sid, uint32(streamInc))
 	}
 	if connInc > 0 {
-		putFrameHeader(b[n:], 4, frameWindowUpdate, 0, 0)
-		binary.BigEndian.PutUint32(b[n+frameHeaderLen:], uint32(connInc))
-		n += frameHeaderLen + 4
+		b = appendWindowUpdate(b, 0, uint32(connInc))
 	}
-	if n == 0 {
+	if len(b) == 0 {
 		return
 	}
-	bp := getBuf(n)
-	copy(*bp, b[:n])
+	bp := getBuf(len(b))
+	copy(*bp, b)
 	c.wmu.Lock()
 	err := c.writeLocked(*bp)
 	c.wmu.Unlock()
@@ -92,14 +88,9 @@ func (c *conn) writeWindowUpdates(sid uint32, streamInc, connInc int64) {
 	}
 }
 
-// writeHeaders encodes fields and writes them as one HEADERS frame (plus
-// CONTINUATION frames if the block exceeds the peer's frame size).
-func (c *conn) writeHeaders(sid uint32, endStream bool, fields ...hpack.HeaderField) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.writeHeadersLocked(sid, endStream, fields...)
-}
-
+// writeHeadersLocked encodes fields and writes them as one HEADERS frame
+// (plus CONTINUATION frames if the block exceeds the peer's frame size); the
+// caller holds wmu.
 func (c *conn) writeHeadersLocked(sid uint32, endStream bool, fields ...hpack.HeaderField) error {
 	c.hbuf.Reset()
 	for _, f := range fields {

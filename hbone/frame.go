@@ -90,6 +90,34 @@ func putFrameHeader(b []byte, length int, typ, flags uint8, sid uint32) {
 	binary.BigEndian.PutUint32(b[5:9], sid&maxStreamID)
 }
 
+// setting is one SETTINGS parameter (RFC 9113 section 6.5.1).
+type setting struct {
+	id  http2.SettingID
+	val uint32
+}
+
+// appendSettings appends a SETTINGS frame carrying settings to b.
+func appendSettings(b []byte, settings []setting) []byte {
+	off := len(b)
+	b = append(b, make([]byte, frameHeaderLen+6*len(settings))...)
+	putFrameHeader(b[off:], 6*len(settings), frameSettings, 0, 0)
+	for i, s := range settings {
+		p := b[off+frameHeaderLen+6*i:]
+		binary.BigEndian.PutUint16(p, uint16(s.id))
+		binary.BigEndian.PutUint32(p[2:], s.val)
+	}
+	return b
+}
+
+// appendWindowUpdate appends a WINDOW_UPDATE frame for sid (0: the
+// connection) to b.
+func appendWindowUpdate(b []byte, sid, inc uint32) []byte {
+	var f [frameHeaderLen + 4]byte
+	putFrameHeader(f[:], 4, frameWindowUpdate, 0, sid)
+	binary.BigEndian.PutUint32(f[frameHeaderLen:], inc)
+	return append(b, f[:]...)
+}
+
 // connError is an HTTP/2 connection error: this side sends GOAWAY with the
 // code and closes the connection.
 type connError struct {
