@@ -35,6 +35,8 @@ func TestParseAuthority(t *testing.T) {
 		if tc.want == "" {
 			if err == nil || !errors.Is(err, ErrBadAuthority) {
 				t.Errorf("ParseAuthority(%q) = %v, %v; want ErrBadAuthority", tc.in, got, err)
+			} else {
+				checkErrText(t, err)
 			}
 			continue
 		}

@@ -141,6 +141,7 @@ func TestBadInputClientCerts(t *testing.T) {
 			if !errors.Is(err, ErrHandshake) {
 				t.Fatalf("err = %v, want ErrHandshake", err)
 			}
+			checkErrText(t, err)
 			waitFor(t, "the rejection log", func() bool { return logsContaining(srv.logs, "rejected connection") == 1 })
 			if e := srv.logs.All()[0]; !strings.Contains(e.ContextMap()["error"].(string), tc.wantLog) {
 				t.Errorf("log error %q does not mention %q", e.ContextMap()["error"], tc.wantLog)

@@ -94,7 +94,7 @@ func Dial(ctx context.Context, cfg *ClientConfig, key Key) (*ClientConn, error) 
 // answer.
 func (cc *ClientConn) Connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error) {
 	if !cc.c.reserve(maxStreamID) {
-		return nil, fmt.Errorf("%w: no new streams", ErrConnClosed)
+		return nil, fmt.Errorf("hbone: %w: no new streams", ErrConnClosed)
 	}
 	return cc.c.connect(ctx, req)
 }
@@ -168,9 +168,8 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, 
 	case <-c.ready:
 		return c, nil
 	case <-c.done:
-		err := c.streamErr()
 		return nil, fmt.Errorf("hbone: connect %s: %w: server closed the connection before its SETTINGS: %w",
-			key.NextHop, ErrHandshake, err)
+			key.NextHop, ErrHandshake, c.closedErr())
 	case <-ctx.Done():
 		c.fail(ctx.Err())
 		return nil, connectErr(ctx, key.NextHop, timeout, ctx.Err())
@@ -211,7 +210,7 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 		if c.closeErr == nil {
 			// A graceful end (GOAWAY, idle expiry) raced our reservation:
 			// nothing was sent, another connection may take the stream.
-			err = fmt.Errorf("%w: %w", errRetry, err)
+			err = fmt.Errorf("%w: %w", err, errRetry)
 		}
 		c.mu.Unlock()
 		c.wmu.Unlock()

@@ -96,12 +96,24 @@ func (c *conn) fail(err error) {
 	}
 }
 
-// streamErrLocked is the error streams get once the connection ended.
-func (c *conn) streamErrLocked() error {
+// closedErrLocked says why the connection ended, as a cause to wrap:
+// ErrConnClosed, with the error that closed it when there was one.
+func (c *conn) closedErrLocked() error {
 	if c.closeErr == nil {
 		return ErrConnClosed
 	}
 	return fmt.Errorf("%w: %w", ErrConnClosed, classifyConnErr(c.closeErr))
+}
+
+func (c *conn) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closedErrLocked()
+}
+
+// streamErrLocked is the error a stream returns once the connection ended.
+func (c *conn) streamErrLocked() error {
+	return fmt.Errorf("hbone: %w", c.closedErrLocked())
 }
 
 func (c *conn) streamErr() error {
@@ -121,7 +133,7 @@ func (c *conn) keepalive() {
 	if c.pingOut {
 		if since := now.Sub(c.pingSent); since >= c.cfg.KeepaliveTimeout && !active {
 			c.mu.Unlock()
-			c.fail(fmt.Errorf("hbone: keepalive PING not answered within %s", c.cfg.KeepaliveTimeout))
+			c.fail(fmt.Errorf("keepalive PING not answered within %s", c.cfg.KeepaliveTimeout))
 			return
 		} else if active {
 			c.pingOut = false

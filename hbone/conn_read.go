@@ -31,7 +31,7 @@ func (c *conn) readFrames() error {
 	if !c.client {
 		var pre [len(clientPreface)]byte
 		if _, err := io.ReadFull(c.nc, pre[:]); err != nil {
-			return fmt.Errorf("hbone: read client preface: %w", err)
+			return fmt.Errorf("read client preface: %w", err)
 		}
 		if string(pre[:]) != clientPreface {
 			return protoErr("bad client preface %q", pre[:])
@@ -602,7 +602,7 @@ func (c *conn) readRST(length uint32, sid uint32) error {
 	}
 	var e error = &StreamResetError{Code: code, Remote: true}
 	if code == http2.ErrCodeRefusedStream && c.client && t.status == 0 {
-		e = fmt.Errorf("%w: %w", errRetry, e)
+		e = fmt.Errorf("%w: %w", e, errRetry)
 	}
 	t.err = e
 	gone := c.removeLocked(t)
@@ -644,7 +644,7 @@ func (c *conn) readGoAway(length uint32, sid uint32) error {
 	if c.client {
 		for id, t := range c.streams {
 			if id > last && t.err == nil {
-				t.err = fmt.Errorf("%w: GOAWAY (%s) above stream %d", errRetry, code, last)
+				t.err = fmt.Errorf("hbone: GOAWAY (%s) above stream %d: %w", code, last, errRetry)
 				failed = append(failed, t)
 			}
 		}
@@ -662,7 +662,7 @@ func (c *conn) readGoAway(length uint32, sid uint32) error {
 		if code == http2.ErrCodeNo {
 			return io.EOF
 		}
-		return fmt.Errorf("hbone: peer sent GOAWAY %s: %q", code, p[8:])
+		return fmt.Errorf("peer sent GOAWAY %s: %q", code, p[8:])
 	}
 	return nil
 }

@@ -28,4 +28,12 @@
 // the next hop, the expected identities and the authority, and the server's
 // Handler decides 200/401/503. It does not import internal/node/state, the CA or
 // Kubernetes packages; certificates come through identity.CertSource.
+//
+// Errors: every error the package returns starts with "hbone: " once, then
+// names the step that failed. What such an error wraps is a bare phrase: the
+// sentinels (ErrConnClosed, ErrHandshake, ...), the cause a connection ended
+// with, the certificate checks' verdicts. So a message reads
+// "hbone: connect 10.0.0.7:15008: tls handshake failed: server certificate
+// [...]: peer identity not accepted: want one of [...]". Match errors with
+// errors.Is and errors.As, never by their text.
 package hbone

@@ -48,19 +48,20 @@ var (
 	// the server, the client is from another trust domain.
 	ErrIdentityMismatch = errors.New("peer identity not accepted")
 
-	// ErrConnClosed is returned for streams on a connection that has gone
-	// away (closed, GOAWAY, keepalive timeout). The error that closed the
-	// connection is wrapped alongside it when known.
-	ErrConnClosed = errors.New("hbone: connection closed")
+	// ErrConnClosed is wrapped by the errors of streams on a connection
+	// that has gone away (closed, GOAWAY, keepalive timeout). The error
+	// that closed the connection is wrapped alongside it when known.
+	ErrConnClosed = errors.New("connection closed")
 
-	// ErrPoolClosed is returned by Connect after Pool.Close.
-	ErrPoolClosed = errors.New("hbone: pool closed")
+	// ErrPoolClosed is wrapped by the error of Connect after Pool.Close.
+	ErrPoolClosed = errors.New("pool closed")
 
-	// ErrServerClosed is returned by Serve after Shutdown or Close.
-	ErrServerClosed = errors.New("hbone: server closed")
+	// ErrServerClosed is wrapped by the error of Serve after Shutdown or
+	// Close.
+	ErrServerClosed = errors.New("server closed")
 
 	// errRetry marks failures that happened before the server processed the
 	// stream (REFUSED_STREAM, GOAWAY above our stream id, a connection that
 	// became unusable between reservation and use): the pool retries them.
-	errRetry = errors.New("hbone: stream not processed; retry on another connection")
+	errRetry = errors.New("stream not processed; retry on another connection")
 )

@@ -126,7 +126,7 @@ type connError struct {
 }
 
 func (e connError) Error() string {
-	return fmt.Sprintf("hbone: http2 connection error %s: %s", e.code, e.reason)
+	return fmt.Sprintf("http2 connection error %s: %s", e.code, e.reason)
 }
 
 func protoErr(format string, args ...any) error {

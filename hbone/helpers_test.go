@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -129,6 +130,8 @@ func startServer(t testing.TB, m *mesh, h Handler, mod ...func(*ServerConfig)) *
 		s.Close()
 		if err := <-done; !errors.Is(err, ErrServerClosed) {
 			t.Errorf("Serve returned %v, want ErrServerClosed", err)
+		} else {
+			checkErrText(t, err)
 		}
 	})
 	return &testServer{Server: s, addr: ln.Addr().(*net.TCPAddr).AddrPort(), logs: logs}
@@ -203,5 +206,14 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// checkErrText fails unless err's text follows the package's convention
+// (see the package doc): "hbone: " once, at the front.
+func checkErrText(t testing.TB, err error) {
+	t.Helper()
+	if s := err.Error(); !strings.HasPrefix(s, "hbone: ") || strings.Count(s, "hbone: ") != 1 {
+		t.Errorf("error %q: want one \"hbone: \" prefix, at the front", s)
 	}
 }

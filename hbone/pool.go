@@ -168,7 +168,7 @@ func (p *Pool) get(ctx context.Context, pk poolKey, key *Key) (*conn, error) {
 	for {
 		if p.closed {
 			p.mu.Unlock()
-			return nil, ErrPoolClosed
+			return nil, fmt.Errorf("hbone: %w", ErrPoolClosed)
 		}
 		kc := p.keys[pk]
 		if kc == nil {
@@ -224,7 +224,7 @@ func (p *Pool) dial(kc *keyConns, dc *dialCall, key Key) {
 	kc.dial = nil
 	closed := p.closed
 	if err == nil && closed {
-		err = ErrPoolClosed
+		err = fmt.Errorf("hbone: %w", ErrPoolClosed)
 	}
 	if err == nil {
 		// A connection that died already is not added: its onClose ran (or
@@ -234,7 +234,7 @@ func (p *Pool) dial(kc *keyConns, dc *dialCall, key Key) {
 		} else {
 			// It died right after the handshake (the server rejected our
 			// certificate, say): that is this dial's result.
-			err = fmt.Errorf("hbone: connect %s: %w", key.NextHop, c.streamErr())
+			err = fmt.Errorf("hbone: connect %s: %w", key.NextHop, c.closedErr())
 		}
 	}
 	if len(kc.conns) == 0 {
@@ -286,7 +286,7 @@ func (p *Pool) NumConns() int {
 }
 
 // Close closes every connection and fails waiting and future Connects
-// with ErrPoolClosed.
+// with an error wrapping ErrPoolClosed.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	p.closed = true

@@ -201,6 +201,8 @@ func TestPoolConnectTimeout(t *testing.T) {
 			if !errors.Is(err, ErrConnectTimeout) || !strings.Contains(err.Error(), "NetworkPolicy") ||
 				!strings.Contains(err.Error(), "15008") {
 				t.Errorf("err = %v, want ErrConnectTimeout with the NetworkPolicy hint", err)
+			} else {
+				checkErrText(t, err)
 			}
 		}()
 	}
@@ -249,6 +251,7 @@ func TestIdentityMismatch(t *testing.T) {
 	if !errors.Is(err, ErrIdentityMismatch) || !errors.Is(err, ErrHandshake) {
 		t.Fatalf("err = %v, want ErrHandshake and ErrIdentityMismatch", err)
 	}
+	checkErrText(t, err)
 	// Any identity of the list is accepted.
 	req.Dst = append(req.Dst, serverID)
 	tun, err := p.Connect(testCtx(t), req)
@@ -272,6 +275,7 @@ func TestStatusErrors(t *testing.T) {
 			if !errors.As(err, &se) || se.Code != code {
 				t.Fatalf("err = %v, want *StatusError{%d}", err, code)
 			}
+			checkErrText(t, err)
 			var se2 *StatusError
 			if err := <-done; !errors.As(err, &se2) || se2.Code != code {
 				t.Errorf("Done got %v, want *StatusError{%d}", err, code)
@@ -350,5 +354,25 @@ func TestShutdownDeadline(t *testing.T) {
 	}
 	if _, err := tun.Read(make([]byte, 1)); !errors.Is(err, ErrConnClosed) {
 		t.Fatalf("read after forced close = %v, want ErrConnClosed", err)
+	} else {
+		checkErrText(t, err)
+	}
+}
+
+// TestPoolClosedConnect: Connect after Close fails at once with
+// ErrPoolClosed, and the pool dials nothing.
+func TestPoolClosedConnect(t *testing.T) {
+	m := newMesh(t)
+	srv := startServer(t, m, dialHandler())
+	var hs atomic.Int64
+	p := newPool(t, m, handshakeCounter(&hs))
+	p.Close()
+	_, err := p.Connect(testCtx(t), connectReq(srv, srv.addr))
+	if !errors.Is(err, ErrPoolClosed) {
+		t.Fatalf("Connect after Close = %v, want ErrPoolClosed", err)
+	}
+	checkErrText(t, err)
+	if got := hs.Load(); got != 0 {
+		t.Errorf("handshakes = %d, want 0", got)
 	}
 }

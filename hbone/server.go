@@ -132,13 +132,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	return s, nil
 }
 
-// Serve accepts connections on l until Shutdown or Close (then it returns
-// ErrServerClosed) or an accept error that is not temporary.
+// Serve accepts connections on l until Shutdown or Close (then its error
+// wraps ErrServerClosed) or an accept error that is not temporary.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
-		return ErrServerClosed
+		return fmt.Errorf("hbone: %w", ErrServerClosed)
 	}
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
@@ -155,7 +155,7 @@ func (s *Server) Serve(l net.Listener) error {
 			down := s.shutdown
 			s.mu.Unlock()
 			if down {
-				return ErrServerClosed
+				return fmt.Errorf("hbone: %w", ErrServerClosed)
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || isTemporaryAcceptErr(err) {
@@ -169,7 +169,7 @@ func (s *Server) Serve(l net.Listener) error {
 		backoff = 0
 		if !s.track(1) {
 			nc.Close()
-			return ErrServerClosed
+			return fmt.Errorf("hbone: %w", ErrServerClosed)
 		}
 		go func() {
 			defer s.track(-1)

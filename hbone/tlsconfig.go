@@ -30,7 +30,7 @@ func serverTLSConfig(local identity.Identity, certs identity.CertSource, cache *
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 			wc, err := certs.Fetch(hello.Context(), local)
 			if err != nil {
-				return nil, fmt.Errorf("hbone: certificate for %s: %w", local, err)
+				return nil, fmt.Errorf("certificate for %s: %w", local, err)
 			}
 			return &tls.Config{
 				MinVersion:                  tls.VersionTLS13,
