@@ -36,6 +36,8 @@ const maxQuery = 4096
 // WorkloadInfo names the pod a Server serves, as the CNI agent's ZDS message
 // does.
 type WorkloadInfo struct {
+	// UID is the pod's Kubernetes UID as the agent sent it over ZDS (logs).
+	UID             string
 	Namespace, Name string
 }
 
@@ -98,6 +100,13 @@ type Deps struct {
 	// Log gets one debug line per query and errors of the serve loops. nil
 	// means no logging.
 	Log *zap.Logger
+	// Self finds the pod's own workload in a snapshot, for queries whose
+	// source IP is no workload's (loopback). The in-pod manager passes the
+	// pod's workload proxy's lookup (the pod the agent sent over ZDS, of
+	// this node's cluster and node), so both agree on who the pod is. nil
+	// means the first workload named Config.Workload (name and namespace
+	// only: ambiguous across clusters; tests and single-cluster tools).
+	Self func(*state.Snapshot) *state.Workload
 }
 
 // Server is one pod's DNS proxy. Create it with New, run it with Serve, stop
@@ -109,6 +118,7 @@ type Server struct {
 	metrics *Metrics
 	log     *zap.Logger
 	up      *upstreams
+	selfFn  func(*state.Snapshot) *state.Workload
 
 	udp   []*net.UDPConn
 	tcp   []net.Listener
@@ -150,12 +160,14 @@ func New(cfg Config, deps Deps) (_ *Server, reterr error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		cfg:      cfg,
-		store:    deps.Store,
-		fwd:      deps.Forwarder,
-		metrics:  deps.Metrics,
-		log:      log.With(zap.String("component", "dns"), zap.String("pod", cfg.Workload.Namespace+"/"+cfg.Workload.Name)),
+		cfg:     cfg,
+		store:   deps.Store,
+		fwd:     deps.Forwarder,
+		metrics: deps.Metrics,
+		log: log.With(zap.String("component", "dns"), zap.String("pod", cfg.Workload.Namespace+"/"+cfg.Workload.Name),
+			zap.String("uid", cfg.Workload.UID)),
 		up:       newUpstreams(deps.Netns, upOpts),
+		selfFn:   deps.Self,
 		ctx:      ctx,
 		cancel:   cancel,
 		sem:      make(chan struct{}, cfg.MaxInflight),
@@ -420,9 +432,12 @@ func readQuery(conn net.Conn, n int, buf *[]byte) ([]byte, error) {
 	return b, nil
 }
 
-// self returns the pod's own workload in snap, found by Config.Workload and
-// cached per snapshot.
+// selfWorkload returns the pod's own workload in snap: Deps.Self's answer,
+// else the first found by Config.Workload, cached per snapshot.
 func (s *Server) selfWorkload(snap *state.Snapshot) *state.Workload {
+	if s.selfFn != nil {
+		return s.selfFn(snap)
+	}
 	if s.cfg.Workload.Name == "" {
 		return nil
 	}

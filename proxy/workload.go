@@ -359,33 +359,64 @@ func (p *WorkloadProxy) Close() {
 	})
 }
 
-// localIn finds the pod's workload in snap by (node, namespace, name),
-// caching the answer per snapshot.
+// LocalWorkload is the pod's own workload in snap (nil when the snapshot
+// does not have it), the one lookup the pod's listeners and its DNS proxy
+// share; see localIn.
+func (p *WorkloadProxy) LocalWorkload(snap *state.Snapshot) *state.Workload { return p.localIn(snap) }
+
+// localIn finds the pod's workload in snap, caching the answer per
+// snapshot. Name and namespace alone are not unique across the clusters of
+// a multi-cluster mesh (nor across nodes for a recreated StatefulSet pod):
+// the workload must be of this node proxy's cluster (Config.ClusterID; its
+// WDS uid is "<cluster>//Pod/<ns>/<name>", looked up first) and on this
+// node (Config.NodeName), and the ZDS service account must match when both
+// sides name one.
 func (p *WorkloadProxy) localIn(snap *state.Snapshot) *state.Workload {
 	if c := p.local.Load(); c != nil && c.snap == snap {
 		return c.w
 	}
-	var found *state.Workload
-	match := func(w *state.Workload) bool {
-		return w.Name == p.info.Name && w.Namespace == p.info.Namespace
-	}
-	if node := p.d.Config.NodeName; node != "" {
-		for _, w := range snap.WorkloadsOnNode(node) {
-			if match(w) {
-				found = w
-				break
-			}
-		}
-	} else {
-		for w := range snap.Workloads() {
-			if match(w) {
-				found = w
-				break
-			}
-		}
-	}
+	found := p.findLocal(snap)
 	p.local.Store(&localCache{snap: snap, w: found})
 	return found
+}
+
+func (p *WorkloadProxy) findLocal(snap *state.Snapshot) *state.Workload {
+	cfg := p.d.Config
+	if cfg.ClusterID != "" {
+		if w := snap.WorkloadByUID(cfg.ClusterID + "//Pod/" + p.info.Namespace + "/" + p.info.Name); w != nil && p.isLocal(w) {
+			return w
+		}
+	}
+	if node := cfg.NodeName; node != "" {
+		for _, w := range snap.WorkloadsOnNode(node) {
+			if p.isLocal(w) {
+				return w
+			}
+		}
+		return nil
+	}
+	for w := range snap.Workloads() {
+		if p.isLocal(w) {
+			return w
+		}
+	}
+	return nil
+}
+
+// isLocal reports whether w can be this pod's workload.
+func (p *WorkloadProxy) isLocal(w *state.Workload) bool {
+	cfg := p.d.Config
+	switch {
+	case w.Name != p.info.Name || w.Namespace != p.info.Namespace || w.HostNetwork:
+		return false
+	case cfg.NodeName != "" && w.Node != "" && w.Node != cfg.NodeName:
+		return false
+	case cfg.ClusterID != "" && w.ClusterID != "" && w.ClusterID != cfg.ClusterID:
+		return false
+	case p.info.ServiceAccount != "" && w.ServiceAccount != "" && w.ServiceAccount != p.info.ServiceAccount:
+		return false
+	}
+	return true
 }
 
 // errUnknownLocal: the pod's own workload did not appear in time.

@@ -44,8 +44,11 @@ func (f *ProxyFactory) NewProxy(w Workload, ns *netns.Handle) (Proxy, error) {
 	p := &podProxy{wp: wp}
 	if f.DNS != nil {
 		cfg, deps := f.DNS.Config, f.DNS.Deps
-		cfg.Workload = dnsproxy.WorkloadInfo{Namespace: w.Namespace, Name: w.Name}
+		cfg.Workload = dnsproxy.WorkloadInfo{UID: w.UID, Namespace: w.Namespace, Name: w.Name}
 		deps.Netns = ns
+		// The DNS proxy's "who is asking" for loopback queries is the
+		// workload proxy's own pod lookup (cluster, node, ZDS identity).
+		deps.Self = wp.LocalWorkload
 		dns, err := dnsproxy.New(cfg, deps)
 		if err != nil {
 			wp.Close()
