@@ -31,9 +31,7 @@ func logsContaining(logs *observer.ObservedLogs, substr string) int {
 }
 
 func TestBadInputGarbage(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	c, err := net.Dial("tcp", srv.addr.String())
 	if err != nil {
 		t.Fatal(err)
@@ -56,9 +54,7 @@ func TestBadInputGarbage(t *testing.T) {
 }
 
 func TestBadInputPlaintextHTTP(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	resp, err := http.Get("http://" + srv.addr.String() + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -213,9 +209,7 @@ func TestBadInputRequests(t *testing.T) {
 // TestInteropXNetClient: x/net's HTTP/2 client can CONNECT through our
 // server (proof our server speaks HTTP/2 beyond our own client).
 func TestInteropXNetClient(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	pr, pw := io.Pipe()
 	req := &http.Request{Method: "CONNECT", URL: &url.URL{Scheme: "https", Host: srv.addr.String()},
 		Host: up.addr.String(), Header: http.Header{}, Body: pr}
@@ -280,10 +274,7 @@ func TestInteropXNetServer(t *testing.T) {
 	p := newPool(t, m)
 	req := &ConnectRequest{Key: Key{Src: clientID, Dst: []identity.Identity{serverID},
 		NextHop: ln.Addr().(*net.TCPAddr).AddrPort()}, Authority: netip.MustParseAddrPort("10.1.2.3:8080")}
-	tun, err := p.Connect(testCtx(t), req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun := mustConnect(t, p, req)
 	defer tun.Close()
 	roundTrip(t, tun, "hello x/net")
 	tun.CloseWrite()
@@ -331,9 +322,7 @@ func (r *rawH2) connect(t *testing.T, sid uint32, authority string) {
 // logs that once, and serves others meanwhile.
 func TestBadInputStreamFlood(t *testing.T) {
 	const flood = 3000
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	r := dialRawH2(t, m, srv.addr)
 	go func() {
 		for i := range flood {
@@ -392,11 +381,7 @@ func TestBadInputStalledReader(t *testing.T) {
 
 	t.Run("stream", func(t *testing.T) {
 		p := newPool(t, m)
-		ctx := testCtx(t)
-		stalled, err := p.Connect(ctx, connectReq(srv, flood.addr))
-		if err != nil {
-			t.Fatal(err)
-		}
+		stalled := mustConnect(t, p, connectReq(srv, flood.addr))
 		defer stalled.Close()
 		// Wait until the stalled stream has used its whole window.
 		waitFor(t, "the stream window to fill", func() bool {
@@ -404,10 +389,7 @@ func TestBadInputStalledReader(t *testing.T) {
 			defer stalled.c.mu.Unlock()
 			return stalled.q.n >= int(stalled.c.cfg.StreamWindow)
 		})
-		other, err := p.Connect(ctx, connectReq(srv, up.addr))
-		if err != nil {
-			t.Fatal(err)
-		}
+		other := mustConnect(t, p, connectReq(srv, up.addr))
 		defer other.Close()
 		if other.c != stalled.c {
 			t.Fatal("expected the second stream on the same connection")

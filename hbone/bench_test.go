@@ -20,10 +20,7 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 	})
 	srv := startServer(b, m, dialHandler())
 	p := newPool(b, m)
-	tun, err := p.Connect(testCtx(b), connectReq(srv, up.addr))
-	if err != nil {
-		b.Fatal(err)
-	}
+	tun := mustConnect(b, p, connectReq(srv, up.addr))
 	defer tun.Close()
 	buf := make([]byte, 64<<10)
 	b.SetBytes(int64(len(buf)))
@@ -37,14 +34,9 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 
 // BenchmarkTunnelRoundTrip is a 1-byte echo through the tunnel.
 func BenchmarkTunnelRoundTrip(b *testing.B) {
-	m := newMesh(b)
-	up := startUpstream(b, echo)
-	srv := startServer(b, m, dialHandler())
+	m, up, srv := echoSetup(b)
 	p := newPool(b, m)
-	tun, err := p.Connect(testCtx(b), connectReq(srv, up.addr))
-	if err != nil {
-		b.Fatal(err)
-	}
+	tun := mustConnect(b, p, connectReq(srv, up.addr))
 	defer tun.Close()
 	one := []byte{1}
 	b.ResetTimer()

@@ -38,7 +38,7 @@ func DefaultDial(ctx context.Context, srcIP netip.Addr, nextHop netip.AddrPort) 
 
 var tcpKeepalive = net.KeepAliveConfig{Enable: true, Idle: 180 * time.Second, Interval: 180 * time.Second, Count: 9}
 
-// Key identifies the connections a stream may share (G11): two requests
+// Key identifies the connections a stream may share: two requests
 // share an mTLS connection only if all four fields are equal.
 type Key struct {
 	Src     identity.Identity   // source workload identity: the client certificate

@@ -1,5 +1,7 @@
 // Package hbone implements HBONE, Istio ambient's tunnel protocol: HTTP/2
-// CONNECT over mutual TLS 1.3 (ALPN h2) on port 15008.
+// CONNECT over mutual TLS 1.3 (ALPN h2) on port 15008. The wire facts
+// it follows (headers, identities, HTTP/2 settings) are written up, with
+// their upstream sources, in docs/protocol.md, section HBONE.
 //
 // It holds three pieces that the proxy wires together:
 //

@@ -169,6 +169,25 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
+// echoSetup is the fixture most tests start from: a mesh, an echo upstream
+// and a server whose handler dials what each CONNECT asks for.
+func echoSetup(t testing.TB) (*mesh, *upstream, *testServer) {
+	t.Helper()
+	m := newMesh(t)
+	return m, startUpstream(t, echo), startServer(t, m, dialHandler())
+}
+
+// mustConnect opens a tunnel through p or fails the test; the tunnel is
+// the caller's to close.
+func mustConnect(t testing.TB, p *Pool, req *ConnectRequest) *Tunnel {
+	t.Helper()
+	tun, err := p.Connect(testCtx(t), req)
+	if err != nil {
+		t.Fatalf("Connect %s: %v", req.Authority, err)
+	}
+	return tun
+}
+
 // roundTrip writes msg and reads the same number of bytes back.
 func roundTrip(t testing.TB, c net.Conn, msg string) {
 	t.Helper()

@@ -1,6 +1,6 @@
 package hbone
 
-// Pool invariants (G11):
+// Pool invariants:
 //
 //  1. A connection serves exactly one Key = (source identity, ordered list of
 //     expected server identities, source IP, next hop). Different keys never

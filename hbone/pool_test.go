@@ -20,17 +20,11 @@ func handshakeCounter(n *atomic.Int64) func(*PoolConfig) {
 }
 
 func TestPoolReusesConnection(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	var hs atomic.Int64
 	p := newPool(t, m, handshakeCounter(&hs))
-	ctx := testCtx(t)
 	for i := range 20 {
-		tun, err := p.Connect(ctx, connectReq(srv, up.addr))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tun := mustConnect(t, p, connectReq(srv, up.addr))
 		roundTrip(t, tun, "ping")
 		if i%2 == 0 { // both clean and aborted closes must free the slot
 			tun.CloseWrite()
@@ -57,17 +51,13 @@ func TestPoolKeySeparation(t *testing.T) {
 	srv := startServer(t, m, dialHandler())
 	var hs atomic.Int64
 	p := newPool(t, m, handshakeCounter(&hs))
-	ctx := testCtx(t)
 	r1 := connectReq(srv, up.addr)
 	r2 := connectReq(srv, up.addr)
 	r2.Src = other
 	r3 := connectReq(srv, up.addr)
 	r3.Dst = []identity.Identity{serverID, other}
 	for _, r := range []*ConnectRequest{r1, r2, r3, r1, r2, r3} {
-		tun, err := p.Connect(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tun := mustConnect(t, p, r)
 		roundTrip(t, tun, "k")
 		tun.Close()
 	}
@@ -79,20 +69,14 @@ func TestPoolKeySeparation(t *testing.T) {
 // TestPoolSpreadsLoad holds many streams open at once: they spread over
 // SpreadConns connections, and past MaxStreamsPerConn more are opened.
 func TestPoolSpreadsLoad(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	var hs atomic.Int64
 	p := newPool(t, m, handshakeCounter(&hs), func(c *PoolConfig) {
 		c.SpreadStreams, c.SpreadConns, c.MaxStreamsPerConn = 2, 3, 10
 	})
-	ctx := testCtx(t)
 	var tuns []*Tunnel
 	for range 40 {
-		tun, err := p.Connect(ctx, connectReq(srv, up.addr))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tun := mustConnect(t, p, connectReq(srv, up.addr))
 		tuns = append(tuns, tun)
 	}
 	for _, tun := range tuns {
@@ -122,9 +106,7 @@ func TestPoolSpreadsLoad(t *testing.T) {
 // whose dialer is slow: only one dial runs at a time and the waiters share
 // its connection.
 func TestPoolOneHandshakeInFlight(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	var hs, inFlight, maxInFlight atomic.Int64
 	release := make(chan struct{})
 	p := newPool(t, m, handshakeCounter(&hs), func(c *PoolConfig) {
@@ -210,16 +192,10 @@ func TestPoolConnectTimeout(t *testing.T) {
 }
 
 func TestPoolIdleExpiry(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	var hs atomic.Int64
 	p := newPool(t, m, handshakeCounter(&hs), func(c *PoolConfig) { c.IdleTimeout = 30 * time.Millisecond })
-	ctx := testCtx(t)
-	tun, err := p.Connect(ctx, connectReq(srv, up.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun := mustConnect(t, p, connectReq(srv, up.addr))
 	roundTrip(t, tun, "a")
 	// A connection with an open stream never expires, however idle.
 	time.Sleep(100 * time.Millisecond)
@@ -229,10 +205,7 @@ func TestPoolIdleExpiry(t *testing.T) {
 	roundTrip(t, tun, "b")
 	tun.Close()
 	waitFor(t, "the idle connection to close", func() bool { return p.NumConns() == 0 })
-	tun, err = p.Connect(ctx, connectReq(srv, up.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun = mustConnect(t, p, connectReq(srv, up.addr))
 	roundTrip(t, tun, "c")
 	tun.Close()
 	if got := hs.Load(); got != 2 {
@@ -241,9 +214,7 @@ func TestPoolIdleExpiry(t *testing.T) {
 }
 
 func TestIdentityMismatch(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	p := newPool(t, m)
 	req := connectReq(srv, up.addr)
 	req.Dst = []identity.Identity{identity.MustNew("cluster.local", "server-ns", "impostor")}
@@ -254,10 +225,7 @@ func TestIdentityMismatch(t *testing.T) {
 	checkErrText(t, err)
 	// Any identity of the list is accepted.
 	req.Dst = append(req.Dst, serverID)
-	tun, err := p.Connect(testCtx(t), req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun := mustConnect(t, p, req)
 	tun.Close()
 }
 
@@ -299,15 +267,10 @@ func http2StatusName(code int) string {
 // TestGracefulShutdown: GOAWAY stops new streams but lets the open one
 // finish; Shutdown returns once it has.
 func TestGracefulShutdown(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	p := newPool(t, m)
 	ctx := testCtx(t)
-	tun, err := p.Connect(ctx, connectReq(srv, up.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun := mustConnect(t, p, connectReq(srv, up.addr))
 	roundTrip(t, tun, "before")
 	shut := make(chan error, 1)
 	go func() { shut <- srv.Shutdown(ctx) }()
@@ -338,14 +301,9 @@ func TestGracefulShutdown(t *testing.T) {
 // TestShutdownDeadline: an expired Shutdown closes what is left and
 // cancels handlers.
 func TestShutdownDeadline(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	p := newPool(t, m)
-	tun, err := p.Connect(testCtx(t), connectReq(srv, up.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun := mustConnect(t, p, connectReq(srv, up.addr))
 	defer tun.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()

@@ -491,15 +491,7 @@ func (t *Tunnel) respond(status int, baggage string) error {
 // returns ctx.Err().
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	s.shutdown = true
-	ls := make([]net.Listener, 0, len(s.listeners))
-	for l := range s.listeners {
-		ls = append(ls, l)
-	}
-	cs := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		cs = append(cs, c)
-	}
+	ls, cs := s.stopLocked()
 	if s.busy == 0 {
 		select {
 		case <-s.drained:
@@ -524,9 +516,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Close closes listeners and connections at once.
-func (s *Server) Close() error {
-	s.mu.Lock()
+// stopLocked marks the server shut down and returns its listeners and
+// connections, for the caller to close once it has released s.mu.
+func (s *Server) stopLocked() ([]net.Listener, []*conn) {
 	s.shutdown = true
 	ls := make([]net.Listener, 0, len(s.listeners))
 	for l := range s.listeners {
@@ -536,6 +528,13 @@ func (s *Server) Close() error {
 	for c := range s.conns {
 		cs = append(cs, c)
 	}
+	return ls, cs
+}
+
+// Close closes listeners and connections at once.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	ls, cs := s.stopLocked()
 	s.mu.Unlock()
 	s.cancel()
 	for _, l := range ls {

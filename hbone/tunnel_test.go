@@ -13,14 +13,9 @@ import (
 )
 
 func TestTunnelEcho(t *testing.T) {
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	p := newPool(t, m)
-	tun, err := p.Connect(testCtx(t), connectReq(srv, up.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun := mustConnect(t, p, connectReq(srv, up.addr))
 	defer tun.Close()
 	if got := tun.PeerIdentity(); got != serverID {
 		t.Errorf("PeerIdentity = %v, want %v", got, serverID)
@@ -33,9 +28,7 @@ func TestTunnelEcho(t *testing.T) {
 // through pool → server → echo and checks every byte that comes back.
 func TestMultiStreamTransfer(t *testing.T) {
 	const streams, size = 8, 3 << 20
-	m := newMesh(t)
-	up := startUpstream(t, echo)
-	srv := startServer(t, m, dialHandler())
+	m, up, srv := echoSetup(t)
 	p := newPool(t, m)
 	ctx := testCtx(t)
 	var wg sync.WaitGroup
@@ -92,7 +85,6 @@ func TestHalfClose(t *testing.T) {
 	m := newMesh(t)
 	srv := startServer(t, m, dialHandler())
 	p := newPool(t, m)
-	ctx := testCtx(t)
 
 	t.Run("client first", func(t *testing.T) {
 		// Upstream reads to EOF, then answers and closes.
@@ -101,10 +93,7 @@ func TestHalfClose(t *testing.T) {
 			c.Write(append([]byte("got:"), b...))
 			c.CloseWrite()
 		})
-		tun, err := p.Connect(ctx, connectReq(srv, up.addr))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tun := mustConnect(t, p, connectReq(srv, up.addr))
 		defer tun.Close()
 		tun.Write([]byte("request"))
 		if err := tun.CloseWrite(); err != nil {
@@ -125,10 +114,7 @@ func TestHalfClose(t *testing.T) {
 			b, _ := io.ReadAll(c)
 			gotc <- string(b)
 		})
-		tun, err := p.Connect(ctx, connectReq(srv, up.addr))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tun := mustConnect(t, p, connectReq(srv, up.addr))
 		defer tun.Close()
 		got, err := io.ReadAll(tun)
 		if err != nil || string(got) != "greeting" {
@@ -166,10 +152,7 @@ func TestByteCounters(t *testing.T) {
 		}}
 	}))
 	p := newPool(t, m)
-	tun, err := p.Connect(testCtx(t), connectReq(srv, up.addr))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tun := mustConnect(t, p, connectReq(srv, up.addr))
 	tun.Write(make([]byte, 12345))
 	if tun.BytesSent() != 12345 {
 		t.Errorf("BytesSent mid-stream = %d, want 12345", tun.BytesSent())
