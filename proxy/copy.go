@@ -28,6 +28,25 @@ type Counters struct {
 	Sent atomic.Int64
 	// Received is bytes from upstream to downstream.
 	Received atomic.Int64
+	// probe estimates both totals while a copy that updates Sent and
+	// Received only when it ends (a kernel splice, a tunnel owned by the
+	// HBONE server) runs; nil when none.
+	probe atomic.Pointer[func() (sent, recv int64)]
+}
+
+// SetProbe installs an estimate of the totals so far for copies that count
+// only at their end (see Live).
+func (c *Counters) SetProbe(f func() (sent, recv int64)) { c.probe.Store(&f) }
+
+// Live returns the byte counts so far: Sent and Received, or the probe's
+// estimate where it is ahead.
+func (c *Counters) Live() (sent, recv int64) {
+	sent, recv = c.Sent.Load(), c.Received.Load()
+	if p := c.probe.Load(); p != nil {
+		ps, pr := (*p)()
+		sent, recv = max(sent, ps), max(recv, pr)
+	}
+	return sent, recv
 }
 
 // Bidirectional copies down→up and up→down until both directions end. When
@@ -37,6 +56,13 @@ type Counters struct {
 // sockets the kernel splices (no user-space copy). The first error other
 // than a normal close is returned.
 func Bidirectional(down, up net.Conn, c *Counters, force <-chan struct{}) error {
+	if dt, ok := down.(*net.TCPConn); ok {
+		if ut, ok := up.(*net.TCPConn); ok {
+			// Spliced both ways: the sockets' own counts of what was read
+			// from each tell the progress.
+			c.SetProbe(func() (int64, int64) { return tcpConsumed(dt), tcpConsumed(ut) })
+		}
+	}
 	errc := make(chan error, 1)
 	stop := make(chan struct{})
 	go func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -94,6 +95,12 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	ended := make(chan struct{})
 	t := &tracked{conn: conn, kill: func() { once.Do(func() { up.Close() }) }}
 	p.track(t, snap)
+	if tc, ok := up.(*net.TCPConn); ok {
+		// The HBONE server copies the tunnel; the app socket tells the
+		// progress: acknowledged by the app (client → app), read from it.
+		res.Counters.SetProbe(func() (int64, int64) { return tcpAcked(tc), tcpConsumed(tc) })
+	}
+	res.Opened()
 	go func() {
 		select {
 		case <-p.group.Force():

@@ -65,6 +65,7 @@ func (p *WorkloadProxy) servePlaintext(c net.Conn) {
 	t := &tracked{conn: conn, kill: func() { once.Do(func() { c.Close(); up.Close() }) }}
 	p.track(t, snap)
 	defer p.inbound.remove(t)
+	res.Opened()
 	cerr := Bidirectional(c, up, &res.Counters, p.group.Force())
 	err = t.endErr(cerr, errors.Is(cerr, ErrForced))
 }

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,12 +28,17 @@ type Metrics struct {
 	received *prometheus.CounterVec
 	failed   *prometheus.CounterVec
 	open     *prometheus.GaugeVec
+
+	flushEvery time.Duration
+	live       liveSet
 }
 
 // NewMetrics registers the istio_tcp_* metrics with reg (nil: not registered,
-// for tests that do not scrape).
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// for tests that do not scrape). Open connections' bytes are flushed every
+// DefaultFlushInterval unless an option says otherwise.
+func NewMetrics(reg prometheus.Registerer, opts ...MetricsOption) *Metrics {
 	m := &Metrics{
+		flushEvery: DefaultFlushInterval,
 		opened: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "istio_tcp_connections_opened_total", Help: "The total number of TCP connections opened.",
 		}, tcpLabels),
@@ -50,6 +57,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "istio_tcp_sockets_open", Help: "Currently open TCP connections (unstable).",
 		}, []string{"reporter"}),
+	}
+	for _, o := range opts {
+		o(m)
 	}
 	if reg != nil {
 		reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.failed, m.open)

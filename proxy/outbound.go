@@ -62,6 +62,7 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn) {
 		return
 	}
 	defer up.Close()
+	res.Opened()
 	err = Bidirectional(c, up, &res.Counters, p.group.Force())
 }
 
@@ -100,6 +101,8 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 		c.Close()
 		return hboneReason(err)
 	}
+	res.Counters.SetProbe(func() (int64, int64) { return t.BytesSent(), t.BytesReceived() })
+	res.Opened()
 	var forced atomic.Bool
 	stop := make(chan struct{})
 	go func() {

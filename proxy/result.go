@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"net/netip"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -155,6 +156,11 @@ type Result struct {
 	Counters  Counters
 
 	recorded bool
+	opened   bool
+	oc       openCounters
+	// fmu guards the counts already added to oc (see liveSet).
+	fmu                      sync.Mutex
+	flushedSent, flushedRecv int64
 }
 
 // NewResult starts the record of one connection and counts it as opened.
@@ -164,6 +170,24 @@ func NewResult(m *Metrics, log *zap.Logger, dir Direction, src, dst netip.AddrPo
 		m.open.WithLabelValues(dir.reporter()).Inc()
 	}
 	return r
+}
+
+// Opened counts the connection in istio_tcp_connections_opened_total with
+// what is known of it now (response_flags "-") and reports its bytes while
+// it runs, every flush interval, with the same labels. Call it once the
+// connection is established (the upstream is connected), after Src, Dst,
+// Service and MTLS are filled in. A connection that fails before is counted
+// as opened by Record, with its failure's flag. Not safe for concurrent
+// use with Record; calls after the first do nothing.
+func (r *Result) Opened() {
+	if r.opened || r.recorded || r.m == nil {
+		return
+	}
+	r.opened = true
+	labels := r.labels(ReasonNone.responseFlag())
+	r.m.opened.WithLabelValues(labels...).Inc()
+	r.oc = openCounters{received: r.m.received.WithLabelValues(labels...), sent: r.m.sent.WithLabelValues(labels...)}
+	r.m.addLive(r)
 }
 
 // Record writes the metrics and the access-log line. It is safe to call more
@@ -181,10 +205,15 @@ func (r *Result) Record(errp *error) {
 	if r.m != nil {
 		r.m.open.WithLabelValues(r.Direction.reporter()).Dec()
 		labels := r.labels(reason.responseFlag())
-		r.m.opened.WithLabelValues(labels...).Inc()
+		if r.opened {
+			r.m.removeLive(r)
+			r.flush(true)
+		} else {
+			r.m.opened.WithLabelValues(labels...).Inc()
+			r.m.received.WithLabelValues(labels...).Add(float64(r.Counters.Sent.Load()))
+			r.m.sent.WithLabelValues(labels...).Add(float64(r.Counters.Received.Load()))
+		}
 		r.m.closed.WithLabelValues(labels...).Inc()
-		r.m.received.WithLabelValues(labels...).Add(float64(r.Counters.Sent.Load()))
-		r.m.sent.WithLabelValues(labels...).Add(float64(r.Counters.Received.Load()))
 		if reason != ReasonNone && reason != ReasonDrained {
 			r.m.failed.WithLabelValues(labels...).Inc()
 		}

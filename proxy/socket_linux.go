@@ -91,3 +91,42 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 	}
 	return netip.AddrPort{}
 }
+
+// tcpConsumed is how many bytes the application has read from c so far:
+// the kernel's count of bytes received (TCP_INFO tcpi_bytes_received)
+// less those still queued (SIOCINQ). 0 when unknown (closed socket).
+func tcpConsumed(c *net.TCPConn) int64 {
+	var n int64
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	_ = rc.Control(func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil {
+			return
+		}
+		inq, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		if err != nil {
+			return
+		}
+		n = int64(info.Bytes_received) - int64(inq)
+	})
+	return max(n, 0)
+}
+
+// tcpAcked is how many bytes written to c its peer has acknowledged
+// (TCP_INFO tcpi_bytes_acked). 0 when unknown.
+func tcpAcked(c *net.TCPConn) int64 {
+	var n int64
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	_ = rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			n = int64(info.Bytes_acked)
+		}
+	})
+	return n
+}

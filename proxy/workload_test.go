@@ -40,6 +40,7 @@ type podEnv struct {
 	ca    *ca.CA
 	proxy *WorkloadProxy
 	logs  *observer.ObservedLogs
+	reg   *prometheus.Registry
 	id    identity.Identity
 }
 
@@ -86,8 +87,9 @@ func newPodEnv(t *testing.T) *podEnv {
 	pt.Apply(t, e.store, pt.Pod("apps", "pod", podIP.String()))
 	core, logs := observer.New(zap.InfoLevel)
 	e.logs = logs
+	e.reg = prometheus.NewRegistry()
 	p, err := NewWorkloadProxy(&Deps{
-		Store: e.store, Certs: e.certs, Metrics: NewMetrics(prometheus.NewRegistry()), Log: zap.New(core),
+		Store: e.store, Certs: e.certs, Metrics: NewMetrics(e.reg), Log: zap.New(core),
 		Config: &config.Config{NodeName: "node0", TrustDomain: "cluster.local", PacketMark: 1337,
 			InpodPortReuse: true, IPv6Enabled: true, EnableOrigSrc: true},
 	}, WorkloadInfo{Name: "pod", Namespace: "apps", ServiceAccount: "sa-pod"}, ns.Handle)

@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultFlushInterval is how often the byte counters of open connections
+// are brought up to date (Istio's ztunnel reports bytes while a connection
+// runs; a long-lived connection must not be invisible until it ends).
+const DefaultFlushInterval = time.Second
+
+// MetricsOption changes NewMetrics' defaults.
+type MetricsOption func(*Metrics)
+
+// FlushEvery sets how often open connections' byte counts are flushed into
+// the counters (DefaultFlushInterval when d <= 0).
+func FlushEvery(d time.Duration) MetricsOption {
+	return func(m *Metrics) {
+		if d > 0 {
+			m.flushEvery = d
+		}
+	}
+}
+
+// liveSet holds the opened, not yet recorded connections whose bytes the
+// flusher reports. Invariants: a Result is in conns exactly between
+// Result.Opened and Result.Record; the flusher goroutine runs while conns is
+// non-empty (running says so) and exits, under mu, when it finds it empty;
+// each Result's flushed counts only grow, under that Result's fmu, so the
+// flusher and Record never add the same bytes twice.
+type liveSet struct {
+	mu      sync.Mutex
+	conns   map[*Result]struct{}
+	running bool
+}
+
+// openCounters are the counters a connection's bytes go to: those of the
+// labels it was opened with (response_flags "-"), as Istio does.
+type openCounters struct {
+	received, sent prometheus.Counter
+}
+
+func (m *Metrics) addLive(r *Result) {
+	m.live.mu.Lock()
+	if m.live.conns == nil {
+		m.live.conns = make(map[*Result]struct{})
+	}
+	m.live.conns[r] = struct{}{}
+	start := !m.live.running
+	m.live.running = true
+	m.live.mu.Unlock()
+	if start {
+		go m.flushLoop()
+	}
+}
+
+func (m *Metrics) removeLive(r *Result) {
+	m.live.mu.Lock()
+	delete(m.live.conns, r)
+	m.live.mu.Unlock()
+}
+
+// flushLoop flushes every open connection each interval until none is
+// open. The set is copied under the lock and flushed outside it.
+func (m *Metrics) flushLoop() {
+	t := time.NewTicker(m.flushEvery)
+	defer t.Stop()
+	var batch []*Result
+	for range t.C {
+		m.live.mu.Lock()
+		if len(m.live.conns) == 0 {
+			m.live.running = false
+			m.live.mu.Unlock()
+			return
+		}
+		batch = batch[:0]
+		for r := range m.live.conns {
+			batch = append(batch, r)
+		}
+		m.live.mu.Unlock()
+		for _, r := range batch {
+			r.flush(false)
+		}
+		clear(batch)
+	}
+}
+
+// flush adds the bytes moved since the last flush to the open counters:
+// the live estimate while running, the final counts when final.
+func (r *Result) flush(final bool) {
+	var sent, recv int64
+	if final {
+		sent, recv = r.Counters.Sent.Load(), r.Counters.Received.Load()
+	} else {
+		sent, recv = r.Counters.Live()
+	}
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
+	if d := sent - r.flushedSent; d > 0 {
+		r.flushedSent = sent
+		r.oc.received.Add(float64(d)) // client → server: istio_tcp_received_bytes_total
+	}
+	if d := recv - r.flushedRecv; d > 0 {
+		r.flushedRecv = recv
+		r.oc.sent.Add(float64(d))
+	}
+}
