@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -16,7 +17,9 @@ type Applier interface {
 	// differs is flushed and refilled; one that matches is not touched),
 	// each jump exists once in its built-in chain (inserted first), owned
 	// chains rs leaves empty are deleted, and rs's ip rules and routes
-	// exist. Rules outside the owned chains are never touched.
+	// exist. Rules outside the owned chains are never touched. The
+	// iptables changes of each table are one iptables-restore transaction,
+	// so a live pod never sees a flushed chain (repair is atomic).
 	Apply(rs RuleSet) error
 	// Check reports how the namespace differs from rs without changing it;
 	// an empty Diff means Apply would do nothing.
@@ -75,17 +78,19 @@ func (d Diff) String() string {
 	return b.String()
 }
 
-// iptables is the per-family seam to the kernel: the subset of
-// *github.com/coreos/go-iptables/iptables.IPTables we use, implemented in
-// memory by FakeTables. List returns `iptables -S CHAIN` lines.
+// iptables is the per-family seam to the kernel: reading through
+// *github.com/coreos/go-iptables/iptables.IPTables (List returns
+// `iptables -S CHAIN` lines), writing through iptables-restore; FakeTables
+// implements it in memory.
 type iptables interface {
 	ListChains(table string) ([]string, error)
 	List(table, chain string) ([]string, error)
-	ClearChain(table, chain string) error // creates the chain if missing
-	DeleteChain(table, chain string) error
-	Insert(table, chain string, pos int, rulespec ...string) error
-	Append(table, chain string, rulespec ...string) error
-	Delete(table, chain string, rulespec ...string) error
+	// Restore runs lines (iptables-restore commands without the "*table"
+	// header and COMMIT: ":CHAIN - [0:0]", "-F CHAIN", "-A ...", "-I CHAIN
+	// 1 ...", "-D ...", "-X CHAIN") against table as one transaction with
+	// --noflush: either all of them take effect at once or none does, so a
+	// live pod never sees a chain half refilled.
+	Restore(table string, lines []string) error
 }
 
 // routing is the seam for the policy routing items.
@@ -339,7 +344,11 @@ func validateOwnership(rs RuleSet) error {
 }
 
 // apply converges to rs using the diff: each step is skipped when already
-// true, so applying a converged namespace writes nothing.
+// true, so applying a converged namespace writes nothing. All iptables
+// changes of one table go into one iptables-restore transaction (rewritten
+// chains are declared and flushed inside it, then refilled; then jumps;
+// then stale chains are deleted), so no packet ever meets a chain that is
+// flushed but not yet refilled.
 func (e *engine) apply(rs RuleSet) error {
 	d, err := e.diff(rs)
 	if err != nil || d.Empty() {
@@ -354,59 +363,58 @@ func (e *engine) apply(rs RuleSet) error {
 	for _, c := range d.Misordered {
 		rewrite[c] = true
 	}
-	// 1. owned chains: create or flush, then refill.
+	type tableRef struct {
+		fam   Family
+		table string
+	}
+	var order []tableRef
+	txn := make(map[tableRef][]string)
+	add := func(f Family, table string, line string) {
+		k := tableRef{f, table}
+		if _, ok := txn[k]; !ok {
+			order = append(order, k)
+		}
+		txn[k] = append(txn[k], line)
+	}
+	// 1. owned chains: declare (creates a missing one), flush, refill.
+	for _, c := range rs.Owned {
+		if rewrite[c] && !slices.Contains(d.Stale, c) {
+			add(c.Family, c.Table, ":"+c.Chain+" - [0:0]")
+		}
+	}
 	for _, c := range rs.Owned {
 		if !rewrite[c] || slices.Contains(d.Stale, c) {
 			continue
 		}
-		ipt, err := e.tables(c.Family)
-		if err != nil {
-			return err
-		}
-		if err := ipt.ClearChain(c.Table, c.Chain); err != nil {
-			return fmt.Errorf("rules: %s: create/flush: %w", c, err)
-		}
+		add(c.Family, c.Table, "-F "+c.Chain)
 		want, _ := desired(rs, c)
 		for _, spec := range want {
-			if err := ipt.Append(c.Table, c.Chain, strings.Fields(spec)...); err != nil {
-				return fmt.Errorf("rules: %s: append %q: %w", c, spec, err)
-			}
+			add(c.Family, c.Table, restoreLine("-A", c.Chain, strings.Fields(spec)))
 		}
 	}
 	// 2. jumps: drop unwanted ones first, then insert missing ones at the top.
-	for _, group := range []struct {
-		rules  []Rule
-		insert bool
-	}{{d.Extra, false}, {d.Missing, true}} {
-		for _, r := range group.rules {
-			if !isBuiltin(r.Table, r.Chain) {
-				continue
-			}
-			ipt, err := e.tables(r.Family)
-			if err != nil {
-				return err
-			}
-			if group.insert {
-				err = ipt.Insert(r.Table, r.Chain, 1, r.Args...)
-			} else {
-				err = ipt.Delete(r.Table, r.Chain, r.Args...)
-			}
-			if err != nil {
-				return fmt.Errorf("rules: %s: %w", r, err)
-			}
+	for _, r := range d.Extra {
+		if isBuiltin(r.Table, r.Chain) {
+			add(r.Family, r.Table, restoreLine("-D", r.Chain, r.Args))
 		}
 	}
-	// 3. stale chains, now unreferenced.
+	for _, r := range d.Missing {
+		if isBuiltin(r.Table, r.Chain) {
+			add(r.Family, r.Table, restoreLine("-I", r.Chain+" 1", r.Args))
+		}
+	}
+	// 3. stale chains, unreferenced once the lines above took effect.
 	for _, c := range d.Stale {
-		ipt, err := e.tables(c.Family)
+		add(c.Family, c.Table, "-F "+c.Chain)
+		add(c.Family, c.Table, "-X "+c.Chain)
+	}
+	for _, k := range order {
+		ipt, err := e.tables(k.fam)
 		if err != nil {
 			return err
 		}
-		if err := ipt.ClearChain(c.Table, c.Chain); err != nil {
-			return fmt.Errorf("rules: %s: flush: %w", c, err)
-		}
-		if err := ipt.DeleteChain(c.Table, c.Chain); err != nil {
-			return fmt.Errorf("rules: %s: delete: %w", c, err)
+		if err := ipt.Restore(k.table, txn[k]); err != nil {
+			return fmt.Errorf("rules: %s %s: %w", k.fam, k.table, err)
 		}
 	}
 	// 4. policy routing.
@@ -429,4 +437,20 @@ func (e *engine) apply(rs RuleSet) error {
 		}
 	}
 	return nil
+}
+
+// restoreLine is one iptables-restore command: op chain args, with args
+// holding whitespace or quotes quoted.
+func restoreLine(op, chain string, args []string) string {
+	var b strings.Builder
+	b.WriteString(op + " " + chain)
+	for _, a := range args {
+		b.WriteByte(' ')
+		if a == "" || strings.ContainsAny(a, " \t\"'") {
+			b.WriteString(strconv.Quote(a))
+			continue
+		}
+		b.WriteString(a)
+	}
+	return b.String()
 }

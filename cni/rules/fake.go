@@ -258,3 +258,64 @@ func (t *FakeTables) write(table, chain string, rulespec []string, edit func([]s
 	tb[chain] = rules
 	return nil
 }
+
+// Restore implements iptables: it applies lines to a copy of table and
+// swaps the copy in only if every line succeeds, as iptables-restore
+// commits one transaction. It counts as one write.
+func (t *FakeTables) Restore(table string, lines []string) error {
+	t.mu.Lock()
+	tb, err := t.table(table)
+	if err != nil {
+		t.mu.Unlock()
+		return err
+	}
+	work := &FakeTables{chains: map[string]map[string][]string{table: {}}}
+	for c, rs := range tb {
+		work.chains[table][c] = slices.Clone(rs)
+	}
+	t.mu.Unlock()
+	for _, line := range lines {
+		if err := work.restoreLine(table, line); err != nil {
+			return fmt.Errorf("fake iptables-restore: %q: %w", line, err)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.chains[table] = work.chains[table]
+	t.Writes++
+	return nil
+}
+
+func (t *FakeTables) restoreLine(table, line string) error {
+	if chain, ok := strings.CutPrefix(line, ":"); ok {
+		name, _, _ := strings.Cut(chain, " ")
+		if _, exists := t.chains[table][name]; !exists {
+			t.chains[table][name] = []string{}
+		}
+		return nil
+	}
+	f := strings.Fields(line)
+	if len(f) < 2 {
+		return fmt.Errorf("short line")
+	}
+	op, chain, args := f[0], f[1], f[2:]
+	switch op {
+	case "-F":
+		if _, ok := t.chains[table][chain]; !ok {
+			return fmt.Errorf("no chain %s", chain)
+		}
+		return t.ClearChain(table, chain)
+	case "-X":
+		return t.DeleteChain(table, chain)
+	case "-A":
+		return t.Append(table, chain, args...)
+	case "-D":
+		return t.Delete(table, chain, args...)
+	case "-I":
+		if len(args) == 0 || args[0] != "1" {
+			return fmt.Errorf("insert supports position 1 only")
+		}
+		return t.Insert(table, chain, 1, args[1:]...)
+	}
+	return fmt.Errorf("unknown command %s", op)
+}

@@ -88,7 +88,7 @@ type KernelConfig struct {
 // inside it. The iptables binaries are looked up on first use, so an
 // IPv4-only rule set works without ip6tables.
 func NewKernelApplier(cfg KernelConfig) Applier {
-	k := &kernel{mode: cfg.Mode, ipt: make(map[Family]*goipt.IPTables)}
+	k := &kernel{mode: cfg.Mode, ipt: make(map[Family]*kernelTables)}
 	return &engine{
 		tables: k.tables,
 		routing: func() (routing, func(), error) {
@@ -106,7 +106,37 @@ func NewKernelApplier(cfg KernelConfig) Applier {
 type kernel struct {
 	mode Mode
 	mu   sync.Mutex
-	ipt  map[Family]*goipt.IPTables
+	ipt  map[Family]*kernelTables
+}
+
+// kernelTables reads through go-iptables and writes through
+// <binary>-restore.
+type kernelTables struct {
+	*goipt.IPTables
+	restore string // iptables-restore binary of the variant
+}
+
+// restoreWait is iptables-restore's -w: how long it waits for the xtables
+// lock another iptables process holds.
+const restoreWait = "5"
+
+// Restore implements iptables: one `iptables-restore --noflush` run, which
+// commits the table's changes in one kernel transaction (one replacement of
+// the x_tables blob for legacy, one nf_tables batch for nft).
+func (k *kernelTables) Restore(table string, lines []string) error {
+	var in bytes.Buffer
+	in.WriteString("*" + table + "\n")
+	for _, l := range lines {
+		in.WriteString(l + "\n")
+	}
+	in.WriteString("COMMIT\n")
+	cmd := exec.Command(k.restore, "--noflush", "-w", restoreWait)
+	cmd.Stdin = &in
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s (input:\n%s)", k.restore, err, bytes.TrimSpace(out), in.String())
+	}
+	return nil
 }
 
 func (k *kernel) tables(f Family) (iptables, error) {
@@ -123,8 +153,13 @@ func (k *kernel) tables(f Family) (iptables, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rules: %s: %w", k.mode.binary(f), err)
 	}
-	k.ipt[f] = t
-	return t, nil
+	restore, err := exec.LookPath(k.mode.binary(f) + "-restore")
+	if err != nil {
+		return nil, fmt.Errorf("rules: %s-restore: %w", k.mode.binary(f), err)
+	}
+	kt := &kernelTables{IPTables: t, restore: restore}
+	k.ipt[f] = kt
+	return kt, nil
 }
 
 // netlinkRouting manages the policy routing items over a netlink handle
