@@ -1,9 +1,11 @@
 package securityapi
 
 import (
+	"bytes"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -91,4 +93,28 @@ func TestWireNumbers(t *testing.T) {
 	// Repeated scalars are packed (proto3 default), as Istio sends them.
 	mb := apitest.RoundTrip(t, &Match{DestinationPorts: []uint32{80, 443}})
 	apitest.WantOnWire(t, mb, map[protowire.Number]protowire.Type{9: protowire.BytesType})
+}
+
+// TestDryRunWire: dry_run is field 6, varint, as Istio's ztunnel reads it
+// (tag byte 6<<3|0 = 0x30). The bytes are built by hand, not by this
+// package, so a renumbering here cannot pass by agreeing with itself.
+func TestDryRunWire(t *testing.T) {
+	b, err := proto.Marshal(&Authorization{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []byte{0x30, 0x01}; !bytes.Equal(b, want) {
+		t.Errorf("Authorization{dry_run: true} = % x, want % x", b, want)
+	}
+	istiod := protowire.AppendTag(nil, 1, protowire.BytesType)
+	istiod = protowire.AppendString(istiod, "p")
+	istiod = protowire.AppendTag(istiod, 6, protowire.VarintType)
+	istiod = protowire.AppendVarint(istiod, 1)
+	var a Authorization
+	if err := proto.Unmarshal(istiod, &a); err != nil {
+		t.Fatal(err)
+	}
+	if !a.GetDryRun() || a.GetName() != "p" {
+		t.Errorf("decoded %v, want name p with dry_run", &a)
+	}
 }

@@ -30,7 +30,7 @@ func fieldErr(field string, format string, args ...any) error {
 // *FieldError naming the field. Unknown enum numbers, IPs that are not 4 or 16
 // bytes, prefix lengths longer than the address, ports above 65535, string
 // matches with no kind set and service-account matches with an empty part are
-// rejected; extensions are ignored.
+// rejected; extensions other than securityapi.AuditExtension are ignored.
 func FromProto(a *securityapi.Authorization) (*Policy, error) {
 	if a == nil {
 		return nil, &FieldError{Field: "authorization", Err: errors.New("missing")}
@@ -46,6 +46,13 @@ func FromProto(a *securityapi.Authorization) (*Policy, error) {
 		Name:      a.GetName(),
 		Namespace: a.GetNamespace(),
 		DryRun:    a.GetDryRun(),
+	}
+	// The audit marker only ever relaxes a dry-run policy's report; on an
+	// enforced policy it is ignored (the policy stays enforced).
+	for _, e := range a.GetExtensions() {
+		if e.GetName() == securityapi.AuditExtension && p.DryRun {
+			p.Audit = true
+		}
 	}
 	switch a.GetScope() {
 	case securityapi.Scope_GLOBAL:

@@ -69,11 +69,57 @@ type Decision struct {
 	// matched: enforcing them would have denied unless an enforced ALLOW
 	// matched.
 	DryRunAllowNoMatch bool
+	// DryRunAllowFirst is the Key of the first dry-run ALLOW that applies
+	// ("" when none does): the policy a DryRunAllowNoMatch report names.
+	DryRunAllowFirst string
+	// Audited is the Key of the first audit policy (Policy.Audit) that
+	// matched; "" when none did. Audit never changes the decision.
+	Audited string
+}
+
+// DryRunVerdict is what enforcing the dry-run policies along with the
+// enforced ones would have decided, for the caller to log and count.
+type DryRunVerdict struct {
+	// Policy is the dry-run policy the verdict is about: the matching
+	// dry-run DENY, else the matching dry-run ALLOW, else the first dry-run
+	// ALLOW that applies (none of them matched).
+	Policy string
+	// Allowed is the would-be decision.
+	Allowed bool
+	// Differs is true when that is not the decision that was enforced:
+	// enforcing the dry-run policies would change what happens.
+	Differs bool
+}
+
+// DryRun returns what enforcing the dry-run policies would have decided,
+// and false when no dry-run policy (other than audit policies) applies. It
+// does not allocate. Evaluation order is Evaluate's: a matching dry-run
+// DENY denies; otherwise an enforced DENY still denies; otherwise, with
+// the dry-run ALLOWs counted as ALLOWs, a connection is allowed when one
+// of them or an enforced ALLOW matched.
+func (d Decision) DryRun() (DryRunVerdict, bool) {
+	switch {
+	case d.DryRunDeny != "":
+		return DryRunVerdict{Policy: d.DryRunDeny, Differs: d.Allowed}, true
+	case d.DryRunAllowFirst == "":
+		return DryRunVerdict{}, false
+	case d.Reason == ReasonDenied:
+		p := d.DryRunAllow
+		if p == "" {
+			p = d.DryRunAllowFirst
+		}
+		return DryRunVerdict{Policy: p}, true
+	case d.DryRunAllow != "":
+		return DryRunVerdict{Policy: d.DryRunAllow, Allowed: true, Differs: !d.Allowed}, true
+	}
+	allowed := d.Reason == ReasonAllowed
+	return DryRunVerdict{Policy: d.DryRunAllowFirst, Allowed: allowed, Differs: allowed != d.Allowed}, true
 }
 
 // Evaluate decides conn against the policies that apply to the destination
 // workload, in the order of ambient-protocol.md §5.3:
-//  1. a matching dry-run DENY is only reported (DryRunDeny);
+//  1. a matching dry-run DENY is only reported (DryRunDeny), a matching
+//     audit policy too (Audited);
 //  2. a matching enforced DENY denies;
 //  3. dry-run ALLOWs are only reported (DryRunAllow, DryRunAllowNoMatch);
 //  4. no enforced ALLOW applies ⇒ allow;
@@ -87,18 +133,23 @@ func Evaluate(policies []*Policy, conn Conn) Decision {
 	conn.DstIP = conn.DstIP.Unmap()
 	var d Decision
 	haveAllow, haveDryAllow, haveDeny := false, false, false
-	// 1. Dry-run DENY: report only.
+	// 1. Dry-run DENY and audit: report only.
 	for _, p := range policies {
 		switch {
 		case p == nil:
 		case p.Action != Deny:
-			if p.DryRun {
-				haveDryAllow = true
-			} else {
+			if !p.DryRun {
 				haveAllow = true
+			} else if !haveDryAllow {
+				haveDryAllow = true
+				d.DryRunAllowFirst = p.Key
 			}
 		case !p.DryRun:
 			haveDeny = true
+		case p.Audit:
+			if d.Audited == "" && p.matches(&conn) {
+				d.Audited = p.Key
+			}
 		case d.DryRunDeny == "" && p.matches(&conn):
 			d.DryRunDeny = p.Key
 		}

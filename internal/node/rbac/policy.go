@@ -78,6 +78,10 @@ type Policy struct {
 	Action    Action `json:"action"`
 	// DryRun policies are evaluated and reported but never enforced.
 	DryRun bool `json:"dryRun,omitempty"`
+	// Audit marks a dry-run policy that came from an AUDIT
+	// AuthorizationPolicy (securityapi.AuditExtension): a match is reported
+	// as audited (Decision.Audited), not as "would deny". Only set with DryRun.
+	Audit bool `json:"audit,omitempty"`
 	// Rules: the policy matches if any rule matches. No rules ⇒ the policy
 	// never matches (an empty ALLOW denies everything it selects, an empty
 	// DENY does nothing).

@@ -265,13 +265,13 @@ func TestEvaluate(t *testing.T) {
 		{"non-matching dry-run DENY not reported", []*securityapi.Authorization{pol("dd", deny, true, matchNone)},
 			Decision{Allowed: true, Reason: ReasonNoAllowPolicies}},
 		{"dry-run ALLOW alone does not enforce", []*securityapi.Authorization{pol("da", allow, true, matchNone)},
-			Decision{Allowed: true, Reason: ReasonNoAllowPolicies, DryRunAllowNoMatch: true}},
+			Decision{Allowed: true, Reason: ReasonNoAllowPolicies, DryRunAllowNoMatch: true, DryRunAllowFirst: "ns/da"}},
 		{"dry-run ALLOW match reported", []*securityapi.Authorization{pol("da", allow, true, matchAll)},
-			Decision{Allowed: true, Reason: ReasonNoAllowPolicies, DryRunAllow: "ns/da"}},
+			Decision{Allowed: true, Reason: ReasonNoAllowPolicies, DryRunAllow: "ns/da", DryRunAllowFirst: "ns/da"}},
 		{"dry-run ALLOW with enforced ALLOW that misses", []*securityapi.Authorization{pol("da", allow, true, matchAll), pol("a", allow, false, matchNone)},
-			Decision{Reason: ReasonNoAllowMatched, DryRunAllow: "ns/da"}},
+			Decision{Reason: ReasonNoAllowMatched, DryRunAllow: "ns/da", DryRunAllowFirst: "ns/da"}},
 		{"dry-run ALLOW does not count as enforced ALLOW", []*securityapi.Authorization{pol("da", allow, true), pol("d", deny, false, matchNone)},
-			Decision{Allowed: true, Reason: ReasonNoAllowPolicies, DryRunAllowNoMatch: true}},
+			Decision{Allowed: true, Reason: ReasonNoAllowPolicies, DryRunAllowNoMatch: true, DryRunAllowFirst: "ns/da"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -386,14 +386,19 @@ func TestEvaluateNoAllocs(t *testing.T) {
 			ServiceAccounts:  []*securityapi.ServiceAccountMatch{sa("default", "sleep")},
 		})),
 	}
+	ps = append(ps, mustPolicy(t, audit("au", matchAll)))
 	c := conn()
 	var d Decision
-	allocs := testing.AllocsPerRun(1000, func() { d = Evaluate(ps, c) })
+	var v DryRunVerdict
+	allocs := testing.AllocsPerRun(1000, func() { d = Evaluate(ps, c); v, _ = d.DryRun() })
 	if allocs != 0 {
 		t.Errorf("Evaluate allocates %v times per run, want 0", allocs)
 	}
-	if !d.Allowed || d.Policy != "ns/p" || d.DryRunDeny != "ns/dd" || !d.DryRunAllowNoMatch {
+	if !d.Allowed || d.Policy != "ns/p" || d.DryRunDeny != "ns/dd" || !d.DryRunAllowNoMatch || d.Audited != "ns/au" {
 		t.Errorf("decision = %+v", d)
+	}
+	if v.Policy != "ns/dd" || v.Allowed || !v.Differs {
+		t.Errorf("dry-run verdict = %+v", v)
 	}
 }
 
