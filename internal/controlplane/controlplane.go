@@ -19,6 +19,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -96,7 +98,12 @@ type ControlPlane struct {
 	syncedOnce sync.Once
 	synced     chan struct{}
 
-	warned       map[string]bool // warnings already logged; loop goroutine only
+	// Owned by the goroutine calling Apply (the loop):
+	tr        *translate.Translator
+	placeRefs map[string]map[string]int // node → "ns/sa" → live pods
+	warned    map[string]bool           // warnings already logged
+	lastWarns []string                  // the Warnings slice warned was computed from
+
 	translations prometheus.Counter
 	warnings     prometheus.Gauge
 }
@@ -125,6 +132,7 @@ func New(cfg Config) (*ControlPlane, error) {
 		log:    log,
 		synced: make(chan struct{}),
 		warned: map[string]bool{},
+		tr:     translate.NewTranslator(cfg.Translate),
 		translations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "controlplane_translations_total", Help: "Translations of the cluster objects into mesh resources.",
 		}),
@@ -304,66 +312,145 @@ func (c *ControlPlane) loop(ctx context.Context) {
 
 // Apply translates objs and pushes the result now. Run calls it for every
 // change of the source; tests and embedders may call it directly. Calls
-// must not run concurrently.
+// must not run concurrently. The translation is incremental
+// (translate.Translator): a pod change costs that pod's workload, and only
+// the resources that changed are handed to the xDS server.
 func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	start := time.Now()
 	allocs, allocErr := c.cfg.Allocator.Allocate(objs.ServiceEntries)
 	if allocErr != nil {
 		c.log.Warn("ServiceEntry address allocation incomplete", zap.Error(allocErr))
 	}
-	res := translate.Translate(c.cfg.Translate, objs, allocs)
+	res, ch := c.tr.Update(objs, allocs)
 	prev := c.snap.Load()
 	gen := uint64(1)
 	if prev != nil {
 		gen = prev.generation + 1
 	}
-	s := &snapshot{generation: gen, objs: objs, result: res, allocErr: allocErr, onNode: placement(objs)}
+	var onNode map[string]map[string]bool
+	if ch.Full || prev == nil {
+		c.placeRefs, onNode = placement(objs)
+	} else {
+		onNode = c.updatePlacement(prev.onNode, ch.PodChanges)
+	}
+	s := &snapshot{generation: gen, objs: objs, result: res, allocErr: allocErr, onNode: onNode}
 
-	addrs := make(map[string]proto.Message, len(res.Addresses))
-	for k, v := range res.Addresses {
-		addrs[k] = v
-	}
-	authz := make(map[string]proto.Message, len(res.Authorizations))
-	for k, v := range res.Authorizations {
-		authz[k] = v
-	}
 	// Publish the placement before the workloads: a node proxy that learns
 	// of a new workload may ask for its certificate right away.
 	c.snap.Store(s)
-	c.xds.SetResources(xds.AddressType, addrs)
-	c.xds.SetResources(xds.AuthorizationType, authz)
+	if ch.Full {
+		addrs := make(map[string]proto.Message, res.Addresses.Len())
+		for k, v := range res.Addresses.All() {
+			addrs[k] = v
+		}
+		authz := make(map[string]proto.Message, len(res.Authorizations))
+		for k, v := range res.Authorizations {
+			authz[k] = v
+		}
+		c.xds.SetResources(xds.AddressType, addrs)
+		c.xds.SetResources(xds.AuthorizationType, authz)
+	} else {
+		up := make(map[string]proto.Message, len(ch.Addresses))
+		for k, v := range ch.Addresses {
+			up[k] = v
+		}
+		c.xds.UpdateResources(xds.AddressType, up, ch.Removed)
+	}
 	c.syncedOnce.Do(func() { close(c.synced) })
 
-	current := map[string]bool{}
-	for _, w := range res.Warnings {
-		current[w] = true
-		if !c.warned[w] {
-			c.log.Warn("translation warning", zap.String("warning", w))
+	if !sameSlice(res.Warnings, c.lastWarns) {
+		current := map[string]bool{}
+		for _, w := range res.Warnings {
+			current[w] = true
+			if !c.warned[w] {
+				c.log.Warn("translation warning", zap.String("warning", w))
+			}
 		}
+		c.warned, c.lastWarns = current, res.Warnings
 	}
-	c.warned = current
 	c.translations.Inc()
 	c.warnings.Set(float64(len(res.Warnings)))
-	c.log.Info("translated cluster objects", zap.Uint64("generation", gen),
-		zap.Int("addresses", len(res.Addresses)), zap.Int("authorizations", len(res.Authorizations)),
-		zap.Int("warnings", len(res.Warnings)), zap.Duration("took", time.Since(start)))
+	fields := []zap.Field{zap.Uint64("generation", gen), zap.Bool("full", ch.Full),
+		zap.Int("addresses", res.Addresses.Len()), zap.Int("authorizations", len(res.Authorizations)),
+		zap.Int("warnings", len(res.Warnings)), zap.Int("pods_translated", ch.Pods),
+		zap.Int("services_translated", ch.Services), zap.Duration("took", time.Since(start))}
+	if ch.Full {
+		c.log.Info("translated cluster objects", append(fields, zap.String("reason", ch.Reason))...)
+	} else {
+		c.log.Debug("translated changed objects", append(fields, zap.Int("pushed", len(ch.Addresses)+len(ch.Removed)))...)
+	}
 }
 
-// placement indexes which service accounts have a live pod on which node.
-func placement(objs *cluster.Objects) map[string]map[string]bool {
+// sameSlice reports whether a and b are the same slice (translate.Result
+// reuses its Warnings slice while the warnings do not change).
+func sameSlice(a, b []string) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+func placementKey(p *corev1.Pod) (node, nsSA string, ok bool) {
+	if p == nil || p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return "", "", false
+	}
+	sa := p.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	return p.Spec.NodeName, p.Namespace + "/" + sa, true
+}
+
+// placement indexes which service accounts have a live pod on which node:
+// the reference counts Apply keeps, and the published set.
+func placement(objs *cluster.Objects) (map[string]map[string]int, map[string]map[string]bool) {
+	refs := map[string]map[string]int{}
 	out := map[string]map[string]bool{}
 	for _, p := range objs.Pods {
-		if p.Spec.NodeName == "" || p.Status.Phase == "Succeeded" || p.Status.Phase == "Failed" {
+		node, k, ok := placementKey(p)
+		if !ok {
 			continue
 		}
-		sa := p.Spec.ServiceAccountName
-		if sa == "" {
-			sa = "default"
+		if refs[node] == nil {
+			refs[node], out[node] = map[string]int{}, map[string]bool{}
 		}
-		if out[p.Spec.NodeName] == nil {
-			out[p.Spec.NodeName] = map[string]bool{}
-		}
-		out[p.Spec.NodeName][p.Namespace+"/"+sa] = true
+		refs[node][k]++
+		out[node][k] = true
 	}
-	return out
+	return refs, out
+}
+
+// updatePlacement applies pod changes to the reference counts and returns
+// the next published set, sharing the nodes that did not change with prev.
+func (c *ControlPlane) updatePlacement(prev map[string]map[string]bool, changes []translate.PodChange) map[string]map[string]bool {
+	touched := map[string]bool{}
+	for _, pc := range changes {
+		if node, k, ok := placementKey(pc.Old); ok {
+			if c.placeRefs[node][k]--; c.placeRefs[node][k] <= 0 {
+				delete(c.placeRefs[node], k)
+			}
+			touched[node] = true
+		}
+		if node, k, ok := placementKey(pc.New); ok {
+			if c.placeRefs[node] == nil {
+				c.placeRefs[node] = map[string]int{}
+			}
+			c.placeRefs[node][k]++
+			touched[node] = true
+		}
+	}
+	if len(touched) == 0 {
+		return prev
+	}
+	next := maps.Clone(prev)
+	for node := range touched {
+		if len(c.placeRefs[node]) == 0 {
+			delete(next, node)
+			delete(c.placeRefs, node)
+			continue
+		}
+		set := make(map[string]bool, len(c.placeRefs[node]))
+		for k := range c.placeRefs[node] {
+			set[k] = true
+		}
+		next[node] = set
+	}
+	return next
 }

@@ -62,7 +62,7 @@ func (c *ControlPlane) ConfigDump() ConfigDump {
 	for k, v := range r.WaypointPolicies {
 		d.WaypointPolicies[k] = append([]string(nil), v...)
 	}
-	d.Addresses = sortedKeys(r.Addresses)
+	d.Addresses = r.Addresses.Keys()
 	d.Authorizations = sortedKeys(r.Authorizations)
 	return d
 }

@@ -22,11 +22,15 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds/resmap"
 )
 
 // Server invariants:
-//   - Each type's resources are an immutable snapshot (name → entry) behind an
-//     atomic pointer; SetResources builds the next one off to the side. An
+//   - Each type's resources are an immutable snapshot (name → entry, a
+//     resmap.Map) behind an atomic pointer; SetResources and UpdateResources
+//     build the next one off to the side, copying only the shards they
+//     change, so one changed resource out of 55k costs O(1), not a copy. An
 //     entry holds the resource already encoded as a discovery.Resource (Any
 //     bytes and version), made once per changed resource and shared read-only
 //     by every stream's responses.
@@ -78,12 +82,12 @@ type Server struct {
 }
 
 type typeState struct {
-	mu   sync.Mutex // serializes SetResources of this type
-	snap atomic.Pointer[map[string]*entry]
+	mu   sync.Mutex // serializes SetResources and UpdateResources of this type
+	snap atomic.Pointer[resmap.Map[*entry]]
 	set  bool
 }
 
-func (t *typeState) load() map[string]*entry { return *t.snap.Load() }
+func (t *typeState) load() *resmap.Map[*entry] { return t.snap.Load() }
 
 type entry struct {
 	version string
@@ -113,8 +117,7 @@ func NewServer(cfg ServerConfig) *Server {
 	}
 	for _, t := range typeURLs {
 		ts := &typeState{}
-		empty := map[string]*entry{}
-		ts.snap.Store(&empty)
+		ts.snap.Store(resmap.Edit[*entry](nil).Done())
 		s.types[t] = ts
 	}
 	s.metrics = &serverMetrics{
@@ -153,6 +156,19 @@ func NewServer(cfg ServerConfig) *Server {
 // unencodable message is logged and keeps its previous version (or stays
 // absent). An unknown type URL is logged and ignored.
 func (s *Server) SetResources(typeURL string, resources map[string]proto.Message) {
+	s.update(typeURL, resources, nil, true)
+}
+
+// UpdateResources changes part of typeURL's set: upserts are added or
+// replaced (an unchanged encoding keeps its version and is not pushed),
+// removed names are dropped. The rest of the set stays as it is, so the
+// cost is proportional to the change. Errors are handled as in
+// SetResources; a type is "set" for the readiness gate only by SetResources.
+func (s *Server) UpdateResources(typeURL string, upserts map[string]proto.Message, removed []string) {
+	s.update(typeURL, upserts, removed, false)
+}
+
+func (s *Server) update(typeURL string, resources map[string]proto.Message, removed []string, whole bool) {
 	ts := s.types[typeURL]
 	if ts == nil {
 		s.log.Error("xds: SetResources with an unknown type URL", zap.String("type_url", typeURL))
@@ -162,35 +178,40 @@ func (s *Server) SetResources(typeURL string, resources map[string]proto.Message
 	defer ts.mu.Unlock()
 
 	prev := ts.load()
-	next := make(map[string]*entry, len(resources))
+	e := resmap.Edit(prev)
 	var changed []string
 	for name, m := range resources {
 		b, err := encode(m)
 		if err != nil {
 			s.log.Error("xds: resource not served", zap.String("type_url", typeURL), zap.String("name", name), zap.Error(err))
-			if old, ok := prev[name]; ok {
-				next[name] = old
-			}
-			continue
+			continue // keeps its previous entry, if any
 		}
 		version := resourceVersion(b)
-		if old, ok := prev[name]; ok && old.version == version {
-			next[name] = old
+		if old, ok := prev.Get(name); ok && old.version == version {
 			continue
 		}
-		next[name] = &entry{version: version, res: &discovery.Resource{
+		e.Set(name, &entry{version: version, res: &discovery.Resource{
 			Name: name, Version: version, Resource: &anypb.Any{TypeUrl: typeURL, Value: b},
-		}}
+		}})
 		changed = append(changed, name)
 	}
-	for name := range prev {
-		if _, ok := next[name]; !ok {
+	if whole {
+		for name := range prev.All() {
+			if _, ok := resources[name]; !ok {
+				removed = append(removed, name)
+			}
+		}
+	}
+	for _, name := range removed {
+		if _, ok := prev.Get(name); ok {
+			e.Delete(name)
 			changed = append(changed, name)
 		}
 	}
-	s.metrics.resources.WithLabelValues(typeURL).Set(float64(len(next)))
+	next := e.Done()
+	s.metrics.resources.WithLabelValues(typeURL).Set(float64(next.Len()))
 	if len(changed) > 0 {
-		ts.snap.Store(&next)
+		ts.snap.Store(next)
 		s.mu.Lock()
 		for st := range s.streams {
 			st.markPending(typeURL, changed)
@@ -198,7 +219,7 @@ func (s *Server) SetResources(typeURL string, resources map[string]proto.Message
 		s.mu.Unlock()
 	}
 	// Only now that the snapshot holds the set may held streams proceed.
-	if !ts.set {
+	if whole && !ts.set {
 		ts.set = true
 		if int(s.setTypes.Add(1)) == len(s.types) {
 			close(s.ready)
@@ -231,8 +252,8 @@ func (s *Server) Versions(typeURL string) map[string]string {
 		return nil
 	}
 	snap := ts.load()
-	out := make(map[string]string, len(snap))
-	for k, e := range snap {
+	out := make(map[string]string, snap.Len())
+	for k, e := range snap.All() {
 		out[k] = e.version
 	}
 	return out
@@ -423,8 +444,9 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 		sub.wildcard = len(req.GetResourceNamesSubscribe()) == 0
 		st.subs[typeURL] = sub
 		st.updateNames(sub, req)
-		all := make([]string, 0, len(st.snapshot(typeURL))+len(sub.sent))
-		for n := range st.snapshot(typeURL) {
+		snap := st.snapshot(typeURL)
+		all := make([]string, 0, snap.Len()+len(sub.sent))
+		for n := range snap.All() {
 			all = append(all, n)
 		}
 		for n := range sub.sent {
@@ -472,7 +494,7 @@ func (st *stream) updateNames(sub *subscription, req *discovery.DeltaDiscoveryRe
 	return added
 }
 
-func (st *stream) snapshot(typeURL string) map[string]*entry {
+func (st *stream) snapshot(typeURL string) *resmap.Map[*entry] {
 	if ts := st.s.types[typeURL]; ts != nil {
 		return ts.load()
 	}
@@ -525,7 +547,7 @@ func (st *stream) respond(typeURL string, sub *subscription, names []string, alw
 			continue
 		}
 		seen[n] = struct{}{}
-		e, ok := snap[n]
+		e, ok := snap.Get(n)
 		held, holds := sub.sent[n]
 		switch {
 		case ok && sub.wants(n):

@@ -83,7 +83,7 @@ func goldenJSON(t *testing.T, r *Result) []byte {
 	}
 	doc := map[string]any{}
 	addrs := map[string]json.RawMessage{}
-	for k, v := range r.Addresses {
+	for k, v := range r.Addresses.All() {
 		addrs[k] = pj(v)
 	}
 	authz := map[string]json.RawMessage{}

@@ -5,7 +5,9 @@ import (
 	"sort"
 	"strings"
 
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -53,43 +55,213 @@ type waypoint struct {
 
 type index struct {
 	namespaces map[string]*corev1.Namespace
-	// services by ns/name (non-ExternalName), for selector matching.
-	services []*corev1.Service
+	// svcByName: non-ExternalName Services by ns/name.
+	svcByName map[string]*corev1.Service
+	// svcSel: Services with a selector, by namespace, then by the first
+	// (smallest) key=value of their selector, then by name. A pod finds
+	// the Services selecting it through its own labels in O(labels).
+	svcSel map[string]map[string]map[string]*corev1.Service
+	// svcHosts: "ns/hostname" of every non-ExternalName Service; a
+	// ServiceEntry or ExternalName alias with the same key loses.
+	svcHosts map[string]bool
+	// seHosts: "ns/host" of ServiceEntry hosts and ExternalName Services,
+	// the keys a Service change must not race against (it re-translates all).
+	seHosts map[string]bool
+	// seSel: ServiceEntries with a workloadSelector, by namespace.
+	seSel map[string][]*networkingv1.ServiceEntry
 	// meshHosts are hostnames of mesh services (k8s FQDNs and SE hosts).
 	meshHosts map[string]bool
-	waypoints map[string]*waypoint // by ns/name, only usable ones (with address)
-	classes   map[string]*gatewayv1.GatewayClass
-	pods      map[string]*corev1.Pod // ns/name
+	// aliasTargets: targets of ExternalName Services (for change tracking).
+	aliasTargets map[string]bool
+	waypoints    map[string]*waypoint // by ns/name, only usable ones (with address)
+	classes      map[string]*gatewayv1.GatewayClass
+	pods         map[string]*corev1.Pod // ns/name
+	// podsByNs: namespace → name → pod, for Service changes.
+	podsByNs map[string]map[string]*corev1.Pod
+	// slicesBySvc: ns/service-name label → slice key → slice.
+	slicesBySvc map[string]map[string]*discoveryv1.EndpointSlice
+	// podRefs: ns/pod-name → slice key → slice with an endpoint whose
+	// targetRef is that Pod name (ns is the slice's).
+	podRefs map[string]map[string]*discoveryv1.EndpointSlice
+	// policiesByNs: WORKLOAD_SELECTOR authorizations by namespace, in the
+	// order translateAuthorizationPolicies produced them.
+	policiesByNs map[string][]selectorPolicy
+	// wePerNs counts WorkloadEntries per namespace.
+	wePerNs map[string]int
 }
 
 func (t *translator) buildIndex() {
 	t.idx = index{
-		namespaces: map[string]*corev1.Namespace{},
-		meshHosts:  map[string]bool{},
-		waypoints:  map[string]*waypoint{},
-		classes:    map[string]*gatewayv1.GatewayClass{},
-		pods:       map[string]*corev1.Pod{},
+		namespaces:   map[string]*corev1.Namespace{},
+		svcByName:    map[string]*corev1.Service{},
+		svcSel:       map[string]map[string]map[string]*corev1.Service{},
+		svcHosts:     map[string]bool{},
+		seHosts:      map[string]bool{},
+		seSel:        map[string][]*networkingv1.ServiceEntry{},
+		meshHosts:    map[string]bool{},
+		aliasTargets: map[string]bool{},
+		waypoints:    map[string]*waypoint{},
+		classes:      map[string]*gatewayv1.GatewayClass{},
+		pods:         make(map[string]*corev1.Pod, len(t.objs.Pods)),
+		podsByNs:     map[string]map[string]*corev1.Pod{},
+		slicesBySvc:  map[string]map[string]*discoveryv1.EndpointSlice{},
+		podRefs:      map[string]map[string]*discoveryv1.EndpointSlice{},
+		policiesByNs: map[string][]selectorPolicy{},
+		wePerNs:      map[string]int{},
 	}
 	for _, ns := range t.objs.Namespaces {
 		t.idx.namespaces[ns.Name] = ns
 	}
 	for _, s := range t.objs.Services {
 		if s.Spec.Type == corev1.ServiceTypeExternalName {
+			t.idx.seHosts[s.Namespace+"/"+t.serviceHostname(s)] = true
+			t.idx.aliasTargets[strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")] = true
 			continue
 		}
-		t.idx.services = append(t.idx.services, s)
-		t.idx.meshHosts[t.serviceHostname(s)] = true
+		t.idx.addService(s, t.serviceHostname(s))
 	}
 	for _, se := range t.objs.ServiceEntries {
 		for _, h := range se.Spec.Hosts {
 			t.idx.meshHosts[h] = true
+			t.idx.seHosts[se.Namespace+"/"+h] = true
 		}
+		if se.Spec.WorkloadSelector != nil {
+			t.idx.seSel[se.Namespace] = append(t.idx.seSel[se.Namespace], se)
+		}
+	}
+	for _, we := range t.objs.WorkloadEntries {
+		t.idx.wePerNs[we.Namespace]++
 	}
 	for _, gc := range t.objs.GatewayClasses {
 		t.idx.classes[gc.Name] = gc
 	}
 	for _, p := range t.objs.Pods {
-		t.idx.pods[p.Namespace+"/"+p.Name] = p
+		t.idx.addPod(p)
+	}
+	for _, es := range t.objs.EndpointSlices {
+		t.idx.addSlice(es)
+	}
+}
+
+// indexPolicies groups the selector policies by namespace; it runs after
+// translateAuthorizationPolicies.
+func (t *translator) indexPolicies() {
+	for _, p := range t.selectorPolicies {
+		t.idx.policiesByNs[p.namespace] = append(t.idx.policiesByNs[p.namespace], p)
+	}
+}
+
+func selectorKey(sel map[string]string) (string, bool) {
+	first := ""
+	for k := range sel {
+		if first == "" || k < first {
+			first = k
+		}
+	}
+	if first == "" {
+		return "", false
+	}
+	return first + "=" + sel[first], true
+}
+
+func (x *index) addService(s *corev1.Service, host string) {
+	x.svcByName[s.Namespace+"/"+s.Name] = s
+	x.svcHosts[s.Namespace+"/"+host] = true
+	x.meshHosts[host] = true
+	if k, ok := selectorKey(s.Spec.Selector); ok {
+		byKey := x.svcSel[s.Namespace]
+		if byKey == nil {
+			byKey = map[string]map[string]*corev1.Service{}
+			x.svcSel[s.Namespace] = byKey
+		}
+		if byKey[k] == nil {
+			byKey[k] = map[string]*corev1.Service{}
+		}
+		byKey[k][s.Name] = s
+	}
+}
+
+func (x *index) removeService(s *corev1.Service, host string) {
+	delete(x.svcByName, s.Namespace+"/"+s.Name)
+	delete(x.svcHosts, s.Namespace+"/"+host)
+	delete(x.meshHosts, host)
+	if k, ok := selectorKey(s.Spec.Selector); ok {
+		delete(x.svcSel[s.Namespace][k], s.Name)
+	}
+}
+
+// servicesSelecting calls f for each Service in ns whose selector matches
+// labels, in no particular order.
+func (x *index) servicesSelecting(ns string, labels map[string]string, f func(*corev1.Service)) {
+	byKey := x.svcSel[ns]
+	if len(byKey) == 0 {
+		return
+	}
+	for k, v := range labels {
+		for _, s := range byKey[k+"="+v] {
+			if selects(s.Spec.Selector, labels) {
+				f(s)
+			}
+		}
+	}
+}
+
+func (x *index) addPod(p *corev1.Pod) {
+	x.pods[p.Namespace+"/"+p.Name] = p
+	m := x.podsByNs[p.Namespace]
+	if m == nil {
+		m = map[string]*corev1.Pod{}
+		x.podsByNs[p.Namespace] = m
+	}
+	m[p.Name] = p
+}
+
+func (x *index) removePod(p *corev1.Pod) {
+	delete(x.pods, p.Namespace+"/"+p.Name)
+	delete(x.podsByNs[p.Namespace], p.Name)
+}
+
+// slicePods returns the names of the pods a slice's endpoints name (looked
+// up in the slice's namespace, whatever the reference's namespace says).
+func slicePods(es *discoveryv1.EndpointSlice) []string {
+	var out []string
+	for _, e := range es.Endpoints {
+		if r := e.TargetRef; r != nil && r.Kind == "Pod" {
+			out = append(out, r.Name)
+		}
+	}
+	return out
+}
+
+func (x *index) addSlice(es *discoveryv1.EndpointSlice) {
+	key := es.Namespace + "/" + es.Name
+	if name := es.Labels[LabelServiceName]; name != "" {
+		k := es.Namespace + "/" + name
+		if x.slicesBySvc[k] == nil {
+			x.slicesBySvc[k] = map[string]*discoveryv1.EndpointSlice{}
+		}
+		x.slicesBySvc[k][key] = es
+	}
+	for _, p := range slicePods(es) {
+		k := es.Namespace + "/" + p
+		if x.podRefs[k] == nil {
+			x.podRefs[k] = map[string]*discoveryv1.EndpointSlice{}
+		}
+		x.podRefs[k][key] = es
+	}
+}
+
+func (x *index) removeSlice(es *discoveryv1.EndpointSlice) {
+	key := es.Namespace + "/" + es.Name
+	if name := es.Labels[LabelServiceName]; name != "" {
+		delete(x.slicesBySvc[es.Namespace+"/"+name], key)
+	}
+	for _, p := range slicePods(es) {
+		k := es.Namespace + "/" + p
+		delete(x.podRefs[k], key)
+		if len(x.podRefs[k]) == 0 {
+			delete(x.podRefs, k)
+		}
 	}
 }
 

@@ -19,44 +19,47 @@ import (
 // follow the target (the alias has no addresses and no ports of its own).
 const ExternalNameAliasExtension = "ztunnel-go.io/external-name-alias"
 
+// addService adds a ServiceEntry host or an ExternalName alias. Kubernetes
+// Services come first (translateService), so a hostname one of them defines
+// is taken; among the others the first in translation order wins.
 func (t *translator) addService(svc *workloadapi.Service, kind, ns, name string) {
 	key := svc.Namespace + "/" + svc.Hostname
-	if _, dup := t.addresses[key]; dup {
+	if _, dup := t.addresses[key]; dup || t.idx.svcHosts[key] {
 		t.warnf(kind, ns, name, "hostname %s is already defined by another object in namespace %s; ignored", svc.Hostname, svc.Namespace)
 		return
 	}
 	t.addresses[key] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
 }
 
-func (t *translator) translateServices() {
-	for _, s := range t.idx.services {
-		network := t.network(s.Labels, s.Namespace)
-		svc := &workloadapi.Service{
-			Name:      s.Name,
-			Namespace: s.Namespace,
-			Hostname:  t.serviceHostname(s),
-		}
-		var fams [2]bool
-		for _, ip := range serviceVIPs(s) {
-			svc.Addresses = append(svc.Addresses, netAddr(network, ip))
-			fams[boolIdx(ip.Is6())] = true
-		}
-		for _, p := range tcpPorts(s) {
-			target := uint32(0)
-			if tp, ok := resolveTargetPort(p, nil); ok {
-				target = tp
-			}
-			svc.Ports = append(svc.Ports, &workloadapi.Port{
-				ServicePort: uint32(p.Port),
-				TargetPort:  target,
-				AppProtocol: appProtocol(p.Name, p.AppProtocol),
-			})
-		}
-		svc.LoadBalancing = t.loadBalancing(s)
-		svc.IpFamilies = ipFamilies(s.Spec.IPFamilies, fams)
-		svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
-		t.addService(svc, "Service", s.Namespace, s.Name)
+// translateService adds a (non-ExternalName) Service. Two Services never
+// share a hostname (it is derived from namespace and name).
+func (t *translator) translateService(s *corev1.Service) {
+	network := t.network(s.Labels, s.Namespace)
+	svc := &workloadapi.Service{
+		Name:      s.Name,
+		Namespace: s.Namespace,
+		Hostname:  t.serviceHostname(s),
 	}
+	var fams [2]bool
+	for _, ip := range serviceVIPs(s) {
+		svc.Addresses = append(svc.Addresses, netAddr(network, ip))
+		fams[boolIdx(ip.Is6())] = true
+	}
+	for _, p := range tcpPorts(s) {
+		target := uint32(0)
+		if tp, ok := resolveTargetPort(p, nil); ok {
+			target = tp
+		}
+		svc.Ports = append(svc.Ports, &workloadapi.Port{
+			ServicePort: uint32(p.Port),
+			TargetPort:  target,
+			AppProtocol: appProtocol(p.Name, p.AppProtocol),
+		})
+	}
+	svc.LoadBalancing = t.loadBalancing(s)
+	svc.IpFamilies = ipFamilies(s.Spec.IPFamilies, fams)
+	svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
+	t.addresses[svc.Namespace+"/"+svc.Hostname] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
 }
 
 func boolIdx(b bool) int {

@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds/resmap"
 )
 
 // Defaults for the string fields of Config.
@@ -105,7 +106,7 @@ type PolicyStatus struct {
 // resource name. A Result is never mutated after Translate returns.
 type Result struct {
 	// Addresses: Workloads keyed by uid, Services by "namespace/hostname".
-	Addresses map[string]*workloadapi.Address
+	Addresses *resmap.Map[*workloadapi.Address]
 	// Authorizations keyed by "namespace/name".
 	Authorizations map[string]*securityapi.Authorization
 	// WaypointPolicies maps a waypoint ("namespace/name" of its Gateway) to
@@ -123,7 +124,7 @@ type Result struct {
 	Warnings []string
 }
 
-// Translate converts objs. allocs are the ServiceEntry auto-allocations
+// Translate converts objs (in any order) in one go. allocs are the ServiceEntry auto-allocations
 // (nil: none). objs may be nil (empty cluster).
 func Translate(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *Result {
 	var sorted cluster.Objects
@@ -144,9 +145,8 @@ func Translate(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations)
 		}
 	}
 	sorted.Sort()
-	t := newTranslator(cfg.withDefaults(), &sorted, allocs)
-	t.run()
-	return t.result()
+	res, _ := NewTranslator(cfg).Update(&sorted, allocs)
+	return res
 }
 
 type translator struct {
@@ -186,23 +186,9 @@ func (t *translator) warnf(kind, ns, name, format string, args ...any) {
 	t.warnings[fmt.Sprintf("%s %s: ", kind, obj)+fmt.Sprintf(format, args...)] = true
 }
 
-func (t *translator) run() {
-	t.buildIndex()
-	t.translateWaypoints()
-	t.translateAuthorizationPolicies()
-	t.translatePeerAuthentications()
-	t.translateServices()
-	t.translateServiceEntries()
-	t.translateExternalNames()
-	t.translatePods()
-	t.translateWorkloadEntries()
-	t.translateServiceEntryEndpoints()
-	t.translateEndpointSlices()
-}
-
-func (t *translator) result() *Result {
+func (t *translator) result(addrs *resmap.Map[*workloadapi.Address], warnings []string) *Result {
 	r := &Result{
-		Addresses:        t.addresses,
+		Addresses:        addrs,
 		Authorizations:   t.authz,
 		WaypointPolicies: t.wpPols,
 		Allocations:      t.allocs.List(),
@@ -214,10 +200,7 @@ func (t *translator) result() *Result {
 		}
 		return r.Policies[i].Name < r.Policies[j].Name
 	})
-	for w := range t.warnings {
-		r.Warnings = append(r.Warnings, w)
-	}
-	sort.Strings(r.Warnings)
+	r.Warnings = warnings
 	return r
 }
 

@@ -47,7 +47,7 @@ func TestDeterministic(t *testing.T) {
 
 func TestEmpty(t *testing.T) {
 	r := Translate(Config{}, nil, nil)
-	if len(r.Addresses) != 0 || len(r.Authorizations) != 0 || len(r.Warnings) != 0 {
+	if r.Addresses.Len() != 0 || len(r.Authorizations) != 0 || len(r.Warnings) != 0 {
 		t.Fatalf("empty input gave %+v", r)
 	}
 	// No PeerAuthentication: no static strict policy.

@@ -151,60 +151,72 @@ func (t *translator) addWorkload(w *workloadapi.Workload) {
 // workloadPolicies is the sorted union of selector AuthorizationPolicies
 // and PeerAuthentication-derived policies for a workload.
 func (t *translator) workloadPolicies(ns string, labels map[string]string) []string {
-	out := append(t.policiesFor(ns, labels), t.peerAuthnPolicies(ns, labels)...)
+	out := append(t.selectorPoliciesFor(ns, labels), t.peerAuthnPolicies(ns, labels)...)
 	sort.Strings(out)
 	return out
 }
 
-func (t *translator) translatePods() {
-	for _, p := range t.objs.Pods {
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
+// selectorPoliciesFor is policiesFor through the namespace index: the
+// WORKLOAD_SELECTOR policy keys selecting labels in ns.
+func (t *translator) selectorPoliciesFor(ns string, labels map[string]string) []string {
+	var out []string
+	for _, p := range t.idx.policiesByNs[ns] {
+		if subset(p.selector, labels) {
+			out = append(out, p.key)
 		}
-		ips := podIPs(p)
-		if len(ips) == 0 {
-			continue // not scheduled / no sandbox yet: nothing can reach it
-		}
-		network := t.network(p.Labels, p.Namespace)
-		wname, wtype := workloadNameAndType(p)
-		cname, crev := canonical(p.Labels, wname)
-		w := &workloadapi.Workload{
-			Uid:               t.cfg.ClusterID + "//Pod/" + p.Namespace + "/" + p.Name,
-			Name:              p.Name,
-			Namespace:         p.Namespace,
-			Network:           network,
-			TrustDomain:       t.elideTD(t.cfg.TrustDomain),
-			ServiceAccount:    elideSA(podServiceAccount(p)),
-			Node:              p.Spec.NodeName,
-			CanonicalName:     cname,
-			CanonicalRevision: crev,
-			WorkloadType:      wtype,
-			WorkloadName:      wname,
-			ClusterId:         t.cfg.ClusterID,
-			Locality:          locality(p.Labels),
-		}
-		for _, ip := range ips {
-			w.Addresses = append(w.Addresses, addrBytes(ip))
-		}
-		if p.Labels[LabelTunnel] == "http" {
-			w.TunnelProtocol = workloadapi.TunnelProtocol_HBONE
-			w.NativeTunnel = true
-		} else if t.enrolled(p) {
-			w.TunnelProtocol = workloadapi.TunnelProtocol_HBONE
-		}
-		if !podReady(p) {
-			w.Status = workloadapi.WorkloadStatus_UNHEALTHY
-		}
-		if p.Spec.HostNetwork {
-			w.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
-		}
-		if _, isWaypoint := p.Labels[LabelGatewayName]; !isWaypoint {
-			w.Waypoint = t.boundWaypoint("Pod", p.Namespace, p.Name, p.Labels, true)
-		}
-		w.Services = t.podServices(p)
-		w.AuthorizationPolicies = t.workloadPolicies(p.Namespace, p.Labels)
-		t.addWorkload(w)
 	}
+	return out
+}
+
+// translatePod adds the pod's workload, if it has one (a finished pod or
+// one without an IP has none).
+func (t *translator) translatePod(p *corev1.Pod) {
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return
+	}
+	ips := podIPs(p)
+	if len(ips) == 0 {
+		return // not scheduled / no sandbox yet: nothing can reach it
+	}
+	network := t.network(p.Labels, p.Namespace)
+	wname, wtype := workloadNameAndType(p)
+	cname, crev := canonical(p.Labels, wname)
+	w := &workloadapi.Workload{
+		Uid:               t.cfg.ClusterID + "//Pod/" + p.Namespace + "/" + p.Name,
+		Name:              p.Name,
+		Namespace:         p.Namespace,
+		Network:           network,
+		TrustDomain:       t.elideTD(t.cfg.TrustDomain),
+		ServiceAccount:    elideSA(podServiceAccount(p)),
+		Node:              p.Spec.NodeName,
+		CanonicalName:     cname,
+		CanonicalRevision: crev,
+		WorkloadType:      wtype,
+		WorkloadName:      wname,
+		ClusterId:         t.cfg.ClusterID,
+		Locality:          locality(p.Labels),
+	}
+	for _, ip := range ips {
+		w.Addresses = append(w.Addresses, addrBytes(ip))
+	}
+	if p.Labels[LabelTunnel] == "http" {
+		w.TunnelProtocol = workloadapi.TunnelProtocol_HBONE
+		w.NativeTunnel = true
+	} else if t.enrolled(p) {
+		w.TunnelProtocol = workloadapi.TunnelProtocol_HBONE
+	}
+	if !podReady(p) {
+		w.Status = workloadapi.WorkloadStatus_UNHEALTHY
+	}
+	if p.Spec.HostNetwork {
+		w.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
+	}
+	if _, isWaypoint := p.Labels[LabelGatewayName]; !isWaypoint {
+		w.Waypoint = t.boundWaypoint("Pod", p.Namespace, p.Name, p.Labels, true)
+	}
+	w.Services = t.podServices(p)
+	w.AuthorizationPolicies = t.workloadPolicies(p.Namespace, p.Labels)
+	t.addWorkload(w)
 }
 
 func podServiceAccount(p *corev1.Pod) string {
@@ -246,10 +258,7 @@ func localityString(s string) *workloadapi.Locality {
 // EndpointSlices point at it.
 func (t *translator) podServices(p *corev1.Pod) map[string]*workloadapi.PortList {
 	out := map[string]*workloadapi.PortList{}
-	for _, s := range t.idx.services {
-		if s.Namespace != p.Namespace || !selects(s.Spec.Selector, p.Labels) {
-			continue
-		}
+	t.idx.servicesSelecting(p.Namespace, p.Labels, func(s *corev1.Service) {
 		pl := &workloadapi.PortList{}
 		for _, sp := range tcpPorts(s) {
 			if tp, ok := resolveTargetPort(sp, p); ok {
@@ -257,7 +266,7 @@ func (t *translator) podServices(p *corev1.Pod) map[string]*workloadapi.PortList
 			}
 		}
 		out[s.Namespace+"/"+t.serviceHostname(s)] = pl
-	}
+	})
 	t.seSelectedServices(p.Namespace, p.Labels, nil, out)
 	for k, pl := range t.sliceServicesForPod(p) {
 		out[k] = pl
@@ -272,8 +281,8 @@ func (t *translator) podServices(p *corev1.Pod) map[string]*workloadapi.PortList
 // workloadSelector matches labels. wePorts are a WorkloadEntry's named port
 // overrides (nil for pods).
 func (t *translator) seSelectedServices(ns string, labels map[string]string, wePorts map[string]uint32, out map[string]*workloadapi.PortList) {
-	for _, se := range t.objs.ServiceEntries {
-		if se.Namespace != ns || se.Spec.WorkloadSelector == nil || !selects(se.Spec.WorkloadSelector.GetLabels(), labels) {
+	for _, se := range t.idx.seSel[ns] {
+		if !selects(se.Spec.WorkloadSelector.GetLabels(), labels) {
 			continue
 		}
 		pl := sePorts(se, wePorts)
@@ -343,10 +352,7 @@ func (t *translator) translateWorkloadEntries() {
 		}
 		w.Waypoint = t.boundWaypoint("WorkloadEntry", we.Namespace, we.Name, labels, true)
 		svcs := map[string]*workloadapi.PortList{}
-		for _, s := range t.idx.services {
-			if s.Namespace != we.Namespace || !selects(s.Spec.Selector, labels) {
-				continue
-			}
+		t.idx.servicesSelecting(we.Namespace, labels, func(s *corev1.Service) {
 			pl := &workloadapi.PortList{}
 			for _, sp := range tcpPorts(s) {
 				tp, ok := resolveTargetPort(sp, nil)
@@ -358,7 +364,7 @@ func (t *translator) translateWorkloadEntries() {
 				}
 			}
 			svcs[s.Namespace+"/"+t.serviceHostname(s)] = pl
-		}
+		})
 		t.seSelectedServices(we.Namespace, labels, we.Spec.Ports, svcs)
 		if len(svcs) > 0 {
 			w.Services = svcs
@@ -452,23 +458,35 @@ func (t *translator) translateServiceEntryEndpoints() {
 // sliceServicesForPod: selector-less Services whose EndpointSlices name the
 // pod as a targetRef.
 func (t *translator) sliceServicesForPod(p *corev1.Pod) map[string]*workloadapi.PortList {
+	refs := t.idx.podRefs[p.Namespace+"/"+p.Name]
+	if len(refs) == 0 {
+		return nil
+	}
 	var out map[string]*workloadapi.PortList
-	for _, es := range t.objs.EndpointSlices {
+	// In slice order, so that of two slices of one Service the later wins,
+	// as in a scan of the sorted slices.
+	for _, key := range sortedKeys(refs) {
+		es := refs[key]
 		s := t.selectorlessService(es)
-		if s == nil || es.Namespace != p.Namespace {
+		if s == nil || !namesPod(es, p) {
 			continue
 		}
-		for _, e := range es.Endpoints {
-			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" && e.TargetRef.Name == p.Name &&
-				(e.TargetRef.Namespace == "" || e.TargetRef.Namespace == p.Namespace) {
-				if out == nil {
-					out = map[string]*workloadapi.PortList{}
-				}
-				out[s.Namespace+"/"+t.serviceHostname(s)] = slicePorts(s, es)
-			}
+		if out == nil {
+			out = map[string]*workloadapi.PortList{}
 		}
+		out[s.Namespace+"/"+t.serviceHostname(s)] = slicePorts(s, es)
 	}
 	return out
+}
+
+// namesPod reports whether an endpoint of es has the pod as its targetRef.
+func namesPod(es *discoveryv1.EndpointSlice, p *corev1.Pod) bool {
+	for _, e := range es.Endpoints {
+		if r := e.TargetRef; r != nil && r.Kind == "Pod" && r.Name == p.Name && (r.Namespace == "" || r.Namespace == p.Namespace) {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *translator) selectorlessService(es *discoveryv1.EndpointSlice) *corev1.Service {
@@ -476,15 +494,11 @@ func (t *translator) selectorlessService(es *discoveryv1.EndpointSlice) *corev1.
 	if name == "" {
 		return nil
 	}
-	for _, s := range t.idx.services {
-		if s.Namespace == es.Namespace && s.Name == name {
-			if len(s.Spec.Selector) > 0 {
-				return nil // the pods are the endpoints
-			}
-			return s
-		}
+	s := t.idx.svcByName[es.Namespace+"/"+name]
+	if s == nil || len(s.Spec.Selector) > 0 {
+		return nil // unknown, or the pods are the endpoints
 	}
-	return nil
+	return s
 }
 
 // slicePorts maps service ports to the slice's ports by name.
@@ -507,47 +521,45 @@ func slicePorts(s *corev1.Service, es *discoveryv1.EndpointSlice) *workloadapi.P
 
 // translateEndpointSlices: endpoints of selector-less Services that are not
 // pods become workloads (uid .../EndpointSlice/<ns>/<slice>/<first address>).
-func (t *translator) translateEndpointSlices() {
-	for _, es := range t.objs.EndpointSlices {
-		s := t.selectorlessService(es)
-		if s == nil {
+func (t *translator) translateEndpointSlice(es *discoveryv1.EndpointSlice) {
+	s := t.selectorlessService(es)
+	if s == nil {
+		return
+	}
+	for _, e := range es.Endpoints {
+		if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
+			if _, known := t.idx.pods[es.Namespace+"/"+e.TargetRef.Name]; known {
+				continue // the pod's own workload carries the service
+			}
+		}
+		var ips []netip.Addr
+		for _, a := range e.Addresses {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				ips = append(ips, ip)
+			}
+		}
+		if len(ips) == 0 {
 			continue
 		}
-		for _, e := range es.Endpoints {
-			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
-				if _, known := t.idx.pods[es.Namespace+"/"+e.TargetRef.Name]; known {
-					continue // the pod's own workload carries the service
-				}
-			}
-			var ips []netip.Addr
-			for _, a := range e.Addresses {
-				if ip, err := netip.ParseAddr(a); err == nil {
-					ips = append(ips, ip)
-				}
-			}
-			if len(ips) == 0 {
-				continue
-			}
-			w := &workloadapi.Workload{
-				Uid:          t.cfg.ClusterID + "/discovery.k8s.io/EndpointSlice/" + es.Namespace + "/" + es.Name + "/" + ips[0].String(),
-				Name:         es.Name,
-				Namespace:    es.Namespace,
-				Network:      t.network(nil, es.Namespace),
-				WorkloadType: workloadapi.WorkloadType_POD,
-				WorkloadName: es.Name,
-				ClusterId:    t.cfg.ClusterID,
-				Services:     map[string]*workloadapi.PortList{s.Namespace + "/" + t.serviceHostname(s): slicePorts(s, es)},
-			}
-			if e.NodeName != nil {
-				w.Node = *e.NodeName
-			}
-			for _, ip := range ips {
-				w.Addresses = append(w.Addresses, addrBytes(ip))
-			}
-			if e.Conditions.Ready != nil && !*e.Conditions.Ready {
-				w.Status = workloadapi.WorkloadStatus_UNHEALTHY
-			}
-			t.addWorkload(w)
+		w := &workloadapi.Workload{
+			Uid:          t.cfg.ClusterID + "/discovery.k8s.io/EndpointSlice/" + es.Namespace + "/" + es.Name + "/" + ips[0].String(),
+			Name:         es.Name,
+			Namespace:    es.Namespace,
+			Network:      t.network(nil, es.Namespace),
+			WorkloadType: workloadapi.WorkloadType_POD,
+			WorkloadName: es.Name,
+			ClusterId:    t.cfg.ClusterID,
+			Services:     map[string]*workloadapi.PortList{s.Namespace + "/" + t.serviceHostname(s): slicePorts(s, es)},
 		}
+		if e.NodeName != nil {
+			w.Node = *e.NodeName
+		}
+		for _, ip := range ips {
+			w.Addresses = append(w.Addresses, addrBytes(ip))
+		}
+		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+			w.Status = workloadapi.WorkloadStatus_UNHEALTHY
+		}
+		t.addWorkload(w)
 	}
 }

@@ -1,0 +1,515 @@
+package translate
+
+import (
+	"slices"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds/resmap"
+)
+
+// Translator translates successive object sets of one cluster and redoes
+// only what a change touches. Its output for a set never depends on the
+// sets before it: Update(objs) equals Translate(objs) (a test checks this on
+// random change sequences), so translation stays a pure function of its
+// input and the golden tests cover both paths.
+//
+// How: every output resource belongs to one unit, the source object it was
+// made from: a Pod (its workload), a Service (its service), an
+// EndpointSlice (workloads of endpoints that are not pods), or the "global"
+// unit (waypoints, policies, PeerAuthentication, ServiceEntries, aliases,
+// WorkloadEntries). Pods, Services and EndpointSlices are the kinds that
+// churn; a change to one of them re-translates its unit plus the units that
+// read it, found through the indexes (Service selector → pods, Service →
+// its slices, slice → the pods it names, pod → the slices naming it). A
+// pod change re-translates that pod's workload and nothing else: a Service
+// resource lists no endpoints, so no service changes (and slices naming
+// the pod are redone only when the pod appears or disappears). Any other
+// kind, an ExternalName Service, or a Service whose hostname a
+// ServiceEntry or alias also uses, re-translates everything: those are
+// rare and a full translation is fast (indexed, O(objects)).
+//
+// A Translator is not safe for concurrent use; the Results it returns are
+// immutable and may be read from any goroutine.
+type Translator struct {
+	cfg Config
+
+	t      *translator // indexes and global results of the current set; nil before the first Update
+	objs   *cluster.Objects
+	allocs []autoalloc.Allocation
+	// targetRefPolicies: some AuthorizationPolicy has targetRef(s), whose
+	// status depends on which Services exist.
+	targetRefPolicies bool
+
+	global   *unit
+	services map[string]*unit // ns/name
+	pods     map[string]*unit
+	slices   map[string]*unit
+	sliceObj map[string]*discoveryv1.EndpointSlice
+
+	addrs     *resmap.Map[*workloadapi.Address]
+	warnCount map[string]int
+	warnings  []string
+	res       *Result
+
+	scratchA map[string]*workloadapi.Address
+	scratchW map[string]bool
+}
+
+// unit is the output of one source object.
+type unit struct {
+	keys  []string
+	addrs []*workloadapi.Address
+	warns []string
+}
+
+// Changes says what one Update did.
+type Changes struct {
+	// Full is true when everything was re-translated; Reason says why. The
+	// resources are then Result.Addresses as a whole (Addresses and
+	// Removed are empty).
+	Full   bool
+	Reason string
+	// Addresses holds the resources re-translated (changed or not), by
+	// name; Removed the names that are gone.
+	Addresses map[string]*workloadapi.Address
+	Removed   []string
+	// Pods, Services and EndpointSlices count the objects of each kind
+	// translated by this Update (all of them when Full).
+	Pods, Services, EndpointSlices int
+	// PodChanges lists the pods that changed (Old nil: added; New nil:
+	// removed), only when not Full.
+	PodChanges []PodChange
+}
+
+// PodChange is one pod's change between two sets.
+type PodChange struct{ Old, New *corev1.Pod }
+
+// NewTranslator returns a Translator for cfg (defaults as in Translate).
+func NewTranslator(cfg Config) *Translator {
+	return &Translator{cfg: cfg.withDefaults(), scratchA: map[string]*workloadapi.Address{}, scratchW: map[string]bool{}}
+}
+
+// Result returns the latest translation (nil before the first Update).
+func (tr *Translator) Result() *Result { return tr.res }
+
+// Update translates objs, which must be sorted (cluster.Objects.Sort, as
+// every Source publishes them) and are only read. allocs are the
+// ServiceEntry auto-allocations (nil: none).
+func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocations) (*Result, *Changes) {
+	if objs == nil {
+		objs = &cluster.Objects{}
+	}
+	if tr.t == nil {
+		return tr.full(objs, allocs, "first translation")
+	}
+	if reason := tr.globalChange(objs, allocs); reason != "" {
+		return tr.full(objs, allocs, reason)
+	}
+	svcCh := diff(tr.objs.Services, objs.Services)
+	for _, c := range svcCh {
+		if reason := tr.serviceNeedsFull(c); reason != "" {
+			return tr.full(objs, allocs, reason)
+		}
+	}
+	sliceCh := diff(tr.objs.EndpointSlices, objs.EndpointSlices)
+	podCh := diff(tr.objs.Pods, objs.Pods)
+
+	t, x := tr.t, &tr.t.idx
+	t.objs, tr.objs = objs, objs
+	dirtySvc, dirtyPods, dirtySlices := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	markSlicePods := func(es *discoveryv1.EndpointSlice) {
+		for _, p := range slicePods(es) {
+			if _, ok := x.pods[es.Namespace+"/"+p]; ok {
+				dirtyPods[es.Namespace+"/"+p] = true
+			}
+		}
+	}
+	// Index first, then decide what to redo against the new indexes.
+	for _, c := range svcCh {
+		if c.old != nil {
+			x.removeService(c.old, t.serviceHostname(c.old))
+		}
+		if c.new != nil {
+			x.addService(c.new, t.serviceHostname(c.new))
+		}
+	}
+	for _, c := range sliceCh {
+		if c.old != nil {
+			x.removeSlice(c.old)
+			delete(tr.sliceObj, key(c.old))
+		}
+		if c.new != nil {
+			x.addSlice(c.new)
+			tr.sliceObj[key(c.new)] = c.new
+		}
+		dirtySlices[key(c.either())] = true
+	}
+	for _, c := range podCh {
+		if c.old != nil {
+			x.removePod(c.old)
+		}
+		if c.new != nil {
+			x.addPod(c.new)
+		}
+	}
+	for _, c := range svcCh {
+		s := c.either()
+		dirtySvc[key(s)] = true
+		for _, p := range x.podsByNs[s.Namespace] {
+			if c.old != nil && selects(c.old.Spec.Selector, p.Labels) || c.new != nil && selects(c.new.Spec.Selector, p.Labels) {
+				dirtyPods[key(p)] = true
+			}
+		}
+		for k, es := range x.slicesBySvc[s.Namespace+"/"+s.Name] {
+			dirtySlices[k] = true
+			markSlicePods(es)
+		}
+	}
+	for _, c := range sliceCh {
+		if c.old != nil {
+			markSlicePods(c.old)
+		}
+		if c.new != nil {
+			markSlicePods(c.new)
+		}
+	}
+	ch := &Changes{Addresses: map[string]*workloadapi.Address{}}
+	for _, c := range podCh {
+		p := c.either()
+		dirtyPods[key(p)] = true
+		if c.old == nil || c.new == nil { // appeared or vanished: slices naming it
+			for k := range x.podRefs[key(p)] {
+				dirtySlices[k] = true
+			}
+		}
+		ch.PodChanges = append(ch.PodChanges, PodChange{Old: c.old, New: c.new})
+	}
+
+	e := resmap.Edit(tr.addrs)
+	warnsChanged := false
+	redo := func(units map[string]*unit, k string, f func()) {
+		var u *unit
+		if f != nil {
+			u = tr.unit(f)
+		}
+		warnsChanged = tr.replace(e, ch, units[k], u) || warnsChanged
+		if u == nil {
+			delete(units, k)
+		} else {
+			units[k] = u
+		}
+	}
+	for k := range dirtySvc {
+		var f func()
+		if s := x.svcByName[k]; s != nil {
+			f = func() { t.translateService(s) }
+		}
+		redo(tr.services, k, f)
+		ch.Services++
+	}
+	for k := range dirtyPods {
+		var f func()
+		if p := x.pods[k]; p != nil {
+			f = func() { t.translatePod(p) }
+		}
+		redo(tr.pods, k, f)
+		ch.Pods++
+	}
+	for k := range dirtySlices {
+		var f func()
+		if es := tr.sliceObj[k]; es != nil {
+			f = func() { t.translateEndpointSlice(es) }
+		}
+		redo(tr.slices, k, f)
+		ch.EndpointSlices++
+	}
+	tr.addrs = e.Done()
+	if warnsChanged {
+		tr.sortWarnings()
+	}
+	res := *tr.res
+	res.Addresses, res.Warnings = tr.addrs, tr.warnings
+	tr.res = &res
+	sort.Strings(ch.Removed)
+	return tr.res, ch
+}
+
+// replace swaps unit old for new in the aggregate and records the change;
+// it reports whether the set of warnings changed.
+func (tr *Translator) replace(e *resmap.Editor[*workloadapi.Address], ch *Changes, old, new *unit) bool {
+	changed := false
+	if new != nil {
+		for i, k := range new.keys {
+			e.Set(k, new.addrs[i])
+			if !ch.Full {
+				ch.Addresses[k] = new.addrs[i]
+			}
+		}
+		for _, w := range new.warns {
+			tr.warnCount[w]++
+			changed = changed || tr.warnCount[w] == 1
+		}
+	}
+	if old != nil {
+		for _, k := range old.keys {
+			if new == nil || !slices.Contains(new.keys, k) {
+				e.Delete(k)
+				if !ch.Full {
+					ch.Removed = append(ch.Removed, k)
+				}
+			}
+		}
+		for _, w := range old.warns {
+			if tr.warnCount[w]--; tr.warnCount[w] <= 0 {
+				delete(tr.warnCount, w)
+				changed = true
+			}
+		}
+	}
+	return changed
+}
+
+// unit runs one object's translation into the scratch sinks and returns
+// what it produced (nil: nothing).
+func (tr *Translator) unit(f func()) *unit {
+	t := tr.t
+	clear(tr.scratchA)
+	clear(tr.scratchW)
+	t.addresses, t.warnings = tr.scratchA, tr.scratchW
+	f()
+	if len(tr.scratchA) == 0 && len(tr.scratchW) == 0 {
+		return nil
+	}
+	u := &unit{keys: make([]string, 0, len(tr.scratchA)), addrs: make([]*workloadapi.Address, 0, len(tr.scratchA))}
+	for k, a := range tr.scratchA {
+		u.keys = append(u.keys, k)
+		u.addrs = append(u.addrs, a)
+	}
+	for w := range tr.scratchW {
+		u.warns = append(u.warns, w)
+	}
+	return u
+}
+
+// full re-translates everything.
+func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations, reason string) (*Result, *Changes) {
+	t := newTranslator(tr.cfg, objs, allocs)
+	tr.t, tr.objs, tr.allocs = t, objs, allocs.List()
+	tr.services, tr.pods, tr.slices = map[string]*unit{}, make(map[string]*unit, len(objs.Pods)), map[string]*unit{}
+	tr.sliceObj = make(map[string]*discoveryv1.EndpointSlice, len(objs.EndpointSlices))
+	tr.warnCount = map[string]int{}
+	tr.targetRefPolicies = false
+	for _, ap := range objs.AuthorizationPolicies {
+		if ap.Spec.TargetRef != nil || len(ap.Spec.TargetRefs) > 0 {
+			tr.targetRefPolicies = true
+		}
+	}
+
+	t.buildIndex()
+	ch := &Changes{Full: true, Reason: reason}
+	tr.global = tr.unit(func() {
+		t.translateWaypoints()
+		t.translateAuthorizationPolicies()
+		t.translatePeerAuthentications()
+		t.indexPolicies()
+		t.translateServiceEntries()
+		t.translateExternalNames()
+		t.translateWorkloadEntries()
+		t.translateServiceEntryEndpoints()
+	})
+	e := resmap.Edit[*workloadapi.Address](nil)
+	tr.replace(e, ch, nil, tr.global)
+	for _, s := range objs.Services {
+		if s.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
+		}
+		if u := tr.unit(func() { t.translateService(s) }); u != nil {
+			tr.services[key(s)] = u
+			tr.replace(e, ch, nil, u)
+		}
+		ch.Services++
+	}
+	for _, p := range objs.Pods {
+		if u := tr.unit(func() { t.translatePod(p) }); u != nil {
+			tr.pods[key(p)] = u
+			tr.replace(e, ch, nil, u)
+		}
+		ch.Pods++
+	}
+	for _, es := range objs.EndpointSlices {
+		tr.sliceObj[key(es)] = es
+		if u := tr.unit(func() { t.translateEndpointSlice(es) }); u != nil {
+			tr.slices[key(es)] = u
+			tr.replace(e, ch, nil, u)
+		}
+		ch.EndpointSlices++
+	}
+	tr.addrs = e.Done()
+	tr.sortWarnings()
+	tr.res = t.result(tr.addrs, tr.warnings)
+	return tr.res, ch
+}
+
+func (tr *Translator) sortWarnings() {
+	w := make([]string, 0, len(tr.warnCount))
+	for k := range tr.warnCount {
+		w = append(w, k)
+	}
+	sort.Strings(w)
+	if len(w) == 0 {
+		w = nil
+	}
+	tr.warnings = w
+}
+
+// globalChange names the first kind (or the allocations) that changed and
+// is translated only as a whole; "" when none did.
+func (tr *Translator) globalChange(objs *cluster.Objects, allocs *autoalloc.Allocations) string {
+	o := tr.objs
+	switch {
+	case changed(o.Namespaces, objs.Namespaces):
+		return "Namespace changed"
+	case changed(o.ServiceEntries, objs.ServiceEntries):
+		return "ServiceEntry changed"
+	case changed(o.WorkloadEntries, objs.WorkloadEntries):
+		return "WorkloadEntry changed"
+	case changed(o.AuthorizationPolicies, objs.AuthorizationPolicies):
+		return "AuthorizationPolicy changed"
+	case changed(o.PeerAuthentications, objs.PeerAuthentications):
+		return "PeerAuthentication changed"
+	case changed(o.Gateways, objs.Gateways):
+		return "Gateway changed"
+	case changed(o.GatewayClasses, objs.GatewayClasses):
+		return "GatewayClass changed"
+	case !slices.Equal(tr.allocs, allocs.List()):
+		return "ServiceEntry allocations changed"
+	}
+	return ""
+}
+
+// serviceNeedsFull says why a Service change cannot be applied to its unit
+// and the units that read it alone ("" when it can).
+func (tr *Translator) serviceNeedsFull(c objChange[*corev1.Service]) string {
+	x := &tr.t.idx
+	for _, s := range []*corev1.Service{c.old, c.new} {
+		if s == nil {
+			continue
+		}
+		host := tr.t.serviceHostname(s)
+		switch {
+		case s.Spec.Type == corev1.ServiceTypeExternalName:
+			return "ExternalName Service changed"
+		case x.seHosts[s.Namespace+"/"+host] || x.aliasTargets[host]:
+			return "Service hostname shared with a ServiceEntry or alias changed"
+		case x.wePerNs[s.Namespace] > 0:
+			return "Service in a namespace with WorkloadEntries changed"
+		case tr.targetRefPolicies && (c.old == nil || c.new == nil):
+			return "Service added or removed while policies have targetRefs"
+		}
+	}
+	return ""
+}
+
+// object is what diffing needs of a Kubernetes object.
+type object interface {
+	comparable
+	GetNamespace() string
+	GetName() string
+	GetResourceVersion() string
+	GetUID() types.UID
+}
+
+func key[T object](o T) string { return o.GetNamespace() + "/" + o.GetName() }
+
+// same: the same object pointer, or the same object at the same
+// resourceVersion (a Source that re-reads objects).
+func same[T object](a, b T) bool {
+	if a == b {
+		return true
+	}
+	rv := a.GetResourceVersion()
+	return rv != "" && rv == b.GetResourceVersion() && a.GetUID() == b.GetUID()
+}
+
+type objChange[T object] struct{ old, new T }
+
+func (c objChange[T]) either() T {
+	var zero T
+	if c.new != zero {
+		return c.new
+	}
+	return c.old
+}
+
+func less[T object](a, b T) int {
+	if a.GetNamespace() != b.GetNamespace() {
+		if a.GetNamespace() < b.GetNamespace() {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.GetName() < b.GetName():
+		return -1
+	case a.GetName() > b.GetName():
+		return 1
+	}
+	return 0
+}
+
+// diff merges two sorted slices: objects added, removed or changed. Equal
+// pointers are skipped without comparing names, so an unchanged set of 50k
+// pods costs 50k pointer compares.
+func diff[T object](a, b []T) []objChange[T] {
+	var out []objChange[T]
+	var zero T
+	i, j := 0, 0
+	for i < len(a) && j < len(b) {
+		if a[i] == b[j] {
+			i++
+			j++
+			continue
+		}
+		switch c := less(a[i], b[j]); {
+		case c == 0:
+			if !same(a[i], b[j]) {
+				out = append(out, objChange[T]{a[i], b[j]})
+			}
+			i++
+			j++
+		case c < 0:
+			out = append(out, objChange[T]{a[i], zero})
+			i++
+		default:
+			out = append(out, objChange[T]{zero, b[j]})
+			j++
+		}
+	}
+	for ; i < len(a); i++ {
+		out = append(out, objChange[T]{a[i], zero})
+	}
+	for ; j < len(b); j++ {
+		out = append(out, objChange[T]{zero, b[j]})
+	}
+	return out
+}
+
+// changed reports whether two sorted slices differ.
+func changed[T object](a, b []T) bool {
+	if len(a) != len(b) {
+		return true
+	}
+	for i := range a {
+		if !same(a[i], b[i]) {
+			return true
+		}
+	}
+	return false
+}

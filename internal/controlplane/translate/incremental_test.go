@@ -1,0 +1,252 @@
+package translate
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate/synth"
+)
+
+// mutate returns a copy of objs with one random change to a pod, Service
+// or EndpointSlice (changed, removed, or re-added from the original set),
+// sometimes to another kind, sorted as a Source publishes.
+func mutate(r *rand.Rand, objs, orig *cluster.Objects) *cluster.Objects {
+	next := *objs
+	labelValues := []string{"a", "b", "web", "db", "svc-1", "none", "ambient"}
+	pick := func(n int) int { return r.IntN(n) }
+	switch pick(10) {
+	case 0, 1, 2, 3: // pod
+		next.Pods = clone(objs.Pods)
+		if len(next.Pods) == 0 || pick(6) == 0 {
+			if len(orig.Pods) > 0 {
+				p := orig.Pods[pick(len(orig.Pods))].DeepCopy()
+				p.Name += fmt.Sprintf("-x%d", pick(3))
+				next.Pods = dedupeByKey(append(next.Pods, p))
+			}
+			break
+		}
+		i := pick(len(next.Pods))
+		if pick(5) == 0 {
+			next.Pods = append(next.Pods[:i], next.Pods[i+1:]...)
+			break
+		}
+		p := next.Pods[i].DeepCopy()
+		if p.Labels == nil {
+			p.Labels = map[string]string{}
+		}
+		switch pick(4) {
+		case 0:
+			p.Labels["app"] = labelValues[pick(len(labelValues))]
+		case 1:
+			p.Labels["istio.io/dataplane-mode"] = labelValues[pick(len(labelValues))]
+		case 2:
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+		default:
+			p.Status.PodIP, p.Status.PodIPs = "", nil
+		}
+		next.Pods[i] = p
+	case 4, 5: // service
+		next.Services = clone(objs.Services)
+		if len(next.Services) == 0 || pick(5) == 0 {
+			if len(orig.Services) > 0 {
+				next.Services = append(next.Services, orig.Services[pick(len(orig.Services))])
+				next.Services = dedupeByKey(next.Services)
+			}
+			break
+		}
+		i := pick(len(next.Services))
+		if pick(4) == 0 {
+			next.Services = append(next.Services[:i], next.Services[i+1:]...)
+			break
+		}
+		s := next.Services[i].DeepCopy()
+		if len(s.Spec.Selector) > 0 && pick(3) == 0 {
+			s.Spec.Selector = nil
+		} else {
+			s.Spec.Selector = map[string]string{"app": labelValues[pick(len(labelValues))]}
+		}
+		next.Services[i] = s
+	case 6, 7: // slice
+		next.EndpointSlices = clone(objs.EndpointSlices)
+		if len(next.EndpointSlices) == 0 || pick(5) == 0 {
+			if len(orig.EndpointSlices) > 0 {
+				next.EndpointSlices = append(next.EndpointSlices, orig.EndpointSlices[pick(len(orig.EndpointSlices))])
+				next.EndpointSlices = dedupeByKey(next.EndpointSlices)
+			}
+			break
+		}
+		i := pick(len(next.EndpointSlices))
+		if pick(4) == 0 {
+			next.EndpointSlices = append(next.EndpointSlices[:i], next.EndpointSlices[i+1:]...)
+			break
+		}
+		es := next.EndpointSlices[i].DeepCopy()
+		if len(es.Endpoints) > 0 {
+			e := &es.Endpoints[pick(len(es.Endpoints))]
+			if len(objs.Pods) > 0 && pick(2) == 0 {
+				p := objs.Pods[pick(len(objs.Pods))]
+				e.TargetRef = &corev1.ObjectReference{Kind: "Pod", Name: p.Name}
+			} else {
+				e.TargetRef = nil
+			}
+		} else {
+			ready := true
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.9.9.9"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+		}
+		next.EndpointSlices[i] = es
+	case 8: // a namespace label (global)
+		next.Namespaces = clone(objs.Namespaces)
+		if len(next.Namespaces) > 0 {
+			i := pick(len(next.Namespaces))
+			n := next.Namespaces[i].DeepCopy()
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels["istio.io/dataplane-mode"] = labelValues[pick(len(labelValues))]
+			next.Namespaces[i] = n
+		}
+	default: // nothing changed: a Source may publish an identical set
+	}
+	next.Sort()
+	return &next
+}
+
+func dedupeByKey[T object](s []T) []T {
+	seen := map[string]bool{}
+	out := s[:0]
+	for _, o := range s {
+		if !seen[key(o)] {
+			seen[key(o)] = true
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// TestIncrementalEqualsFull: after every random change, Update gives
+// exactly what a fresh Translate of the same set gives.
+func TestIncrementalEqualsFull(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.yaml")
+	type input struct {
+		name string
+		objs *cluster.Objects
+	}
+	var inputs []input
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
+		inputs = append(inputs, input{name, loadObjects(t, f)})
+	}
+	inputs = append(inputs, input{"synth", synth.Build(synth.Spec{Pods: 300, Namespaces: 7, Nodes: 5, PodsPerService: 4, AmbientEvery: 3})})
+	for _, in := range inputs {
+		t.Run(in.name, func(t *testing.T) {
+			cfg := LocalDefaults()
+			if f := configFor[in.name]; f != nil {
+				f(&cfg)
+			}
+			al, err := autoalloc.New(autoalloc.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			allocs, err := al.Allocate(in.objs.ServiceEntries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := NewTranslator(cfg)
+			r := rand.New(rand.NewPCG(7, uint64(len(in.name))))
+			objs := in.objs
+			incremental := 0
+			for step := 0; step < 150; step++ {
+				res, ch := tr.Update(objs, allocs)
+				if !ch.Full {
+					incremental++
+				}
+				got, want := goldenJSON(t, res), goldenJSON(t, Translate(cfg, objs, allocs))
+				if !bytes.Equal(got, want) {
+					t.Fatalf("step %d (full=%v %s): incremental result differs from a full translation:\n%s\nwant:\n%s", step, ch.Full, ch.Reason, got, want)
+				}
+				objs = mutate(r, objs, in.objs)
+			}
+			if incremental < 75 {
+				t.Errorf("only %d of 150 updates were incremental", incremental)
+			}
+		})
+	}
+}
+
+// TestPodChangeTouchesOneWorkload: at 50k pods, one pod change translates
+// exactly that pod's workload and no Service or EndpointSlice, and pushes
+// one resource.
+func TestPodChangeTouchesOneWorkload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("50k pods")
+	}
+	s := synth.Default(50_000)
+	objs := synth.Build(s)
+	tr := NewTranslator(LocalDefaults())
+	res, ch := tr.Update(objs, nil)
+	if !ch.Full || ch.Pods != 50_000 || ch.Services != 5_000 {
+		t.Fatalf("first update: full=%v pods=%d services=%d", ch.Full, ch.Pods, ch.Services)
+	}
+	if n := res.Addresses.Len(); n != 55_000 {
+		t.Fatalf("%d addresses, want 50k workloads + 5k services", n)
+	}
+	for i, idx := range []int{0, 12_345, 49_999} {
+		gen := 2*i + 1 // odd: not ready
+		next := synth.WithPod(objs, s, idx, gen)
+		res, ch = tr.Update(next, nil)
+		if ch.Full {
+			t.Fatalf("pod change gave a full translation: %s", ch.Reason)
+		}
+		if ch.Pods != 1 || ch.Services != 0 || ch.EndpointSlices != 0 {
+			t.Errorf("pod change translated %d pods, %d services, %d slices; want 1, 0, 0", ch.Pods, ch.Services, ch.EndpointSlices)
+		}
+		p := synth.Pod(s, idx, gen)
+		uid := "Kubernetes//Pod/" + p.Namespace + "/" + p.Name
+		if len(ch.Addresses) != 1 || ch.Addresses[uid] == nil || len(ch.Removed) != 0 {
+			t.Errorf("changes: %d addresses (want only %s), removed %v", len(ch.Addresses), uid, ch.Removed)
+		}
+		if w := ch.Addresses[uid].GetWorkload(); w == nil || len(w.Services) != 1 || w.Status.String() != "UNHEALTHY" {
+			t.Errorf("changed workload = %v, want one service and UNHEALTHY (gen 1 is not ready)", w)
+		}
+		objs = next
+	}
+	if n := res.Addresses.Len(); n != 55_000 {
+		t.Errorf("%d addresses after changes, want 55000", n)
+	}
+	// A Service's selector change redoes that Service and the pods it
+	// selected or selects, nothing else.
+	next := *objs
+	next.Services = clone(objs.Services)
+	svc := next.Services[0].DeepCopy()
+	svc.Spec.Selector = map[string]string{"app": "nothing-has-this"}
+	next.Services[0] = svc
+	_, ch = tr.Update(&next, nil)
+	if ch.Full || ch.Services != 1 || ch.Pods != s.PodsPerService || ch.EndpointSlices != 1 {
+		t.Errorf("selector change: full=%v (%s), %d services, %d pods, %d slices; want 1, %d, 1",
+			ch.Full, ch.Reason, ch.Services, ch.Pods, ch.EndpointSlices, s.PodsPerService)
+	}
+}
+
+// TestSelectorPolicyIndexMatchesScan: the namespace-indexed lookup gives
+// what policiesFor's scan gives.
+func TestSelectorPolicyIndexMatchesScan(t *testing.T) {
+	objs := loadObjects(t, "testdata/authz.yaml")
+	tr := NewTranslator(LocalDefaults())
+	tr.Update(objs, nil)
+	for _, p := range objs.Pods {
+		got := tr.t.selectorPoliciesFor(p.Namespace, p.Labels)
+		want := tr.t.policiesFor(p.Namespace, p.Labels)
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("pod %s/%s: indexed %v, scan %v", p.Namespace, p.Name, got, want)
+		}
+	}
+}

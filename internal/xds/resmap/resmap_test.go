@@ -1,0 +1,70 @@
+package resmap
+
+import (
+	"fmt"
+	"testing"
+)
+
+func TestEditLeavesOldUntouched(t *testing.T) {
+	e := Edit[int](nil)
+	for i := 0; i < 1000; i++ {
+		e.Set(fmt.Sprint("k", i), i)
+	}
+	old := e.Done()
+	e = Edit(old)
+	e.Set("k1", -1)
+	e.Set("new", 7)
+	e.Delete("k2")
+	e.Delete("absent")
+	next := e.Done()
+
+	if v, _ := old.Get("k1"); v != 1 {
+		t.Errorf("old k1 = %d, want 1", v)
+	}
+	if _, ok := old.Get("new"); ok {
+		t.Error("old sees the new key")
+	}
+	if _, ok := old.Get("k2"); !ok || old.Len() != 1000 {
+		t.Errorf("old lost k2 or changed length (%d)", old.Len())
+	}
+	if v, _ := next.Get("k1"); v != -1 {
+		t.Errorf("next k1 = %d, want -1", v)
+	}
+	if _, ok := next.Get("k2"); ok {
+		t.Error("next still has k2")
+	}
+	if next.Len() != 1000 {
+		t.Errorf("next len = %d, want 1000", next.Len())
+	}
+	n := 0
+	for range next.All() {
+		n++
+	}
+	if n != next.Len() {
+		t.Errorf("All yields %d, Len says %d", n, next.Len())
+	}
+	if ks := next.Keys(); len(ks) != 1000 || ks[0] != "k0" {
+		t.Errorf("Keys: %d, first %q", len(ks), ks[0])
+	}
+	var nilMap *Map[int]
+	if nilMap.Len() != 0 || len(nilMap.Keys()) != 0 {
+		t.Error("nil map is not empty")
+	}
+}
+
+// TestEditAllocs: one change to a large map clones one shard, not the map.
+func TestEditAllocs(t *testing.T) {
+	src := map[string]int{}
+	for i := 0; i < 50000; i++ {
+		src[fmt.Sprint("Kubernetes//Pod/ns/p", i)] = i
+	}
+	m := From(src)
+	allocs := testing.AllocsPerRun(20, func() {
+		e := Edit(m)
+		e.Set("Kubernetes//Pod/ns/p7", 1)
+		e.Done()
+	})
+	if allocs > 10 {
+		t.Errorf("one edit allocates %.0f times, want a handful (one shard clone)", allocs)
+	}
+}
