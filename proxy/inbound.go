@@ -80,7 +80,7 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 		upstream = netip.AddrPortFrom(arrival.Addr(), at.Port)
 	}
 	conn := rbac.Conn{SrcIP: src.Addr(), DstIP: upstream.Addr(), DstPort: upstream.Port(), SrcIdentity: req.Peer}
-	if err := authorize(snap, local, conn); err != nil {
+	if err := p.authorize(snap, local, conn); err != nil {
 		return refuse(401, err)
 	}
 	up, err := p.dialApp(ctx, src.Addr(), upstream)

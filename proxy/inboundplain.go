@@ -52,7 +52,7 @@ func (p *WorkloadProxy) servePlaintext(c net.Conn) {
 		return
 	}
 	conn := rbac.Conn{SrcIP: src.Addr(), DstIP: dst.Addr(), DstPort: dst.Port()}
-	if err = authorize(snap, local, conn); err != nil {
+	if err = p.authorize(snap, local, conn); err != nil {
 		return
 	}
 	up, derr := p.dialApp(p.ctx, src.Addr(), dst)

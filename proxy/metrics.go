@@ -28,6 +28,8 @@ type Metrics struct {
 	received *prometheus.CounterVec
 	failed   *prometheus.CounterVec
 	open     *prometheus.GaugeVec
+	// dryRun: see dryRunDecision (dryrun.go).
+	dryRun *prometheus.CounterVec
 
 	flushEvery time.Duration
 	live       liveSet
@@ -57,12 +59,13 @@ func NewMetrics(reg prometheus.Registerer, opts ...MetricsOption) *Metrics {
 		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "istio_tcp_sockets_open", Help: "Currently open TCP connections (unstable).",
 		}, []string{"reporter"}),
+		dryRun: newDryRunCounter(),
 	}
 	for _, o := range opts {
 		o(m)
 	}
 	if reg != nil {
-		reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.failed, m.open)
+		reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.failed, m.open, m.dryRun)
 	}
 	return m
 }

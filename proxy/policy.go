@@ -20,9 +20,23 @@ var errRevoked = errors.New("authorization policy changed: connection no longer 
 var errWorkloadGone = errors.New("the pod's workload left the control plane's snapshot; no policy applies")
 
 // authorize evaluates conn against the policies of the local workload in
-// snap and returns a ReasonPolicyDenied error naming the decision.
-func authorize(snap *state.Snapshot, local *state.Workload, conn rbac.Conn) error {
+// snap and returns a ReasonPolicyDenied error naming the decision. What the
+// dry-run and audit policies would have done is logged and counted, never
+// enforced.
+func (p *WorkloadProxy) authorize(snap *state.Snapshot, local *state.Workload, conn rbac.Conn) error {
 	d := rbac.Evaluate(snap.PoliciesFor(local), conn)
+	if v, ok := d.DryRun(); ok {
+		p.log.Info("proxy: dry-run policy evaluated, not enforced",
+			zap.String("policy", v.Policy), zap.String("would", verdict(v.Allowed)), zap.Bool("differs", v.Differs),
+			zap.String("enforced", verdict(d.Allowed)), zap.Stringer("src", conn.SrcIP), zap.Uint16("dst_port", conn.DstPort),
+			zap.Stringer("src_identity", conn.SrcIdentity))
+		p.d.Metrics.dryRunDecision(v.Policy, verdict(v.Allowed))
+	}
+	if d.Audited != "" {
+		p.log.Info("proxy: audit policy matched", zap.String("policy", d.Audited), zap.String("enforced", verdict(d.Allowed)),
+			zap.Stringer("src", conn.SrcIP), zap.Uint16("dst_port", conn.DstPort), zap.Stringer("src_identity", conn.SrcIdentity))
+		p.d.Metrics.dryRunDecision(d.Audited, "audit")
+	}
 	if d.Allowed {
 		return nil
 	}

@@ -1,0 +1,28 @@
+package proxy
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// newDryRunCounter counts what dry-run and audit AuthorizationPolicies
+// would have decided (rbac.Decision.DryRun, Decision.Audited), by policy
+// ("ns/name") and decision: allow, deny, or audit (an audit policy matched).
+// They are never enforced.
+func newDryRunCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ztunnel_dry_run_policy_decisions_total",
+		Help: "Inbound connections a dry-run or audit AuthorizationPolicy was evaluated for, by policy and what it would have decided (allow, deny; audit: it matched). Never enforced.",
+	}, []string{"policy", "decision"})
+}
+
+// dryRunDecision counts one verdict; m may be nil (no metrics).
+func (m *Metrics) dryRunDecision(policy, decision string) {
+	if m != nil {
+		m.dryRun.WithLabelValues(policy, decision).Inc()
+	}
+}
+
+func verdict(allowed bool) string {
+	if allowed {
+		return "allow"
+	}
+	return "deny"
+}
