@@ -3,18 +3,25 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/cni/agent"
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // Issue 12's fail-closed tests of the capture side (items 1, 2, 3, 6):
@@ -154,4 +161,200 @@ func dialOnce(ns interface {
 		return "error: " + err.Error()
 	}
 	return strings.TrimSpace(line)
+}
+
+// TestFailClosedNetnsByUID: a tenant pod with NET_ADMIN puts two victims'
+// IPs on its own lo, then the victims' namespace is labelled ambient. The
+// victims never went through the plugin (no CNI ADD hint), so the agent
+// must find their namespaces the way the runtime knows them: through the
+// cgroup (kubelet's naming: systemd "…-pod<uid_>.slice" and cgroupfs
+// "pod<uid>") of the processes in them. The attacker's namespace must get
+// no rules and never reach the node proxy; each victim gets its rules in
+// its own namespace; a pod with no process to prove its namespace is not
+// enrolled and is reported failed with an error.
+func TestFailClosedNetnsByUID(t *testing.T) {
+	c := newCaptureCluster(t, "")
+	cg := newFakeKubepods(t)
+	ctx := ctxT(t, 90*time.Second)
+	if err := c.AddNamespace("apps", nil); err != nil {
+		t.Fatal(err)
+	}
+	srv := c.addPod(testcluster.PodSpec{Name: "srv"})
+	// Uncaptured: sandboxes made without our plugin, so the agent has no
+	// CNI ADD record of them. The attacker comes first, so a scan by
+	// namespace name or PID meets it first.
+	attacker := c.addPod(testcluster.PodSpec{Name: "attacker", Namespace: "evil", Uncaptured: true})
+	victim := c.addPod(testcluster.PodSpec{Name: "victim", Namespace: "apps", Uncaptured: true})
+	victim2 := c.addPod(testcluster.PodSpec{Name: "victim2", Namespace: "apps", Uncaptured: true})
+	orphan := c.addPod(testcluster.PodSpec{Name: "orphan", Namespace: "apps", Uncaptured: true})
+	for _, v := range []*testcluster.Pod{victim, victim2, orphan} {
+		if out, err := attacker.Exec(ctx, "ip", "addr", "add", v.IP.String()+"/32", "dev", "lo"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	cg.container(t, attacker, true)
+	cg.container(t, victim, true)
+	cg.container(t, victim2, false)
+
+	c.startAgent()
+	px := startStandIn(t, c.zdsSocket())
+	px.wait("snapshot 0")
+	if err := c.AddNamespace("apps", ambientNS); err != nil {
+		t.Fatal(err)
+	}
+	px.wait("add victim", "add victim2")
+	testkit.Eventually(t, waitTimeout, "orphan reported failed", func() bool { return c.podStatus()["orphan"].State == agent.StateFailed })
+
+	attackerNS, _ := attacker.Handle()
+	px.mu.Lock()
+	for uid, p := range px.pods {
+		if p.ns.ID() == attackerNS.ID() {
+			t.Errorf("the node proxy was handed the attacker's namespace for %s", px.names[uid])
+		}
+	}
+	for _, v := range []*testcluster.Pod{victim, victim2} {
+		h, _ := v.Handle()
+		if p := px.pods[v.UID]; p == nil || p.ns.ID() != h.ID() {
+			t.Errorf("the node proxy has no or the wrong namespace for %s", v.Name)
+		}
+	}
+	if px.pods[orphan.UID] != nil {
+		t.Error("the orphan pod was handed to the node proxy")
+	}
+	px.mu.Unlock()
+
+	if rs := nat(t, attacker); strings.Contains(rs, "ISTIO") {
+		t.Errorf("the attacker's namespace got capture rules:\n%s", rs)
+	}
+	if rs := nat(t, orphan); strings.Contains(rs, "ISTIO") {
+		t.Errorf("the unproven pod got capture rules:\n%s", rs)
+	}
+	dst := netip.AddrPortFrom(srv.IP, appPort)
+	for _, v := range []*testcluster.Pod{victim, victim2} {
+		if got := exchange(t, v, "tcp", dst); got != proxied(rules.PortOutbound, dst) {
+			t.Errorf("%s → srv: %q, want it through the proxy", v.Name, got)
+		}
+	}
+	if got := exchange(t, attacker, "tcp", dst); got != direct("srv", appPort) {
+		t.Errorf("attacker → srv: %q, want it untouched", got)
+	}
+	st := c.podStatus()
+	for _, v := range []*testcluster.Pod{victim, victim2} {
+		if s := st[v.Name]; s.State != agent.StateEnabled || s.Via != "watch" {
+			t.Errorf("status of %s: %+v, want enabled via watch", v.Name, s)
+		}
+	}
+	if s := st["orphan"]; s.State != agent.StateFailed || !strings.Contains(s.Error, "network namespace") {
+		t.Errorf("status of the orphan: %+v, want failed with an error about its network namespace", s)
+	}
+	if _, ok := st["attacker"]; ok {
+		t.Errorf("status for the attacker: %+v", st["attacker"])
+	}
+}
+
+// fakeKubepods is a cgroup v2 tree named like kubelet's, under a directory
+// of the test's own (/sys/fs/cgroup[/unified]/zt-<test>), holding the
+// "containers" of the test's pods: processes started in the pod's network
+// namespace and moved into the pod's cgroup.
+type fakeKubepods struct {
+	root  string
+	procs []*testcluster.Proc
+}
+
+func newFakeKubepods(t *testing.T) *fakeKubepods {
+	t.Helper()
+	mnt, err := cgroup2Mount()
+	if err != nil {
+		t.Skipf("no cgroup v2 hierarchy: %v", err)
+	}
+	k := &fakeKubepods{root: filepath.Join(mnt, "zt-"+strings.ReplaceAll(t.Name(), "/", "_"))}
+	removeCgroupTree(k.root) // leftovers of an aborted run
+	if err := os.MkdirAll(k.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range k.procs {
+			p.Stop()
+		}
+		if err := removeCgroupTree(k.root); err != nil {
+			t.Errorf("removing %s: %v", k.root, err)
+		}
+	})
+	return k
+}
+
+// container starts a process in p's namespace inside p's pod cgroup, in
+// kubelet's systemd form (…/kubepods-burstable-pod<uid with _>.slice/
+// cri-containerd-<id>.scope) or its cgroupfs form
+// (…/kubepods/besteffort/pod<uid>/<id>).
+func (k *fakeKubepods) container(t *testing.T, p *testcluster.Pod, systemd bool) {
+	t.Helper()
+	id := strings.ReplaceAll(p.UID, "-", "")
+	dir := filepath.Join(k.root, "kubepods", "besteffort", "pod"+p.UID, id)
+	if systemd {
+		u := strings.ReplaceAll(p.UID, "-", "_")
+		dir = filepath.Join(k.root, "kubepods.slice", "kubepods-burstable.slice", "kubepods-burstable-pod"+u+".slice", "cri-containerd-"+id+".scope")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := p.Start(testcluster.Process{Name: "container-" + p.Name, Path: "/bin/sleep", Args: []string{"3600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.procs = append(k.procs, proc)
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(proc.PID())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cgroup2Mount is where the cgroup v2 hierarchy is mounted.
+func cgroup2Mount() (string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		_, post, ok := strings.Cut(line, " - ")
+		if f := strings.Fields(line); ok && len(f) > 4 && strings.HasPrefix(post, "cgroup2 ") {
+			return f[4], nil
+		}
+	}
+	return "", errors.New("no cgroup2 mount in /proc/self/mountinfo")
+}
+
+// removeCgroupTree kills what runs under dir and removes it, deepest first.
+func removeCgroupTree(dir string) error {
+	var dirs []string
+	filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	slices.Reverse(dirs)
+	var errs []error
+	for _, d := range dirs {
+		if data, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+			for f := range strings.FieldsSeq(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					if proc, err := os.FindProcess(pid); err == nil {
+						proc.Kill()
+					}
+				}
+			}
+		}
+		var err error
+		for range 50 {
+			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

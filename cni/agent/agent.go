@@ -95,7 +95,9 @@ type Config struct {
 	// command and rules.HostProbe in the agent's own network namespace).
 	Host Host
 	// FindNetns locates the network namespace of a running pod that was
-	// never seen in a CNI ADD. nil means ScanNetns.
+	// never captured in a CNI ADD; hint is the sandbox path a CNI ADD of
+	// the pod reported, "" if none. nil means FindPodNetns (by the pod's
+	// cgroup or the hint, never by IP alone).
 	FindNetns func(ctx context.Context, pod *corev1.Pod, hint string) (string, *netns.Handle, error)
 	// Status receives every status change. nil means LogStatus (the log
 	// lines of local mode).
@@ -117,8 +119,8 @@ type Agent struct {
 	opMu sync.Mutex
 
 	mu      sync.Mutex
-	pods    map[string]*podRec // by UID
-	learned map[string]string  // pod UID → netns path from CNI ADDs
+	pods    map[string]*podRec      // by UID
+	learned map[string]learnedNetns // pod UID → sandbox netns path from CNI ADDs
 	ready   bool
 }
 
@@ -163,7 +165,7 @@ func New(cfg Config) (*Agent, error) {
 	if err := cfg.Defaults.Validate(); err != nil {
 		return nil, fmt.Errorf("agent: default pod settings: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log, pods: map[string]*podRec{}, learned: map[string]string{}}
+	a := &Agent{cfg: cfg, log: cfg.Log, pods: map[string]*podRec{}, learned: map[string]learnedNetns{}}
 	self, err := netns.Current()
 	if err != nil {
 		return nil, fmt.Errorf("agent: own network namespace: %w", err)
@@ -172,7 +174,7 @@ func New(cfg Config) (*Agent, error) {
 	self.Close()
 	if cfg.FindNetns == nil {
 		a.cfg.FindNetns = func(ctx context.Context, pod *corev1.Pod, hint string) (string, *netns.Handle, error) {
-			return ScanNetns(ctx, podIPs(pod), hint, a.self)
+			return FindPodNetns(ctx, NetnsQuery{UID: string(pod.UID), IPs: podIPs(pod), Hint: hint, Self: a.self})
 		}
 	}
 	srv, err := zds.Listen(zds.ServerConfig{Path: cfg.ZDSSocket, Snapshotter: a, Log: cfg.Log.Named("zds")})
@@ -307,6 +309,26 @@ func (a *Agent) closeHandles() {
 	for _, r := range a.pods {
 		r.closeNetns()
 	}
+}
+
+// learnedNetns is a sandbox path a CNI ADD reported for a pod UID.
+type learnedNetns struct {
+	path string
+	at   time.Time
+}
+
+// learnedGrace is how long a hint for a pod the source does not show is
+// kept (the ADD may come before the informer sees the pod).
+const learnedGrace = time.Minute
+
+// learn records the sandbox path a CNI ADD reported for uid.
+func (a *Agent) learn(uid, path string) {
+	if uid == "" || path == "" {
+		return
+	}
+	a.mu.Lock()
+	a.learned[uid] = learnedNetns{path: path, at: time.Now()}
+	a.mu.Unlock()
 }
 
 // podIPs returns the pod's IPs from its status.

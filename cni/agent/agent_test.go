@@ -29,7 +29,11 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
+
+// waitTimeout bounds every testkit.Eventually here; it guards against hangs.
+const waitTimeout = 10 * time.Second
 
 // selfNetns stands in for every pod's namespace: unit tests apply rules to
 // rules.Fake, so the namespace only has to be a real netns fd for ZDS.
@@ -207,7 +211,7 @@ func (e *env) start(cfg Config) {
 	e.a, e.cancel, e.done = a, cancel, make(chan error, 1)
 	go func() { e.done <- a.Run(ctx) }()
 	e.t.Cleanup(e.stop)
-	e.eventually("agent ready", a.Ready)
+	testkit.Eventually(e.t, waitTimeout, "agent ready", a.Ready)
 }
 
 func (e *env) stop() {
@@ -234,19 +238,8 @@ func (e *env) connect(nack string) *proxy {
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }()
 	e.t.Cleanup(func() { cancel(); <-done })
-	e.eventually("proxy connected", func() bool { return e.a.ZDS().Connected() > 0 })
+	testkit.Eventually(e.t, waitTimeout, "proxy connected", func() bool { return e.a.ZDS().Connected() > 0 })
 	return p
-}
-
-func (e *env) eventually(what string, cond func() bool) {
-	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func (e *env) status(uid string) (PodStatus, bool) {
@@ -385,7 +378,7 @@ func TestCNIAddWaitsForSource(t *testing.T) {
 		t.Fatalf("CNIAdd = %v, %v", ok, err)
 	}
 	e.src.set(ns("mesh", true)) // the pod goes away again
-	e.eventually("pod forgotten", func() bool { _, ok := e.status("uid-a"); return !ok })
+	testkit.Eventually(e.t, waitTimeout, "pod forgotten", func() bool { _, ok := e.status("uid-a"); return !ok })
 	// The pod's namespace went with the pod, so the agent does not touch
 	// it: the fake still holding the rules proves no Remove ran.
 	if !e.hasRules() {
@@ -406,14 +399,14 @@ func TestLabelLifecycle(t *testing.T) {
 
 	e.src.set(ns("apps", true), p)
 	px.want(t, "add uid-a apps/a sa=sa-a")
-	e.eventually("enabled", func() bool { st, _ := e.status("uid-a"); return st.State == StateEnabled && st.Via == viaWatch })
+	testkit.Eventually(e.t, waitTimeout, "enabled", func() bool { st, _ := e.status("uid-a"); return st.State == StateEnabled && st.Via == viaWatch })
 	if !e.applied(rules.PodSettings{DNSCapture: true}) || !e.host.has("10.0.0.7") {
 		t.Fatal("labelled namespace: rules or probe ipset entry missing")
 	}
 
 	e.src.set(ns("apps", false), p)
 	px.want(t, "del uid-a")
-	e.eventually("status cleared", func() bool { _, ok := e.status("uid-a"); return !ok })
+	testkit.Eventually(e.t, waitTimeout, "status cleared", func() bool { _, ok := e.status("uid-a"); return !ok })
 	if e.hasRules() || e.host.has("10.0.0.7") {
 		t.Fatal("unlabelled namespace: rules or probe ipset entry left")
 	}
@@ -421,12 +414,12 @@ func TestLabelLifecycle(t *testing.T) {
 
 func TestRunningPodNetnsNotFound(t *testing.T) {
 	e := newEnv(t)
-	e.findErr = ErrNetnsNotFound
+	e.findErr = ErrNetnsUnproven
 	e.src.set(ns("apps", true), pod("apps", "a", "10.0.0.7", true, nil))
 	e.start(e.config())
-	e.eventually("failed status", func() bool {
+	testkit.Eventually(e.t, waitTimeout, "failed status", func() bool {
 		st, _ := e.status("uid-a")
-		return st.State == StateFailed && strings.Contains(st.Error, ErrNetnsNotFound.Error())
+		return st.State == StateFailed && strings.Contains(st.Error, ErrNetnsUnproven.Error())
 	})
 	if e.hasRules() {
 		t.Fatal("rules without a netns")
@@ -538,7 +531,7 @@ func TestPluginServer(t *testing.T) {
 	if code, _ := post(plugin.PathLog, map[string]any{"level": "warn", "msg": "hello from the plugin", "pod": "a", "namespace": "mesh", "error": "boom"}); code != http.StatusNoContent {
 		t.Fatalf("POST %s = %d", plugin.PathLog, code)
 	}
-	e.eventually("plugin line", func() bool {
+	testkit.Eventually(e.t, waitTimeout, "plugin line", func() bool {
 		l := e.logs.FilterMessage("hello from the plugin").All()
 		return len(l) == 1 && l[0].ContextMap()["pod"] == "mesh/a" && l[0].ContextMap()["error"] == "boom" && l[0].Level == zap.WarnLevel
 	})

@@ -49,6 +49,7 @@ func ListenPlugin(path string, a *Agent, log *zap.Logger) (*PluginServer, error)
 	ln.(*net.UnixListener).SetUnlinkOnClose(true)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+plugin.PathAdd, a.handleAdd)
+	mux.HandleFunc("POST "+plugin.PathNetns, a.handleNetns)
 	mux.HandleFunc("POST "+plugin.PathLog, a.handleLog)
 	return &PluginServer{ln: ln, srv: &http.Server{
 		Handler:           mux,
@@ -113,6 +114,7 @@ func (a *Agent) CNIAdd(ctx context.Context, req plugin.AddRequest) (bool, error)
 		return false, err
 	}
 	if !ambient {
+		a.learn(req.PodUID, req.Netns)
 		log.Info("CNI ADD: pod is not ambient; not captured", zap.String("reason", why))
 		return false, nil
 	}
@@ -175,6 +177,25 @@ func (a *Agent) lookup(ctx context.Context, req plugin.AddRequest) (*corev1.Pod,
 		case <-t.C:
 		}
 	}
+}
+
+// handleNetns records the sandbox namespace of a pod the plugin did not
+// hand over (plugin.PathNetns): the runtime's own answer to "which
+// namespace is this pod's", used if the pod is enrolled later.
+func (a *Agent) handleNetns(w http.ResponseWriter, r *http.Request) {
+	var req plugin.AddRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxEventBody)).Decode(&req); err != nil {
+		http.Error(w, "agent: bad netns event: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if req.PodUID == "" || req.Netns == "" {
+		http.Error(w, "agent: netns event without pod UID or netns", http.StatusBadRequest)
+		return
+	}
+	a.learn(req.PodUID, req.Netns)
+	a.log.Debug("CNI ADD of a pod not captured: sandbox namespace recorded", zap.String("pod", req.PodNamespace+"/"+req.PodName),
+		zap.String("uid", req.PodUID), zap.String("netns", req.Netns))
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // handleLog re-logs one plugin log line with the pod it is about.

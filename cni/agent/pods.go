@@ -193,8 +193,8 @@ func (a *Agent) put(ctx context.Context, rec *podRec) {
 	a.mu.Lock()
 	old := a.pods[rec.uid]
 	a.pods[rec.uid] = rec
-	if rec.netnsPath != "" {
-		a.learned[rec.uid] = rec.netnsPath
+	if rec.netnsPath != "" && rec.via == viaCNI {
+		a.learned[rec.uid] = learnedNetns{path: rec.netnsPath, at: time.Now()}
 	}
 	a.mu.Unlock()
 	if old != nil && old != rec && old.ns != rec.ns {
@@ -328,8 +328,8 @@ func (a *Agent) sync(ctx context.Context, objs *cluster.Objects) {
 	for _, r := range a.pods {
 		recs = append(recs, r)
 	}
-	for uid := range a.learned {
-		if pods[uid] == nil {
+	for uid, l := range a.learned {
+		if pods[uid] == nil && time.Since(l.at) > learnedGrace {
 			delete(a.learned, uid) // the pod is gone
 		}
 	}
@@ -351,7 +351,7 @@ func (a *Agent) sync(ctx context.Context, objs *cluster.Objects) {
 	for uid, p := range pods {
 		a.mu.Lock()
 		rec := a.pods[uid]
-		hint := a.learned[uid]
+		hint := a.learned[uid].path
 		a.mu.Unlock()
 		if rec != nil && rec.ns != nil {
 			continue
@@ -366,7 +366,8 @@ func (a *Agent) sync(ctx context.Context, objs *cluster.Objects) {
 		path, ns, err := a.cfg.FindNetns(ctx, p, hint)
 		if err != nil {
 			if rec == nil || rec.err != err.Error() {
-				a.log.Warn("cannot enroll running pod: network namespace not found", zap.String("pod", p.Namespace+"/"+p.Name), zap.String("uid", uid), zap.Error(err))
+				a.log.Error("not enrolling running pod: its network namespace cannot be proven (it stays uncaptured; status failed)",
+					zap.String("pod", p.Namespace+"/"+p.Name), zap.String("uid", uid), zap.Error(err))
 				a.put(ctx, &podRec{uid: uid, namespace: p.Namespace, name: p.Name, info: workloadInfo(p), ips: ips,
 					state: StateFailed, err: err.Error(), via: viaWatch, since: time.Now()})
 			}

@@ -134,7 +134,9 @@ func (a *Agent) restore() int {
 		}
 		a.mu.Lock()
 		a.pods[rec.uid] = rec
-		a.learned[rec.uid] = rec.netnsPath
+		if sp.Via == viaCNI { // a sandbox path the runtime named, not a /proc one
+			a.learned[rec.uid] = learnedNetns{path: rec.netnsPath, at: time.Now()}
+		}
 		a.mu.Unlock()
 		log.Info("restored enrolled pod", zap.String("redirection", string(state)), zap.String("settings", settingsSummary(sp.Settings)))
 		n++

@@ -12,6 +12,12 @@ const (
 	// ADD. The agent answers 200 with an AddResponse once the pod is
 	// captured and its proxy acked; anything else fails the ADD.
 	PathAdd = "/cmdadd"
+	// PathNetns receives a POST of AddRequest for the CNI ADD of a pod the
+	// plugin did not hand over (not ambient): the agent remembers the
+	// sandbox's network namespace by pod UID, the runtime's own record of
+	// it, in case the pod is enrolled later by a relabel. Best effort, with
+	// a short timeout: the pod's ADD never waits for, or fails on, it.
+	PathNetns = "/netns"
 	// PathLog receives a POST per plugin log line, the body one LogEntry.
 	// Best effort: the plugin ignores the answer.
 	PathLog = "/log"

@@ -36,6 +36,9 @@ const (
 	AgentTimeout = 5 * time.Second
 	// logTimeout bounds each best-effort POST to PathLog.
 	logTimeout = 500 * time.Millisecond
+	// netnsTimeout bounds the best-effort POST to PathNetns of a pod that
+	// is not ambient (a missing agent refuses the connection at once).
+	netnsTimeout = 200 * time.Millisecond
 	// lookupAttempts × lookupInterval is how long an ADD waits for a pod
 	// the metadata source does not know yet.
 	lookupAttempts = 5
@@ -209,11 +212,14 @@ func (a *adder) add(ctx context.Context, conf *Config, prev types.Result, pa pod
 	if err != nil {
 		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
 	}
+	req, err := addRequest(prev, pa, netnsPath)
 	if !ambient {
 		a.log.Debug("pod not ambient; passing through", zap.String("reason", reason))
+		if err == nil && pa.UID != "" {
+			reportNetns(ctx, conf.AgentSocket, req)
+		}
 		return nil
 	}
-	req, err := addRequest(prev, pa, netnsPath)
 	if err != nil {
 		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 	}
@@ -298,6 +304,25 @@ func agentClient(socket string, timeout time.Duration) *http.Client {
 			},
 			DisableKeepAlives: true,
 		},
+	}
+}
+
+// reportNetns tells the agent, best effort, which sandbox namespace the
+// runtime made for a pod that is not ambient now (PathNetns).
+func reportNetns(ctx context.Context, socket string, req AddRequest) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, netnsTimeout)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://unix"+PathNetns, bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	if resp, err := agentClient(socket, netnsTimeout).Do(hreq); err == nil {
+		resp.Body.Close()
 	}
 }
 

@@ -14,6 +14,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -42,10 +43,17 @@ import (
 // AnnotationRedirection is the pod annotation istiod keys HBONE enrollment off.
 const AnnotationRedirection = "ambient.istio.io/redirection"
 
-// Annotation values.
+// AnnotationRedirectionError carries why a pod whose redirection is
+// RedirectionFailed is not captured (e.g. its network namespace cannot be
+// proven to be its own).
+const AnnotationRedirectionError = "ztunnel-go.io/redirection-error"
+
+// Annotation values. Only RedirectionEnabled makes istiod send HBONE to the
+// pod.
 const (
 	RedirectionEnabled = "enabled"
 	RedirectionPending = "pending"
+	RedirectionFailed  = "failed"
 )
 
 // NewSource returns the agent's cluster source: namespaces and the pods
@@ -61,13 +69,16 @@ func NewSource(client kubernetes.Interface, node string, log *zap.Logger) (*clus
 
 // AnnotationValue is the redirection annotation for an agent state: ""
 // means the annotation is removed (the pod is not, or no longer, captured:
-// istiod must not send HBONE to it).
+// istiod must not send HBONE to it); RedirectionFailed says the agent was
+// asked to capture the pod and could not.
 func AnnotationValue(s agent.State) string {
 	switch s {
 	case agent.StateEnabled:
 		return RedirectionEnabled
 	case agent.StatePending:
 		return RedirectionPending
+	case agent.StateFailed:
+		return RedirectionFailed
 	}
 	return ""
 }
@@ -94,6 +105,7 @@ type StatusWriter struct {
 type wantStatus struct {
 	namespace, name string
 	value           string // "" removes the annotation
+	errText         string // AnnotationRedirectionError; "" removes it
 }
 
 // StatusConfig configures NewStatusWriter.
@@ -125,7 +137,11 @@ func NewStatusWriter(cfg StatusConfig) (*StatusWriter, error) {
 
 // WriteStatus implements agent.StatusWriter.
 func (w *StatusWriter) WriteStatus(_ context.Context, s agent.PodStatus) error {
-	w.enqueue(s.UID, wantStatus{namespace: s.Namespace, name: s.Name, value: AnnotationValue(s.State)})
+	ws := wantStatus{namespace: s.Namespace, name: s.Name, value: AnnotationValue(s.State)}
+	if s.State == agent.StateFailed {
+		ws.errText = s.Error
+	}
+	w.enqueue(s.UID, ws)
 	return nil
 }
 
@@ -178,18 +194,23 @@ func (w *StatusWriter) sync(ctx context.Context, uid string) error {
 		w.done(uid, s)
 		return nil
 	}
-	var patch []byte
-	if s.value == "" {
-		patch = fmt.Appendf(nil, `{"metadata":{"uid":%q,"annotations":{%q:null}}}`, uid, AnnotationRedirection)
-	} else {
-		patch = fmt.Appendf(nil, `{"metadata":{"uid":%q,"annotations":{%q:%q}}}`, uid, AnnotationRedirection, s.value)
+	ann := map[string]*string{AnnotationRedirection: nil, AnnotationRedirectionError: nil}
+	if s.value != "" {
+		ann[AnnotationRedirection] = &s.value
+	}
+	if s.errText != "" {
+		ann[AnnotationRedirectionError] = &s.errText
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": uid, "annotations": ann}})
+	if err != nil {
+		return fmt.Errorf("kube: encode status patch: %w", err)
 	}
 	w.mu.Lock()
 	w.patched[uid] = true
 	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := w.client.CoreV1().Pods(s.namespace).Patch(ctx, s.name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	_, err = w.client.CoreV1().Pods(s.namespace).Patch(ctx, s.name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	switch {
 	case err == nil:
 		w.log.Debug("pod redirection annotation written", zap.String("pod", s.namespace+"/"+s.name), zap.String("value", s.value))
@@ -254,6 +275,10 @@ func (w *StatusWriter) cachedAlready(uid string, s wantStatus) bool {
 	for _, p := range objs.Pods {
 		if string(p.UID) == uid {
 			v, has := p.Annotations[AnnotationRedirection]
+			e, hasErr := p.Annotations[AnnotationRedirectionError]
+			if e != s.errText || (s.errText == "" && hasErr) {
+				return false
+			}
 			return (s.value == "" && !has) || (s.value != "" && v == s.value)
 		}
 	}

@@ -25,7 +25,7 @@ func TestAnnotationValue(t *testing.T) {
 	tests := map[agent.State]string{
 		agent.StateEnabled: RedirectionEnabled,
 		agent.StatePending: RedirectionPending,
-		agent.StateFailed:  "",
+		agent.StateFailed:  RedirectionFailed,
 	}
 	for s, want := range tests {
 		if got := AnnotationValue(s); got != want {
