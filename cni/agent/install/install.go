@@ -1,13 +1,16 @@
 // Package install puts the ztunnel-cni plugin on a node and takes it off
 // again: it copies the binary into the CNI bin dir and adds the plugin's
-// entry at the end of the primary conflist's plugin chain (the first
-// *.conflist of the conf dir, by name, as runtimes pick it). Both steps are
-// idempotent, and writes are atomic (temp file + rename), so a runtime never
-// reads half a file.
+// entry at the end of the plugin chain of the primary config, the file the
+// container runtime uses (the lexically first *.conf, *.conflist or *.json
+// of the conf dir that parses, as libcni-based runtimes pick it). A
+// single-plugin config is converted into a conflist of that plugin and
+// ours (written as <name>.conflist, the original removed), as Istio does.
+// Both steps are idempotent, and writes are atomic (temp file + rename), so
+// a runtime never reads half a file. Keep re-applies them whenever the conf
+// dir changes (another writer, e.g. the primary CNI's agent, rewrote it).
 //
-// It does not decide when to uninstall (the agent's --keep-on-exit does:
-// during an upgrade the plugin stays so new pods fail closed), and it does
-// not convert single-plugin *.conf files.
+// It does not decide when to uninstall (the agent does: during an upgrade
+// the plugin stays so new ambient pods fail closed).
 package install
 
 import (
@@ -19,14 +22,18 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 )
 
 // PluginType is the plugin's type (and binary name).
 const PluginType = "ztunnel-cni"
 
-// ErrNoConflist is returned (wrapped) when the conf dir has no *.conflist
-// yet: the primary CNI has not written its configuration.
-var ErrNoConflist = errors.New("no *.conflist in the CNI conf dir")
+// ErrNoConflist is returned (wrapped) when the conf dir has no CNI config
+// (*.conf, *.conflist, *.json) yet: the primary CNI has not written it.
+var ErrNoConflist = errors.New("no CNI config (*.conf, *.conflist, *.json) in the CNI conf dir")
+
+// configExts are the extensions runtimes load, in libcni's terms.
+var configExts = []string{".conf", ".conflist", ".json"}
 
 // Config says what to install where.
 type Config struct {
@@ -66,31 +73,90 @@ func Install(cfg Config) (Result, error) {
 		return res, err
 	}
 	res.BinaryChanged = changed
-	path, err := PrimaryConflist(cfg.ConfDir)
+	path, err := PrimaryConfig(cfg.ConfDir)
 	if err != nil {
 		return res, err
 	}
-	res.Conflist = path
 	entry := map[string]any{}
 	for k, v := range cfg.Plugin {
 		entry[k] = v
 	}
 	entry["type"] = PluginType
-	res.ConfChanged, err = editConflist(path, func(plugins []any) []any {
-		return append(withoutOurs(plugins), entry)
-	})
+	edit := func(plugins []any) []any { return append(withoutOurs(plugins), entry) }
+	if isList, _ := isConflist(path); !isList {
+		res.Conflist, err = convertConf(path, edit)
+		res.ConfChanged = err == nil
+		return res, err
+	}
+	res.Conflist = path
+	res.ConfChanged, err = editConflist(path, edit)
 	return res, err
 }
 
-// Uninstall removes our entry from every conflist in the conf dir and the
-// binary from the bin dir. Missing pieces are not errors.
-func Uninstall(cfg Config) error {
-	lists, err := filepath.Glob(filepath.Join(cfg.ConfDir, "*.conflist"))
+// convertConf turns the single-plugin config at path into a conflist
+// <name>.conflist holding that plugin, then edit's additions, and removes
+// path. The list takes the plugin's cniVersion and name.
+func convertConf(path string, edit func([]any) []any) (string, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("install: %w", err)
+		return "", fmt.Errorf("install: %w", err)
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(data, &conf); err != nil {
+		return "", fmt.Errorf("install: %s: %w", path, err)
+	}
+	list := map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"]}
+	plugin := map[string]any{}
+	for k, v := range conf {
+		if k != "cniVersion" && k != "name" {
+			plugin[k] = v
+		}
+	}
+	list["plugins"] = edit([]any{plugin})
+	out, err := json.MarshalIndent(list, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("install: %s: %w", path, err)
+	}
+	dst := strings.TrimSuffix(path, filepath.Ext(path)) + ".conflist"
+	if err := writeAtomic(dst, append(out, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("install: remove %s after converting it to %s: %w", path, dst, err)
+	}
+	return dst, nil
+}
+
+// isConflist reports whether path holds a config list (a "plugins" key),
+// and whether it parses as a CNI config at all.
+func isConflist(path string) (list, ok bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false, false
+	}
+	var conf map[string]json.RawMessage
+	if json.Unmarshal(data, &conf) != nil {
+		return false, false
+	}
+	if _, has := conf["plugins"]; has {
+		return true, true
+	}
+	_, has := conf["type"]
+	return false, has
+}
+
+// Uninstall removes our entry from every config list in the conf dir and
+// the binary from the bin dir. Missing pieces are not errors.
+func Uninstall(cfg Config) error {
+	files, err := configFiles(cfg.ConfDir)
+	if err != nil {
+		return err
 	}
 	var errs []error
-	for _, path := range lists {
+	for _, path := range files {
+		if list, _ := isConflist(path); !list {
+			continue
+		}
 		if _, err := editConflist(path, withoutOurs); err != nil {
 			errs = append(errs, err)
 		}
@@ -101,17 +167,38 @@ func Uninstall(cfg Config) error {
 	return errors.Join(errs...)
 }
 
-// PrimaryConflist is the first *.conflist in dir by name.
-func PrimaryConflist(dir string) (string, error) {
-	lists, err := filepath.Glob(filepath.Join(dir, "*.conflist"))
+// PrimaryConfig is the config file the runtime uses: the lexically first
+// *.conf, *.conflist or *.json in dir that parses as a CNI config (a list
+// with "plugins" or a single plugin with "type"); runtimes skip the others.
+func PrimaryConfig(dir string) (string, error) {
+	files, err := configFiles(dir)
 	if err != nil {
-		return "", fmt.Errorf("install: %w", err)
+		return "", err
 	}
-	if len(lists) == 0 {
-		return "", fmt.Errorf("install: %s: %w", dir, ErrNoConflist)
+	for _, f := range files {
+		if _, ok := isConflist(f); ok {
+			return f, nil
+		}
 	}
-	sort.Strings(lists)
-	return lists[0], nil
+	return "", fmt.Errorf("install: %s: %w", dir, ErrNoConflist)
+}
+
+// configFiles are dir's config files, sorted by name.
+func configFiles(dir string) ([]string, error) {
+	var files []string
+	for _, ext := range configExts {
+		m, err := filepath.Glob(filepath.Join(dir, "*"+ext))
+		if err != nil {
+			return nil, fmt.Errorf("install: %w", err)
+		}
+		for _, f := range m {
+			if fi, err := os.Stat(f); err == nil && fi.Mode().IsRegular() {
+				files = append(files, f)
+			}
+		}
+	}
+	sort.Strings(files)
+	return files, nil
 }
 
 func withoutOurs(plugins []any) []any {

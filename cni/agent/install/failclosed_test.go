@@ -1,0 +1,152 @@
+package install
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+// runtimeChain is the plugin chain a container runtime runs for the conf
+// dir: like containerd's go-cni and CRI-O's ocicni (libcni.ConfFiles, then
+// the first file that loads), the lexically first of *.conf, *.conflist and
+// *.json that parses, a single-plugin file being a chain of one.
+func runtimeChain(t *testing.T, dir string) (string, []string) {
+	t.Helper()
+	var files []string
+	for _, ext := range []string{".conf", ".conflist", ".json"} {
+		m, _ := filepath.Glob(filepath.Join(dir, "*"+ext))
+		files = append(files, m...)
+	}
+	sort.Strings(files)
+	for _, f := range files {
+		if _, types, ok := chainOf(f); ok {
+			return filepath.Base(f), types
+		}
+	}
+	t.Fatalf("no loadable CNI config in %s", dir)
+	return "", nil
+}
+
+// chainOf loads one file as libcni does: a conflist's "plugins", or a
+// single plugin's "type".
+func chainOf(path string) (string, []string, bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", nil, false
+	}
+	var c struct {
+		Type    string `json:"type"`
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if json.Unmarshal(data, &c) != nil {
+		return "", nil, false
+	}
+	if strings.HasSuffix(path, ".conflist") {
+		if len(c.Plugins) == 0 {
+			return "", nil, false
+		}
+		var types []string
+		for _, p := range c.Plugins {
+			types = append(types, p.Type)
+		}
+		return filepath.Base(path), types, true
+	}
+	if c.Type == "" {
+		return "", nil, false
+	}
+	return filepath.Base(path), []string{c.Type}, true
+}
+
+// TestFailClosedInstallPrimaryConf: the primary CNI wrote a single-plugin
+// .conf, and a later-sorting .conflist exists too. The runtime uses the
+// .conf, so that is where the plugin must go (converted to a conflist);
+// when the primary CNI rewrites its .conf, the plugin is put back.
+func TestFailClosedInstallPrimaryConf(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "self")
+	if err := os.WriteFile(bin, []byte("binary"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	confDir := filepath.Join(dir, "net.d")
+	os.MkdirAll(confDir, 0o755)
+	const primaryConf = `{"cniVersion":"0.4.0","name":"k8s-pod-network","type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.1.0.0/24"}}`
+	write := func(name, data string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(confDir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("10-flannel.conf", primaryConf)
+	write("99-loopback.conflist", `{"cniVersion":"0.4.0","name":"lo","plugins":[{"type":"loopback"}]}`)
+	cfg := Config{BinDir: filepath.Join(dir, "bin"), ConfDir: confDir, Binary: bin, Plugin: map[string]any{"agent_socket": "/run/x.sock"}}
+
+	if _, err := Install(cfg); err != nil {
+		t.Fatal(err)
+	}
+	file, chain := runtimeChain(t, confDir)
+	if !slices.Equal(chain, []string{"bridge", PluginType}) {
+		t.Fatalf("the runtime uses %s with chain %v: ambient pods would start uncaptured", file, chain)
+	}
+	if _, other := runtimeChainOf(t, filepath.Join(confDir, "99-loopback.conflist")); slices.Contains(other, PluginType) {
+		t.Errorf("the plugin was added to a list the runtime does not use: %v", other)
+	}
+
+	// Another writer (the primary CNI's agent) rewrites its .conf.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); Keep(ctx, cfg, zaptest.NewLogger(t)) }()
+	defer func() { cancel(); <-done }()
+	write("10-flannel.conf", primaryConf)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		file, chain = runtimeChain(t, confDir)
+		if slices.Equal(chain, []string{"bridge", PluginType}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the primary CNI rewrote its config the runtime uses %s with chain %v", file, chain)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// And a rewrite of the converted conflist without our entry.
+	write(file, `{"cniVersion":"0.4.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0"},{"type":"portmap"}]}`)
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		file, chain = runtimeChain(t, confDir)
+		if slices.Equal(chain, []string{"bridge", "portmap", PluginType}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a rewrite of %s the runtime's chain is %v", file, chain)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	cancel()
+	<-done
+	if err := Uninstall(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, chain := runtimeChain(t, confDir); slices.Contains(chain, PluginType) {
+		t.Errorf("after uninstall the runtime's chain is %v", chain)
+	}
+}
+
+func runtimeChainOf(t *testing.T, path string) (string, []string) {
+	t.Helper()
+	name, types, ok := chainOf(path)
+	if !ok {
+		t.Fatalf("%s does not load", path)
+	}
+	return name, types
+}
