@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // connectsPerPath connections are made per path, in alternated blocks.
@@ -102,7 +103,7 @@ func connectOnce(ctx context.Context, client *testcluster.Pod, dst string) (dial
 
 // serveGreeter runs a TCP server on port of pod p (all addresses) that
 // writes one byte to every connection and closes it, until tb's cleanups.
-func serveGreeter(tb testcluster.TB, p *testcluster.Pod, port int) error {
+func serveGreeter(tb testkit.TB, p *testcluster.Pod, port int) error {
 	ln, err := p.Listen(fmt.Sprintf(":%d", port))
 	if err != nil {
 		return fmt.Errorf("greeter in %s/%s: %w", p.Namespace, p.Name, err)

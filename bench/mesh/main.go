@@ -41,6 +41,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 func main() {
@@ -53,7 +54,7 @@ func main() {
 	only := flag.String("only", "", "comma-separated parts to run (iperf, latency, connect); empty means all (a partial run prints only its figures)")
 	flag.Parse()
 
-	prog := testcluster.NewProgram("bench-mesh", os.Stderr)
+	prog := testkit.NewProgram("bench-mesh", os.Stderr)
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
 	go func() {
@@ -92,7 +93,7 @@ func emit(name string, value float64, unit string) {
 
 // bench holds the running topology.
 type bench struct {
-	prog       *testcluster.Program
+	prog       *testkit.Program
 	iperfSecs  int
 	rounds     int
 	profileDir string
@@ -282,16 +283,9 @@ func ensureFortio(path, version string) (string, error) {
 	if path != "" {
 		return path, nil
 	}
-	wd, err := os.Getwd()
+	root, err := testkit.ModuleRoot()
 	if err != nil {
-		return "", err
-	}
-	root := wd
-	for !fileExists(filepath.Join(root, "go.mod")) {
-		if filepath.Dir(root) == root {
-			return "", fmt.Errorf("fortio: no go.mod above %s; pass -fortio", wd)
-		}
-		root = filepath.Dir(root)
+		return "", fmt.Errorf("fortio: %w; pass -fortio", err)
 	}
 	bin := filepath.Join(root, ".tools", "bin")
 	path = filepath.Join(bin, "fortio")
@@ -299,7 +293,7 @@ func ensureFortio(path, version string) (string, error) {
 		return path, nil
 	}
 	logf("installing fortio %s into %s", version, bin)
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goBin := testkit.GoTool()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if out, err := runCmdEnv(ctx, []string{"GOBIN=" + bin, "GOFLAGS=-mod=mod"}, goBin, "install", "fortio.org/fortio@"+version); err != nil {
@@ -312,8 +306,3 @@ func ensureFortio(path, version string) (string, error) {
 // import grol.io/grol (a scripting engine), which the module proxy reachable
 // here does not serve; v1.68.2 is the newest without it.
 const FortioVersion = "v1.68.2"
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}

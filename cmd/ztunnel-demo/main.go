@@ -30,6 +30,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab/waypoint"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // programName names the namespaces: zt-meshlab-demo-<hash>-...
@@ -65,7 +66,7 @@ func run(examples, binDir string, keep, verbose bool) int {
 	if verbose {
 		logOut = io.MultiWriter(logFile, os.Stderr)
 	}
-	prog := testcluster.NewProgram(programName, logOut)
+	prog := testkit.NewProgram(programName, logOut)
 	defer prog.Close()
 
 	fmt.Printf("ztunnel-go demo: building a two-node mesh from %s/ (log: %s)\n", examples, logFile.Name())

@@ -7,10 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // EnvBinDir names the environment variable that points at a directory
@@ -35,7 +36,7 @@ var built struct {
 
 // binDir returns the directory holding etcd and kube-apiserver: $ZTG_K8S_BIN,
 // or what hack/k8s/build.sh prints, building once per process.
-func binDir(t TB) (string, error) {
+func binDir(t testkit.TB) (string, error) {
 	if d := os.Getenv(EnvBinDir); d != "" {
 		return d, nil
 	}
@@ -43,7 +44,7 @@ func binDir(t TB) (string, error) {
 	return built.dir, built.err
 }
 
-func build(t TB) (string, error) {
+func build(t testkit.TB) (string, error) {
 	script, err := buildScript()
 	if err != nil {
 		return "", err
@@ -76,43 +77,24 @@ func build(t TB) (string, error) {
 	return strings.TrimSpace(stdout.String()), nil
 }
 
-// buildScript finds hack/k8s/build.sh: next to this source file when the
-// sources are where they were compiled, else above the working directory
-// (tests run in their package directory, programs from the repository).
+// buildScript finds hack/k8s/build.sh in the repository (testkit.ModuleRoot).
 func buildScript() (string, error) {
-	const rel = "hack/k8s/build.sh"
-	var starts []string
-	if _, file, _, ok := runtime.Caller(0); ok {
-		starts = append(starts, filepath.Dir(file))
+	p, err := repoFile("hack/k8s/build.sh")
+	if err != nil {
+		return "", fmt.Errorf("%w; set %s to a directory holding etcd and kube-apiserver", err, EnvBinDir)
 	}
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
-	}
-	for _, d := range starts {
-		for ; ; d = filepath.Dir(d) {
-			p := filepath.Join(d, rel)
-			if _, err := os.Stat(p); err == nil {
-				return p, nil
-			}
-			if filepath.Dir(d) == d {
-				break
-			}
-		}
-	}
-	return "", fmt.Errorf("%s not found above %v; set %s to a directory holding etcd and kube-apiserver",
-		rel, starts, EnvBinDir)
+	return p, nil
 }
 
-// repoFile finds rel (a path from the repository root) the way buildScript
-// finds the build script.
+// repoFile returns rel (a path from the repository root) when it exists.
 func repoFile(rel string) (string, error) {
-	script, err := buildScript()
+	root, err := testkit.ModuleRoot()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("kubeapi: %w", err)
 	}
-	p := filepath.Join(filepath.Dir(script), "..", "..", rel)
+	p := filepath.Join(root, filepath.FromSlash(rel))
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("kubeapi: %w", err)
 	}
-	return filepath.Clean(p), nil
+	return p, nil
 }

@@ -29,20 +29,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-)
 
-// TB is what Start needs from its caller: testing.TB satisfies it, and so
-// does testcluster.Program for the demo and benchmark programs.
-type TB interface {
-	Helper()
-	Name() string
-	Logf(format string, args ...any)
-	Errorf(format string, args ...any)
-	Fatalf(format string, args ...any)
-	Failed() bool
-	TempDir() string
-	Cleanup(func())
-}
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+)
 
 // Defaults the API server is started with; Options overrides some of them.
 const (
@@ -73,7 +62,7 @@ type Options struct {
 	// (a later flag overrides an earlier one), e.g. "--feature-gates=...".
 	ExtraAPIServerFlags []string
 	// Verbose logs every line etcd and kube-apiserver print through
-	// TB.Logf. Otherwise the output goes to files under TB.TempDir and the
+	// the TB's Logf. Otherwise the output goes to files under its TempDir and the
 	// last lines of the API server's are logged only when the caller failed.
 	Verbose bool
 }
@@ -81,7 +70,7 @@ type Options struct {
 // Server is a running etcd and kube-apiserver. Its methods are safe for
 // concurrent use. Everything is stopped and removed by the TB's cleanup.
 type Server struct {
-	t    TB
+	t    testkit.TB
 	dir  string
 	bin  string
 	opts Options
@@ -99,7 +88,7 @@ type Server struct {
 
 // Start starts etcd and kube-apiserver on free loopback ports and returns
 // once /readyz answers (a few seconds). It fails t when anything goes wrong.
-func Start(t TB, opts Options) *Server {
+func Start(t testkit.TB, opts Options) *Server {
 	t.Helper()
 	if opts.Issuer == "" {
 		opts.Issuer = DefaultIssuer
@@ -480,10 +469,10 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// lineLogger passes whole lines to TB.Logf. exec.Cmd writes to it from one
+// lineLogger passes whole lines to the TB's Logf. exec.Cmd writes to it from one
 // goroutine per stream; mu keeps the two streams from interleaving.
 type lineLogger struct {
-	t      TB
+	t      testkit.TB
 	prefix string
 	mu     sync.Mutex
 	buf    []byte

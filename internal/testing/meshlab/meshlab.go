@@ -30,9 +30,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +38,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab/waypoint"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // Binaries Start runs, by file name.
@@ -92,7 +91,7 @@ type Options struct {
 // Mesh is a running mesh. Its methods are safe for concurrent use.
 type Mesh struct {
 	*testcluster.Cluster
-	tb   testcluster.TB
+	tb   testkit.TB
 	opts Options
 	bins string
 
@@ -137,7 +136,7 @@ var ErrNotReady = errors.New("meshlab: not ready")
 // agents, the upstream DNS server, the node proxies (waiting until each is
 // ready), then the Options.Examples. Everything is torn down by tb's
 // cleanups.
-func Start(tb testcluster.TB, opts Options) (*Mesh, error) {
+func Start(tb testkit.TB, opts Options) (*Mesh, error) {
 	tb.Helper()
 	if opts.Nodes == 0 {
 		opts.Nodes = 2
@@ -207,7 +206,7 @@ func Start(tb testcluster.TB, opts Options) (*Mesh, error) {
 
 // binaries returns a directory holding the three binaries: dir if given
 // (checked), else a fresh build.
-func binaries(tb testcluster.TB, dir string) (string, error) {
+func binaries(tb testkit.TB, dir string) (string, error) {
 	names := []string{BinZtunnel, BinCNI, BinCP}
 	if dir != "" {
 		abs, err := filepath.Abs(dir)
@@ -222,17 +221,9 @@ func binaries(tb testcluster.TB, dir string) (string, error) {
 		return abs, nil
 	}
 	out := tb.TempDir()
-	goBin, err := exec.LookPath("go")
-	if err != nil { // sudo's PATH: the toolchain that built us
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	args := []string{"build", "-o", out + string(filepath.Separator)}
-	for _, n := range names {
-		args = append(args, "github.com/ztunnel-go/ztunnel-go/cmd/"+n)
-	}
 	start := time.Now()
-	if b, err := exec.Command(goBin, args...).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("meshlab: go build: %w: %s", err, b)
+	if _, err := testkit.Build(out, names...); err != nil {
+		return "", fmt.Errorf("meshlab: %w", err)
 	}
 	tb.Logf("meshlab: built %s in %v", strings.Join(names, ", "), time.Since(start).Round(time.Millisecond))
 	return out, nil

@@ -39,6 +39,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // EnvCNIBin names the environment variable with the CNI plugin directory
@@ -81,7 +82,7 @@ type Options struct {
 
 // Cluster is a running test cluster. Its methods are safe for concurrent use.
 type Cluster struct {
-	t         TB
+	t         testkit.TB
 	id        string
 	stateDir  string
 	configDir string
@@ -134,12 +135,12 @@ const (
 // New builds the cluster and registers its removal with t.Cleanup. With a
 // testing.TB it skips (or fails, see roottest) when not root; any other TB
 // (Program) fails. It fails t when the topology cannot be built.
-func New(t TB, opts Options) *Cluster {
+func New(t testkit.TB, opts Options) *Cluster {
 	t.Helper()
 	return newCluster(t, opts, true)
 }
 
-func newCluster(t TB, opts Options, cleanup bool) *Cluster {
+func newCluster(t testkit.TB, opts Options, cleanup bool) *Cluster {
 	t.Helper()
 	if tb, ok := t.(testing.TB); ok {
 		roottest.Require(tb)
@@ -166,7 +167,7 @@ func newCluster(t TB, opts Options, cleanup bool) *Cluster {
 	if c.configDir == "" {
 		c.configDir = filepath.Join(c.stateDir, "config")
 	}
-	if err := c.findTools(wd, opts); err != nil {
+	if err := c.findTools(opts); err != nil {
 		t.Fatalf("testcluster: %v", err)
 	}
 	if err := c.deleteLeftovers(); err != nil {
@@ -185,12 +186,12 @@ func newCluster(t TB, opts Options, cleanup bool) *Cluster {
 	return c
 }
 
-func (c *Cluster) findTools(wd string, opts Options) error {
+func (c *Cluster) findTools(opts Options) error {
 	var err error
 	if c.ipPath, err = exec.LookPath("ip"); err != nil {
 		return fmt.Errorf("ip(8) not found: install iproute2 (`make deps`): %w", err)
 	}
-	root := repoRoot(wd)
+	root, _ := testkit.ModuleRoot() // "" when not in the repository: the tools must then be given
 	cniBin := opts.CNIBinDir
 	if cniBin == "" {
 		cniBin = os.Getenv(EnvCNIBin)
@@ -216,20 +217,6 @@ func (c *Cluster) findTools(wd string, opts Options) error {
 		}
 	}
 	return nil
-}
-
-// repoRoot walks up from dir to the directory holding go.mod; "" if none.
-func repoRoot(dir string) string {
-	for {
-		if fileExists(filepath.Join(dir, "go.mod")) {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
 }
 
 func fileExists(p string) bool {

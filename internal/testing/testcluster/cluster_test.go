@@ -21,6 +21,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // echo serves ln until it is closed: each connection gets back what it sent,
@@ -471,7 +472,7 @@ func TestRerunAfterCrash(t *testing.T) {
 func TestProgram(t *testing.T) {
 	roottest.Require(t)
 	var log bytes.Buffer
-	prog := NewProgram(t.Name()+"-program", &log)
+	prog := testkit.NewProgram(t.Name()+"-program", &log)
 	c := New(prog, Options{})
 	p, err := c.Node(0).AddPod(context.Background(), PodSpec{Name: "p"})
 	if err != nil {
