@@ -1,11 +1,24 @@
-// Package cluster is the control plane's view of a cluster: the typed
-// Kubernetes, Istio and Gateway API objects it translates, gathered into an
-// immutable Objects set, and the Source interface that produces such sets.
-// Local mode (a directory of YAML, package cluster/local) and the Kubernetes
-// API (client-go informers, package cluster/kube) both feed the same
-// translation through this package.
+// Package cluster holds the Kubernetes, Istio and Gateway API objects that
+// ztunnel-go reads from a cluster, as typed client-go objects gathered into
+// an immutable Objects set, and the Source interface that publishes one set
+// after another.
 //
-// It does not translate anything into mesh resources; see internal/controlplane.
+// Several parts of the project read these sets:
+//   - ztunnel-cp translates them into the Workload API resources it serves
+//     (internal/controlplane/translate); in local mode cmd/ztunnel embeds the
+//     same control plane.
+//   - The node agent (cni/agent) watches only namespaces and the pods of its
+//     own node, to decide which pods to capture.
+//   - The xDS benchmark (bench/xds) and the test harness
+//     (internal/testing/meshlab) build or decode sets to drive the two above.
+//
+// Two sources produce sets: package cluster/local reads a directory of YAML
+// (through Decode) and package cluster/kube watches the Kubernetes API with
+// client-go informers. Kinds is the one table of the object kinds that
+// Decode, Objects and both sources handle.
+//
+// The package translates nothing into mesh resources (see
+// internal/controlplane/translate) and writes nothing to the API server.
 package cluster
 
 import (
@@ -57,20 +70,6 @@ func sortByName[T named](s []T) {
 		}
 		return s[i].GetName() < s[j].GetName()
 	})
-}
-
-// Sort orders every slice by namespace/name.
-func (o *Objects) Sort() {
-	sortByName(o.Namespaces)
-	sortByName(o.Pods)
-	sortByName(o.Services)
-	sortByName(o.EndpointSlices)
-	sortByName(o.ServiceEntries)
-	sortByName(o.WorkloadEntries)
-	sortByName(o.AuthorizationPolicies)
-	sortByName(o.PeerAuthentications)
-	sortByName(o.Gateways)
-	sortByName(o.GatewayClasses)
 }
 
 // Namespace returns the named namespace or nil.

@@ -9,12 +9,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	securityv1 "istio.io/client-go/pkg/apis/security/v1"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 )
 
@@ -142,81 +138,23 @@ func decodeDoc(file string, idx int, doc []byte, o *Objects) []error {
 	} else {
 		group = ""
 	}
-	key := group + "/" + tm.Kind
-	var err2 error
-	switch key {
-	case "/Namespace":
-		var v corev1.Namespace
-		if err2 = strict(js, &v); err2 == nil {
-			o.Namespaces = append(o.Namespaces, &v)
-		}
-	case "/Pod":
-		var v corev1.Pod
-		if err2 = strict(js, &v); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.Pods = append(o.Pods, &v)
-		}
-	case "/Service":
-		var v corev1.Service
-		if err2 = strict(js, &v); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.Services = append(o.Services, &v)
-		}
-	case "discovery.k8s.io/EndpointSlice":
-		var v discoveryv1.EndpointSlice
-		if err2 = strict(js, &v); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.EndpointSlices = append(o.EndpointSlices, &v)
-		}
-	case "networking.istio.io/ServiceEntry":
-		var v networkingv1.ServiceEntry
-		if err2 = strictIstio(js, &v, &v.Spec, &v.Status); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.ServiceEntries = append(o.ServiceEntries, &v)
-		}
-	case "networking.istio.io/WorkloadEntry":
-		var v networkingv1.WorkloadEntry
-		if err2 = strictIstio(js, &v, &v.Spec, &v.Status); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.WorkloadEntries = append(o.WorkloadEntries, &v)
-		}
-	case "security.istio.io/AuthorizationPolicy":
-		var v securityv1.AuthorizationPolicy
-		if err2 = strictIstio(js, &v, &v.Spec, &v.Status); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.AuthorizationPolicies = append(o.AuthorizationPolicies, &v)
-		}
-	case "security.istio.io/PeerAuthentication":
-		var v securityv1.PeerAuthentication
-		if err2 = strictIstio(js, &v, &v.Spec, &v.Status); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.PeerAuthentications = append(o.PeerAuthentications, &v)
-		}
-	case "gateway.networking.k8s.io/Gateway":
-		var v gatewayv1.Gateway
-		if err2 = strict(js, &v); err2 == nil {
-			defaultNamespace(&v.ObjectMeta)
-			o.Gateways = append(o.Gateways, &v)
-		}
-	case "gateway.networking.k8s.io/GatewayClass":
-		var v gatewayv1.GatewayClass
-		if err2 = strict(js, &v); err2 == nil {
-			o.GatewayClasses = append(o.GatewayClasses, &v)
-		}
-	default:
-		err2 = fmt.Errorf("%w %s %s", ErrUnsupportedKind, tm.APIVersion, tm.Kind)
+	k := byGroupKind[schema.GroupKind{Group: group, Kind: tm.Kind}]
+	if k == nil {
+		return []error{derr(fmt.Errorf("%w %s %s", ErrUnsupportedKind, tm.APIVersion, tm.Kind))}
 	}
-	if err2 != nil {
-		return []error{derr(err2)}
+	v, err := k.decode(js)
+	if err != nil {
+		return []error{derr(err)}
 	}
+	if k.Namespaced && v.GetNamespace() == "" {
+		v.SetNamespace("default")
+	}
+	k.add(o, v)
 	return nil
 }
 
-func defaultNamespace(m *metav1.ObjectMeta) {
-	if m.Namespace == "" {
-		m.Namespace = "default"
-	}
-}
+// strictAs is strict for one typed object (a kinds table decoder).
+func strictAs[T any](js []byte, v T) error { return strict(js, v) }
 
 // strict decodes js into v, rejecting unknown fields with their path.
 func strict(js []byte, v any) error {

@@ -164,3 +164,59 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestKindsTable: every row of the kinds table decodes a minimal document of
+// its kind into its own Objects slice (namespace defaulted only where the kind
+// is namespaced), lists it in Items under its kind, and Add puts the object
+// back where Decode did. A document of another version of the group decodes
+// into the same type.
+func TestKindsTable(t *testing.T) {
+	var all cluster.Objects
+	for _, k := range cluster.Kinds() {
+		doc := "apiVersion: " + k.GroupVersion.String() + "\nkind: " + k.Name + "\nmetadata: {name: x}\n"
+		var o cluster.Objects
+		if errs := cluster.Decode("k.yaml", []byte(doc), &o); len(errs) != 0 {
+			t.Fatalf("%s: %v", k.Name, errs)
+		}
+		items := o.Items()
+		wantNS := ""
+		if k.Namespaced {
+			wantNS = "default"
+		}
+		if len(items) != 1 || items[0].Key != k.Name+"/"+wantNS+"/x" {
+			t.Fatalf("%s: items %+v, want one keyed %s/%s/x", k.Name, items, k.Name, wantNS)
+		}
+		all.Add(items[0].Obj)
+		if gvr := k.GroupVersionResource(); gvr.Group != k.GroupVersion.Group || gvr.Resource == "" {
+			t.Fatalf("%s: resource %v", k.Name, gvr)
+		}
+	}
+	seen := map[string]bool{}
+	for _, it := range all.Items() {
+		kind, _, _ := strings.Cut(it.Key, "/")
+		if seen[kind] {
+			t.Fatalf("two rows fill the same Objects field: %s listed twice", kind)
+		}
+		seen[kind] = true
+	}
+	if len(seen) != len(cluster.Kinds()) {
+		t.Fatalf("Add lost kinds: %v", seen)
+	}
+
+	var o cluster.Objects
+	doc := "apiVersion: security.istio.io/v1beta1\nkind: AuthorizationPolicy\nmetadata: {name: ap, namespace: ns1}\nspec: {action: DENY}\n"
+	if errs := cluster.Decode("k.yaml", []byte(doc), &o); len(errs) != 0 || len(o.AuthorizationPolicies) != 1 ||
+		o.AuthorizationPolicies[0].Spec.GetAction().String() != "DENY" {
+		t.Fatalf("v1beta1 document: %v %+v", errs, o.AuthorizationPolicies)
+	}
+}
+
+func TestAddPanicsOnUnsupportedType(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(r.(string), "unsupported type") {
+			t.Fatalf("recovered %v", r)
+		}
+	}()
+	var o cluster.Objects
+	o.Add("not an object")
+}
