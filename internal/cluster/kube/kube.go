@@ -1,11 +1,11 @@
-// Package kube is the Kubernetes cluster source: client-go informers for
-// Namespaces, Pods, Services and EndpointSlices, Istio's typed informers
-// (istio.io/client-go) for ServiceEntries, WorkloadEntries,
-// AuthorizationPolicies and PeerAuthentications, and Gateway API's
-// (sigs.k8s.io/gateway-api) for Gateways and GatewayClasses. After every
-// change, debounced, it publishes a new immutable cluster.Objects built from
-// the informer caches, so the control plane runs the same translation as in
-// local mode and the node agent sees the same objects.
+// Package kube is the Kubernetes cluster source. It watches the kinds of
+// cluster.Kinds that Config asks for, each through the typed shared
+// informers of the clientset its API group belongs to: client-go for
+// Kubernetes' own kinds, istio.io/client-go for the *.istio.io groups and
+// sigs.k8s.io/gateway-api for Gateway API. After every change, debounced,
+// it publishes a new immutable cluster.Objects built from the informer
+// caches, so the control plane runs the same translation as in local mode
+// and the node agent sees the same objects.
 //
 // Current is nil until every informer has synced once. When the API server
 // goes away the informers re-list and re-watch on their own; the last
@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,11 +31,13 @@ import (
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
@@ -58,10 +61,14 @@ const (
 	GatewayClasses        Kind = "GatewayClass"
 )
 
-// AllKinds is every kind the control plane translates.
+// AllKinds is every kind the control plane translates: every kind of
+// cluster.Kinds.
 func AllKinds() []Kind {
-	return []Kind{Namespaces, Pods, Services, EndpointSlices, ServiceEntries, WorkloadEntries,
-		AuthorizationPolicies, PeerAuthentications, Gateways, GatewayClasses}
+	var out []Kind
+	for _, k := range cluster.Kinds() {
+		out = append(out, Kind(k.Name))
+	}
+	return out
 }
 
 // AgentKinds is what the node agent needs: namespaces and pods.
@@ -173,15 +180,19 @@ func New(cfg Config) (*Source, error) {
 		log = zap.NewNop()
 	}
 	s := &Source{cfg: cfg, log: log, kick: make(chan struct{}, 1), changed: make(chan struct{}), synced: make(chan struct{})}
-	transform := informers.WithTransform(stripManagedFields)
 
-	want := func(k Kind) bool { return slices.Contains(cfg.Kinds, k) }
-	needIstio := want(ServiceEntries) || want(WorkloadEntries) || want(AuthorizationPolicies) || want(PeerAuthentications)
-	needGateway := want(Gateways) || want(GatewayClasses)
-	if needIstio && cfg.Clients.Istio == nil {
+	var kinds []cluster.Kind // the watched ones, in the order of cluster.Kinds
+	needs := map[api]bool{}
+	for _, k := range cluster.Kinds() {
+		if slices.Contains(cfg.Kinds, Kind(k.Name)) {
+			kinds = append(kinds, k)
+			needs[apiOf(k)] = true
+		}
+	}
+	if needs[apiIstio] && cfg.Clients.Istio == nil {
 		return nil, errors.New("kube: Config.Clients.Istio is required to watch Istio kinds")
 	}
-	if needGateway && cfg.Clients.Gateway == nil {
+	if needs[apiGateway] && cfg.Clients.Gateway == nil {
 		return nil, errors.New("kube: Config.Clients.Gateway is required to watch Gateway API kinds")
 	}
 	for _, k := range cfg.Kinds {
@@ -190,64 +201,26 @@ func New(cfg Config) (*Source, error) {
 		}
 	}
 
-	core := informers.NewSharedInformerFactoryWithOptions(cfg.Clients.Kube, 0, transform)
-	s.starters = append(s.starters, core.Start)
-	s.stoppers = append(s.stoppers, core.Shutdown)
-	podOpts := []informers.SharedInformerOption{transform}
-	if cfg.NodeName != "" {
-		sel := "spec.nodeName=" + cfg.NodeName
-		podOpts = append(podOpts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sel }))
-	}
-	podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Clients.Kube, 0, podOpts...)
-	s.starters = append(s.starters, podFactory.Start)
-	s.stoppers = append(s.stoppers, podFactory.Shutdown)
-
-	add := func(k Kind, inf cache.SharedIndexInformer) {
-		if want(k) {
-			s.watched = append(s.watched, watched{kind: k, informer: inf})
-		}
-	}
 	// Only informers that are asked for are created: a factory starts
 	// exactly the informers requested from it.
-	if want(Namespaces) {
-		add(Namespaces, core.Core().V1().Namespaces().Informer())
-	}
-	if want(Pods) {
-		add(Pods, podFactory.Core().V1().Pods().Informer())
-	}
-	if want(Services) {
-		add(Services, core.Core().V1().Services().Informer())
-	}
-	if want(EndpointSlices) {
-		add(EndpointSlices, core.Discovery().V1().EndpointSlices().Informer())
-	}
-	if needIstio {
-		f := istioinformers.NewSharedInformerFactoryWithOptions(cfg.Clients.Istio, 0, istioinformers.WithTransform(stripManagedFields))
-		s.starters = append(s.starters, f.Start)
-		s.stoppers = append(s.stoppers, f.Shutdown)
-		if want(ServiceEntries) {
-			add(ServiceEntries, f.Networking().V1().ServiceEntries().Informer())
+	factories := map[api]*factory{}
+	for _, k := range kinds {
+		a := apiOf(k)
+		if a == apiKube && Kind(k.Name) == Pods && cfg.NodeName != "" {
+			a = apiKubeNodePods
 		}
-		if want(WorkloadEntries) {
-			add(WorkloadEntries, f.Networking().V1().WorkloadEntries().Informer())
+		f := factories[a]
+		if f == nil {
+			f = newFactory(a, &cfg)
+			factories[a] = f
+			s.starters = append(s.starters, f.start)
+			s.stoppers = append(s.stoppers, f.shutdown)
 		}
-		if want(AuthorizationPolicies) {
-			add(AuthorizationPolicies, f.Security().V1().AuthorizationPolicies().Informer())
+		inf, err := f.informer(k.GroupVersionResource())
+		if err != nil {
+			return nil, fmt.Errorf("kube: %s informer: %w", k.Name, err)
 		}
-		if want(PeerAuthentications) {
-			add(PeerAuthentications, f.Security().V1().PeerAuthentications().Informer())
-		}
-	}
-	if needGateway {
-		f := gatewayinformers.NewSharedInformerFactoryWithOptions(cfg.Clients.Gateway, 0, gatewayinformers.WithTransform(stripManagedFields))
-		s.starters = append(s.starters, f.Start)
-		s.stoppers = append(s.stoppers, f.Shutdown)
-		if want(Gateways) {
-			add(Gateways, f.Gateway().V1().Gateways().Informer())
-		}
-		if want(GatewayClasses) {
-			add(GatewayClasses, f.Gateway().V1().GatewayClasses().Informer())
-		}
+		s.watched = append(s.watched, watched{kind: Kind(k.Name), informer: inf})
 	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { s.bump() },
@@ -274,6 +247,75 @@ func stripManagedFields(obj any) (any, error) {
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// api is the clientset, and so the informer factory, a kind is read through.
+type api int
+
+const (
+	apiKube         api = iota // Kubernetes' own kinds
+	apiKubeNodePods            // Pods restricted to Config.NodeName
+	apiIstio                   // *.istio.io
+	apiGateway                 // gateway.networking.k8s.io
+)
+
+func apiOf(k cluster.Kind) api {
+	switch g := k.GroupVersion.Group; {
+	case strings.HasSuffix(g, ".istio.io"):
+		return apiIstio
+	case g == gatewayv1.GroupName:
+		return apiGateway
+	default:
+		return apiKube
+	}
+}
+
+// factory is one shared informer factory, whichever clientset it is from.
+type factory struct {
+	start    func(stop <-chan struct{})
+	shutdown func()
+	informer func(schema.GroupVersionResource) (cache.SharedIndexInformer, error)
+}
+
+// genericInformer is what each generated GenericInformer type offers.
+type genericInformer interface {
+	Informer() cache.SharedIndexInformer
+}
+
+// informerFactory is what the three generated factory types have in common;
+// G is each one's GenericInformer.
+type informerFactory[G genericInformer] interface {
+	Start(stop <-chan struct{})
+	Shutdown()
+	ForResource(schema.GroupVersionResource) (G, error)
+}
+
+func wrap[G genericInformer](f informerFactory[G]) *factory {
+	return &factory{start: f.Start, shutdown: f.Shutdown, informer: func(r schema.GroupVersionResource) (cache.SharedIndexInformer, error) {
+		g, err := f.ForResource(r)
+		if err != nil {
+			return nil, err
+		}
+		return g.Informer(), nil
+	}}
+}
+
+// newFactory builds the factory for a; every one strips managed fields.
+func newFactory(a api, cfg *Config) *factory {
+	switch a {
+	case apiIstio:
+		return wrap[istioinformers.GenericInformer](istioinformers.NewSharedInformerFactoryWithOptions(cfg.Clients.Istio, 0,
+			istioinformers.WithTransform(stripManagedFields)))
+	case apiGateway:
+		return wrap[gatewayinformers.GenericInformer](gatewayinformers.NewSharedInformerFactoryWithOptions(cfg.Clients.Gateway, 0,
+			gatewayinformers.WithTransform(stripManagedFields)))
+	}
+	opts := []informers.SharedInformerOption{informers.WithTransform(stripManagedFields)}
+	if a == apiKubeNodePods {
+		sel := "spec.nodeName=" + cfg.NodeName
+		opts = append(opts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sel }))
+	}
+	return wrap[informers.GenericInformer](informers.NewSharedInformerFactoryWithOptions(cfg.Clients.Kube, 0, opts...))
 }
 
 func sameVersion(o, n any) bool {
