@@ -20,7 +20,7 @@ FORTIO_VERSION := v1.68.2
 APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-dns bench-mesh demo clean k8s-bins deploy-check
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh demo clean k8s-bins deploy-check
 
 all: build
 
@@ -115,6 +115,10 @@ bench-hbone:
 ## bench-xds: node state footprint and full sync at 100k workloads, control-plane push latency to 100 clients.
 bench-xds:
 	$(GO) run ./bench/xds
+
+## bench-cp-scale: control plane at 10k and 50k pods: full and per-change translation, push to 100 node clients, RSS.
+bench-cp-scale:
+	$(GO) run ./bench/cpscale $(if $(CHURN),-churn $(CHURN))
 
 ## bench-dns: answers from state vs a bare miekg/dns server; added latency of forwarding.
 bench-dns:

@@ -73,6 +73,18 @@ type ClientConfig struct {
 	Node NodeInfo
 	// Sink receives the decoded resources. Required.
 	Sink Sink
+	// Waypoint, if set, is the resource name ("<namespace>/<name>" of its
+	// Gateway) of the WaypointType config this client subscribes to, besides
+	// the workload API; Sink must then implement WaypointSink, and Synced
+	// waits for that type too. "": not a waypoint (no subscription).
+	Waypoint string
+	// AddressNames, when non-nil, subscribes the Address type to these
+	// resource names only instead of the wildcard (the protocol's per-node
+	// filtering; ztunnel's XDS_ON_DEMAND subscribes names as it needs them,
+	// this is the fixed form). nil: wildcard, every workload and service,
+	// as ztunnel does by default and its DNS proxy needs. Authorization is
+	// always wildcard.
+	AddressNames []string
 
 	// Log receives connect, disconnect and NACK lines. nil: no logs.
 	Log *zap.Logger
@@ -113,6 +125,9 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	if err := cfg.Node.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if _, ok := cfg.Sink.(WaypointSink); cfg.Waypoint != "" && cfg.Sink != nil && !ok {
+		errs = append(errs, errors.New("Waypoint is set but Sink does not implement WaypointSink"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("xds: client config: %w", err)
@@ -157,7 +172,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		cfg:      cfg,
 		log:      log.With(zap.String("xds.address", cfg.Address)),
 		metrics:  m,
-		h:        newHandler(cfg.Sink),
+		h:        newHandler(cfg.Sink, cfg.Waypoint),
 		node:     cfg.Node.proto(),
 		dialOpts: opts,
 	}, nil
@@ -250,6 +265,9 @@ func (c *Client) stream(ctx context.Context) outcome {
 	}
 	for i, t := range typeURLs {
 		req := c.h.initialRequest(t)
+		if t == AddressType && c.cfg.AddressNames != nil {
+			req.ResourceNamesSubscribe = c.cfg.AddressNames
+		}
 		if i == 0 {
 			req.Node = c.node
 		}

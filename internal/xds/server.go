@@ -85,6 +85,9 @@ type typeState struct {
 	mu   sync.Mutex // serializes SetResources and UpdateResources of this type
 	snap atomic.Pointer[resmap.Map[*entry]]
 	set  bool
+	// gated: streams are held until this type has been set (the two
+	// workload API types; WaypointType is not gated).
+	gated bool
 }
 
 func (t *typeState) load() *resmap.Map[*entry] { return t.snap.Load() }
@@ -116,10 +119,13 @@ func NewServer(cfg ServerConfig) *Server {
 		streams: map[*stream]struct{}{},
 	}
 	for _, t := range typeURLs {
-		ts := &typeState{}
+		ts := &typeState{gated: true}
 		ts.snap.Store(resmap.Edit[*entry](nil).Done())
 		s.types[t] = ts
 	}
+	wp := &typeState{}
+	wp.snap.Store(resmap.Edit[*entry](nil).Done())
+	s.types[WaypointType] = wp
 	s.metrics = &serverMetrics{
 		clients: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "xds_server_clients",
@@ -221,7 +227,7 @@ func (s *Server) update(typeURL string, resources map[string]proto.Message, remo
 	// Only now that the snapshot holds the set may held streams proceed.
 	if whole && !ts.set {
 		ts.set = true
-		if int(s.setTypes.Add(1)) == len(s.types) {
+		if ts.gated && int(s.setTypes.Add(1)) == len(typeURLs) {
 			close(s.ready)
 		}
 	}
@@ -444,10 +450,21 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 		sub.wildcard = len(req.GetResourceNamesSubscribe()) == 0
 		st.subs[typeURL] = sub
 		st.updateNames(sub, req)
-		snap := st.snapshot(typeURL)
-		all := make([]string, 0, snap.Len()+len(sub.sent))
-		for n := range snap.All() {
-			all = append(all, n)
+		// A wildcard client is compared with every resource; a client
+		// that subscribed to names only with those (an on-demand node
+		// holds ~1 % of a large mesh).
+		var all []string
+		if sub.wildcard {
+			snap := st.snapshot(typeURL)
+			all = make([]string, 0, snap.Len()+len(sub.sent))
+			for n := range snap.All() {
+				all = append(all, n)
+			}
+		} else {
+			all = make([]string, 0, len(sub.names)+len(sub.sent))
+			for n := range sub.names {
+				all = append(all, n)
+			}
 		}
 		for n := range sub.sent {
 			all = append(all, n)

@@ -45,3 +45,28 @@ func TestUpdateResourcesPushesOnlyTheChange(t *testing.T) {
 		t.Errorf("server versions = %v, want b and c", got)
 	}
 }
+
+// TestAddressNamesSubscribesOnlyThose: a client with AddressNames holds
+// and is pushed only those names.
+func TestAddressNamesSubscribesOnlyThose(t *testing.T) {
+	srv := startServer(t, "127.0.0.1:0")
+	a, b := "Kubernetes//Pod/default/a", "Kubernetes//Pod/default/b"
+	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{a: workload(a, "10.1.0.1"), b: workload(b, "10.1.0.2")}))
+	srv.SetResources(AuthorizationType, nil)
+	cl := startClient(t, srv.addr, func(c *ClientConfig) { c.AddressNames = []string{a} })
+	waitClosed(t, "Synced", cl.Synced())
+	if got := cl.sink.names(AddressType); !slices.Equal(got, []string{a}) {
+		t.Fatalf("holds %v, want only %s", got, a)
+	}
+	before := cl.sink.callCount()
+	srv.UpdateResources(AddressType, map[string]proto.Message{b: workload(b, "10.1.0.9"), a: workload(a, "10.1.0.8")}, nil)
+	testkit.Eventually(t, waitTimeout, "a updated", func() bool {
+		w := cl.sink.address(a).GetWorkload()
+		return w != nil && len(w.Addresses) == 1 && w.Addresses[0][3] == 8
+	})
+	for _, call := range cl.sink.callsSince(before) {
+		if slices.Contains(call.upserts, b) {
+			t.Errorf("pushed %s, which the client did not subscribe to", b)
+		}
+	}
+}

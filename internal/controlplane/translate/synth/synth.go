@@ -134,7 +134,9 @@ func Pod(s Spec, i, gen int) *corev1.Pod {
 			UID:       types.UID(fmt.Sprint("uid-", i)),
 			Labels: map[string]string{
 				"app": dep, "version": "v1", "pod-template-hash": hash,
-				"churn": fmt.Sprint(gen),
+				// The workload's canonical revision names the generation,
+				// so a node proxy can tell which change it holds.
+				"service.istio.io/canonical-revision": Revision(gen),
 			},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "apps/v1", Kind: "ReplicaSet", Name: dep + "-" + hash, Controller: &ctrl,
@@ -156,6 +158,9 @@ func Pod(s Spec, i, gen int) *corev1.Pod {
 		},
 	}
 }
+
+// Revision is the canonical revision of a pod at generation gen.
+func Revision(gen int) string { return fmt.Sprintf("r%d", gen) }
 
 // PodIP is pod i's address in 10.0.0.0/8 (up to 16M pods).
 func PodIP(i int) netip.Addr {
