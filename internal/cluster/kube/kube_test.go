@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,6 +10,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 )
 
 // unreachable builds clients for an address nothing listens on: New must
@@ -61,6 +64,25 @@ func TestNewValidates(t *testing.T) {
 				t.Fatal("Current is not nil before Run")
 			}
 		})
+	}
+}
+
+// TestKindConstantsAndClientsets: every named Kind is a row of
+// cluster.Kinds, and each row is read through the clientset of its group.
+func TestKindConstantsAndClientsets(t *testing.T) {
+	named := []Kind{Namespaces, Pods, Services, EndpointSlices, ServiceEntries, WorkloadEntries,
+		AuthorizationPolicies, PeerAuthentications, Gateways, GatewayClasses}
+	for _, k := range named {
+		if !slices.Contains(AllKinds(), k) {
+			t.Errorf("constant %q is not a cluster kind", k)
+		}
+	}
+	want := map[Kind]api{Pods: apiKube, EndpointSlices: apiKube, ServiceEntries: apiIstio,
+		PeerAuthentications: apiIstio, GatewayClasses: apiGateway}
+	for _, k := range cluster.Kinds() {
+		if a, ok := want[Kind(k.Name)]; ok && apiOf(k) != a {
+			t.Errorf("%s read through clientset %d, want %d", k.Name, apiOf(k), a)
+		}
 	}
 }
 
