@@ -21,6 +21,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // waitTimeout bounds every wait for an asynchronous event; it is a safety
@@ -206,17 +207,6 @@ func startClient(t *testing.T, path string, h zds.Handler) (stop func()) {
 	return stop
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func summary(evs []event) []string {
 	var out []string
 	for _, e := range evs {
@@ -387,7 +377,7 @@ func TestSnapshotAfterProxyReconnect(t *testing.T) {
 		t.Fatalf("uid-a netns %v, want %v", got[0].ns.ID(), nsA.ID())
 	}
 	stop()
-	eventually(t, "the server to notice the proxy left", func() bool { return srv.Connected() == 0 })
+	testkit.Eventually(t, waitTimeout, "the server to notice the proxy left", func() bool { return srv.Connected() == 0 })
 
 	state.remove("uid-a")
 	state.set("uid-c", nsC.Handle)
@@ -604,7 +594,7 @@ func TestServerSurvivesBadProxies(t *testing.T) {
 			if _, _, err := p.WriteMsgUnix(ackOK, nil, nil); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "the proxy to register", func() bool { return srv.Connected() == 1 })
+			testkit.Eventually(t, waitTimeout, "the proxy to register", func() bool { return srv.Connected() == 1 })
 			errc := make(chan error, 1)
 			go func() { errc <- srv.AddWorkload(context.Background(), "uid-1", nil, selfNetns(t).FD()) }()
 			if req := recvRequest(t, p); req.GetAdd().GetUid() != "uid-1" {
@@ -648,7 +638,7 @@ func TestAckTimeoutDropsConnection(t *testing.T) {
 
 	p := fakeProxy(t, path, zdsapi.Version_V1)
 	recvRequest(t, p) // snapshot_sent, never acked
-	eventually(t, "the unanswered snapshot to drop the proxy", func() bool {
+	testkit.Eventually(t, waitTimeout, "the unanswered snapshot to drop the proxy", func() bool {
 		// The proxy sees EOF once the server gave up.
 		p.SetReadDeadline(time.Now().Add(time.Millisecond))
 		n, _, _, _, err := p.ReadMsgUnix(make([]byte, 64), nil)

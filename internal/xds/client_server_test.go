@@ -22,6 +22,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 func TestFullSync(t *testing.T) {
@@ -53,7 +54,7 @@ func TestFullSync(t *testing.T) {
 	if got := srv.Clients(); got != 1 {
 		t.Errorf("Clients() = %d, want 1", got)
 	}
-	eventually(t, "node id on the server", func() bool { return slices.Equal(srv.Nodes(), []string{testNode.ID()}) })
+	testkit.Eventually(t, waitTimeout, "node id on the server", func() bool { return slices.Equal(srv.Nodes(), []string{testNode.ID()}) })
 	if n := counter(t, c.reg, "istio_xds_message_total", "url", AddressType); n != 1 {
 		t.Errorf("istio_xds_message_total{url=Address} = %v, want 1", n)
 	}
@@ -112,7 +113,7 @@ func TestIncrementalPushAndRemoval(t *testing.T) {
 	}))
 	set["b"] = workload("b", "10.1.0.22")
 	srv.SetResources(AddressType, addrSet(set))
-	eventually(t, "b updated", func() bool {
+	testkit.Eventually(t, waitTimeout, "b updated", func() bool {
 		return proto.Equal(c.sink.address("b"), workload("b", "10.1.0.22"))
 	})
 	if got, want := c.sink.callsSince(base), []sinkCall{{typeURL: AddressType, upserts: []string{"b"}}}; !equalCalls(got, want) {
@@ -123,11 +124,11 @@ func TestIncrementalPushAndRemoval(t *testing.T) {
 	base = c.sink.callCount()
 	delete(set, "c")
 	srv.SetResources(AddressType, addrSet(set))
-	eventually(t, "c removed", func() bool { return c.sink.address("c") == nil })
+	testkit.Eventually(t, waitTimeout, "c removed", func() bool { return c.sink.address("c") == nil })
 	if got, want := c.sink.callsSince(base), []sinkCall{{typeURL: AddressType, removes: []string{"c"}}}; !equalCalls(got, want) {
 		t.Fatalf("sink calls after removal = %+v, want %+v", got, want)
 	}
-	eventually(t, "versions", func() bool { return maps.Equal(c.ResourceVersions(AddressType), srv.Versions(AddressType)) })
+	testkit.Eventually(t, waitTimeout, "versions", func() bool { return maps.Equal(c.ResourceVersions(AddressType), srv.Versions(AddressType)) })
 	if _, ok := c.ResourceVersions(AddressType)["c"]; ok {
 		t.Error("client still tracks a version for removed c")
 	}
@@ -160,7 +161,7 @@ func TestRejectedResourceNACK(t *testing.T) {
 		t.Errorf("good-1 version %q not recorded", versions["good-1"])
 	}
 
-	eventually(t, "server NACK log", func() bool { return srv.logs.FilterMessageSnippet("NACK").Len() > 0 })
+	testkit.Eventually(t, waitTimeout, "server NACK log", func() bool { return srv.logs.FilterMessageSnippet("NACK").Len() > 0 })
 	entry := srv.logs.FilterMessageSnippet("NACK").All()[0]
 	fields := entry.ContextMap()
 	if msg, _ := fields["message"].(string); !strings.Contains(msg, `"bad-1"`) || !strings.Contains(msg, "fake sink refuses bad names") {
@@ -181,7 +182,7 @@ func TestRejectedResourceNACK(t *testing.T) {
 		"good-1": workload("good-1", "10.1.0.1"),
 		"good-2": workload("good-2", "10.1.0.2"),
 	}))
-	eventually(t, "good-2", func() bool { return c.sink.address("good-2") != nil })
+	testkit.Eventually(t, waitTimeout, "good-2", func() bool { return c.sink.address("good-2") != nil })
 }
 
 // TestServerRestartResync restarts the control plane on the same port. The
@@ -205,7 +206,7 @@ func TestServerRestartResync(t *testing.T) {
 	}
 
 	srv.gs.Stop()
-	eventually(t, "client to notice", func() bool {
+	testkit.Eventually(t, waitTimeout, "client to notice", func() bool {
 		return counter(t, c.reg, "istio_xds_connection_terminations_total") >= 1
 	})
 	before := c.sink.callCount()
@@ -217,7 +218,7 @@ func TestServerRestartResync(t *testing.T) {
 	// unchanged. The client reaches it before it has loaded its state: the
 	// server must hold the stream rather than answer "remove everything".
 	srv2 := startServer(t, srv.addr)
-	eventually(t, "client stream on the new server", func() bool { return srv2.reqs.streams() >= 1 })
+	testkit.Eventually(t, waitTimeout, "client stream on the new server", func() bool { return srv2.reqs.streams() >= 1 })
 	if n := c.sink.callCount(); n != before {
 		t.Fatalf("sink got %+v from a server without state", c.sink.callsSince(before))
 	}
@@ -227,7 +228,7 @@ func TestServerRestartResync(t *testing.T) {
 	srv2.SetResources(AddressType, addrSet(addrs))
 	srv2.SetResources(AuthorizationType, authzSet(authz))
 
-	eventually(t, "resync", func() bool {
+	testkit.Eventually(t, waitTimeout, "resync", func() bool {
 		return slices.Equal(c.sink.names(AddressType), []string{"a", "b", "d"}) &&
 			proto.Equal(c.sink.address("b"), workload("b", "10.1.0.22"))
 	})
@@ -256,7 +257,7 @@ func TestServerRestartResync(t *testing.T) {
 			t.Errorf("%s initial_resource_versions = %v, want %v", typ, got[typ], held[typ])
 		}
 	}
-	eventually(t, "versions", func() bool { return maps.Equal(c.ResourceVersions(AddressType), srv2.Versions(AddressType)) })
+	testkit.Eventually(t, waitTimeout, "versions", func() bool { return maps.Equal(c.ResourceVersions(AddressType), srv2.Versions(AddressType)) })
 }
 
 // authServer answers only streams with the expected metadata and records the
@@ -323,7 +324,7 @@ func TestBearerTokenFromFileAndMetadata(t *testing.T) {
 	srv2 := startServer(t, srv.addr, grpc.StreamInterceptor(auth.intercept))
 	srv2.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
 	srv2.SetResources(AuthorizationType, nil)
-	eventually(t, "reconnect with the new token", func() bool { return srv2.Clients() == 1 })
+	testkit.Eventually(t, waitTimeout, "reconnect with the new token", func() bool { return srv2.Clients() == 1 })
 	if got := auth.seen(); got[len(got)-1] != "Bearer tok-2" {
 		t.Errorf("after reconnect server saw %v, want the last to be Bearer tok-2", got)
 	}
@@ -335,7 +336,7 @@ func TestRejectedTokenNeverSyncs(t *testing.T) {
 	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
 	srv.SetResources(AuthorizationType, nil)
 	c := startClient(t, srv.addr, func(cfg *ClientConfig) { cfg.Token = "wrong" })
-	eventually(t, "retries", func() bool {
+	testkit.Eventually(t, waitTimeout, "retries", func() bool {
 		return counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", ReasonConnectionError) >= 3
 	})
 	select {
@@ -383,7 +384,7 @@ func TestTLS(t *testing.T) {
 				}
 				return
 			}
-			eventually(t, "a failed handshake", func() bool {
+			testkit.Eventually(t, waitTimeout, "a failed handshake", func() bool {
 				return counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", ReasonConnectionError) >= 1
 			})
 			if c.sink.callCount() != 0 {
@@ -409,7 +410,7 @@ func TestManyClients(t *testing.T) {
 	}
 	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.99")}))
 	for i, c := range clients {
-		eventually(t, "change on every client", func() bool {
+		testkit.Eventually(t, waitTimeout, "change on every client", func() bool {
 			return proto.Equal(c.sink.address("a"), workload("a", "10.1.0.99"))
 		})
 		if calls := c.sink.callsSince(0); len(calls) != 2 {
@@ -427,7 +428,7 @@ func TestManyClients(t *testing.T) {
 func TestRunTwice(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
 	c := startClient(t, srv.addr)
-	eventually(t, "running", func() bool { return c.running.Load() })
+	testkit.Eventually(t, waitTimeout, "running", func() bool { return c.running.Load() })
 	if err := c.Run(context.Background()); err != ErrAlreadyRunning {
 		t.Errorf("second Run = %v, want ErrAlreadyRunning", err)
 	}

@@ -29,6 +29,10 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 )
 
+// waitTimeout bounds every testkit.Eventually here: a generous deadline that
+// only guards against hangs (no timing is asserted).
+const waitTimeout = 15 * time.Second
+
 // fakeSink is an in-memory Sink. It rejects resources named "bad*" with a
 // ResourceErrors naming them and applies the rest.
 type fakeSink struct {
@@ -115,19 +119,6 @@ func (s *fakeSink) callsSince(n int) []sinkCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.calls[n:])
-}
-
-// eventually polls cond until it holds; it fails the test after a generous
-// deadline that only guards against hangs (no timing is asserted).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func waitClosed(t *testing.T, what string, ch <-chan struct{}) {

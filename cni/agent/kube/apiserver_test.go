@@ -12,6 +12,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/agent"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // TestStatusWriterOnAPIServer writes the redirection annotation as the
@@ -87,23 +88,15 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 		v, ok := p.Annotations[AnnotationRedirection]
 		return v, ok
 	}
-	eventually := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
 	st := agent.PodStatus{UID: string(pod.UID), Namespace: "app", Name: "web"}
 	for _, s := range []agent.State{agent.StatePending, agent.StateEnabled} {
 		st.State = s
 		_ = w.WriteStatus(ctx, st)
-		eventually("annotation "+AnnotationValue(s), func() bool { v, _ := annotation(); return v == AnnotationValue(s) })
+		testkit.Eventually(t, 10*time.Second, "annotation "+AnnotationValue(s), func() bool { v, _ := annotation(); return v == AnnotationValue(s) })
 	}
 	_ = w.ClearStatus(ctx, agent.PodRef{UID: string(pod.UID), Namespace: "app", Name: "web"})
-	eventually("annotation removed", func() bool { _, ok := annotation(); return !ok })
-	eventually("queue drained", func() bool { return w.Pending() == 0 })
+	testkit.Eventually(t, 10*time.Second, "annotation removed", func() bool { _, ok := annotation(); return !ok })
+	testkit.Eventually(t, 10*time.Second, "queue drained", func() bool { return w.Pending() == 0 })
 
 	// A namesake replaces the pod; a late write for the old one is dropped.
 	if err := admin.CoreV1().Pods("app").Delete(ctx, "web", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
@@ -112,7 +105,7 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 	mkPod()
 	st.State = agent.StateEnabled
 	_ = w.WriteStatus(ctx, st)
-	eventually("the stale write dropped", func() bool { return w.Pending() == 0 })
+	testkit.Eventually(t, 10*time.Second, "the stale write dropped", func() bool { return w.Pending() == 0 })
 	if _, ok := annotation(); ok {
 		t.Fatal("a write for the old pod landed on its namesake")
 	}

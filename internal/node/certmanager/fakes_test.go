@@ -12,6 +12,10 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
+// waitTimeout bounds every testkit.Eventually here (bounded, not a timing
+// assertion).
+const waitTimeout = 10 * time.Second
+
 // fakeClock is a manual Clock: time moves only on Advance, which fires due
 // timers. It records every timer's duration so tests can check refresh and
 // backoff schedules exactly.
@@ -175,16 +179,4 @@ func (f *fakeCA) Request(ctx context.Context, id identity.Identity, csrPEM []byt
 		id = *as
 	}
 	return f.ca.Sign(csrPEM, id, f.ttl)
-}
-
-// eventually polls cond (bounded, not a timing assertion).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 var (
@@ -166,7 +167,7 @@ func TestConcurrentFetchOneRequest(t *testing.T) {
 			results[i] = c
 		})
 	}
-	eventually(t, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
+	testkit.Eventually(t, waitTimeout, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
 	close(gate)
 	wg.Wait()
 	for i, c := range results {
@@ -184,7 +185,7 @@ func TestFetchBoundedByContext(t *testing.T) {
 	h := newHarness(t, time.Hour, gate)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		eventually(t, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
+		testkit.Eventually(t, waitTimeout, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
 		cancel()
 	}()
 	_, err := h.m.Fetch(ctx, idA)
@@ -243,7 +244,7 @@ func TestRefreshRealClock(t *testing.T) {
 	t.Cleanup(func() { _ = m.Close() })
 	c1 := fetch(t, m, idA)
 	var c2 *identity.WorkloadCertificate
-	eventually(t, "a refreshed certificate", func() bool {
+	testkit.Eventually(t, waitTimeout, "a refreshed certificate", func() bool {
 		c2 = fetch(t, m, idA) // fails the test if the old one ever lapsed unreplaced
 		return c2 != c1
 	})
@@ -418,13 +419,13 @@ func TestForgetWakesWaiters(t *testing.T) {
 		_, err := h.m.Fetch(context.Background(), idA)
 		errc <- err
 	}()
-	eventually(t, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
+	testkit.Eventually(t, waitTimeout, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
 	h.m.Forget(idA)
 	if err := <-errc; !errors.Is(err, ErrForgotten) {
 		t.Fatalf("Fetch err = %v, want ErrForgotten", err)
 	}
 	// The in-flight request was cancelled.
-	eventually(t, "the cancelled request", func() bool { return h.ca.inflight.Load() == 0 })
+	testkit.Eventually(t, waitTimeout, "the cancelled request", func() bool { return h.ca.inflight.Load() == 0 })
 }
 
 func TestSetWanted(t *testing.T) {
@@ -433,7 +434,7 @@ func TestSetWanted(t *testing.T) {
 	h.clock.waitTimers(t, 2)
 	h.m.SetWanted([]identity.Identity{idB, idC, idC})
 	var got []string
-	eventually(t, "b and c available", func() bool {
+	testkit.Eventually(t, waitTimeout, "b and c available", func() bool {
 		got = got[:0]
 		for _, d := range h.m.Dump() {
 			if d.State != StateAvailable {
@@ -459,7 +460,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		ids = append(ids, identity.MustNew("cluster.local", "ns", fmt.Sprintf("sa-%d", i)))
 	}
 	h.m.SetWanted(ids)
-	eventually(t, "8 requests in flight", func() bool { return h.ca.inflight.Load() == DefaultMaxConcurrentFetches })
+	testkit.Eventually(t, waitTimeout, "8 requests in flight", func() bool { return h.ca.inflight.Load() == DefaultMaxConcurrentFetches })
 	close(gate)
 	for _, id := range ids {
 		fetch(t, h.m, id)
@@ -481,7 +482,7 @@ func TestClose(t *testing.T) {
 		_, err := h.m.Fetch(context.Background(), idA)
 		errc <- err
 	}()
-	eventually(t, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
+	testkit.Eventually(t, waitTimeout, "the CA request", func() bool { return h.ca.inflight.Load() == 1 })
 	if err := h.m.Close(); err != nil {
 		t.Fatal(err)
 	}
