@@ -9,7 +9,7 @@ import (
 func TestParseFlags(t *testing.T) {
 	chart := []string{"--node-name=n1", "--in-cluster", "--system-namespace=mesh", "--state-dir=/var/run/ztunnel-cni",
 		"--install=true", "--keep-on-exit=true", "--dns-capture=true", "--exclude-namespaces=kube-system",
-		"--admin-addr=10.0.0.1:8000", "--log-level=warn"}
+		"--admin-addr=localhost:8000", "--readiness-addr=:8001", "--log-level=warn", "--log-format=json"}
 	tests := []struct {
 		name    string
 		args    []string
@@ -23,7 +23,11 @@ func TestParseFlags(t *testing.T) {
 		{"both modes", []string{"--node-name=n1", "--local-config=/d", "--in-cluster"}, "exclude each other"},
 		{"plugin kubeconfig without in-cluster", []string{"--node-name=n1", "--kubeconfig=/k", "--plugin-kubeconfig=/p"}, "goes with --in-cluster"},
 		{"bad log level", []string{"--node-name=n1", "--in-cluster", "--log-level=loud"}, "--log-level"},
+		{"bad log format", []string{"--node-name=n1", "--in-cluster", "--log-format=xml"}, "--log-format"},
 		{"unresolved admin address", []string{"--node-name=n1", "--in-cluster", "--admin-addr=$(HOST_IP)"}, "--admin-addr"},
+		{"admin on the host IP", []string{"--node-name=n1", "--in-cluster", "--admin-addr=10.0.0.1:8000"}, "loopback only"},
+		{"admin on every address", []string{"--node-name=n1", "--in-cluster", "--admin-addr=:8000"}, "loopback only"},
+		{"bad readiness address", []string{"--node-name=n1", "--in-cluster", "--readiness-addr=8001"}, "--readiness-addr"},
 		{"stray argument", []string{"--node-name=n1", "--in-cluster", "x"}, "unexpected arguments"},
 	}
 	for _, tc := range tests {
@@ -42,8 +46,12 @@ func TestParseFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := o.summary()
-	if s.Mode != "kubernetes" || s.AdminAddr != "10.0.0.1:8000" || s.ReadyPath != "/ready" ||
-		s.PluginKubeconfig != "/var/run/ztunnel-cni/plugin-kubeconfig" || s.NodeName != "n1" {
-		t.Errorf("summary = %+v", s)
+	if s.Mode != "kubernetes" || s.AdminAddr != "localhost:8000" || s.ReadinessAddr != ":8001" || s.ReadinessPath != "/healthz/ready" ||
+		s.PluginKubeconfig != "/var/run/ztunnel-cni/plugin-kubeconfig" || s.NodeName != "n1" || o.LogLevel != "warn" {
+		t.Errorf("summary = %+v (plugin log level %q)", s, o.LogLevel)
+	}
+	o, _ = parseFlags([]string{"--node-name=n1", "--local-config=/d"}, io.Discard)
+	if s := o.summary(); s.AdminAddr != "localhost:8000" || s.ReadinessAddr != ":8001" {
+		t.Errorf("defaults: %+v", s)
 	}
 }

@@ -2,17 +2,15 @@ package main
 
 import (
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
 )
 
 func TestParseFlags(t *testing.T) {
-	chart := []string{"--in-cluster", "--listen=:15012", "--admin=:15014", "--readiness-addr=:15021",
-		"--system-namespace=mesh", "--lease-namespace=mesh", "--trusted-node-accounts=mesh/ztunnel",
-		"--root-cert=/c", "--root-key=/k", "--log-level=debug"}
+	chart := []string{"--in-cluster", "--listen=:15012", "--admin=localhost:15014", "--metrics-addr=:15015",
+		"--readiness-addr=:15016", "--system-namespace=mesh", "--lease-namespace=mesh", "--trusted-node-accounts=mesh/ztunnel",
+		"--root-cert=/c", "--root-key=/k", "--log-level=debug", "--log-format=json"}
 	tests := []struct {
 		name    string
 		args    []string
@@ -24,9 +22,12 @@ func TestParseFlags(t *testing.T) {
 		{"no mode", []string{"--listen=:1"}, "is required"},
 		{"both modes", []string{"--config-dir=/d", "--kubeconfig=/k"}, "exclude each other"},
 		{"bad log level", []string{"--config-dir=/d", "--log-level=loud"}, "--log-level"},
+		{"bad log format", []string{"--config-dir=/d", "--log-format=xml"}, "--log-format"},
 		{"root cert without key", []string{"--config-dir=/d", "--root-cert=/c"}, "go together"},
 		{"bad trusted account", []string{"--in-cluster", "--trusted-node-accounts=ztunnel"}, "--trusted-node-accounts"},
 		{"bad readiness address", []string{"--in-cluster", "--readiness-addr=15021"}, "--readiness-addr"},
+		{"debug server on every address", []string{"--in-cluster", "--admin=:15014"}, "loopback only"},
+		{"debug server on the pod IP", []string{"--in-cluster", "--admin=10.244.0.7:15014"}, "loopback only"},
 		{"stray argument", []string{"--in-cluster", "extra"}, "unexpected arguments"},
 	}
 	for _, tc := range tests {
@@ -47,43 +48,26 @@ func TestParseFlags(t *testing.T) {
 	}
 	s := o.summary()
 	if s.Mode != "kubernetes" || s.RootConfigMap != "mesh/istio-ca-root-cert" || s.RootConfigMapKey != "root-cert.pem" ||
-		s.ReadinessAddr != ":15021" || s.ReadinessPath != "/healthz/ready" || s.Lease != "mesh/ztunnel-cp" ||
-		!slices.Equal(s.TrustedNodeAccounts, []string{"mesh/ztunnel"}) {
+		s.ReadinessAddr != ":15016" || s.ReadinessPath != "/healthz/ready" || s.MetricsAddr != ":15015" ||
+		s.Admin != "localhost:15014" || s.Lease != "mesh/ztunnel-cp" || !slices.Equal(s.TrustedNodeAccounts, []string{"mesh/ztunnel"}) {
 		t.Errorf("summary = %+v", s)
+	}
+	if o.EnrollmentFromLabels {
+		t.Error("Kubernetes mode enrols from labels without --enrollment-from-labels")
 	}
 	if !slices.Contains(s.ServingNames, "ztunnel-cp.mesh.svc") {
 		t.Errorf("serving names %v lack the Service's ztunnel-cp.mesh.svc", s.ServingNames)
 	}
 	o, _ = parseFlags([]string{"--kubeconfig=/k", "--listen=10.1.2.3:15012"}, io.Discard)
-	if names := o.servingNames(); !slices.Contains(names, "10.1.2.3") || !slices.Contains(names, "ztunnel-cp.istio-system.svc") {
+	if names := o.ServingNames(); !slices.Contains(names, "10.1.2.3") || !slices.Contains(names, "ztunnel-cp.istio-system.svc") {
 		t.Errorf("serving names %v lack the listener's IP or the default namespace's Service", names)
 	}
-	if o, _ := parseFlags([]string{"--config-dir=/d"}, io.Discard); o.servingNames() != nil {
-		t.Errorf("local mode serving names = %v, want nil (the control plane's defaults)", o.servingNames())
+	o, _ = parseFlags([]string{"--config-dir=/d"}, io.Discard)
+	if o.ServingNames() != nil || !o.EnrollmentFromLabels {
+		t.Errorf("local mode: serving names %v (want nil: the control plane's defaults), enrolment from labels %v",
+			o.ServingNames(), o.EnrollmentFromLabels)
 	}
-}
-
-func TestReadiness(t *testing.T) {
-	synced := make(chan struct{})
-	published := false
-	h := readinessHandler(readyFunc(synced, func() bool { return published }))
-	get := func(path string) int {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
-		return rec.Code
-	}
-	if got := get(readinessPath); got != http.StatusServiceUnavailable {
-		t.Errorf("before the first translation: %d, want 503", got)
-	}
-	close(synced)
-	if got := get(readinessPath); got != http.StatusServiceUnavailable {
-		t.Errorf("synced, root not published: %d, want 503", got)
-	}
-	published = true
-	if got := get(readinessPath); got != http.StatusOK {
-		t.Errorf("synced and published: %d, want 200", got)
-	}
-	if got := get("/ready"); got != http.StatusNotFound {
-		t.Errorf("other path: %d, want 404", got)
+	if s := o.summary(); s.Admin != "localhost:15014" || s.MetricsAddr != ":15015" || s.ReadinessAddr != ":15016" {
+		t.Errorf("defaults: %+v", s)
 	}
 }

@@ -12,17 +12,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"runtime/debug"
 	"sync"
-	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
@@ -34,35 +31,43 @@ import (
 
 func main() {
 	localDir := flag.String("local-config", "", "embed the control plane over this directory of Kubernetes/Istio YAML instead of dialling XDS_ADDRESS")
+	var logFlags daemon.LogFlags
+	logFlags.Register(flag.CommandLine, "", "")
 	flag.Parse()
-	cfg, err := config.Parse(os.LookupEnv, *localDir, os.Environ())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+	// The environment configures the node proxy (as Istio's ztunnel); the
+	// daemons' shared log flags, when given, win over LOG_LEVEL/RUST_LOG and
+	// LOG_FORMAT.
+	overrides := map[string]string{}
+	flag.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case daemon.FlagLogLevel:
+			overrides[config.EnvLogLevel] = logFlags.Level
+		case daemon.FlagLogFormat:
+			overrides[config.EnvLogFormat] = logFlags.Format
+		}
+	})
+	if _, err := logFlags.Config(); err != nil && len(overrides) > 0 {
+		daemon.ExitOnFlagError("ztunnel", err)
 	}
-	level := zap.NewAtomicLevelAt(cfg.LogLevel)
-	zc := zap.NewProductionConfig()
-	zc.Level, zc.Encoding, zc.Sampling = level, cfg.LogFormat, nil // never sample away access-log lines
-	zc.DisableStacktrace = true                                    // a refused connection is not a crash
-	zc.EncoderConfig.TimeKey, zc.EncoderConfig.EncodeTime = "time", zapcore.ISO8601TimeEncoder
-	log, err := zc.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+	env := func(k string) (string, bool) {
+		if v, ok := overrides[k]; ok {
+			return v, true
+		}
+		return os.LookupEnv(k)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	cfg, err := config.Parse(env, *localDir, os.Environ())
+	daemon.ExitOnFlagError("ztunnel", err)
+	log, level, err := daemon.NewLogger(daemon.LogConfig{Level: cfg.LogLevel, Format: cfg.LogFormat})
+	daemon.ExitOnFlagError("ztunnel", err)
+	ctx, stop := daemon.SignalContext()
 	defer stop()
-	if err := run(ctx, cfg, log, level); err != nil {
-		log.Error("ztunnel failed", zap.Error(err))
-		os.Exit(1)
-	}
-	log.Info("ztunnel stopped")
+	daemon.Exit(log, "ztunnel", run(ctx, cfg, log, level))
 }
 
 // run serves until ctx is done (SIGTERM) or /quitquitquit, then drains the
 // pods' listeners and stops.
 func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.AtomicLevel) error {
-	log.Info("starting ztunnel-go", zap.String("version", version()), zap.Any("config", cfg))
+	log.Info("starting ztunnel-go", zap.String("version", daemon.Version()), zap.Any("config", cfg))
 	reg := admin.NewRegistry()
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -133,7 +138,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		}
 		factory.DNS = &inpod.DNSTemplate{
 			Config: dnsproxy.Config{Network: cfg.Network, Resolver: dnsproxy.Resolver{
-				Domain: cfg.ClusterDomain, DisableIPv6: !cfg.IPv6Enabled, PreferredNamespace: cfg.PreferedServiceNS,
+				Domain: cfg.ClusterDomain, DisableIPv6: !cfg.IPv6Enabled, PreferredNamespace: cfg.PreferredServiceNamespace,
 			}},
 			Deps: dnsproxy.Deps{Store: store, Forwarder: fwd, Metrics: dnsproxy.NewMetrics(reg), Log: log.Named("dns")},
 		}
@@ -148,10 +153,10 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	}
 	adm, err := admin.Listen(admin.Config{AdminAddr: cfg.AdminAddr, StatsAddr: cfg.StatsAddr, ReadinessAddr: cfg.ReadinessAddr}, admin.Deps{
 		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: stop,
-		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: version(),
+		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
 			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }}},
-		Readiness: admin.NewReadiness(admin.Task{Name: admin.TaskStateManager, Done: xc.Synced()},
-			admin.Task{Name: admin.TaskWorkloadProxyManager, Done: mgr.Ready()}),
+		Readiness: daemon.NewReadiness(daemon.Task{Name: admin.TaskStateManager, Ready: daemon.Closed(xc.Synced())},
+			daemon.Task{Name: admin.TaskWorkloadProxyManager, Ready: daemon.Closed(mgr.Ready())}),
 	})
 	if err != nil {
 		return err
@@ -182,11 +187,4 @@ func remoteOrLocal(cfg *config.Config, log *zap.Logger, reg prometheus.Registere
 		return localUpstream(cfg, log.Named("controlplane"), reg)
 	}
 	return remoteUpstream(cfg)
-}
-
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "unknown"
 }

@@ -131,7 +131,7 @@ status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		code, body := get(readyAddr, "/healthz/ready")
-		ready := code == 500 && body == "not ready, pending: workload proxy manager"
+		ready := code == 503 && body == "not ready, pending: workload proxy manager"
 		_, raw := get(adminAddr, "/config_dump")
 		_ = json.Unmarshal([]byte(raw), &dump)
 		if ready && len(dump.Certificates) == 1 && dump.Certificates[0].State == "Available" {

@@ -1,4 +1,4 @@
-package main
+package bootstrap
 
 import (
 	"context"
@@ -31,7 +31,7 @@ func TestRootPublisherOnAPIServer(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "ztunnel-cp", Namespace: ns},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
-			{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{rootConfigMapName}, Verbs: []string{"get", "update"}},
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{RootConfigMapName}, Verbs: []string{"get", "update"}},
 		},
 	}
 	if _, err := admin.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
@@ -53,10 +53,10 @@ func TestRootPublisherOnAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	const root = "-----BEGIN CERTIFICATE-----\nroot\n-----END CERTIFICATE-----\n"
-	p := &rootPublisher{Client: c, Namespace: ns, RootPEM: []byte(root)}
+	p := &RootPublisher{Client: c, Namespace: ns, RootPEM: []byte(root)}
 	get := func() *corev1.ConfigMap {
 		t.Helper()
-		cm, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, rootConfigMapName, metav1.GetOptions{})
+		cm, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, RootConfigMapName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,8 +71,8 @@ func TestRootPublisherOnAPIServer(t *testing.T) {
 		if wrote != wantWrite {
 			t.Errorf("publish wrote = %v, want %v", wrote, wantWrite)
 		}
-		if got := get().Data[rootConfigMapKey]; got != root {
-			t.Errorf("%s = %q, want the root", rootConfigMapKey, got)
+		if got := get().Data[RootConfigMapKey]; got != root {
+			t.Errorf("%s = %q, want the root", RootConfigMapKey, got)
 		}
 	}
 	publish(true) // created
@@ -82,12 +82,12 @@ func TestRootPublisherOnAPIServer(t *testing.T) {
 		t.Error("an identical ConfigMap was rewritten")
 	}
 	cm := get()
-	cm.Data[rootConfigMapKey] = "stale"
+	cm.Data[RootConfigMapKey] = "stale"
 	if _, err := admin.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	publish(true) // edited: restored
-	if err := admin.CoreV1().ConfigMaps(ns).Delete(ctx, rootConfigMapName, metav1.DeleteOptions{}); err != nil {
+	if err := admin.CoreV1().ConfigMaps(ns).Delete(ctx, RootConfigMapName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -104,12 +104,12 @@ func TestRootPublisherOnAPIServer(t *testing.T) {
 	}
 	stop()
 	<-done
-	if got := get().Data[rootConfigMapKey]; got != root {
+	if got := get().Data[RootConfigMapKey]; got != root {
 		t.Errorf("after Run: %q, want the root", got)
 	}
 
 	// Elsewhere the Role grants nothing: the publisher reports the refusal.
-	other := &rootPublisher{Client: c, Namespace: "default", RootPEM: []byte(root)}
+	other := &RootPublisher{Client: c, Namespace: "default", RootPEM: []byte(root)}
 	if _, err := other.publish(ctx); !apierrors.IsForbidden(err) {
 		t.Errorf("publish in another namespace: %v, want Forbidden", err)
 	}

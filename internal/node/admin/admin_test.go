@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/statetest"
@@ -45,7 +46,7 @@ func testDeps(t *testing.T) (Deps, *atomic.Int32) {
 			Version:  "test",
 			Sections: map[string]func() any{KeyWorkloadState: func() any { return map[string]string{"uid-1": "Up"} }},
 		},
-		Readiness: NewReadiness(Task{TaskStateManager, done}),
+		Readiness: daemon.NewReadiness(daemon.Task{Name: TaskStateManager, Ready: daemon.Closed(done)}),
 		Shutdown:  func() { shut.Add(1) },
 	}, &shut
 }
@@ -128,7 +129,7 @@ func TestLogging(t *testing.T) {
 		{"GET", "/logging", 200, "current log level is info\n", zapcore.InfoLevel},
 		{"GET", "/logging?level=debug", 405, "takes POST", zapcore.InfoLevel},
 		{"POST", "/logging?level=debug", 200, "current log level is debug\n", zapcore.DebugLevel},
-		{"POST", "/logging?level=chatty", 400, "invalid level", zapcore.DebugLevel},
+		{"POST", "/logging?level=chatty", 400, "unknown level", zapcore.DebugLevel},
 		{"POST", "/logging", 400, "POST /logging?level=", zapcore.DebugLevel},
 		{"POST", "/logging?reset", 200, "current log level is info\n", zapcore.InfoLevel},
 		{"PUT", "/logging", 405, "use GET or POST", zapcore.InfoLevel},
@@ -207,14 +208,15 @@ func TestStats(t *testing.T) {
 
 func TestReadiness(t *testing.T) {
 	xdsSynced, zdsReady := make(chan struct{}), make(chan struct{})
-	r := NewReadiness(Task{TaskWorkloadProxyManager, zdsReady}, Task{TaskStateManager, xdsSynced})
+	r := daemon.NewReadiness(daemon.Task{Name: TaskWorkloadProxyManager, Ready: daemon.Closed(zdsReady)},
+		daemon.Task{Name: TaskStateManager, Ready: daemon.Closed(xdsSynced)})
 	for _, tc := range []struct {
 		closeCh chan struct{}
 		code    int
 		body    string
 	}{
-		{nil, 500, "not ready, pending: state manager, workload proxy manager"},
-		{xdsSynced, 500, "not ready, pending: workload proxy manager"},
+		{nil, 503, "not ready, pending: state manager, workload proxy manager"},
+		{xdsSynced, 503, "not ready, pending: workload proxy manager"},
 		{zdsReady, 200, "ready\n"},
 	} {
 		if tc.closeCh != nil {

@@ -1,23 +1,17 @@
 package admin
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"html"
 	"net/http"
-	"runtime/pprof"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
@@ -106,8 +100,7 @@ func AdminHandler(deps Deps) http.Handler {
 			deps.logger().Warn("writing config dump", zap.Error(err))
 		}
 	})
-	lg := &logging{level: deps.Level, initial: deps.Level.Level()}
-	mux.Handle("/logging", lg)
+	daemon.DebugHandlers(mux, deps.Level)
 	var once sync.Once
 	mux.HandleFunc("/quitquitquit", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -122,9 +115,6 @@ func AdminHandler(deps Deps) http.Handler {
 		once.Do(func() { go deps.Shutdown() })
 		fmt.Fprintln(w, "shutdown now")
 	})
-	mux.HandleFunc("GET /debug/pprof/", pprofIndex)
-	mux.HandleFunc("GET /debug/pprof/profile", pprofCPU)
-	mux.HandleFunc("GET /debug/pprof/{name}", pprofNamed)
 	mux.HandleFunc("GET /{$}", index)
 	return mux
 }
@@ -147,104 +137,6 @@ func StatsHandler(g prometheus.Gatherer, log *zap.Logger) http.Handler {
 	mux.Handle("GET /metrics", h)
 	mux.Handle("GET /stats/prometheus", h)
 	return mux
-}
-
-// logging serves /logging: GET shows the level; POST ?level=<lvl> sets it,
-// POST ?reset restores the level the process started with. Changing state
-// takes POST (as in Istio's ztunnel and Envoy), so a browser cannot change
-// it by following a link.
-type logging struct {
-	level   zap.AtomicLevel
-	initial zapcore.Level
-}
-
-func (l *logging) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-		if q.Has("level") || q.Has("reset") {
-			w.Header().Set("Allow", "GET, POST")
-			http.Error(w, "changing the log level takes POST", http.StatusMethodNotAllowed)
-			return
-		}
-	case http.MethodPost:
-		switch {
-		case q.Has("reset"):
-			l.level.SetLevel(l.initial)
-		case q.Has("level"):
-			var lvl zapcore.Level
-			if err := lvl.UnmarshalText([]byte(q.Get("level"))); err != nil {
-				http.Error(w, fmt.Sprintf("invalid level %q: want debug, info, warn or error", q.Get("level")), http.StatusBadRequest)
-				return
-			}
-			l.level.SetLevel(lvl)
-		default:
-			http.Error(w, "POST /logging?level=<debug|info|warn|error> or /logging?reset", http.StatusBadRequest)
-			return
-		}
-	default:
-		w.Header().Set("Allow", "GET, POST")
-		http.Error(w, "use GET or POST", http.StatusMethodNotAllowed)
-		return
-	}
-	fmt.Fprintf(w, "current log level is %s\n", l.level.Level())
-}
-
-func pprofIndex(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/debug/pprof/" {
-		http.NotFound(w, r)
-		return
-	}
-	var b strings.Builder
-	b.WriteString("<html><body><h1>profiles</h1><ul>\n")
-	b.WriteString(`<li><a href="profile?seconds=10">profile</a> (CPU, 10 s)</li>` + "\n")
-	profiles := pprof.Profiles()
-	sort.Slice(profiles, func(i, j int) bool { return profiles[i].Name() < profiles[j].Name() })
-	for _, p := range profiles {
-		n := html.EscapeString(p.Name())
-		fmt.Fprintf(&b, "<li><a href=\"%s?debug=1\">%s</a> (%d)</li>\n", n, n, p.Count())
-	}
-	b.WriteString("</ul></body></html>\n")
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	fmt.Fprint(w, b.String())
-}
-
-func pprofNamed(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	p := pprof.Lookup(name)
-	if p == nil {
-		http.Error(w, fmt.Sprintf("unknown profile %q", name), http.StatusNotFound)
-		return
-	}
-	debug, _ := strconv.Atoi(r.URL.Query().Get("debug"))
-	if debug > 0 {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	} else {
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", name))
-	}
-	_ = p.WriteTo(w, debug)
-}
-
-// pprofCPU records a CPU profile for ?seconds= (default 10, at most 300).
-func pprofCPU(w http.ResponseWriter, r *http.Request) {
-	secs, err := strconv.Atoi(r.URL.Query().Get("seconds"))
-	if err != nil || secs <= 0 {
-		secs = 10
-	}
-	secs = min(secs, 300)
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", `attachment; filename="profile"`)
-	if err := pprof.StartCPUProfile(w); err != nil {
-		w.Header().Del("Content-Disposition")
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		http.Error(w, "cpu profile: "+err.Error(), http.StatusConflict)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(secs)*time.Second)
-	defer cancel()
-	<-ctx.Done()
-	pprof.StopCPUProfile()
 }
 
 func index(w http.ResponseWriter, _ *http.Request) {

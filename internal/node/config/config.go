@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 )
 
 // Environment variable names (ambient-protocol.md §10).
@@ -51,11 +53,14 @@ const (
 	EnvStatsAddr               = "STATS_ADDR"
 	EnvReadinessAddr           = "READINESS_ADDR"
 	EnvLogLevel                = "LOG_LEVEL"
+	EnvRustLog                 = "RUST_LOG"
 	EnvLogFormat               = "LOG_FORMAT"
 	EnvAuthzPolicyInfoLogging  = "AUTHZ_POLICY_INFO_LOGGING"
-	EnvPreferedServiceNS       = "PREFERED_SERVICE_NAMESPACE"
-	EnvXDSHeaderPrefix         = "XDS_HEADER_"
-	EnvCAHeaderPrefix          = "CA_HEADER_"
+	// EnvPreferredServiceNamespace is spelt PREFERED_ (one R) because that
+	// is the name Istio's ztunnel reads; only our Go names are corrected.
+	EnvPreferredServiceNamespace = "PREFERED_SERVICE_NAMESPACE"
+	EnvXDSHeaderPrefix           = "XDS_HEADER_"
+	EnvCAHeaderPrefix            = "CA_HEADER_"
 )
 
 // Config is the node proxy's whole configuration. It is built once and passed
@@ -93,10 +98,17 @@ type Config struct {
 	StatsAddr     string
 	ReadinessAddr string
 
-	LogLevel               zapcore.Level
-	LogFormat              string // "json" or "console"
+	// LogLevel: LOG_LEVEL, else the default directive of Istio's RUST_LOG
+	// ("info" of "info,hickory=warn"; per-target directives are ignored),
+	// else info. The --log-level flag overrides both (cmd/ztunnel).
+	LogLevel zapcore.Level
+	// LogFormat is "json" or "console" (LOG_FORMAT; Istio's "plain" is
+	// console); the --log-format flag overrides it.
+	LogFormat              string
 	AuthzPolicyInfoLogging bool
-	PreferedServiceNS      string
+	// PreferredServiceNamespace (PREFERED_SERVICE_NAMESPACE) is the
+	// namespace whose Service wins when a DNS name matches several.
+	PreferredServiceNamespace string
 
 	XDSHeaders map[string]string
 	CAHeaders  map[string]string
@@ -118,6 +130,7 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 		env = os.LookupEnv
 	}
 	p := parser{env: env}
+	var err error
 	c := &Config{
 		XDSAddress:     p.str(EnvXDSAddress, ""),
 		XDSRootCA:      p.str(EnvXDSRootCA, "./var/run/secrets/istio/root-cert.pem"),
@@ -147,10 +160,9 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 		StatsAddr:     p.str(EnvStatsAddr, "[::]:15020"),
 		ReadinessAddr: p.str(EnvReadinessAddr, "[::]:15021"),
 
-		LogFormat:              p.str(EnvLogFormat, "json"),
-		AuthzPolicyInfoLogging: p.boolean(EnvAuthzPolicyInfoLogging, false),
-		PreferedServiceNS:      p.str(EnvPreferedServiceNS, ""),
-		LocalConfigDir:         localConfigDir,
+		AuthzPolicyInfoLogging:    p.boolean(EnvAuthzPolicyInfoLogging, false),
+		PreferredServiceNamespace: p.str(EnvPreferredServiceNamespace, ""),
+		LocalConfigDir:            localConfigDir,
 	}
 	c.ClusterID = p.str(EnvMetaClusterID, "")
 	if c.ClusterID == "" {
@@ -158,12 +170,10 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 	}
 	c.CAAddress = p.str(EnvCAAddress, c.XDSAddress)
 	c.DrainDeadline = drainDeadline(&p)
-	lvl := p.str(EnvLogLevel, "info")
-	if err := c.LogLevel.UnmarshalText([]byte(lvl)); err != nil {
-		p.errs = append(p.errs, fmt.Errorf("%s=%q: %w", EnvLogLevel, lvl, err))
-	}
-	if c.LogFormat != "json" && c.LogFormat != "console" {
-		p.errs = append(p.errs, fmt.Errorf("%s=%q: want json or console", EnvLogFormat, c.LogFormat))
+	c.LogLevel = logLevel(&p)
+	format := p.str(EnvLogFormat, daemon.FormatJSON)
+	if c.LogFormat, err = daemon.ParseFormat(format); err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: %w", EnvLogFormat, format, err))
 	}
 	if c.InstanceIP != "" {
 		if _, err := netip.ParseAddr(c.InstanceIP); err != nil {
@@ -182,6 +192,30 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	return c, nil
+}
+
+// logLevel reads LOG_LEVEL, else RUST_LOG's default directive, else info.
+func logLevel(p *parser) zapcore.Level {
+	name, v := EnvLogLevel, p.str(EnvLogLevel, "")
+	if v == "" {
+		name = EnvRustLog
+		for _, d := range strings.Split(p.str(EnvRustLog, ""), ",") {
+			if d = strings.TrimSpace(d); d != "" && !strings.Contains(d, "=") {
+				v = d
+			}
+		}
+	}
+	if v == "" {
+		return zapcore.InfoLevel
+	}
+	if strings.EqualFold(v, "off") { // zap cannot mute fatal
+		return zapcore.FatalLevel
+	}
+	lvl, err := daemon.ParseLevel(v)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: %w", name, v, err))
+	}
+	return lvl
 }
 
 // drainDeadline follows Istio: TERMINATION_GRACE_PERIOD_SECONDS - 5 s

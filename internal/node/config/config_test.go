@@ -55,3 +55,43 @@ func TestErrorsNameTheVariable(t *testing.T) {
 		}
 	}
 }
+
+func TestLogLevelAndFormat(t *testing.T) {
+	for _, tc := range []struct {
+		env    map[string]string
+		level  string
+		format string
+	}{
+		{map[string]string{}, "info", "json"},
+		{map[string]string{"RUST_LOG": "debug"}, "debug", "json"},
+		{map[string]string{"RUST_LOG": "hickory=trace,warn"}, "warn", "json"}, // per-target directives are ignored
+		{map[string]string{"RUST_LOG": "trace", "LOG_LEVEL": "error"}, "error", "json"},
+		{map[string]string{"LOG_LEVEL": "debug", "LOG_FORMAT": "plain"}, "debug", "console"}, // Istio's name for text logs
+		{map[string]string{"LOG_FORMAT": "console"}, "info", "console"},
+	} {
+		tc.env["NODE_NAME"] = "n1"
+		c, err := config.Parse(env(tc.env), "/cfg", nil)
+		if err != nil {
+			t.Errorf("%v: %v", tc.env, err)
+			continue
+		}
+		if c.LogLevel.String() != tc.level || c.LogFormat != tc.format {
+			t.Errorf("%v: level %s format %s, want %s %s", tc.env, c.LogLevel, c.LogFormat, tc.level, tc.format)
+		}
+	}
+	_, err := config.Parse(env(map[string]string{"NODE_NAME": "n1", "RUST_LOG": "chatty", "LOG_FORMAT": "xml"}), "/cfg", nil)
+	if err == nil || !strings.Contains(err.Error(), "RUST_LOG") || !strings.Contains(err.Error(), "LOG_FORMAT") {
+		t.Errorf("bad RUST_LOG and LOG_FORMAT: %v", err)
+	}
+}
+
+func TestPreferredServiceNamespace(t *testing.T) {
+	// Istio's variable is spelt PREFERED_ (sic); the Go field is not.
+	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvPreferredServiceNamespace: "apps"}), "/cfg", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if config.EnvPreferredServiceNamespace != "PREFERED_SERVICE_NAMESPACE" || c.PreferredServiceNamespace != "apps" {
+		t.Errorf("PREFERED_SERVICE_NAMESPACE=apps gave %q", c.PreferredServiceNamespace)
+	}
+}

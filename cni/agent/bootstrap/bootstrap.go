@@ -1,0 +1,234 @@
+// Package bootstrap assembles the node agent that cmd/ztunnel-cni runs (when
+// no container runtime invoked it as a plugin) from its Options: the pod
+// source (a directory of YAML, or the API server with the pods/status
+// writer and a kubeconfig for the plugin), the agent itself (cni/agent),
+// the plugin installer loop (cni/agent/install), and the HTTP servers: a
+// loopback-only debug server (/pods, /logging, pprof) and readiness
+// (/healthz/ready, internal/daemon).
+//
+// It is wiring only, moved out of main; it is a package of its own because
+// cni/agent/kube imports cni/agent, so cni/agent cannot hold the Kubernetes
+// wiring.
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/cni/agent"
+	"github.com/ztunnel-go/ztunnel-go/cni/agent/install"
+	"github.com/ztunnel-go/ztunnel-go/cni/plugin"
+	"github.com/ztunnel-go/ztunnel-go/cni/rules"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+)
+
+// Default addresses of the HTTP servers: /pods (every pod's capture state)
+// on loopback only; readiness, which shows nothing else, on every address
+// (the agent runs in the host network, and the kubelet probes the host IP).
+const (
+	DefaultAdminAddr     = "localhost:8000"
+	DefaultReadinessAddr = ":8001"
+)
+
+// TaskAgent is the readiness task: the agent serves its sockets.
+const TaskAgent = "node agent"
+
+// InstallCheckInterval spaces re-checks of the installed plugin (a primary
+// CNI may rewrite its conflist and drop our entry).
+const InstallCheckInterval = 5 * time.Second
+
+// Options are the node agent's flags (see cmd/ztunnel-cni for each one's
+// meaning).
+type Options struct {
+	NodeName, LocalConfig             string
+	ZDSSocket, PluginSocket, StateDir string
+	CNIBinDir, CNIConfDir             string
+	Install, KeepOnExit               bool
+	DNSCapture, IPv6, Reconcile       bool
+	AdminAddr, ReadinessAddr          string // "" disables that server
+	// LogLevel is passed on to the plugin's configuration.
+	LogLevel                           string
+	ExcludeNamespaces, SystemNamespace string
+	// Kubernetes mode.
+	Kubeconfig, PluginKubeconfig string
+	InCluster                    bool
+}
+
+// KubeMode: pods and namespaces come from the API server.
+func (o Options) KubeMode() bool { return o.Kubeconfig != "" || o.InCluster }
+
+// Validate checks what can be checked without the node or the network.
+func (o Options) Validate() error {
+	switch {
+	case o.NodeName == "":
+		return errors.New("--node-name is required")
+	case o.LocalConfig == "" && !o.KubeMode():
+		return errors.New("--local-config (local mode) or --kubeconfig/--in-cluster (Kubernetes mode) is required")
+	case o.LocalConfig != "" && o.KubeMode():
+		return errors.New("--local-config and --kubeconfig/--in-cluster exclude each other")
+	case o.PluginKubeconfig != "" && !o.InCluster:
+		return errors.New("--plugin-kubeconfig goes with --in-cluster")
+	}
+	if o.AdminAddr != "" {
+		if err := daemon.ValidateAddr(o.AdminAddr, true); err != nil {
+			return fmt.Errorf("--admin-addr: %w", err)
+		}
+	}
+	if o.ReadinessAddr != "" {
+		if err := daemon.ValidateAddr(o.ReadinessAddr, false); err != nil {
+			return fmt.Errorf("--readiness-addr: %w", err)
+		}
+	}
+	return nil
+}
+
+// PluginKubeconfigPath is the kubeconfig the plugin is configured with:
+// --kubeconfig itself, or with --in-cluster the one written for it.
+func (o Options) PluginKubeconfigPath() string {
+	switch {
+	case o.Kubeconfig != "":
+		return o.Kubeconfig
+	case o.PluginKubeconfig != "":
+		return o.PluginKubeconfig
+	}
+	return filepath.Join(o.StateDir, "plugin-kubeconfig")
+}
+
+// Servers are the agent's HTTP servers at o's addresses: admin
+// (daemon.Debug, loopback only: /pods from pods, /logging, /debug/pprof/)
+// and readiness (daemon.Public: /healthz/ready only).
+func Servers(o Options, pods http.Handler, level zap.AtomicLevel, ready *daemon.Readiness) []daemon.Spec {
+	admin := http.NewServeMux()
+	admin.Handle("GET /pods", pods)
+	daemon.DebugHandlers(admin, level)
+	return []daemon.Spec{
+		{Name: "admin", Addr: o.AdminAddr, Exposure: daemon.Debug, Handler: admin},
+		{Name: "readiness", Addr: o.ReadinessAddr, Exposure: daemon.Public, Handler: ready},
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// Run runs the agent until ctx is done; level is the logger's, for /logging.
+func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	log.Info("starting node agent", zap.Any("options", o))
+	var (
+		src        cluster.Source
+		refresh    func() error
+		status     agent.StatusWriter
+		pluginKube string
+		background []func(context.Context)
+	)
+	if o.KubeMode() {
+		k, err := kubeWiring(o, log)
+		if err != nil {
+			return err
+		}
+		src, status, pluginKube, background = k.src, k.status, k.pluginKubeconfig, k.background
+	} else {
+		ls := local.New(o.LocalConfig, log.Named("local"), 0)
+		src, refresh = ls, func() error { _, err := ls.Load(); return err }
+	}
+	enrollment := plugin.Enrollment{ExcludeNamespaces: splitList(o.ExcludeNamespaces), SystemNamespace: o.SystemNamespace}
+	host := &agent.KernelHost{IPv6: o.IPv6, Mode: rules.DetectMode()}
+	a, err := agent.New(agent.Config{
+		NodeName: o.NodeName, Source: src, Refresh: refresh, Status: status,
+		ZDSSocket: o.ZDSSocket, PluginSocket: o.PluginSocket, StateDir: o.StateDir,
+		Defaults:   rules.PodSettings{DNSCapture: o.DNSCapture, IPv6: o.IPv6},
+		Enrollment: enrollment, ReconcileOnStartup: o.Reconcile, Log: log, Host: host,
+	})
+	if err != nil {
+		return err
+	}
+	icfg := install.Config{BinDir: o.CNIBinDir, ConfDir: o.CNIConfDir, Plugin: map[string]any{
+		"name":               install.PluginType,
+		"agent_socket":       o.PluginSocket,
+		"log_level":          o.LogLevel,
+		"exclude_namespaces": enrollment.ExcludeNamespaces,
+		"system_namespace":   o.SystemNamespace,
+	}}
+	if pluginKube != "" {
+		icfg.Plugin["kubeconfig"] = pluginKube
+	} else {
+		icfg.Plugin["local_config_dir"] = o.LocalConfig
+	}
+	// The agent's handler serves /pods (and more); only /pods is routed to it.
+	servers, err := daemon.Listen(log, Servers(o, a.AdminHandler(), level,
+		daemon.NewReadiness(daemon.Task{Name: TaskAgent, Ready: a.Ready}))...)
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var bg sync.WaitGroup
+	background = append(background, func(ctx context.Context) { _ = servers.Serve(ctx) })
+	if o.Install {
+		background = append(background, func(ctx context.Context) { keepInstalled(ctx, icfg, log) })
+	}
+	for _, f := range background {
+		bg.Add(1)
+		go func() { defer bg.Done(); f(runCtx) }()
+	}
+	err = a.Run(runCtx)
+	cancel()
+	bg.Wait()
+	if o.Install && !o.KeepOnExit {
+		if uerr := install.Uninstall(icfg); uerr != nil {
+			err = errors.Join(err, uerr)
+		} else {
+			log.Info("plugin uninstalled", zap.String("conf_dir", o.CNIConfDir))
+		}
+		if terr := host.Teardown(); terr != nil {
+			err = errors.Join(err, terr)
+		}
+	} else if o.Install {
+		log.Info("leaving the plugin installed (--keep-on-exit): new ambient pods wait for the next agent")
+	}
+	return err
+}
+
+// keepInstalled installs the plugin and re-checks it until ctx is done.
+func keepInstalled(ctx context.Context, cfg install.Config, log *zap.Logger) {
+	var lastErr string
+	for {
+		res, err := install.Install(cfg)
+		switch {
+		case err != nil && err.Error() != lastErr:
+			log.Warn("installing the CNI plugin failed; retrying", zap.Error(err))
+		case err == nil && (res.BinaryChanged || res.ConfChanged):
+			log.Info("CNI plugin installed", zap.String("conflist", res.Conflist),
+				zap.Bool("binary_changed", res.BinaryChanged), zap.Bool("conflist_changed", res.ConfChanged))
+		}
+		lastErr = ""
+		interval := InstallCheckInterval
+		if err != nil {
+			lastErr, interval = err.Error(), time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}

@@ -1,0 +1,229 @@
+// Package bootstrap assembles the standalone control plane that cmd/ztunnel-cp
+// runs, from its Options: the CA (from files, or a root kept in the state
+// directory), the cluster source and caller authentication of local mode (a
+// directory of YAML, node tokens) or Kubernetes mode (the API server,
+// TokenReview, live pod placement, the ServiceEntry status writer and the
+// root-certificate ConfigMap publisher), the TLS gRPC listener, and the
+// HTTP servers: debug (/config_dump, /metrics, /logging, pprof; loopback
+// only), metrics and readiness (internal/daemon).
+//
+// It holds no control-plane logic of its own: translation, xDS and the CA
+// live in internal/controlplane and its other packages.
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+)
+
+// ServiceName is the chart's Service in front of the replicas; node proxies
+// dial ztunnel-cp.<system namespace>.svc:15012.
+const ServiceName = "ztunnel-cp"
+
+// Default addresses of the HTTP servers. The debug server is loopback only;
+// metrics and readiness carry nothing else and listen on every address, on
+// ports that do not collide with a node proxy's (15000, 15020, 15021) or a
+// node agent's (8000, 8001) on the same host.
+const (
+	DefaultAdminAddr     = "localhost:15014"
+	DefaultMetricsAddr   = ":15015"
+	DefaultReadinessAddr = ":15016"
+)
+
+// Options are ztunnel-cp's flags (see cmd/ztunnel-cp for each one's meaning).
+type Options struct {
+	ConfigDir, Listen, StateDir           string
+	AdminAddr, MetricsAddr, ReadinessAddr string // "" disables that server
+	TrustDomain, ClusterID, RootNamespace string
+	NodeTokens, RootCert, RootKey         string
+	EnrollmentFromLabels                  bool
+	ExternalNameAlias                     bool
+	// Kubernetes mode.
+	Kubeconfig          string
+	InCluster           bool
+	TrustedNodeAccounts string // comma-separated namespace/name
+	SystemNamespace     string
+	LeaseNamespace      string
+	LeaseName           string
+}
+
+// KubeMode: the cluster comes from the API server.
+func (o Options) KubeMode() bool { return o.Kubeconfig != "" || o.InCluster }
+
+// Validate checks what can be checked without files or the network.
+func (o Options) Validate() error {
+	switch {
+	case o.KubeMode() && o.ConfigDir != "":
+		return errors.New("--config-dir (local mode) and --kubeconfig/--in-cluster (Kubernetes mode) exclude each other")
+	case !o.KubeMode() && o.ConfigDir == "":
+		return errors.New("--config-dir (local mode) or --kubeconfig/--in-cluster (Kubernetes mode) is required")
+	case (o.RootCert == "") != (o.RootKey == ""):
+		return errors.New("--root-cert and --root-key go together")
+	case o.KubeMode() && o.SystemNamespace == "":
+		return errors.New("--system-namespace must not be empty in Kubernetes mode")
+	}
+	if _, err := kubeauth.ParseAccounts(o.TrustedNodeAccounts); err != nil {
+		return fmt.Errorf("--trusted-node-accounts: %w", err)
+	}
+	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	for _, a := range []struct {
+		flag, addr string
+		debug      bool
+	}{{"admin", o.AdminAddr, true}, {"metrics-addr", o.MetricsAddr, false}, {"readiness-addr", o.ReadinessAddr, false}} {
+		if a.addr == "" {
+			continue
+		}
+		if err := daemon.ValidateAddr(a.addr, a.debug); err != nil {
+			return fmt.Errorf("--%s: %w", a.flag, err)
+		}
+	}
+	return nil
+}
+
+// ServingNames are the names the serving certificate covers: nil in local
+// mode (the control plane's defaults plus the listener's IP); in Kubernetes
+// mode the defaults, the Service's names and the listener's IP when it is a
+// specific one.
+func (o Options) ServingNames() []string {
+	if !o.KubeMode() {
+		return nil
+	}
+	svc := ServiceName + "." + o.SystemNamespace + ".svc"
+	names := append(caserver.DefaultServingNames(o.RootNamespace), svc, svc+".cluster.local")
+	if host, _, err := net.SplitHostPort(o.Listen); err == nil {
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && !slices.Contains(names, ip.String()) {
+			names = append(names, ip.String())
+		}
+	}
+	return names
+}
+
+// Readiness task names.
+const (
+	TaskTranslation   = "first translation pushed"
+	TaskRootConfigMap = "root certificate ConfigMap published"
+)
+
+// Run serves until ctx is done. level is the logger's, for /logging.
+func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	log.Info("starting", zap.Any("options", o))
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	authority, err := loadCA(o)
+	if err != nil {
+		return err
+	}
+	rootPath := filepath.Join(o.StateDir, "root-cert.pem")
+	if err := os.WriteFile(rootPath, authority.RootPEM(), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", rootPath, err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg := controlplane.Config{
+		Translate: translate.Config{
+			ClusterID: o.ClusterID, TrustDomain: o.TrustDomain, RootNamespace: o.RootNamespace,
+			EnrollmentFromLabels: o.EnrollmentFromLabels, EnableExternalNameAlias: o.ExternalNameAlias,
+		},
+		CA: authority, ServingNames: o.ServingNames(), Log: log, Registerer: reg,
+	}
+	var (
+		k *kubeParts
+		// background runs beside the control plane until it stops.
+		background []func(context.Context) error
+	)
+	if o.KubeMode() {
+		if k, err = kubeWiring(o, log); err != nil {
+			return err
+		}
+		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
+		k.root.RootPEM = authority.RootPEM()
+		background = append(background, k.status.Run, func(ctx context.Context) error { k.root.Run(ctx); return nil })
+	} else if err := localWiring(o, log, &cfg); err != nil {
+		return err
+	}
+	cp, err := controlplane.New(cfg)
+	if err != nil {
+		return err
+	}
+	tasks := []daemon.Task{{Name: TaskTranslation, Ready: daemon.Closed(cp.Synced())}}
+	if k != nil {
+		// Set before Run serves anything: the API server is asked only
+		// when the latest translation does not know the pod.
+		k.placement.Cached = cp.CachedPlacement()
+		tasks = append(tasks, daemon.Task{Name: TaskRootConfigMap, Ready: k.root.Published})
+	}
+	servers, err := daemon.Listen(log, Servers(o, cp, reg, level, daemon.NewReadiness(tasks...))...)
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		servers.Close()
+		return fmt.Errorf("listen %s: %w", o.Listen, err)
+	}
+	log.Info("root certificate written", zap.String("path", rootPath))
+	bctx, cancel := context.WithCancel(ctx)
+	errs := make(chan error, len(background)+1)
+	background = append(background, servers.Serve)
+	for _, f := range background {
+		go func() { errs <- f(bctx) }()
+	}
+	err = cp.Run(ctx, lis)
+	cancel()
+	for range background {
+		err = errors.Join(err, <-errs)
+	}
+	return err
+}
+
+// localWiring fills cfg's source, authenticator and allocator for local
+// mode: the YAML directory, the node tokens file (without one every call
+// is refused) and allocations kept in the state directory.
+func localWiring(o Options, log *zap.Logger, cfg *controlplane.Config) error {
+	tokens := map[string]string{}
+	if o.NodeTokens != "" {
+		data, err := os.ReadFile(o.NodeTokens)
+		if err != nil {
+			return fmt.Errorf("node tokens: %w", err)
+		}
+		if tokens, err = caserver.ParseNodeTokens(data); err != nil {
+			return err
+		}
+	} else {
+		log.Warn("no --node-tokens: every xDS and certificate request will be refused")
+	}
+	auth, err := caserver.NewNodeTokens(tokens)
+	if err != nil {
+		return err
+	}
+	alloc, err := autoalloc.New(autoalloc.Config{Store: autoalloc.FileStore{Path: filepath.Join(o.StateDir, autoalloc.DefaultFileName)}})
+	if err != nil {
+		return err
+	}
+	ls := local.New(o.ConfigDir, log.Named("source"), 0)
+	cfg.Source, cfg.SourceErrors, cfg.Auth, cfg.Allocator = ls, ls.Errors, auth, alloc
+	return nil
+}
