@@ -172,7 +172,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		cfg:      cfg,
 		log:      log.With(zap.String("xds.address", cfg.Address)),
 		metrics:  m,
-		h:        newHandler(cfg.Sink, cfg.Waypoint),
+		h:        newWaypointHandler(cfg.Sink, cfg.Waypoint),
 		node:     cfg.Node.proto(),
 		dialOpts: opts,
 	}, nil
@@ -263,7 +263,7 @@ func (c *Client) stream(ctx context.Context) outcome {
 	if err != nil {
 		return outcome{reason: ReasonConnectionError, err: fmt.Errorf("xds: open stream to %s: %w", c.cfg.Address, err)}
 	}
-	for i, t := range typeURLs {
+	for i, t := range c.h.types {
 		req := c.h.initialRequest(t)
 		if t == AddressType && c.cfg.AddressNames != nil {
 			req.ResourceNamesSubscribe = c.cfg.AddressNames

@@ -20,6 +20,10 @@ import (
 // receive loop); mu only guards what other goroutines read (versions).
 type handler struct {
 	sink Sink
+	// types are the subscribed type URLs, in subscription order: typeURLs,
+	// plus WaypointType (one explicit name, waypoint) for a waypoint.
+	types    []string
+	waypoint string
 
 	mu       sync.Mutex
 	versions map[string]map[string]string // type URL → name → accepted version
@@ -29,14 +33,23 @@ type handler struct {
 	isSynced bool
 }
 
-func newHandler(sink Sink) *handler {
+func newHandler(sink Sink) *handler { return newWaypointHandler(sink, "") }
+
+// newWaypointHandler also subscribes to waypoint's WaypointType config
+// ("": none).
+func newWaypointHandler(sink Sink, waypoint string) *handler {
 	h := &handler{
 		sink:     sink,
+		types:    typeURLs[:],
+		waypoint: waypoint,
 		versions: make(map[string]map[string]string, len(typeURLs)),
 		seen:     make(map[string]bool, len(typeURLs)),
 		synced:   make(chan struct{}),
 	}
-	for _, t := range typeURLs {
+	if waypoint != "" {
+		h.types = append(h.types[:len(h.types):len(h.types)], WaypointType)
+	}
+	for _, t := range h.types {
 		h.versions[t] = map[string]string{}
 	}
 	return h
@@ -51,7 +64,11 @@ func (h *handler) initialRequest(typeURL string) *discovery.DeltaDiscoveryReques
 	if v := h.versions[typeURL]; len(v) > 0 {
 		held = maps.Clone(v)
 	}
-	return &discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, InitialResourceVersions: held}
+	req := &discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, InitialResourceVersions: held}
+	if typeURL == WaypointType {
+		req.ResourceNamesSubscribe = []string{h.waypoint}
+	}
+	return req
 }
 
 // resourceVersions returns a copy of the accepted versions of typeURL.
@@ -72,6 +89,12 @@ func (h *handler) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.Delt
 		err = apply(h, typeURL, resp, h.sink.ApplyAddresses)
 	case AuthorizationType:
 		err = apply(h, typeURL, resp, h.sink.ApplyAuthorizations)
+	case WaypointType:
+		if ws, ok := h.sink.(WaypointSink); ok && h.waypoint != "" {
+			err = apply(h, typeURL, resp, ws.ApplyWaypoints)
+		} else {
+			err = fmt.Errorf("unsubscribed type URL %q", typeURL)
+		}
 	default:
 		err = fmt.Errorf("unknown type URL %q", typeURL)
 	}
@@ -173,7 +196,7 @@ func apply[M any, PM interface {
 		delete(held, n)
 	}
 	h.seen[typeURL] = true
-	if !h.isSynced && h.seen[AddressType] && h.seen[AuthorizationType] {
+	if !h.isSynced && h.seen[AddressType] && h.seen[AuthorizationType] && (h.waypoint == "" || h.seen[WaypointType]) {
 		h.isSynced = true
 		close(h.synced)
 	}

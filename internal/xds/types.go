@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 )
 
@@ -15,8 +16,19 @@ const (
 	AuthorizationType = "type.googleapis.com/istio.security.Authorization"
 )
 
+// WaypointType is ztunnel-go's own waypoint configuration (internal/api/
+// waypointapi). A client subscribes to it only when ClientConfig.Waypoint is
+// set, and then to that one resource name; node proxies never receive it.
+const WaypointType = waypointapi.TypeURL
+
 // typeURLs is the order in which the client subscribes.
 var typeURLs = [...]string{AddressType, AuthorizationType}
+
+// WaypointSink is what a Sink also implements when the client subscribes to
+// WaypointType (ClientConfig.Waypoint). Errors are handled as Sink's.
+type WaypointSink interface {
+	ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []string) error
+}
 
 // Sink receives decoded resources. internal/node/state implements it. Each call
 // carries one xDS response of one type: upserts by resource name and the names

@@ -1,0 +1,126 @@
+package waypointapi
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/apitest"
+)
+
+// contract pins every field number and enum value: a waypoint and a control
+// plane of different versions must agree on them.
+var contract = apitest.Contract{
+	Package: "ztunnelgo.waypoint",
+	Messages: map[string]map[string]protoreflect.FieldNumber{
+		"Config": {
+			"name": 1, "namespace": 2, "identity": 3, "addresses": 4, "traffic_type": 5,
+			"services": 6, "workloads": 7, "policies": 8,
+		},
+		"Service":  {"name": 1, "namespace": 2, "hostname": 3, "addresses": 4, "ports": 5, "routes": 6, "kind": 7},
+		"Port":     {"port": 1, "name": 2, "protocol": 3},
+		"Workload": {"uid": 1, "name": 2, "namespace": 3, "addresses": 4},
+		"Policy": {
+			"name": 1, "namespace": 2, "action": 3, "dry_run": 4, "rules": 5, "services": 6, "target": 7,
+		},
+		"Rule": {"from": 1, "to": 2, "when": 3},
+		"Source": {
+			"principals": 1, "not_principals": 2, "namespaces": 3, "not_namespaces": 4,
+			"ip_blocks": 5, "not_ip_blocks": 6, "remote_ip_blocks": 7, "not_remote_ip_blocks": 8,
+		},
+		"Operation": {
+			"hosts": 1, "not_hosts": 2, "ports": 3, "not_ports": 4,
+			"methods": 5, "not_methods": 6, "paths": 7, "not_paths": 8,
+		},
+		"Condition":      {"key": 1, "values": 2, "not_values": 3},
+		"Cidr":           {"address": 1, "length": 2},
+		"StringMatch":    {"exact": 1, "prefix": 2, "suffix": 3, "presence": 4},
+		"Route":          {"name": 1, "namespace": 2, "rules": 3},
+		"RouteRule":      {"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5},
+		"RouteMatch":     {"path": 1, "headers": 2, "method": 3, "query_params": 4},
+		"PathMatch":      {"type": 1, "value": 2},
+		"HeaderMatch":    {"name": 1, "value": 2, "regex": 3},
+		"HeaderModifier": {"set": 1, "add": 2, "remove": 3},
+		"Backend":        {"hostname": 1, "namespace": 2, "port": 3, "weight": 4},
+		"Retry":          {"attempts": 1, "per_try_timeout_ms": 2, "codes": 3},
+	},
+	Enums: map[string]map[string]protoreflect.EnumNumber{
+		"Protocol":       {"TCP": 0, "HTTP": 1, "HTTP2": 2},
+		"Action":         {"ALLOW": 0, "DENY": 1, "AUDIT": 2},
+		"PathMatch.Type": {"PATH_PREFIX": 0, "EXACT": 1, "REGULAR_EXPRESSION": 2},
+	},
+}
+
+func TestWireContract(t *testing.T) {
+	apitest.CheckContract(t, File_waypointapi_waypoint_proto, contract)
+}
+
+func sm(s string) *StringMatch { return &StringMatch{MatchType: &StringMatch_Exact{Exact: s}} }
+
+func fullConfig() *Config {
+	ip := []byte{10, 0, 0, 1}
+	return &Config{
+		Name: "waypoint", Namespace: "default", Identity: "spiffe://cluster.local/ns/default/sa/waypoint",
+		Addresses: [][]byte{ip}, TrafficType: "service",
+		Services: []*Service{{
+			Name: "reviews", Namespace: "default", Hostname: "reviews.default.svc.cluster.local", Kind: "Service",
+			Addresses: [][]byte{ip}, Ports: []*Port{{Port: 80, Name: "http", Protocol: Protocol_HTTP}},
+			Routes: []*Route{{Name: "r", Namespace: "default", Rules: []*RouteRule{fullRouteRule()}}},
+		}},
+		Workloads: []*Workload{{Uid: "u", Name: "n", Namespace: "default", Addresses: [][]byte{ip}}},
+		Policies: []*Policy{{
+			Name: "p", Namespace: "default", Action: Action_AUDIT, DryRun: true, Services: []string{"h"},
+			Target: "Gateway default/waypoint", Rules: []*Rule{fullRule()},
+		}},
+	}
+}
+
+func fullRule() *Rule {
+	cidr := []*Cidr{{Address: []byte{10, 0, 0, 0}, Length: 8}}
+	return &Rule{
+		From: []*Source{{
+			Principals: []*StringMatch{sm("a")}, NotPrincipals: []*StringMatch{sm("b")},
+			Namespaces: []*StringMatch{sm("c")}, NotNamespaces: []*StringMatch{sm("d")},
+			IpBlocks: cidr, NotIpBlocks: cidr, RemoteIpBlocks: cidr, NotRemoteIpBlocks: cidr,
+		}},
+		To: []*Operation{{
+			Hosts: []*StringMatch{sm("h")}, NotHosts: []*StringMatch{sm("i")}, Ports: []uint32{80}, NotPorts: []uint32{81},
+			Methods: []*StringMatch{sm("GET")}, NotMethods: []*StringMatch{sm("PUT")},
+			Paths: []*StringMatch{{MatchType: &StringMatch_Prefix{Prefix: "/a"}}}, NotPaths: []*StringMatch{sm("/b")},
+		}},
+		When: []*Condition{{Key: "request.headers[x]", Values: []*StringMatch{sm("1")}, NotValues: []*StringMatch{sm("2")}}},
+	}
+}
+
+func fullRouteRule() *RouteRule {
+	return &RouteRule{
+		Matches: []*RouteMatch{{
+			Path:    &PathMatch{Type: PathMatch_EXACT, Value: "/x"},
+			Headers: []*HeaderMatch{{Name: "h", Value: "v", Regex: true}}, Method: "GET",
+			QueryParams: []*HeaderMatch{{Name: "q", Value: "1"}},
+		}},
+		RequestHeaderModifiers: []*HeaderModifier{{Set: map[string]string{"a": "1"}, Add: map[string]string{"b": "2"}, Remove: []string{"c"}}},
+		Backends:               []*Backend{{Hostname: "h", Namespace: "default", Port: 80, Weight: 90}},
+		TimeoutMs:              1000,
+		Retry:                  &Retry{Attempts: 2, PerTryTimeoutMs: 100, Codes: []uint32{503}},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, m := range []interface{ ProtoReflect() protoreflect.Message }{fullConfig(), fullRule(), fullRouteRule()} {
+		apitest.CheckPopulated(t, m)
+		apitest.RoundTrip(t, m)
+	}
+}
+
+// TestWireNumbers checks the encoding of a few fields byte-wise, so a
+// renumbering cannot pass by agreeing with itself.
+func TestWireNumbers(t *testing.T) {
+	b := apitest.RoundTrip(t, &Config{Name: "n", Addresses: [][]byte{{1, 2, 3, 4}}, Policies: []*Policy{{Action: Action_DENY}}})
+	apitest.WantOnWire(t, b, map[protowire.Number]protowire.Type{1: protowire.BytesType, 4: protowire.BytesType, 8: protowire.BytesType})
+	pb := apitest.RoundTrip(t, &Policy{Action: Action_AUDIT, DryRun: true})
+	apitest.WantOnWire(t, pb, map[protowire.Number]protowire.Type{3: protowire.VarintType, 4: protowire.VarintType})
+	ob := apitest.RoundTrip(t, &Operation{Ports: []uint32{80, 443}})
+	apitest.WantOnWire(t, ob, map[protowire.Number]protowire.Type{3: protowire.BytesType}) // packed
+}
