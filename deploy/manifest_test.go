@@ -13,7 +13,6 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,8 +24,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // Our images, by repository base name (values.yaml's ztunnel.image,
@@ -37,15 +38,13 @@ const (
 	imageCP      = "ztunnel-cp"
 )
 
-// ztunnelReadinessPath is what internal/node/admin serves on READINESS_ADDR.
-const ztunnelReadinessPath = "/healthz/ready"
-
 // cpSummary and cniSummary are what `ztunnel-cp --check-flags` and
 // `ztunnel-cni --check-flags` print (the fields this test reads).
 type cpSummary struct {
 	Mode                string   `json:"mode"`
 	Listen              string   `json:"listen"`
 	Admin               string   `json:"admin"`
+	MetricsAddr         string   `json:"metrics_addr"`
 	ReadinessAddr       string   `json:"readiness_addr"`
 	ReadinessPath       string   `json:"readiness_path"`
 	ServingNames        []string `json:"serving_names"`
@@ -58,7 +57,8 @@ type cpSummary struct {
 type cniSummary struct {
 	Mode             string `json:"mode"`
 	AdminAddr        string `json:"admin_addr"`
-	ReadyPath        string `json:"ready_path"`
+	ReadinessAddr    string `json:"readiness_addr"`
+	ReadinessPath    string `json:"readiness_path"`
 	ZDSSocket        string `json:"zds_socket"`
 	PluginSocket     string `json:"plugin_socket"`
 	StateDir         string `json:"state_dir"`
@@ -102,10 +102,7 @@ func TestManifestMatchesBinaries(t *testing.T) {
 			t.Fatalf("no container runs image %s", img)
 		}
 	}
-	bin := t.TempDir()
-	for _, img := range []string{imageCNI, imageCP} {
-		buildBinary(t, bin, img)
-	}
+	bin := testkit.BuildBinaries(t, t.TempDir(), imageCNI, imageCP)
 
 	var cp cpSummary
 	checkFlags(t, filepath.Join(bin, imageCP), ws[imageCP], &cp)
@@ -123,11 +120,12 @@ func TestManifestMatchesBinaries(t *testing.T) {
 			t.Errorf("ztunnel-cp runs in %s mode, want kubernetes", cp.Mode)
 		}
 		checkProbes(t, cpw, cp.ReadinessAddr, cp.ReadinessPath)
-		for _, addr := range []string{cp.Listen, cp.Admin, cp.ReadinessAddr} {
+		for _, addr := range []string{cp.Listen, cp.MetricsAddr, cp.ReadinessAddr} {
 			if addr != "" && !hasContainerPort(cpw.c, port(t, addr)) {
 				t.Errorf("ztunnel-cp listens on %s, not a declared container port", addr)
 			}
 		}
+		checkDebugPrivate(t, objs, cpw, cp.Admin, cp.Listen, cp.MetricsAddr, cp.ReadinessAddr)
 		if want := zt.namespace + "/" + zt.pod.ServiceAccountName; !slices.Contains(cp.TrustedNodeAccounts, want) {
 			t.Errorf("trusted node accounts %v lack the node proxy's %s", cp.TrustedNodeAccounts, want)
 		}
@@ -151,10 +149,11 @@ func TestManifestMatchesBinaries(t *testing.T) {
 	})
 
 	t.Run("node proxy", func(t *testing.T) {
-		checkProbes(t, zt, cfg.ReadinessAddr, ztunnelReadinessPath)
+		checkProbes(t, zt, cfg.ReadinessAddr, daemon.ReadyPath)
 		if !hasContainerPort(zt.c, port(t, cfg.ReadinessAddr)) {
 			t.Errorf("READINESS_ADDR %s is not a declared container port", cfg.ReadinessAddr)
 		}
+		checkDebugPrivate(t, objs, zt, cfg.AdminAddr, cfg.StatsAddr, cfg.ReadinessAddr)
 		// The control plane's Service, by name, on the port the CA and xDS listen on.
 		for name, addr := range map[string]string{config.EnvXDSAddress: cfg.XDSAddress, config.EnvCAAddress: cfg.CAAddress} {
 			host, p, err := net.SplitHostPort(addr)
@@ -188,7 +187,11 @@ func TestManifestMatchesBinaries(t *testing.T) {
 		if cni.Mode != "kubernetes" {
 			t.Errorf("ztunnel-cni runs in %s mode, want kubernetes", cni.Mode)
 		}
-		checkProbes(t, cniw, cni.AdminAddr, cni.ReadyPath)
+		checkProbes(t, cniw, cni.ReadinessAddr, cni.ReadinessPath)
+		if !hasContainerPort(cniw.c, port(t, cni.ReadinessAddr)) {
+			t.Errorf("--readiness-addr %s is not a declared container port", cni.ReadinessAddr)
+		}
+		checkDebugPrivate(t, objs, cniw, cni.AdminAddr, cni.ReadinessAddr)
 		// The ZDS socket: the same host file for both.
 		agentHost, ok1 := hostPath(cniw, cni.ZDSSocket)
 		proxyHost, ok2 := hostPath(zt, cfg.InpodUDS)
@@ -311,18 +314,6 @@ func expand(t *testing.T, container, s string, env map[string]string) string {
 	})
 }
 
-func buildBinary(t *testing.T, dir, name string) {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out, err := exec.Command(goBin, "build", "-o", filepath.Join(dir, name), "github.com/ztunnel-go/ztunnel-go/cmd/"+name).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build %s: %v\n%s", name, err, out)
-	}
-}
-
 // checkFlags runs bin --check-flags with w's arguments and environment
 // only, and decodes what it prints into summary. These binaries read no
 // environment, so every variable must be there for a $(VAR) argument.
@@ -378,7 +369,7 @@ func ztunnelConfig(t *testing.T, w *workload) *config.Config {
 // source: names, and prefixes (constants named *Prefix).
 func configEnvNames(t *testing.T) (map[string]bool, []string) {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "internal", "config", "config.go"), nil, parser.SkipObjectResolution)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "internal", "node", "config", "config.go"), nil, parser.SkipObjectResolution)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,6 +459,58 @@ func checkProbes(t *testing.T, w *workload, addr, wantPath string) {
 			t.Errorf("%s %s probe GETs port %d %s; the binary serves %s on %s", w.c.Name, kind, got, p.HTTPGet.Path, wantPath, addr)
 		}
 	}
+}
+
+// checkDebugPrivate: w's debug server (admin, "" when disabled) binds
+// loopback only, so it is no declared container port, and no Service that
+// selects w's pods forwards to a port other than public's (the ports that
+// serve gRPC, metrics or readiness).
+func checkDebugPrivate(t *testing.T, objs []*unstructured.Unstructured, w *workload, admin string, public ...string) {
+	t.Helper()
+	if admin != "" {
+		if err := daemon.ValidateAddr(admin, true); err != nil {
+			t.Errorf("%s debug server: %v", w.c.Name, err)
+		}
+		if hasContainerPort(w.c, port(t, admin)) {
+			t.Errorf("%s declares its loopback-only debug port %s", w.c.Name, admin)
+		}
+	}
+	allowed := map[int]bool{}
+	for _, a := range public {
+		if a != "" {
+			allowed[port(t, a)] = true
+		}
+	}
+	for _, o := range objs {
+		if o.GetKind() != "Service" || o.GetNamespace() != w.namespace {
+			continue
+		}
+		var svc corev1.Service
+		if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &svc); err != nil {
+			t.Fatal(err)
+		}
+		if len(svc.Spec.Selector) == 0 || !selects(svc.Spec.Selector, w.labels) {
+			continue
+		}
+		for _, sp := range svc.Spec.Ports {
+			tp := sp.TargetPort.IntValue()
+			if tp == 0 {
+				tp = int(sp.Port)
+			}
+			if !allowed[tp] {
+				t.Errorf("Service %s exposes %s port %d, which serves none of %v", svc.Name, w.c.Name, tp, public)
+			}
+		}
+	}
+}
+
+func selects(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // mountOf finds the volume mounted at the longest prefix of p and the rest
