@@ -46,6 +46,9 @@ type Objects struct {
 	PeerAuthentications   []*securityv1.PeerAuthentication
 	Gateways              []*gatewayv1.Gateway
 	GatewayClasses        []*gatewayv1.GatewayClass
+	// Ignored are objects of kinds the control plane does not read
+	// (ignoredKinds), kept to be reported. Only Decode fills it.
+	Ignored []*IgnoredObject
 }
 
 // Source produces successive Objects sets. Implementations are safe for

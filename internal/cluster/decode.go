@@ -139,6 +139,14 @@ func decodeDoc(file string, idx int, doc []byte, o *Objects) []error {
 		group = ""
 	}
 	k := byGroupKind[schema.GroupKind{Group: group, Kind: tm.Kind}]
+	if k == nil && ignoredKind(group, tm.Kind) {
+		ns := tm.Metadata.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		o.Ignored = append(o.Ignored, &IgnoredObject{APIVersion: tm.APIVersion, Kind: tm.Kind, Namespace: ns, Name: tm.Metadata.Name})
+		return nil
+	}
 	if k == nil {
 		return []error{derr(fmt.Errorf("%w %s %s", ErrUnsupportedKind, tm.APIVersion, tm.Kind))}
 	}

@@ -136,13 +136,17 @@ func (o *Objects) Items() []Item {
 			out = append(out, Item{Key: fmt.Sprintf("%s/%s/%s", k.Name, v.GetNamespace(), v.GetName()), Obj: v})
 		})
 	}
-	return out
+	return append(out, o.ignoredItems()...)
 }
 
 // Add appends one object of a supported type (a pointer to one of the
 // typed objects of Kinds) to o. It panics on any other type: that is a
 // programming error, not bad input.
 func (o *Objects) Add(obj any) {
+	if v, ok := obj.(*IgnoredObject); ok {
+		o.Ignored = append(o.Ignored, v)
+		return
+	}
 	k := byType[reflect.TypeOf(obj)]
 	if k == nil {
 		panic(fmt.Sprintf("cluster: Add of unsupported type %T", obj))
@@ -155,4 +159,5 @@ func (o *Objects) Sort() {
 	for i := range kinds {
 		kinds[i].sort(o)
 	}
+	o.sortIgnored()
 }

@@ -103,6 +103,8 @@ type ControlPlane struct {
 	placeRefs map[string]map[string]int // node → "ns/sa" → live pods
 	warned    map[string]bool           // warnings already logged
 	lastWarns []string                  // the Warnings slice warned was computed from
+	// ignoredSeen: ignored objects already logged (reportIgnored).
+	ignoredSeen map[string]bool
 
 	translations prometheus.Counter
 	warnings     prometheus.Gauge
@@ -322,6 +324,14 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 		c.log.Warn("ServiceEntry address allocation incomplete", zap.Error(allocErr))
 	}
 	res, ch := c.tr.Update(objs, allocs)
+	// Waypoint configs (ours, issue 14): rebuilt on each change (only when a
+	// waypoint Gateway exists); the xDS server pushes only changed ones.
+	wps, wpStatus := translate.WaypointConfigs(c.cfg.Translate, objs, nil, res)
+	if wpStatus != nil {
+		r := *res
+		r.Policies = wpStatus
+		res = &r
+	}
 	prev := c.snap.Load()
 	gen := uint64(1)
 	if prev != nil {
@@ -356,8 +366,14 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 		}
 		c.xds.UpdateResources(xds.AddressType, up, ch.Removed)
 	}
+	wpm := make(map[string]proto.Message, len(wps))
+	for k, v := range wps {
+		wpm[k] = v
+	}
+	c.xds.SetResources(xds.WaypointType, wpm)
 	c.syncedOnce.Do(func() { close(c.synced) })
 
+	c.reportIgnored(objs.Ignored)
 	if !sameSlice(res.Warnings, c.lastWarns) {
 		current := map[string]bool{}
 		for _, w := range res.Warnings {

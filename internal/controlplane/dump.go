@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 )
@@ -19,6 +20,10 @@ type ConfigDump struct {
 	SourceErrors []string `json:"sourceErrors,omitempty"`
 	// Warnings of the latest translation.
 	Warnings []string `json:"warnings,omitempty"`
+	// Ignored: one line per object of a kind the control plane does not
+	// read (VirtualService, DestinationRule, Sidecar, ...), which therefore
+	// has no effect. They are not listed in Objects.
+	Ignored []string `json:"ignored,omitempty"`
 	// Policies: what became of each AuthorizationPolicy and PeerAuthentication.
 	Policies []translate.PolicyStatus `json:"policies,omitempty"`
 	// Allocations are the ServiceEntry auto-allocated addresses.
@@ -48,9 +53,13 @@ func (c *ControlPlane) ConfigDump() ConfigDump {
 	}
 	d.Generation = s.generation
 	for _, it := range s.objs.Items() {
+		if _, ok := it.Obj.(*cluster.IgnoredObject); ok {
+			continue
+		}
 		kind, name, _ := strings.Cut(it.Key, "/")
 		d.Objects[kind] = append(d.Objects[kind], strings.TrimPrefix(name, "/"))
 	}
+	d.Ignored = ignoredLines(s.objs.Ignored)
 	r := s.result
 	d.Warnings = append([]string(nil), r.Warnings...)
 	d.Policies = append([]translate.PolicyStatus(nil), r.Policies...)

@@ -1,0 +1,45 @@
+package cluster
+
+import (
+	"errors"
+	"testing"
+)
+
+// TestIgnoredKinds: Istio kinds the control plane does not read are kept
+// (identity only) for reporting, survive Items/Add as a source rebuilds a
+// set, and are not errors; a kind nobody knows still is ErrUnsupportedKind.
+func TestIgnoredKinds(t *testing.T) {
+	doc := `apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews}
+spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v2}}]}]}
+---
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: mesh-default, namespace: istio-system}
+spec: {}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d}
+`
+	var o Objects
+	errs := Decode("f.yaml", []byte(doc), &o)
+	if len(errs) != 1 || !errors.Is(errs[0], ErrUnsupportedKind) {
+		t.Fatalf("errors %v, want only the Deployment's ErrUnsupportedKind", errs)
+	}
+	o.Sort()
+	if len(o.Ignored) != 2 || *o.Ignored[0] != (IgnoredObject{"telemetry.istio.io/v1", "Telemetry", "istio-system", "mesh-default"}) ||
+		*o.Ignored[1] != (IgnoredObject{"networking.istio.io/v1", "VirtualService", "default", "reviews"}) {
+		t.Fatalf("ignored %+v", o.Ignored)
+	}
+	var rebuilt Objects
+	keys := map[string]bool{}
+	for _, it := range o.Items() {
+		keys[it.Key] = true
+		rebuilt.Add(it.Obj)
+	}
+	if !keys["VirtualService/default/reviews"] || !keys["Telemetry/istio-system/mesh-default"] || len(rebuilt.Ignored) != 2 {
+		t.Fatalf("items %v, rebuilt %+v", keys, rebuilt.Ignored)
+	}
+}
