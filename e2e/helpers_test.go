@@ -11,9 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -29,45 +27,32 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
-// binDir holds the ztunnel-cni binary built once per test run.
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
+// waitTimeout bounds every testkit.Eventually here: a guard against hangs
+// on a loaded machine, not a timing assertion.
+const waitTimeout = 20 * time.Second
+
+// binDir holds the binaries the tests build, each once per test process
+// (testkit.BuildBinaries); TestMain makes and removes it.
+var binDir string
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
+	var err error
+	if binDir, err = os.MkdirTemp("", "ztg-e2e-bin-"); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
 	}
+	code := m.Run()
+	os.RemoveAll(binDir)
 	os.Exit(code)
 }
 
 // ztunnelCNI returns the directory holding the freshly built ztunnel-cni.
 func ztunnelCNI(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "ztg-e2e-bin-")
-		if buildErr != nil {
-			return
-		}
-		goBin, err := exec.LookPath("go")
-		if err != nil { // sudo's PATH: the toolchain that built this test
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		out, err := exec.Command(goBin, "build", "-o", filepath.Join(binDir, "ztunnel-cni"),
-			"github.com/ztunnel-go/ztunnel-go/cmd/ztunnel-cni").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ztunnel-cni: %w: %s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binDir
+	return testkit.BuildBinaries(t, binDir, "ztunnel-cni")
 }
 
 // Namespace labels.
@@ -448,16 +433,4 @@ func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
 		dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), uint16(b[2])<<8|uint16(b[3]))
 	})
 	return dst, errors.Join(err, serr)
-}
-
-// eventually polls cond (every 20 ms) until it holds or 20 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

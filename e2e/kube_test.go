@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -45,6 +44,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -92,7 +92,7 @@ func TestKubeControlPlane(t *testing.T) {
 	sink := watchXDS(t, cp, authority, tokA, "node-a")
 
 	webUID := "Kubernetes//Pod/app/web"
-	eventually(t, "web as an HBONE workload in xDS", func() bool {
+	testkit.Eventually(t, waitTimeout, "web as an HBONE workload in xDS", func() bool {
 		w := sink.address(webUID).GetWorkload()
 		return w != nil && w.GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE && w.GetNode() == "node-a" && w.GetServiceAccount() == "web"
 	})
@@ -108,7 +108,7 @@ func TestKubeControlPlane(t *testing.T) {
 		if _, err := clients.Istio.SecurityV1().AuthorizationPolicies("app").Create(ctx, ap, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the policy as an Authorization", func() bool {
+		testkit.Eventually(t, waitTimeout, "the policy as an Authorization", func() bool {
 			a := sink.authorization("app/deny-foo")
 			return a != nil && a.GetAction().String() == "DENY"
 		})
@@ -196,7 +196,7 @@ func TestKubeControlPlane(t *testing.T) {
 	cp = startKubeCP(t, clients, authority, "cp-3")
 	sink = watchXDS(t, cp, authority, tokA, "node-a")
 	kept := waitSEAddresses(t, clients, sink, first)
-	eventually(t, "the new control plane to lead", cp.status.Leading)
+	testkit.Eventually(t, waitTimeout, "the new control plane to lead", cp.status.Leading)
 	// Leading, it re-reads the status and keeps it.
 	time.Sleep(300 * time.Millisecond)
 	if now := seStatus(t, clients); !slices.Equal(now, kept) {
@@ -239,7 +239,7 @@ func TestKubeControlPlane(t *testing.T) {
 		late := createPod(t, kc, kubePod{ns: "app", name: "late", node: "node-b", sa: "late",
 			annots: map[string]string{agentkube.AnnotationRedirection: agentkube.RedirectionEnabled}})
 		setRunning(t, kc, late, "10.31.1.10")
-		eventually(t, "a pod created after the restart in xDS", func() bool {
+		testkit.Eventually(t, waitTimeout, "a pod created after the restart in xDS", func() bool {
 			return sink.address("Kubernetes//Pod/app/late").GetWorkload().GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE
 		})
 		// node-b's proxy may now obtain late's identity: the placement view resynced.
@@ -288,7 +288,7 @@ func seStatus(t *testing.T, clients *kube.Clients) []string {
 func waitSEAddresses(t *testing.T, clients *kube.Clients, sink *xdsSink, want []string) []string {
 	t.Helper()
 	var got []string
-	eventually(t, "status.addresses of app/ext", func() bool {
+	testkit.Eventually(t, waitTimeout, "status.addresses of app/ext", func() bool {
 		got = seStatus(t, clients)
 		if want != nil {
 			return slices.Equal(got, want)
@@ -304,7 +304,7 @@ func waitSEAddresses(t *testing.T, clients *kube.Clients, sink *xdsSink, want []
 		}
 		return v4 && v6
 	})
-	eventually(t, "the ServiceEntry's addresses in xDS", func() bool {
+	testkit.Eventually(t, waitTimeout, "the ServiceEntry's addresses in xDS", func() bool {
 		svc := sink.address("app/api.example.com").GetService()
 		var served []string
 		for _, a := range svc.GetAddresses() {
@@ -419,7 +419,7 @@ func TestKubeAgent(t *testing.T) {
 		t.Helper()
 		label(&ambient)
 		proxy.wait("add a", "add b")
-		eventually(t, "redirection annotations "+when, func() bool {
+		testkit.Eventually(t, waitTimeout, "redirection annotations "+when, func() bool {
 			va, _ := annotation("a")
 			vb, _ := annotation("b")
 			return va == agentkube.RedirectionEnabled && vb == agentkube.RedirectionEnabled
@@ -437,7 +437,7 @@ func TestKubeAgent(t *testing.T) {
 		t.Helper()
 		label(nil)
 		proxy.wait("del a", "del b")
-		eventually(t, "annotations removed "+when, func() bool {
+		testkit.Eventually(t, waitTimeout, "annotations removed "+when, func() bool {
 			_, oka := annotation("a")
 			_, okb := annotation("b")
 			return !oka && !okb
@@ -481,14 +481,7 @@ func (nopHost) Teardown() error                { return nil }
 func TestKubeBinaries(t *testing.T) {
 	s := startKubeAPI(t)
 	ctx := ctxT(t, 60*time.Second)
-	bin := t.TempDir()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	if out, err := exec.Command(goBin, "build", "-o", filepath.Join(bin, "ztunnel-cp"), "github.com/ztunnel-go/ztunnel-go/cmd/ztunnel-cp").CombinedOutput(); err != nil {
-		t.Fatalf("go build ztunnel-cp: %v: %s", err, out)
-	}
+	bin := testkit.BuildBinaries(t, binDir, "ztunnel-cp")
 	cniBin := ztunnelCNI(t) // shared with the capture tests
 	if err := s.EnsureNamespace(ctx, "mesh", map[string]string{ambientLabel: "ambient"}); err != nil {
 		t.Fatal(err)
@@ -515,7 +508,7 @@ func TestKubeBinaries(t *testing.T) {
 			t.Fatal(err)
 		}
 		logs := func() string { return out.String() }
-		eventually(t, "ztunnel-cp to sync and lead", func() bool {
+		testkit.Eventually(t, waitTimeout, "ztunnel-cp to sync and lead", func() bool {
 			l := logs()
 			return strings.Contains(l, "kubernetes informers synced") && strings.Contains(l, "leading: writing ServiceEntry status.addresses")
 		})

@@ -15,6 +15,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // Issue 7's end-to-end suite: the mesh built by meshlab from the real
@@ -387,7 +388,7 @@ spec:
 	if err := m.Remove("e2e-deny-mx-client"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the connection allowed again after removing the policy", func() bool {
+	testkit.Eventually(t, waitTimeout, "the connection allowed again after removing the policy", func() bool {
 		got, err := meshlab.RoundTrip(ctxT(t, 5*time.Second), client, dst, []byte("again"))
 		return err == nil && string(got) == "again"
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // Issue 5's end-to-end tests: the node proxy's data path (proxy.WorkloadProxy,
@@ -304,7 +305,7 @@ func TestProxy(t *testing.T) {
 				if took > time.Second {
 					t.Errorf("closed after %v; want within a second", took)
 				}
-				eventually(t, "the revoked line", func() bool {
+				testkit.Eventually(t, waitTimeout, "the revoked line", func() bool {
 					return len(m.linesFrom(tc.from.IP, map[string]string{"direction": "inbound", "reason": "revoked"})) > 0
 				})
 			})
