@@ -1,0 +1,495 @@
+package translate
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	securityv1beta1 "istio.io/api/security/v1beta1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+)
+
+// EnforcedByWaypoint starts the status message of a targetRef policy that a
+// waypoint of ours enforces; the waypoints follow ("ns/name, ...").
+const EnforcedByWaypoint = "enforced by waypoint "
+
+// WaypointConfigs builds the waypointapi.Config of every waypoint Gateway
+// (class istio-waypoint) that has an address, keyed by its xDS resource name
+// "<namespace>/<name>", from the objects and their translation res: the
+// services and workloads res binds to the waypoint, the AuthorizationPolicies
+// attached to it (targetRefs to the Gateway, to GatewayClass istio-waypoint
+// from the root namespace, or to a Service or ServiceEntry bound to it) and
+// the HTTPRoutes (parentRefs kind Service) of its services.
+//
+// It also returns res.Policies with the status of every policy that a
+// config carries rewritten to say which waypoints enforce it (node proxies
+// still never get it). Policy values a waypoint cannot enforce fail closed as
+// for node proxies: an ALLOW rule is dropped, a DENY rule matches every
+// request; each is named in the status. Pure, like Translate.
+func WaypointConfigs(cfg Config, objs *cluster.Objects, routes []*gatewayv1.HTTPRoute, res *Result) (map[string]*waypointapi.Config, []PolicyStatus) {
+	cfg = cfg.withDefaults()
+	out := map[string]*waypointapi.Config{}
+	if objs == nil || res == nil || !slices.ContainsFunc(objs.Gateways, func(g *gatewayv1.Gateway) bool {
+		return string(g.Spec.GatewayClassName) == WaypointClass
+	}) {
+		return out, res.policiesOrNil()
+	}
+	t := newTranslator(cfg, objs, nil)
+	t.buildIndex()
+	t.translateWaypoints()
+
+	enforcedBy := map[string][]string{} // policy ns/name → waypoints
+	problemsOf := map[string][]string{}
+	policies := map[string]*securityv1.AuthorizationPolicy{}
+	for _, ap := range objs.AuthorizationPolicies {
+		policies[ap.Namespace+"/"+ap.Name] = ap
+	}
+	for _, key := range sortedKeys(t.idx.waypoints) {
+		w := t.idx.waypoints[key]
+		ns, name, _ := strings.Cut(key, "/")
+		c := &waypointapi.Config{
+			Name: name, Namespace: ns, TrafficType: w.trafficType,
+			// The waypoint Deployment runs as a ServiceAccount named after
+			// the Gateway, as istiod's waypoint controller creates it.
+			Identity: "spiffe://" + cfg.TrustDomain + "/ns/" + ns + "/sa/" + name,
+		}
+		if a := w.addr.GetAddress(); a != nil {
+			c.Addresses = [][]byte{a.GetAddress()}
+		}
+		bound := t.boundTo(w, res, c, routes)
+		attach := func(pkey string, services []string, target string) {
+			ap := policies[pkey]
+			if ap == nil {
+				return
+			}
+			p, bad := convertWaypointPolicy(ap)
+			p.Services, p.Target = services, target
+			c.Policies = append(c.Policies, p)
+			if !slices.Contains(enforcedBy[pkey], key) {
+				enforcedBy[pkey] = append(enforcedBy[pkey], key)
+			}
+			problemsOf[pkey] = bad
+		}
+		for _, pkey := range res.WaypointPolicies[key] {
+			attach(pkey, nil, "Gateway "+key)
+		}
+		for _, ap := range objs.AuthorizationPolicies {
+			var hosts, targets []string
+			for _, r := range targetRefs(ap) {
+				if r.namespace != "" && r.namespace != ap.Namespace {
+					continue
+				}
+				if h, ok := bound[r.kind+" "+ap.Namespace+"/"+r.name]; ok && (r.group == "" && r.kind == "Service" || r.group == "networking.istio.io" && r.kind == "ServiceEntry") {
+					hosts = append(hosts, h...)
+					targets = append(targets, r.kind+" "+ap.Namespace+"/"+r.name)
+				}
+			}
+			if len(hosts) > 0 {
+				attach(ap.Namespace+"/"+ap.Name, dedupe(hosts), strings.Join(targets, ", "))
+			}
+		}
+		sort.SliceStable(c.Policies, func(i, j int) bool {
+			return c.Policies[i].Namespace+"/"+c.Policies[i].Name < c.Policies[j].Namespace+"/"+c.Policies[j].Name
+		})
+		out[key] = c
+	}
+	statuses := slices.Clone(res.Policies)
+	for i := range statuses {
+		st := &statuses[i]
+		wps := enforcedBy[st.Name]
+		if st.Kind != "AuthorizationPolicy" || len(wps) == 0 {
+			continue
+		}
+		sort.Strings(wps)
+		st.Message = EnforcedByWaypoint + strings.Join(wps, ", ") + " (targetRefs make it a waypoint policy; node proxies never get it)"
+		if bad := problemsOf[st.Name]; len(bad) > 0 {
+			st.Invalid = bad
+			st.Message += "; values that cannot be enforced fail closed: " + strings.Join(bad, "; ")
+		}
+	}
+	return out, statuses
+}
+
+// boundTo fills c's services and workloads from res (those whose waypoint is
+// w's address) with the routes attached to each service, and returns the
+// hostnames of each bound "Service ns/name" and "ServiceEntry ns/name".
+func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, routes []*gatewayv1.HTTPRoute) map[string][]string {
+	bound := map[string][]string{}
+	for _, a := range res.Addresses.All() {
+		switch {
+		case a.GetService() != nil && proto.Equal(a.GetService().GetWaypoint(), w.addr) && w.forService:
+			s := a.GetService()
+			kind := "ServiceEntry"
+			if k8s := t.idx.svcByName[s.GetNamespace()+"/"+s.GetName()]; k8s != nil && t.serviceHostname(k8s) == s.GetHostname() {
+				kind = "Service"
+			}
+			ws := &waypointapi.Service{Name: s.GetName(), Namespace: s.GetNamespace(), Hostname: s.GetHostname(), Kind: kind}
+			for _, na := range s.GetAddresses() {
+				ws.Addresses = append(ws.Addresses, na.GetAddress())
+			}
+			for _, p := range s.GetPorts() {
+				ws.Ports = append(ws.Ports, t.waypointPort(kind, s, p))
+			}
+			ws.Routes = t.routesFor(kind, s, routes)
+			c.Services = append(c.Services, ws)
+			bk := kind + " " + s.GetNamespace() + "/" + s.GetName()
+			bound[bk] = append(bound[bk], s.GetHostname())
+		case a.GetWorkload() != nil && proto.Equal(a.GetWorkload().GetWaypoint(), w.addr) && w.forWorkload:
+			wl := a.GetWorkload()
+			c.Workloads = append(c.Workloads, &waypointapi.Workload{
+				Uid: wl.GetUid(), Name: wl.GetName(), Namespace: wl.GetNamespace(), Addresses: wl.GetAddresses(),
+			})
+		}
+	}
+	sort.Slice(c.Services, func(i, j int) bool {
+		return c.Services[i].Namespace+"/"+c.Services[i].Hostname < c.Services[j].Namespace+"/"+c.Services[j].Hostname
+	})
+	sort.Slice(c.Workloads, func(i, j int) bool { return c.Workloads[i].Uid < c.Workloads[j].Uid })
+	return bound
+}
+
+// waypointPort decides the protocol of a service port as Istio does:
+// appProtocol, else the port name's prefix; HTTP/1.1 for http, HTTP/2 for
+// http2, h2c and grpc, else TCP.
+func (t *translator) waypointPort(kind string, s *workloadapi.Service, p *workloadapi.Port) *waypointapi.Port {
+	wp := &waypointapi.Port{Port: p.GetServicePort()}
+	if kind == "Service" {
+		if k8s := t.idx.svcByName[s.GetNamespace()+"/"+s.GetName()]; k8s != nil {
+			for _, sp := range k8s.Spec.Ports {
+				if uint32(sp.Port) == p.GetServicePort() {
+					wp.Name = sp.Name
+				}
+			}
+		}
+	}
+	switch p.GetAppProtocol() {
+	case workloadapi.AppProtocol_HTTP11:
+		wp.Protocol = waypointapi.Protocol_HTTP
+	case workloadapi.AppProtocol_HTTP2, workloadapi.AppProtocol_GRPC:
+		wp.Protocol = waypointapi.Protocol_HTTP2
+	default:
+		if ap := appProtocol(wp.Name, nil); ap == workloadapi.AppProtocol_HTTP11 {
+			wp.Protocol = waypointapi.Protocol_HTTP
+		} else if ap == workloadapi.AppProtocol_HTTP2 || ap == workloadapi.AppProtocol_GRPC {
+			wp.Protocol = waypointapi.Protocol_HTTP2
+		}
+	}
+	return wp
+}
+
+// routesFor returns the HTTPRoutes with a parentRef to the service (kind
+// Service, or ServiceEntry of group networking.istio.io), oldest first then
+// by name, as Gateway API orders conflicting routes.
+func (t *translator) routesFor(kind string, s *workloadapi.Service, routes []*gatewayv1.HTTPRoute) []*waypointapi.Route {
+	var picked []*gatewayv1.HTTPRoute
+	for _, r := range routes {
+		for _, pr := range r.Spec.ParentRefs {
+			ns := r.Namespace
+			if pr.Namespace != nil {
+				ns = string(*pr.Namespace)
+			}
+			group, k := "", ""
+			if pr.Group != nil {
+				group = string(*pr.Group)
+			}
+			if pr.Kind != nil {
+				k = string(*pr.Kind)
+			}
+			want := group == "" && k == "Service"
+			if kind == "ServiceEntry" {
+				want = group == "networking.istio.io" && k == "ServiceEntry"
+			}
+			if want && ns == s.GetNamespace() && string(pr.Name) == s.GetName() {
+				picked = append(picked, r)
+				break
+			}
+		}
+	}
+	sort.SliceStable(picked, func(i, j int) bool {
+		if olderMeta(&picked[i].ObjectMeta, &picked[j].ObjectMeta) != olderMeta(&picked[j].ObjectMeta, &picked[i].ObjectMeta) {
+			return olderMeta(&picked[i].ObjectMeta, &picked[j].ObjectMeta)
+		}
+		return picked[i].Namespace+"/"+picked[i].Name < picked[j].Namespace+"/"+picked[j].Name
+	})
+	var out []*waypointapi.Route
+	for _, r := range picked {
+		out = append(out, t.convertRoute(r))
+	}
+	return out
+}
+
+func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
+	wr := &waypointapi.Route{Name: r.Name, Namespace: r.Namespace}
+	for _, rule := range r.Spec.Rules {
+		rr := &waypointapi.RouteRule{}
+		for _, m := range rule.Matches {
+			rm := &waypointapi.RouteMatch{}
+			if m.Path != nil {
+				pm := &waypointapi.PathMatch{Value: "/"}
+				if m.Path.Value != nil {
+					pm.Value = *m.Path.Value
+				}
+				if m.Path.Type != nil {
+					switch *m.Path.Type {
+					case gatewayv1.PathMatchExact:
+						pm.Type = waypointapi.PathMatch_EXACT
+					case gatewayv1.PathMatchRegularExpression:
+						pm.Type = waypointapi.PathMatch_REGULAR_EXPRESSION
+					}
+				}
+				rm.Path = pm
+			}
+			for _, h := range m.Headers {
+				rm.Headers = append(rm.Headers, &waypointapi.HeaderMatch{
+					Name: string(h.Name), Value: h.Value,
+					Regex: h.Type != nil && *h.Type == gatewayv1.HeaderMatchRegularExpression,
+				})
+			}
+			for _, q := range m.QueryParams {
+				rm.QueryParams = append(rm.QueryParams, &waypointapi.HeaderMatch{
+					Name: string(q.Name), Value: q.Value,
+					Regex: q.Type != nil && *q.Type == gatewayv1.QueryParamMatchRegularExpression,
+				})
+			}
+			if m.Method != nil {
+				rm.Method = string(*m.Method)
+			}
+			rr.Matches = append(rr.Matches, rm)
+		}
+		for _, f := range rule.Filters {
+			if f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil {
+				hm := &waypointapi.HeaderModifier{Remove: f.RequestHeaderModifier.Remove}
+				for _, h := range f.RequestHeaderModifier.Set {
+					if hm.Set == nil {
+						hm.Set = map[string]string{}
+					}
+					hm.Set[string(h.Name)] = h.Value
+				}
+				for _, h := range f.RequestHeaderModifier.Add {
+					if hm.Add == nil {
+						hm.Add = map[string]string{}
+					}
+					hm.Add[string(h.Name)] = h.Value
+				}
+				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, hm)
+			}
+		}
+		for _, b := range rule.BackendRefs {
+			ns := r.Namespace
+			if b.Namespace != nil {
+				ns = string(*b.Namespace)
+			}
+			weight := uint32(1)
+			if b.Weight != nil {
+				weight = uint32(max(*b.Weight, 0))
+			}
+			be := &waypointapi.Backend{Namespace: ns, Weight: weight}
+			if b.Port != nil {
+				be.Port = uint32(*b.Port)
+			}
+			if b.Kind == nil || *b.Kind == "Service" {
+				be.Hostname = string(b.Name) + "." + ns + ".svc." + t.cfg.DomainSuffix
+			} else {
+				be.Hostname = string(b.Name) // ServiceEntry/Hostname backends name the host
+			}
+			rr.Backends = append(rr.Backends, be)
+		}
+		if rule.Timeouts != nil && rule.Timeouts.Request != nil {
+			if d, err := parseGatewayDuration(string(*rule.Timeouts.Request)); err == nil {
+				rr.TimeoutMs = d
+			}
+		}
+		if rule.Retry != nil {
+			rt := &waypointapi.Retry{}
+			if rule.Retry.Attempts != nil {
+				rt.Attempts = uint32(max(*rule.Retry.Attempts, 0))
+			}
+			for _, c := range rule.Retry.Codes {
+				rt.Codes = append(rt.Codes, uint32(c))
+			}
+			if rule.Retry.Backoff != nil {
+				if d, err := parseGatewayDuration(string(*rule.Retry.Backoff)); err == nil {
+					rt.PerTryTimeoutMs = d
+				}
+			}
+			rr.Retry = rt
+		}
+		wr.Rules = append(wr.Rules, rr)
+	}
+	return wr
+}
+
+// parseGatewayDuration parses a Gateway API duration ("1h2m3s4ms") into
+// milliseconds.
+func parseGatewayDuration(s string) (uint32, error) {
+	var total uint64
+	rest := s
+	for rest != "" {
+		i := 0
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		if i == 0 {
+			return 0, fmt.Errorf("duration %q: no number", s)
+		}
+		n, _ := strconv.ParseUint(rest[:i], 10, 32)
+		rest = rest[i:]
+		unit := map[string]uint64{"ms": 1, "h": 3600000, "m": 60000, "s": 1000}
+		switch {
+		case strings.HasPrefix(rest, "ms"):
+			total += n * unit["ms"]
+			rest = rest[2:]
+		case rest != "" && unit[rest[:1]] != 0:
+			total += n * unit[rest[:1]]
+			rest = rest[1:]
+		default:
+			return 0, fmt.Errorf("duration %q: bad unit", s)
+		}
+	}
+	return uint32(min(total, 1<<31)), nil
+}
+
+// convertWaypointPolicy converts an AuthorizationPolicy for a waypoint, L7
+// fields included. It returns the values that cannot be enforced ("field:
+// why"), which fail closed.
+func convertWaypointPolicy(ap *securityv1.AuthorizationPolicy) (*waypointapi.Policy, []string) {
+	p := &waypointapi.Policy{Name: ap.Name, Namespace: ap.Namespace}
+	var bad problems
+	switch ap.Spec.Action {
+	case securityv1beta1.AuthorizationPolicy_ALLOW:
+		p.Action = waypointapi.Action_ALLOW
+	case securityv1beta1.AuthorizationPolicy_DENY:
+		p.Action = waypointapi.Action_DENY
+	case securityv1beta1.AuthorizationPolicy_AUDIT:
+		p.Action, p.DryRun = waypointapi.Action_AUDIT, true
+	default:
+		// CUSTOM (ext_authz) has no provider here: deny everything.
+		bad.addf("spec.action", "%s is not supported by ztunnel-go's waypoint; the policy denies every request", ap.Spec.Action)
+		p.Action, p.Rules = waypointapi.Action_DENY, []*waypointapi.Rule{{}}
+		return p, bad
+	}
+	if v, ok := ap.Annotations["istio.io/dry-run"]; ok && v == "true" {
+		p.DryRun = true
+	}
+	for i, r := range ap.Spec.Rules {
+		path := fieldAt("spec.rules", i)
+		before := len(bad)
+		wr := convertWaypointRule(path, r, &bad)
+		switch {
+		case len(bad) == before:
+			p.Rules = append(p.Rules, wr)
+		case p.Action == waypointapi.Action_DENY:
+			p.Rules = append(p.Rules, &waypointapi.Rule{}) // matches every request
+		}
+		// ALLOW/AUDIT: a rule with a bad value is dropped (allows less).
+	}
+	return p, bad
+}
+
+func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *waypointapi.Rule {
+	wr := &waypointapi.Rule{}
+	if r == nil {
+		return wr
+	}
+	for i, f := range r.From {
+		s := f.GetSource()
+		if s == nil {
+			continue
+		}
+		fp := fieldAt(path+".from", i) + ".source"
+		if len(s.RequestPrincipals)+len(s.NotRequestPrincipals) > 0 {
+			bad.addf(fp+".requestPrincipals", "needs RequestAuthentication, which ztunnel-go's waypoint does not implement yet")
+		}
+		wr.From = append(wr.From, &waypointapi.Source{
+			Principals:        wpStrings(s.Principals, true),
+			NotPrincipals:     wpStrings(s.NotPrincipals, true),
+			Namespaces:        wpStrings(s.Namespaces, false),
+			NotNamespaces:     wpStrings(s.NotNamespaces, false),
+			IpBlocks:          wpCidrs(fp+".ipBlocks", s.IpBlocks, bad),
+			NotIpBlocks:       wpCidrs(fp+".notIpBlocks", s.NotIpBlocks, bad),
+			RemoteIpBlocks:    wpCidrs(fp+".remoteIpBlocks", s.RemoteIpBlocks, bad),
+			NotRemoteIpBlocks: wpCidrs(fp+".notRemoteIpBlocks", s.NotRemoteIpBlocks, bad),
+		})
+	}
+	for i, t := range r.To {
+		o := t.GetOperation()
+		if o == nil {
+			continue
+		}
+		op := fieldAt(path+".to", i) + ".operation"
+		wr.To = append(wr.To, &waypointapi.Operation{
+			Hosts: wpStrings(o.Hosts, false), NotHosts: wpStrings(o.NotHosts, false),
+			Ports: ports(op+".ports", o.Ports, bad), NotPorts: ports(op+".notPorts", o.NotPorts, bad),
+			Methods: wpStrings(o.Methods, false), NotMethods: wpStrings(o.NotMethods, false),
+			Paths: wpStrings(o.Paths, false), NotPaths: wpStrings(o.NotPaths, false),
+		})
+	}
+	for i, c := range r.When {
+		cp := fieldAt(path+".when", i)
+		switch {
+		case strings.HasPrefix(c.Key, "request.headers[") && strings.HasSuffix(c.Key, "]") && len(c.Key) > len("request.headers[]"),
+			slices.Contains([]string{"source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"}, c.Key):
+			wr.When = append(wr.When, &waypointapi.Condition{Key: c.Key, Values: wpStrings(c.Values, false), NotValues: wpStrings(c.NotValues, false)})
+		default:
+			bad.addf(cp+".key", "%q is not an attribute ztunnel-go's waypoint evaluates", c.Key)
+		}
+	}
+	return wr
+}
+
+// wpStrings converts Istio's string forms: "*" presence, "x*" prefix, "*x"
+// suffix, else exact. principal: a leading "spiffe://" is dropped.
+func wpStrings(vs []string, principal bool) []*waypointapi.StringMatch {
+	var out []*waypointapi.StringMatch
+	for _, v := range vs {
+		if principal {
+			v = strings.TrimPrefix(v, "spiffe://")
+		}
+		var m waypointapi.StringMatch
+		switch {
+		case v == "*":
+			m.MatchType = &waypointapi.StringMatch_Presence{Presence: true}
+		case strings.HasSuffix(v, "*"):
+			m.MatchType = &waypointapi.StringMatch_Prefix{Prefix: strings.TrimSuffix(v, "*")}
+		case strings.HasPrefix(v, "*"):
+			m.MatchType = &waypointapi.StringMatch_Suffix{Suffix: strings.TrimPrefix(v, "*")}
+		default:
+			m.MatchType = &waypointapi.StringMatch_Exact{Exact: v}
+		}
+		out = append(out, &m)
+	}
+	return out
+}
+
+func wpCidrs(path string, vs []string, bad *problems) []*waypointapi.Cidr {
+	var out []*waypointapi.Cidr
+	for i, v := range vs {
+		pfx, err := netip.ParsePrefix(v)
+		if err != nil {
+			a, aerr := netip.ParseAddr(v)
+			if aerr != nil {
+				bad.addf(fieldAt(path, i), "%q is not an IP or CIDR", v)
+				continue
+			}
+			pfx = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, &waypointapi.Cidr{Address: pfx.Addr().AsSlice(), Length: uint32(pfx.Bits())})
+	}
+	return out
+}
+
+func (r *Result) policiesOrNil() []PolicyStatus {
+	if r == nil {
+		return nil
+	}
+	return r.Policies
+}
