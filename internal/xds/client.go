@@ -213,13 +213,13 @@ func (c *Client) Run(ctx context.Context) error {
 		switch {
 		case out.served:
 			failures = 0
-			c.log.Warn("xds: disconnected", zap.String("reason", out.reason), zap.Error(out.err))
+			c.log.Warn("disconnected", zap.String("reason", out.reason), zap.Error(out.err))
 		case failures == 0:
 			failures++
-			c.log.Warn("xds: connect failed; retrying with backoff", zap.String("reason", out.reason), zap.Error(out.err))
+			c.log.Warn("connect failed; retrying with backoff", zap.String("reason", out.reason), zap.Error(out.err))
 		default:
 			failures++
-			c.log.Debug("xds: connect failed again", zap.Int("attempts", failures), zap.Error(out.err))
+			c.log.Debug("connect failed again", zap.Int("attempts", failures), zap.Error(out.err))
 		}
 		// Jitter in [backoff/2, backoff] spreads a fleet reconnecting to a
 		// restarted control plane.
@@ -287,11 +287,11 @@ func (c *Client) stream(ctx context.Context) outcome {
 		c.metrics.bytes.WithLabelValues(resp.GetTypeUrl()).Add(float64(proto.Size(resp)))
 		if !served {
 			served = true
-			c.log.Info("xds: connected", zap.String("node", c.node.GetId()))
+			c.log.Info("connected", zap.String("node", c.node.GetId()))
 		}
 		ack := c.h.handle(resp)
 		if ack.ErrorDetail != nil {
-			c.log.Warn("xds: rejected resources (NACK)",
+			c.log.Warn("rejected resources (NACK)",
 				zap.String("type_url", resp.GetTypeUrl()),
 				zap.String("nonce", resp.GetNonce()),
 				zap.String("message", ack.ErrorDetail.GetMessage()))

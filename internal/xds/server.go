@@ -150,7 +150,7 @@ func NewServer(cfg ServerConfig) *Server {
 	}
 	m := s.metrics
 	if err := register(cfg.Registerer, m.clients, m.resources, m.pushes, m.pushed, m.nacks); err != nil {
-		log.Error("xds: server metrics unavailable", zap.Error(err))
+		log.Error("server metrics unavailable", zap.Error(err))
 	}
 	return s
 }
@@ -177,7 +177,7 @@ func (s *Server) UpdateResources(typeURL string, upserts map[string]proto.Messag
 func (s *Server) update(typeURL string, resources map[string]proto.Message, removed []string, whole bool) {
 	ts := s.types[typeURL]
 	if ts == nil {
-		s.log.Error("xds: SetResources with an unknown type URL", zap.String("type_url", typeURL))
+		s.log.Error("SetResources with an unknown type URL", zap.String("type_url", typeURL))
 		return
 	}
 	ts.mu.Lock()
@@ -189,7 +189,7 @@ func (s *Server) update(typeURL string, resources map[string]proto.Message, remo
 	for name, m := range resources {
 		b, err := encode(m)
 		if err != nil {
-			s.log.Error("xds: resource not served", zap.String("type_url", typeURL), zap.String("name", name), zap.Error(err))
+			s.log.Error("resource not served", zap.String("type_url", typeURL), zap.String("name", name), zap.Error(err))
 			continue // keeps its previous entry, if any
 		}
 		version := resourceVersion(b)
@@ -324,7 +324,7 @@ func (a adsService) DeltaAggregatedResources(gs discovery.AggregatedDiscoverySer
 		a.s.mu.Unlock()
 	}()
 	err := st.run()
-	a.s.log.Debug("xds: stream closed", st.fields(zap.Error(err))...)
+	a.s.log.Debug("stream closed", st.fields(zap.Error(err))...)
 	return err
 }
 
@@ -437,7 +437,7 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 	if st.nodeID.Load() == nil && req.GetNode().GetId() != "" {
 		id := req.GetNode().GetId()
 		st.nodeID.Store(&id)
-		st.s.log.Debug("xds: stream opened", st.fields()...)
+		st.s.log.Debug("stream opened", st.fields()...)
 	}
 	sub := st.subs[typeURL]
 	if sub == nil {
@@ -475,7 +475,7 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 		sub.inflight = ""
 		if d := req.GetErrorDetail(); d != nil {
 			st.s.metrics.nacks.WithLabelValues(typeURL).Inc()
-			st.s.log.Warn("xds: client rejected resources (NACK)", st.fields(
+			st.s.log.Warn("client rejected resources (NACK)", st.fields(
 				zap.String("type_url", typeURL), zap.String("nonce", nonce), zap.String("message", d.GetMessage()))...)
 		}
 	}
