@@ -105,6 +105,8 @@ type ControlPlane struct {
 	lastWarns []string                  // the Warnings slice warned was computed from
 	// ignoredSeen: ignored objects already logged (reportIgnored).
 	ignoredSeen map[string]bool
+	// invalidSeen: invalid policy values already logged (reportInvalid).
+	invalidSeen map[string]bool
 
 	translations prometheus.Counter
 	warnings     prometheus.Gauge
@@ -374,6 +376,7 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	c.syncedOnce.Do(func() { close(c.synced) })
 
 	c.reportIgnored(objs.Ignored)
+	c.reportInvalid(res)
 	if !sameSlice(res.Warnings, c.lastWarns) {
 		current := map[string]bool{}
 		for _, w := range res.Warnings {

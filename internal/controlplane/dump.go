@@ -18,6 +18,10 @@ type ConfigDump struct {
 	Objects map[string][]string `json:"objects"`
 	// SourceErrors are the source's problems (file, document, field).
 	SourceErrors []string `json:"sourceErrors,omitempty"`
+	// InvalidValues are the policy values that cannot be enforced, so fail
+	// closed (PolicyStatus.Invalid); in local mode each names its file,
+	// document and field like a SourceErrors line.
+	InvalidValues []string `json:"invalidValues,omitempty"`
 	// Warnings of the latest translation.
 	Warnings []string `json:"warnings,omitempty"`
 	// Ignored: one line per object of a kind the control plane does not
@@ -61,6 +65,7 @@ func (c *ControlPlane) ConfigDump() ConfigDump {
 	}
 	d.Ignored = ignoredLines(s.objs.Ignored)
 	r := s.result
+	d.InvalidValues = c.invalidLines(r)
 	d.Warnings = append([]string(nil), r.Warnings...)
 	d.Policies = append([]translate.PolicyStatus(nil), r.Policies...)
 	d.Allocations = append([]autoalloc.Allocation(nil), r.Allocations...)

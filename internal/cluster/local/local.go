@@ -31,6 +31,8 @@ const DefaultInterval = 200 * time.Millisecond
 type fileState struct {
 	sum   [32]byte
 	items []cluster.Item
+	// origins: item key → document index (see Origin).
+	origins map[string]int
 }
 
 // Source watches one directory. Create it with New.
@@ -149,7 +151,7 @@ func (s *Source) Load() (bool, error) {
 		for _, e := range fatal {
 			s.log.Error("bad object in local config; keeping the last good state for it", zap.Error(e))
 		}
-		s.files[p] = &fileState{sum: sum, items: items}
+		s.files[p] = &fileState{sum: sum, items: items, origins: originsOf(p, data)}
 		s.setFileErrs(p, fatal)
 		errs = append(errs, fatal...)
 		changed = true
