@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,6 +29,10 @@ const (
 	DefaultMaxTCPConns    = 64
 	DefaultTCPIdleTimeout = 5 * time.Second
 )
+
+// drainQuiet is how long a draining server waits for one more query before
+// it considers its sockets empty (a newer server takes the new ones).
+const drainQuiet = 250 * time.Millisecond
 
 // maxQuery is the largest query accepted. A real query is one name (at most
 // 255 bytes) plus a few EDNS options; anything bigger gets FORMERR.
@@ -70,6 +75,16 @@ type Config struct {
 	// TCPIdleTimeout closes a TCP connection that sends no complete query
 	// for this long. 0 means DefaultTCPIdleTimeout.
 	TCPIdleTimeout time.Duration
+	// ReusePort binds UDP and TCP with SO_REUSEPORT, so the next node
+	// proxy's server can bind the same port while this one drains, and
+	// steers the port's new UDP queries to the newest server (see
+	// steerToNewest), so the older one can finish what it has and close
+	// without dropping a datagram queued on its socket (Drain); TCP
+	// connections queued on a closing listener move to the newer one
+	// (tcp_migrate_req, which the workload proxy turns on). The
+	// in-pod manager sets it with INPOD_PORT_REUSE. false: a second server
+	// on the port gets "address in use".
+	ReusePort bool
 }
 
 func (c Config) withDefaults() Config {
@@ -129,6 +144,8 @@ type Server struct {
 	wg     sync.WaitGroup
 	sem    chan struct{} // forwarded UDP queries in flight
 	served atomic.Bool
+	// draining: finish what is queued and in flight, then stop (Drain).
+	draining atomic.Bool
 
 	mu        sync.Mutex
 	closed    bool
@@ -206,13 +223,14 @@ func (s *Server) bind(h *netns.Handle, a netip.AddrPort) error {
 	ctx := context.Background()
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		pc, err := h.ListenPacket(ctx, a, netns.SockOpts{})
+		opts := netns.SockOpts{ReusePort: s.cfg.ReusePort}
+		pc, err := h.ListenPacket(ctx, a, opts)
 		if err != nil {
 			return fmt.Errorf("dnsproxy: %w", err)
 		}
 		bound := pc.LocalAddr().(*net.UDPAddr).AddrPort()
 		bound = netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port())
-		ln, err := h.Listen(ctx, bound, netns.SockOpts{})
+		ln, err := h.Listen(ctx, bound, opts)
 		if err != nil {
 			pc.Close()
 			lastErr = fmt.Errorf("dnsproxy: %w", err)
@@ -220,6 +238,16 @@ func (s *Server) bind(h *netns.Handle, a netip.AddrPort) error {
 				continue // the UDP port is taken for TCP: pick another
 			}
 			return lastErr
+		}
+		if s.cfg.ReusePort {
+			// UDP only: a closing TCP listener hands its queue to the newer
+			// one (tcp_migrate_req), queued datagrams have no such move.
+			// (Linux also refuses socket filters on TCP listeners.)
+			if err := steerToNewest(pc); err != nil {
+				// The overlap still works, spread by hash: a restart may
+				// then drop queries queued on the old socket.
+				s.log.Warn("dnsproxy: cannot steer the UDP port to the newest server", zap.Stringer("addr", bound), zap.Error(err))
+			}
 		}
 		s.udp = append(s.udp, pc)
 		s.tcp = append(s.tcp, ln)
@@ -261,6 +289,46 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.shutdown()
 	s.wg.Wait()
 	return nil
+}
+
+// Drain hands the port over to a newer server and then closes, at the
+// latest after deadline or when ctx ends: it closes the TCP listeners
+// (connections still queued on them move to the newer listener when the
+// namespace has net.ipv4.tcp_migrate_req on, as the workload proxy sets
+// it), lets each open TCP connection finish the query it is on, and keeps
+// answering UDP until no datagram has arrived for a moment and no forwarded
+// query is in flight. With Config.ReusePort the newer server takes every
+// new query, so the old sockets run empty and nothing queued is dropped.
+// Without a newer server it keeps answering as long as queries keep coming,
+// up to deadline.
+func (s *Server) Drain(ctx context.Context, deadline time.Duration) {
+	s.draining.Store(true)
+	for _, ln := range s.tcp {
+		ln.Close()
+	}
+	wake := time.Now().Add(drainQuiet)
+	for _, c := range s.udp {
+		c.SetReadDeadline(wake)
+	}
+	s.mu.Lock()
+	for c := range s.tcpConns {
+		c.SetReadDeadline(wake)
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.wg.Wait() // the serve loops end by themselves once drained
+	}()
+	t := time.NewTimer(deadline)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.log.Info("dns drain deadline passed; closing", zap.Duration("deadline", deadline))
+	case <-ctx.Done():
+	}
+	s.Close()
 }
 
 // Close stops the server and waits for its goroutines. It is idempotent.
@@ -308,10 +376,19 @@ func (s *Server) serveUDP(c *net.UDPConn) {
 	out := make([]byte, 0, 1024)
 	var q query
 	for {
+		if s.draining.Load() {
+			c.SetReadDeadline(time.Now().Add(drainQuiet))
+		}
 		n, src, err := c.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) && s.draining.Load() {
+				if len(s.sem) == 0 {
+					return // quiet, nothing in flight: drained
+				}
+				continue
 			}
 			s.log.Debug("udp read", zap.Error(err))
 			continue
@@ -390,7 +467,11 @@ func (s *Server) serveConn(conn net.Conn) {
 		conn.Write(wb)
 	}
 	for {
-		conn.SetReadDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
+		idle := s.cfg.TCPIdleTimeout
+		if s.draining.Load() {
+			idle = drainQuiet
+		}
+		conn.SetReadDeadline(time.Now().Add(idle))
 		if _, err := io.ReadFull(conn, lenBuf[:]); err != nil {
 			return
 		}
@@ -410,6 +491,9 @@ func (s *Server) serveConn(conn net.Conn) {
 		}
 		if reply == nil && !fwd {
 			return // dropped garbage: do not keep the connection
+		}
+		if s.draining.Load() {
+			return // answered; the client reconnects to the newer server
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
@@ -45,6 +46,8 @@ func (f *ProxyFactory) NewProxy(w Workload, ns *netns.Handle) (Proxy, error) {
 	if f.DNS != nil {
 		cfg, deps := f.DNS.Config, f.DNS.Deps
 		cfg.Workload = dnsproxy.WorkloadInfo{UID: w.UID, Namespace: w.Namespace, Name: w.Name}
+		// Like the other listeners: the next node proxy binds alongside.
+		cfg.ReusePort = cfg.ReusePort || (f.Proxy.Config != nil && f.Proxy.Config.InpodPortReuse)
 		deps.Netns = ns
 		// The DNS proxy's "who is asking" for loopback queries is the
 		// workload proxy's own pod lookup (cluster, node, ZDS identity).
@@ -64,6 +67,9 @@ func (f *ProxyFactory) NewProxy(w Workload, ns *netns.Handle) (Proxy, error) {
 type podProxy struct {
 	wp  *proxy.WorkloadProxy
 	dns *dnsproxy.Server // nil without DNS
+	// draining: Drain owns the DNS server's end (it drains it after the
+	// connections), so Serve must not close it when the listeners go.
+	draining atomic.Bool
 }
 
 func (p *podProxy) Serve(ctx context.Context) error {
@@ -80,18 +86,24 @@ func (p *podProxy) Serve(ctx context.Context) error {
 		dnsErr = p.dns.Serve(ctx)
 	}()
 	err := p.wp.Serve(ctx)
-	// The listeners are gone (drained, closed or failed): DNS goes with them.
-	_ = p.dns.Close()
+	// The listeners are gone (closed or failed): DNS goes with them, unless
+	// they were drained: then Drain drains DNS next and closes it.
+	if !p.draining.Load() {
+		_ = p.dns.Close()
+	}
 	wg.Wait()
 	return errors.Join(err, dnsErr)
 }
 
 // Drain drains the connections; DNS keeps answering until they are done
-// (applications often resolve while finishing up).
+// (applications often resolve while finishing up), then drains too: it
+// finishes the queries it has (a newer node proxy's DNS server, bound
+// alongside, takes the new ones) and closes.
 func (p *podProxy) Drain(ctx context.Context, deadline time.Duration) {
+	p.draining.Store(true)
 	p.wp.Drain(ctx, deadline)
 	if p.dns != nil {
-		_ = p.dns.Close()
+		p.dns.Drain(ctx, deadline)
 	}
 }
 
