@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,13 +20,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/caapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/xdstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
@@ -37,68 +36,6 @@ metadata: {name: %s, namespace: demo, labels: {istio.io/dataplane-mode: ambient}
 spec: {nodeName: node0, serviceAccountName: %s, containers: [{name: app, image: app}]}
 status: {phase: Running, podIPs: [{ip: %s}]}
 `
-
-type sink struct {
-	mu      sync.Mutex
-	addrs   map[string]*workloadapi.Address
-	authz   map[string]*securityapi.Authorization
-	changed chan struct{}
-}
-
-func newSink() *sink {
-	return &sink{addrs: map[string]*workloadapi.Address{}, authz: map[string]*securityapi.Authorization{}, changed: make(chan struct{})}
-}
-
-func (s *sink) notify() {
-	close(s.changed)
-	s.changed = make(chan struct{})
-}
-
-func (s *sink) ApplyAddresses(up map[string]*workloadapi.Address, rm []string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k, v := range up {
-		s.addrs[k] = v
-	}
-	for _, k := range rm {
-		delete(s.addrs, k)
-	}
-	s.notify()
-	return nil
-}
-
-func (s *sink) ApplyAuthorizations(up map[string]*securityapi.Authorization, rm []string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k, v := range up {
-		s.authz[k] = v
-	}
-	for _, k := range rm {
-		delete(s.authz, k)
-	}
-	s.notify()
-	return nil
-}
-
-// waitFor blocks until pred holds (checked under the lock) or the test's
-// safety deadline passes.
-func (s *sink) waitFor(t *testing.T, what string, pred func() bool) {
-	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		s.mu.Lock()
-		ok, ch := pred(), s.changed
-		s.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
 
 func writeFile(t *testing.T, path, data string) {
 	t.Helper()
@@ -138,7 +75,7 @@ func TestControlPlaneEndToEnd(t *testing.T) {
 
 	pool := x509.NewCertPool()
 	pool.AddCert(c.Root())
-	s := newSink()
+	s := xdstest.NewSink()
 	client, err := xds.NewClient(xds.ClientConfig{
 		Address: lis.Addr().String(), RootCAs: pool, ServerName: "istiod.istio-system.svc", Token: "tok0",
 		Node: xds.NodeInfo{PodName: "ztunnel-0", PodNamespace: "istio-system", InstanceIPs: []string{"10.30.0.1"}, NodeName: "node0"},
@@ -150,14 +87,14 @@ func TestControlPlaneEndToEnd(t *testing.T) {
 	go client.Run(ctx)
 
 	uid := func(name string) string { return "Kubernetes//Pod/demo/" + name }
-	s.waitFor(t, "the client pod", func() bool { return s.addrs[uid("client")] != nil })
-	if got := s.addrs[uid("client")].GetWorkload().GetTunnelProtocol(); got != workloadapi.TunnelProtocol_HBONE {
+	s.WaitFor(t, 20*time.Second, "the client pod", func() bool { return s.Address(uid("client")) != nil })
+	if got := s.Address(uid("client")).GetWorkload().GetTunnelProtocol(); got != workloadapi.TunnelProtocol_HBONE {
 		t.Errorf("tunnel protocol = %v, want HBONE (enrolled from labels)", got)
 	}
 
 	// A change of the directory is pushed.
 	writeFile(t, filepath.Join(dir, "pods.yaml"), fmt.Sprintf(podYAML, "client", "client", "10.0.0.1")+"---\n"+fmt.Sprintf(podYAML, "server", "server", "10.0.0.2"))
-	s.waitFor(t, "the server pod", func() bool { return s.addrs[uid("server")] != nil })
+	s.WaitFor(t, 20*time.Second, "the server pod", func() bool { return s.Address(uid("server")) != nil })
 
 	// The dump shows objects and the bad document with its file.
 	d := cp.ConfigDump()
