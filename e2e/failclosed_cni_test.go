@@ -18,8 +18,17 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/ztunnel-go/ztunnel-go/cni/agent"
+	"github.com/ztunnel-go/ztunnel-go/cni/agent/install"
+	agentkube "github.com/ztunnel-go/ztunnel-go/cni/agent/kube"
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
@@ -357,4 +366,159 @@ func removeCgroupTree(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// TestFailClosedUninstall: the plugin with a real API server. During an
+// upgrade (the agent's DaemonSet exists, the agent is down) an ambient pod's
+// ADD fails closed while a non-ambient pod and a kube-system pod start. On
+// uninstall (DaemonSet deleted, then the agent's token revoked with its
+// ServiceAccount) a kube-system pod still starts through the plugin (the
+// excluded namespace is decided before any API call), the agent's owner
+// watch concludes "uninstall" although the API server no longer answers it,
+// and once the plugin is taken out of the chain a non-ambient pod starts.
+func TestFailClosedUninstall(t *testing.T) {
+	s := startKubeAPI(t)
+	kc := s.Client()
+	ctx := ctxT(t, 3*time.Minute)
+	const sysNS, dsName = "istio-system", "ztunnel-cni"
+	for ns, labels := range map[string]map[string]string{"plain": nil, "mesh": ambientNS, sysNS: nil} {
+		if err := s.EnsureNamespace(ctx, ns, labels); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The agent's ServiceAccount and RBAC, as the chart grants them.
+	if _, err := kc.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "ztunnel-cni"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get", "list", "watch"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "ztunnel-cni"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "ztunnel-cni"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: sysNS, Name: "ztunnel-cni"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	token, err := s.CreateServiceAccountToken(ctx, sysNS, "ztunnel-cni", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "ztunnel-cni"}
+	if _, err := kc.AppsV1().DaemonSets(sysNS).Create(ctx, &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: dsName},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "ztunnel-cni"}}},
+			},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agentCfg := s.TokenConfig(token)
+	kubeconfig := filepath.Join(t.TempDir(), "plugin-kubeconfig")
+	if _, err := agentkube.WriteKubeconfig(kubeconfig, agentCfg); err != nil {
+		t.Fatal(err)
+	}
+	agentClients, err := kube.NewClients(agentCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, err := agentkube.NewOwnerWatch(agentClients.Kube, sysNS, dsName, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	wdone := make(chan struct{})
+	go func() { defer close(wdone); owner.Run(wctx) }()
+	t.Cleanup(func() { wcancel(); <-wdone })
+
+	c := testcluster.New(t, testcluster.Options{PluginDirs: []string{ztunnelCNI(t)}, ExtraPlugins: func(n *testcluster.Node) []map[string]any {
+		return []map[string]any{{
+			"type": "ztunnel-cni", "agent_socket": filepath.Join(n.Dir, "plugin.sock"), // the agent is down
+			"kubeconfig": kubeconfig, "exclude_namespaces": []string{"kube-system"}, "log_level": "debug",
+		}}
+	}})
+	n := c.Node(0)
+	forwardAPIServer(t, n, s.Host())
+	createNode(t, kc, n.Name)
+	start := func(ns, name string) error {
+		t.Helper()
+		createPod(t, kc, kubePod{ns: ns, name: name, node: n.Name, sa: "default"})
+		_, err := n.AddPod(ctx, testcluster.PodSpec{Name: name, Namespace: ns})
+		return err
+	}
+
+	// Upgrade: the DaemonSet exists, the agent is down.
+	for _, p := range [][2]string{{"plain", "web-1"}, {"kube-system", "dns-1"}} {
+		if err := start(p[0], p[1]); err != nil {
+			t.Fatalf("non-ambient pod %s/%s during an upgrade: %v", p[0], p[1], err)
+		}
+	}
+	var ce *testcluster.CNIError
+	if err := start("mesh", "app-1"); !errors.As(err, &ce) {
+		t.Fatalf("ambient pod during an upgrade: %v, want a failed ADD (fail closed)", err)
+	}
+	if un, why := owner.Uninstalling(ctx); un {
+		t.Fatalf("owner watch says uninstall while the DaemonSet exists: %s", why)
+	}
+
+	// Uninstall: the DaemonSet goes, then the agent's token.
+	if err := kc.AppsV1().DaemonSets(sysNS).Delete(ctx, dsName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 20*time.Second, "the owner watch sees the deletion", func() bool { un, _ := owner.Uninstalling(ctx); return un })
+	if err := kc.CoreV1().ServiceAccounts(sysNS).Delete(ctx, "ztunnel-cni", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 20*time.Second, "the agent's token is revoked", func() bool {
+		_, err := agentClients.Kube.CoreV1().Namespaces().Get(ctx, "plain", metav1.GetOptions{})
+		return err != nil
+	})
+	if err := start("kube-system", "dns-2"); err != nil {
+		t.Fatalf("kube-system pod with the agent's token revoked and the agent down: %v", err)
+	}
+	un, why := owner.Uninstalling(ctx)
+	if !un {
+		t.Fatalf("owner watch after the DaemonSet's deletion and the token's revocation: %s; want uninstall", why)
+	}
+	t.Logf("uninstall decision: %s", why)
+	if err := install.Uninstall(install.Config{BinDir: t.TempDir(), ConfDir: n.CNIConfDir}); err != nil {
+		t.Fatal(err)
+	}
+	if err := start("plain", "web-2"); err != nil {
+		t.Fatalf("non-ambient pod after uninstall: %v", err)
+	}
+	if err := start("mesh", "app-2"); err != nil {
+		t.Fatalf("pod of a formerly ambient namespace after uninstall: %v", err)
+	}
+}
+
+// forwardAPIServer makes the API server (on this machine's loopback)
+// reachable at the same address inside node n, where the runtime runs the
+// plugin, by relaying each connection.
+func forwardAPIServer(t *testing.T, n *testcluster.Node, host string) {
+	t.Helper()
+	addr := strings.TrimPrefix(host, "https://")
+	ln, err := n.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go acceptLoop(ln, func(in net.Conn) {
+		out, err := net.Dial("tcp", addr)
+		if err != nil {
+			return
+		}
+		defer out.Close()
+		done := make(chan struct{})
+		go func() { io.Copy(out, in); out.(*net.TCPConn).CloseWrite(); close(done) }()
+		io.Copy(in, out)
+		<-done
+	})
 }

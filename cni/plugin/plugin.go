@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Timing of an ADD.
@@ -172,10 +174,11 @@ func cmdAdd(args *skel.CmdArgs, kube KubeSourceFunc) error {
 	var src PodSource
 	switch {
 	case conf.Kubeconfig != "" && kube == nil:
-		return types.NewError(types.ErrTryAgainLater, "ztunnel-cni: kubeconfig configured but this binary has no Kubernetes pod source", "")
+		src = errSource{errors.New("ztunnel-cni: kubeconfig configured but this binary has no Kubernetes pod source")}
 	case conf.Kubeconfig != "":
 		if src, err = kube(conf.Kubeconfig); err != nil {
-			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ztunnel-cni: Kubernetes pod source: %v; the pod will be retried", err), "")
+			// Excluded namespaces still pass and the agent may decide (add).
+			src = errSource{fmt.Errorf("ztunnel-cni: Kubernetes pod source: %w", err)}
 		}
 	case conf.LocalConfigDir != "":
 		src = LocalDirSource{Dir: conf.LocalConfigDir}
@@ -186,6 +189,18 @@ func cmdAdd(args *skel.CmdArgs, kube KubeSourceFunc) error {
 		return err
 	}
 	return types.PrintResult(prev, conf.CNIVersion)
+}
+
+// errMetadataUnavailable marks a decide error caused by the metadata source
+// itself (not an answer from it).
+var errMetadataUnavailable = errors.New("pod metadata unavailable")
+
+// errSource is a PodSource that could not be built: every Lookup fails
+// with its error (not ErrPodNotFound), so the agent decides.
+type errSource struct{ err error }
+
+func (s errSource) Lookup(context.Context, string, string) (*corev1.Pod, *corev1.Namespace, error) {
+	return nil, nil, s.err
 }
 
 // adder runs the ADD decision and the agent call; cmdAdd wires it.
@@ -208,9 +223,32 @@ func (a *adder) add(ctx context.Context, conf *Config, prev types.Result, pa pod
 		a.log.Info("no K8S_POD_NAME/K8S_POD_NAMESPACE in CNI_ARGS; not a Kubernetes pod, passing through")
 		return nil
 	}
+	// Excluded namespaces (kube-system, say) are decided from the config
+	// alone: such pods never wait for, or fail on, the API server or the
+	// agent (an uninstalled agent's revoked token, an agent restart).
+	if slices.Contains(conf.ExcludeNamespaces, pa.Namespace) {
+		a.log.Debug("namespace excluded; passing through", zap.String("reason", reasonExcludedNamespace))
+		return nil
+	}
 	ambient, reason, err := a.decide(ctx, conf, pa)
-	if err != nil {
+	if err != nil && !errors.Is(err, errMetadataUnavailable) {
 		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	}
+	if err != nil {
+		// The metadata cannot be read (API server down, token revoked):
+		// the agent, with its own cache, decides instead; only if it is
+		// unreachable too does the ADD fail (closed: the pod may be ambient).
+		a.log.Warn("pod metadata unavailable; the node agent decides", zap.Error(err))
+		req, rerr := addRequest(prev, pa, netnsPath)
+		if rerr != nil {
+			return types.NewError(types.ErrDecodingFailure, rerr.Error(), "")
+		}
+		resp, perr := postAdd(ctx, conf.AgentSocket, req)
+		if perr != nil {
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%v; and the node agent cannot decide either: %v", err, perr), "")
+		}
+		a.log.Info("pod handed to the node agent (metadata unavailable)", zap.Bool("captured", resp.Captured))
+		return nil
 	}
 	req, err := addRequest(prev, pa, netnsPath)
 	if !ambient {
@@ -253,7 +291,7 @@ func (a *adder) decide(ctx context.Context, conf *Config, pa podArgs) (ambient b
 			ok, why := IsAmbient(pod, ns, e)
 			return ok, why, nil
 		case !errors.Is(err, ErrPodNotFound):
-			return false, "", fmt.Errorf("ztunnel-cni: cannot tell whether pod %s/%s is ambient: %w; the pod will be retried (no ambient pod starts uncaptured)", pa.Namespace, pa.Name, err)
+			return false, "", fmt.Errorf("ztunnel-cni: cannot tell whether pod %s/%s is ambient (%w): %w; the pod will be retried (no ambient pod starts uncaptured)", pa.Namespace, pa.Name, errMetadataUnavailable, err)
 		case i+1 >= a.attempts:
 			if namespaceAmbient(pa.Namespace, ns, e) {
 				return false, "", fmt.Errorf("ztunnel-cni: pod %s/%s not found in the pod metadata but its namespace is ambient (%w); the pod will be retried (no ambient pod starts uncaptured)", pa.Namespace, pa.Name, err)
