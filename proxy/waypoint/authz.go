@@ -1,0 +1,379 @@
+package waypoint
+
+import (
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+)
+
+// Attrs is what authorization sees of one request (or TCP connection).
+type Attrs struct {
+	// Principal is the client's SPIFFE id without "spiffe://"; Namespace
+	// its namespace ("" for an unauthenticated client, which cannot occur
+	// behind mTLS).
+	Principal, Namespace string
+	SrcIP, DstIP         netip.Addr
+	DstPort              uint16
+	// Service is the hostname of the addressed service ("" for a workload).
+	Service string
+	// HTTP is false for plain TCP: rules using HTTP fields never match as
+	// ALLOW and always match as DENY there (fail closed).
+	HTTP               bool
+	Host, Method, Path string
+	Header             func(name string) (string, bool)
+}
+
+// Verdict is the outcome of authorization.
+type Verdict struct {
+	Allow bool
+	// Policy names the deciding policy ("ns/name"); "" when no policy
+	// selected the request (allowed) or when no ALLOW matched (see Reason).
+	Policy string
+	Reason string
+	// DryRun lists "ns/name=allow|deny" of dry-run and AUDIT policies that
+	// matched, for the access log; never enforced.
+	DryRun []string
+}
+
+type stringMatch struct {
+	kind  int // 0 exact, 1 prefix, 2 suffix, 3 presence
+	value string
+}
+
+func (m stringMatch) match(s string) bool {
+	switch m.kind {
+	case 1:
+		return strings.HasPrefix(s, m.value)
+	case 2:
+		return strings.HasSuffix(s, m.value)
+	case 3:
+		return s != ""
+	}
+	return s == m.value
+}
+
+func anyMatch(ms []stringMatch, s string) bool {
+	for _, m := range ms {
+		if m.match(s) {
+			return true
+		}
+	}
+	return false
+}
+
+func compileStrings(in []*waypointapi.StringMatch, fold bool) []stringMatch {
+	out := make([]stringMatch, 0, len(in))
+	for _, m := range in {
+		var sm stringMatch
+		switch v := m.GetMatchType().(type) {
+		case *waypointapi.StringMatch_Exact:
+			sm = stringMatch{0, v.Exact}
+		case *waypointapi.StringMatch_Prefix:
+			sm = stringMatch{1, v.Prefix}
+		case *waypointapi.StringMatch_Suffix:
+			sm = stringMatch{2, v.Suffix}
+		case *waypointapi.StringMatch_Presence:
+			sm = stringMatch{3, ""}
+		default:
+			continue // an empty match matches nothing
+		}
+		if fold {
+			sm.value = strings.ToLower(sm.value)
+		}
+		out = append(out, sm)
+	}
+	return out
+}
+
+func compileCidrs(in []*waypointapi.Cidr) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, c := range in {
+		a, ok := netip.AddrFromSlice(c.GetAddress())
+		if !ok {
+			continue
+		}
+		if p, err := a.Unmap().Prefix(int(c.GetLength())); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func inAny(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+type source struct {
+	principals, notPrincipals, namespaces, notNamespaces []stringMatch
+	ips, notIPs, remoteIPs, notRemoteIPs                 []netip.Prefix
+}
+
+type operation struct {
+	hosts, notHosts, methods, notMethods, paths, notPaths []stringMatch
+	ports, notPorts                                       []uint32
+}
+
+func (o *operation) usesHTTP() bool {
+	return len(o.hosts)+len(o.notHosts)+len(o.methods)+len(o.notMethods)+len(o.paths)+len(o.notPaths) > 0
+}
+
+type condition struct {
+	key               string
+	values, notValues []stringMatch
+	cidrs, notCidrs   []netip.Prefix // for source.ip, remote.ip, destination.ip
+}
+
+type rule struct {
+	from []source
+	to   []operation
+	when []condition
+}
+
+type policy struct {
+	key      string // ns/name
+	action   waypointapi.Action
+	dryRun   bool
+	rules    []rule
+	services map[string]bool // nil: every request at this waypoint
+	target   string
+}
+
+func compilePolicy(p *waypointapi.Policy) *policy {
+	cp := &policy{key: p.GetNamespace() + "/" + p.GetName(), action: p.GetAction(), dryRun: p.GetDryRun(), target: p.GetTarget()}
+	if len(p.GetServices()) > 0 {
+		cp.services = map[string]bool{}
+		for _, s := range p.GetServices() {
+			cp.services[s] = true
+		}
+	}
+	for _, r := range p.GetRules() {
+		var cr rule
+		for _, s := range r.GetFrom() {
+			cr.from = append(cr.from, source{
+				principals: compileStrings(s.GetPrincipals(), false), notPrincipals: compileStrings(s.GetNotPrincipals(), false),
+				namespaces: compileStrings(s.GetNamespaces(), false), notNamespaces: compileStrings(s.GetNotNamespaces(), false),
+				ips: compileCidrs(s.GetIpBlocks()), notIPs: compileCidrs(s.GetNotIpBlocks()),
+				remoteIPs: compileCidrs(s.GetRemoteIpBlocks()), notRemoteIPs: compileCidrs(s.GetNotRemoteIpBlocks()),
+			})
+		}
+		for _, o := range r.GetTo() {
+			cr.to = append(cr.to, operation{
+				hosts: compileStrings(o.GetHosts(), true), notHosts: compileStrings(o.GetNotHosts(), true),
+				methods: compileStrings(o.GetMethods(), false), notMethods: compileStrings(o.GetNotMethods(), false),
+				paths: compileStrings(o.GetPaths(), false), notPaths: compileStrings(o.GetNotPaths(), false),
+				ports: o.GetPorts(), notPorts: o.GetNotPorts(),
+			})
+		}
+		for _, c := range r.GetWhen() {
+			cc := condition{key: c.GetKey(), values: compileStrings(c.GetValues(), false), notValues: compileStrings(c.GetNotValues(), false)}
+			if ipKey(cc.key) {
+				cc.cidrs, cc.notCidrs = stringCidrs(c.GetValues()), stringCidrs(c.GetNotValues())
+			}
+			cr.when = append(cr.when, cc)
+		}
+		cp.rules = append(cp.rules, cr)
+	}
+	return cp
+}
+
+func ipKey(k string) bool { return k == "source.ip" || k == "remote.ip" || k == "destination.ip" }
+
+func stringCidrs(in []*waypointapi.StringMatch) []netip.Prefix {
+	var out []netip.Prefix
+	for _, m := range in {
+		v := m.GetExact()
+		if p, err := netip.ParsePrefix(v); err == nil {
+			out = append(out, p.Masked())
+		} else if a, err := netip.ParseAddr(v); err == nil {
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+		}
+	}
+	return out
+}
+
+// applies reports whether the policy selects a request for service.
+func (p *policy) applies(service string) bool { return p.services == nil || p.services[service] }
+
+func (p *policy) matches(a *Attrs) bool {
+	deny := p.action == waypointapi.Action_DENY || p.action == waypointapi.Action_AUDIT
+	for i := range p.rules {
+		if p.rules[i].matches(a, deny) {
+			return true
+		}
+	}
+	return false
+}
+
+// matches evaluates one rule. deny: an HTTP field on a TCP connection
+// matches (fail closed) instead of not matching.
+func (r *rule) matches(a *Attrs, deny bool) bool {
+	if len(r.from) > 0 {
+		ok := false
+		for i := range r.from {
+			if r.from[i].matches(a) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	if len(r.to) > 0 {
+		ok := false
+		for i := range r.to {
+			if r.to[i].matches(a, deny) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	for i := range r.when {
+		if !r.when[i].matches(a, deny) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *source) matches(a *Attrs) bool {
+	if len(s.principals) > 0 && !anyMatch(s.principals, a.Principal) || anyMatch(s.notPrincipals, a.Principal) {
+		return false
+	}
+	if len(s.namespaces) > 0 && !anyMatch(s.namespaces, a.Namespace) || anyMatch(s.notNamespaces, a.Namespace) {
+		return false
+	}
+	if len(s.ips) > 0 && !inAny(s.ips, a.SrcIP) || inAny(s.notIPs, a.SrcIP) {
+		return false
+	}
+	if len(s.remoteIPs) > 0 && !inAny(s.remoteIPs, a.SrcIP) || inAny(s.notRemoteIPs, a.SrcIP) {
+		return false
+	}
+	return true
+}
+
+func (o *operation) matches(a *Attrs, deny bool) bool {
+	if len(o.ports) > 0 && !containsPort(o.ports, a.DstPort) || containsPort(o.notPorts, a.DstPort) {
+		return false
+	}
+	if !a.HTTP {
+		if o.usesHTTP() {
+			return deny
+		}
+		return true
+	}
+	host := strings.ToLower(a.Host)
+	if len(o.hosts) > 0 && !anyMatch(o.hosts, host) && !anyMatch(o.hosts, stripPort(host)) ||
+		anyMatch(o.notHosts, host) || anyMatch(o.notHosts, stripPort(host)) {
+		return false
+	}
+	if len(o.methods) > 0 && !anyMatch(o.methods, a.Method) || anyMatch(o.notMethods, a.Method) {
+		return false
+	}
+	if len(o.paths) > 0 && !anyMatch(o.paths, a.Path) || anyMatch(o.notPaths, a.Path) {
+		return false
+	}
+	return true
+}
+
+func containsPort(ps []uint32, p uint16) bool {
+	for _, v := range ps {
+		if v == uint32(p) {
+			return true
+		}
+	}
+	return false
+}
+
+func stripPort(h string) string {
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.HasSuffix(h, "]") {
+		return h[:i]
+	}
+	return h
+}
+
+func (c *condition) matches(a *Attrs, deny bool) bool {
+	var v string
+	switch {
+	case ipKey(c.key):
+		ip := a.SrcIP
+		if c.key == "destination.ip" {
+			ip = a.DstIP
+		}
+		return (len(c.cidrs) == 0 || inAny(c.cidrs, ip)) && !inAny(c.notCidrs, ip)
+	case c.key == "source.namespace":
+		v = a.Namespace
+	case c.key == "source.principal":
+		v = a.Principal
+	case c.key == "destination.port":
+		v = strconv.Itoa(int(a.DstPort))
+	case strings.HasPrefix(c.key, "request.headers["):
+		if !a.HTTP || a.Header == nil {
+			return deny
+		}
+		v, _ = a.Header(c.key[len("request.headers[") : len(c.key)-1])
+	default:
+		return deny // unknown keys never reach here (the control plane drops them); fail closed
+	}
+	return (len(c.values) == 0 || anyMatch(c.values, v)) && !anyMatch(c.notValues, v)
+}
+
+// authorize applies Istio's order: dry-run and AUDIT policies are evaluated
+// and reported only; then any matching DENY denies; then, when any ALLOW
+// selects the request, one must match; else the request is allowed.
+func authorize(policies []*policy, a *Attrs) Verdict {
+	var v Verdict
+	var allows []*policy
+	for _, p := range policies {
+		if !p.applies(a.Service) {
+			continue
+		}
+		if p.dryRun || p.action == waypointapi.Action_AUDIT {
+			if p.matches(a) {
+				outcome := "allow"
+				if p.action == waypointapi.Action_DENY {
+					outcome = "deny"
+				} else if p.action == waypointapi.Action_AUDIT {
+					outcome = "audit"
+				}
+				v.DryRun = append(v.DryRun, p.key+"="+outcome)
+			}
+			continue
+		}
+		switch p.action {
+		case waypointapi.Action_DENY:
+			if p.matches(a) {
+				v.Policy, v.Reason = p.key, "denied by "+p.key
+				return v
+			}
+		case waypointapi.Action_ALLOW:
+			allows = append(allows, p)
+		}
+	}
+	if len(allows) == 0 {
+		v.Allow = true
+		return v
+	}
+	for _, p := range allows {
+		if p.matches(a) {
+			v.Allow, v.Policy = true, p.key
+			return v
+		}
+	}
+	names := make([]string, len(allows))
+	for i, p := range allows {
+		names[i] = p.key
+	}
+	v.Reason = "no ALLOW policy matched (" + strings.Join(names, ", ") + ")"
+	return v
+}

@@ -1,0 +1,20 @@
+// Package waypoint is ztunnel-go's L7 waypoint data path: it terminates HBONE
+// on 15008 with the waypoint's own SPIFFE identity, accepts a CONNECT only
+// for a service VIP or workload bound to this waypoint (never an open
+// relay), and then, inside the tunnel, speaks HTTP/1.1 or h2c (prior
+// knowledge) when the service port's protocol is HTTP, else plain TCP with
+// L4 policy only.
+//
+// Every request, HTTP or TCP, runs one code path (Waypoint.decide) with one
+// filter order: metadata (peer identity, baggage) → authentication →
+// authorization → routing → stats. Authorization and routing read an
+// immutable compiled Config (config.go) swapped atomically when the control
+// plane pushes a new waypointapi.Config; endpoints come from the workload
+// API snapshot (internal/node/state) on the same xDS stream. The chosen
+// endpoint is reached over HBONE through its node proxy with the waypoint's
+// identity (hbone.Pool), the original source in the forwarded headers.
+//
+// What it does not do yet: RequestAuthentication (JWT), GRPCRoute,
+// VirtualService/DestinationRule, mirroring, fault injection, outlier
+// detection (see issue 14).
+package waypoint

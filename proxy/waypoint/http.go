@@ -1,0 +1,333 @@
+package waypoint
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+)
+
+// tunnelMeta is what the HBONE CONNECT told us, carried to every request
+// served inside that tunnel.
+type tunnelMeta struct {
+	src, dst netip.AddrPort
+	peer     identity.Identity
+	baggage  hbone.Baggage
+	svc      *boundService
+	protocol waypointapi.Protocol
+}
+
+// tunnelConn is the HTTP server's end of a tunnel: RemoteAddr is the
+// original client, so forwarded headers name it.
+type tunnelConn struct {
+	net.Conn
+	meta *tunnelMeta
+}
+
+func (c *tunnelConn) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(c.meta.src) }
+func (c *tunnelConn) LocalAddr() net.Addr  { return net.TCPAddrFromAddrPort(c.meta.dst) }
+
+// connListener hands tunnels to the HTTP server.
+type connListener struct {
+	ch     chan net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newConnListener() *connListener {
+	return &connListener{ch: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (l *connListener) push(c net.Conn) bool {
+	select {
+	case l.ch <- c:
+		return true
+	case <-l.closed:
+		return false
+	}
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "waypoint-tunnels", Net: "unix"} }
+
+// socketPair returns two connected stream sockets that support half-close
+// (hbone.Splice passes a client's FIN through).
+func socketPair() (net.Conn, net.Conn, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("waypoint: socketpair: %w", err)
+	}
+	conn := func(fd int, name string) (net.Conn, error) {
+		f := os.NewFile(uintptr(fd), name)
+		defer f.Close()
+		return net.FileConn(f)
+	}
+	a, err := conn(fds[0], "tunnel-http")
+	if err != nil {
+		syscall.Close(fds[1])
+		return nil, nil, fmt.Errorf("waypoint: socketpair: %w", err)
+	}
+	b, err := conn(fds[1], "tunnel-hbone")
+	if err != nil {
+		a.Close()
+		return nil, nil, fmt.Errorf("waypoint: socketpair: %w", err)
+	}
+	return a, b, nil
+}
+
+type metaKey struct{}
+type exKey struct{}
+
+func (w *Waypoint) initHTTP() {
+	w.httpLn = newConnListener()
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			ex := pr.In.Context().Value(exKey{}).(*exchange)
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", ex.target.String()
+			pr.Out.Host = pr.In.Host
+			// The original source, as Envoy's waypoint forwards it.
+			pr.SetXForwarded()
+			pr.Out.Header.Set("Forwarded", hbone.BuildForwarded(ex.src, ex.attrs.Service))
+			if ex.rule != nil {
+				ex.rule.modify(pr.Out.Header)
+			}
+		},
+		Transport:     &retrier{w: w},
+		FlushInterval: -1, // stream (gRPC, server-sent events)
+		ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
+			ex := r.Context().Value(exKey{}).(*exchange)
+			ex.err = err
+			code := http.StatusServiceUnavailable
+			if errors.Is(err, context.DeadlineExceeded) {
+				code = http.StatusGatewayTimeout
+			}
+			http.Error(rw, http.StatusText(code), code)
+		},
+		ErrorLog: zap.NewStdLog(w.log.Named("http")),
+	}
+	w.h1 = &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			ap, err := netip.ParseAddrPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			return w.dial(ctx, ap, "")
+		},
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	w.h2 = &http2.Transport{
+		AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, _, addr string, _ *tls.Config) (net.Conn, error) {
+			ap, err := netip.ParseAddrPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			return w.dial(ctx, ap, "")
+		},
+	}
+	handler := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { w.serveHTTP(rw, r, proxy) })
+	w.httpSrv = &http.Server{
+		Handler: h2c.NewHandler(handler, &http2.Server{}),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if tc, ok := c.(*tunnelConn); ok {
+				return context.WithValue(ctx, metaKey{}, tc.meta)
+			}
+			return ctx
+		},
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          zap.NewStdLog(w.log.Named("http")),
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		_ = w.httpSrv.Serve(w.httpLn)
+	}()
+}
+
+// serveHTTP is one request: the filters (decide), then the proxy, then stats.
+func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http.Handler) {
+	start := time.Now()
+	meta, _ := r.Context().Value(metaKey{}).(*tunnelMeta)
+	if meta == nil {
+		http.Error(rw, "not a tunnel", http.StatusInternalServerError)
+		return
+	}
+	ex := &exchange{
+		src: meta.src, dst: meta.dst, peer: meta.peer, baggage: meta.baggage, svc: meta.svc, protocol: meta.protocol,
+		h2: r.ProtoMajor == 2, req: r, cfg: w.sink.cfg.Load(), snap: w.sink.Load(),
+	}
+	ex.attrs.HTTP, ex.attrs.Host, ex.attrs.Method, ex.attrs.Path = true, r.Host, r.Method, r.URL.Path
+	ex.attrs.Header = func(name string) (string, bool) {
+		vs := r.Header.Values(name)
+		if len(vs) == 0 {
+			return "", false
+		}
+		return vs[0], true
+	}
+	sw := &statusWriter{ResponseWriter: rw}
+	if err := w.decide(ex); err != nil {
+		var nr *errNoRoute
+		code := http.StatusServiceUnavailable
+		if errors.As(err, &nr) {
+			code = nr.code
+		}
+		ex.err = err
+		if code == http.StatusForbidden {
+			sw.Header().Set("Content-Type", "text/plain")
+			sw.WriteHeader(code)
+			_, _ = io.WriteString(sw, DeniedBody)
+		} else {
+			http.Error(sw, http.StatusText(code), code)
+		}
+		w.record(ex, code, flagFor(code), time.Since(start))
+		return
+	}
+	ctx := context.WithValue(r.Context(), exKey{}, ex)
+	if ex.rule != nil && ex.rule.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, ex.rule.timeout)
+		defer cancel()
+	}
+	proxy.ServeHTTP(sw, r.WithContext(ctx))
+	code := sw.code
+	if code == 0 {
+		code = http.StatusOK
+	}
+	flags := ""
+	if ex.err != nil {
+		flags = flagFor(code)
+	}
+	w.record(ex, code, flags, time.Since(start))
+}
+
+// statusWriter remembers the status for stats.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusWriter) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// retrier sends a request upstream over HTTP/1.1 or h2c (as the client
+// spoke to us), retrying per the route rule: on a retryable status or a
+// connect failure, while attempts remain and the body can be replayed.
+type retrier struct{ w *Waypoint }
+
+func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
+	ex := r.Context().Value(exKey{}).(*exchange)
+	base := rt.w.h1
+	if ex.protocol == waypointapi.Protocol_HTTP2 {
+		base = rt.w.h2
+	}
+	attempts := 1
+	if ex.rule != nil && (r.Body == nil || r.Body == http.NoBody || r.GetBody != nil) {
+		attempts += ex.rule.retries
+	}
+	var lastErr error
+	for i := 0; i < attempts; i++ {
+		req := r
+		if i > 0 {
+			// Each retry may go to another endpoint of the backend.
+			if err := rt.w.routeTo(ex); err != nil {
+				return nil, err
+			}
+			req = r.Clone(r.Context())
+			req.URL.Host = ex.target.String()
+			if r.GetBody != nil {
+				b, err := r.GetBody()
+				if err != nil {
+					return nil, err
+				}
+				req.Body = b
+			}
+		}
+		ctx, cancel := context.WithCancel(req.Context())
+		var timer *time.Timer
+		if ex.rule != nil && ex.rule.perTry > 0 {
+			timer = time.AfterFunc(ex.rule.perTry, cancel)
+		}
+		resp, err := base.RoundTrip(req.WithContext(ctx))
+		if timer != nil {
+			timer.Stop()
+		}
+		last := i == attempts-1
+		if err == nil && (last || ex.rule == nil || !ex.rule.retryOn[resp.StatusCode]) {
+			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+			return resp, nil
+		}
+		if err == nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
+		} else {
+			lastErr = err
+		}
+		cancel()
+		if last {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}

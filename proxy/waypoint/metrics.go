@@ -1,0 +1,117 @@
+package waypoint
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Istio's request metrics, reporter="waypoint". Every label value comes from
+// the control plane (workload API names, identities from certificates) or
+// from a bounded set (protocol, response code, flags), never from request
+// headers, so the series count is bounded by the mesh.
+var requestLabels = []string{
+	"reporter", "source_workload", "source_workload_namespace", "source_principal",
+	"destination_service", "destination_service_name", "destination_service_namespace",
+	"destination_workload", "destination_workload_namespace", "destination_principal",
+	"request_protocol", "response_code", "response_flags", "connection_security_policy",
+}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	tcpOpen  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "istio_requests_total", Help: "Requests handled by the waypoint.",
+		}, requestLabels),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "istio_request_duration_milliseconds", Help: "Request duration at the waypoint.",
+			Buckets: []float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000},
+		}, requestLabels),
+		tcpOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "istio_tcp_connections_opened_total", Help: "TCP connections the waypoint accepted.",
+		}, requestLabels),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.duration, m.tcpOpen} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// record is the stats step: one metric sample and one access-log line per
+// request (per connection for TCP).
+func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration) {
+	proto := "http"
+	switch {
+	case !ex.attrs.HTTP:
+		proto = "tcp"
+	case ex.h2:
+		proto = "grpc"
+		if ex.req == nil || ex.req.Header.Get("content-type") == "" || !isGRPC(ex.req.Header.Get("content-type")) {
+			proto = "http"
+		}
+	}
+	if flags == "" {
+		flags = "-"
+	}
+	svcName, svcNs := "unknown", "unknown"
+	if ex.svc != nil {
+		svcName, svcNs = ex.svc.name, ex.svc.namespace
+	}
+	lv := []string{
+		"waypoint", orUnknown(ex.srcWorkload), orUnknown(ex.peer.Namespace), orUnknown(ex.attrs.Principal),
+		orUnknown(ex.attrs.Service), svcName, svcNs,
+		orUnknown(ex.dstWorkload), orUnknown(ex.dstNamespace), orUnknown(ex.dstPrincipal),
+		proto, strconv.Itoa(code), flags, "mutual_tls",
+	}
+	if ex.attrs.HTTP {
+		w.metrics.requests.WithLabelValues(lv...).Inc()
+		w.metrics.duration.WithLabelValues(lv...).Observe(float64(d.Microseconds()) / 1000)
+	} else {
+		w.metrics.tcpOpen.WithLabelValues(lv...).Inc()
+	}
+	fields := []zap.Field{
+		zap.String("src.addr", ex.src.String()), zap.String("src.identity", ex.peer.String()),
+		zap.String("src.workload", ex.srcWorkload),
+		zap.String("dst.addr", ex.dst.String()), zap.String("dst.service", ex.attrs.Service),
+		zap.String("dst.workload", ex.dstWorkload), zap.String("upstream", ex.upstream),
+		zap.String("protocol", proto), zap.Int("code", code), zap.String("flags", flags),
+		zap.Duration("duration", d),
+	}
+	if ex.attrs.HTTP {
+		fields = append(fields, zap.String("method", ex.attrs.Method), zap.String("path", ex.attrs.Path),
+			zap.String("host", ex.attrs.Host), zap.String("route", ex.route))
+	}
+	if ex.verdict.Policy != "" || !ex.verdict.Allow {
+		fields = append(fields, zap.String("authz.policy", ex.verdict.Policy), zap.Bool("authz.allow", ex.verdict.Allow))
+	}
+	if ex.verdict.Reason != "" {
+		fields = append(fields, zap.String("authz.reason", ex.verdict.Reason))
+	}
+	if len(ex.verdict.DryRun) > 0 {
+		fields = append(fields, zap.Strings("authz.dry_run", ex.verdict.DryRun))
+	}
+	if ex.err != nil {
+		fields = append(fields, zap.Error(ex.err))
+	}
+	w.access.Info("request", fields...)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+func isGRPC(ct string) bool { return len(ct) >= 16 && ct[:16] == "application/grpc" }

@@ -1,0 +1,249 @@
+package waypoint
+
+import (
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+)
+
+// backend is one weighted destination of a route rule.
+type backend struct {
+	hostname, namespace string
+	port                uint16 // 0: the port the client addressed
+	weight              uint32
+}
+
+type headerMatch struct {
+	name, value string
+	re          *regexp.Regexp // nil: exact
+}
+
+func (h *headerMatch) match(v string, ok bool) bool {
+	if !ok {
+		return false
+	}
+	if h.re != nil {
+		return h.re.MatchString(v)
+	}
+	return v == h.value
+}
+
+type routeMatch struct {
+	pathType waypointapi.PathMatch_Type
+	path     string
+	pathRe   *regexp.Regexp
+	headers  []headerMatch
+	method   string
+	query    []headerMatch
+	invalid  bool // a regex that does not compile: never matches
+}
+
+type routeRule struct {
+	route    string // ns/name
+	matches  []routeMatch
+	modifers []*waypointapi.HeaderModifier
+	backends []backend
+	total    uint64
+	timeout  time.Duration
+	retries  int
+	perTry   time.Duration
+	retryOn  map[int]bool
+}
+
+// routeTable is the compiled HTTPRoutes of one service, in precedence
+// order of their rules (oldest route first, then rule order).
+type routeTable struct {
+	rules []*routeRule
+}
+
+func compileRoutes(routes []*waypointapi.Route) *routeTable {
+	if len(routes) == 0 {
+		return nil
+	}
+	t := &routeTable{}
+	for _, r := range routes {
+		for _, rr := range r.GetRules() {
+			cr := &routeRule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers()}
+			for _, m := range rr.GetMatches() {
+				cm := routeMatch{pathType: m.GetPath().GetType(), path: m.GetPath().GetValue(), method: m.GetMethod()}
+				if m.GetPath() == nil {
+					cm.path = "/"
+				}
+				if cm.pathType == waypointapi.PathMatch_REGULAR_EXPRESSION {
+					re, err := regexp.Compile("^(?:" + cm.path + ")$")
+					cm.pathRe, cm.invalid = re, err != nil
+				}
+				for _, h := range m.GetHeaders() {
+					hm, ok := compileHeaderMatch(h)
+					cm.invalid = cm.invalid || !ok
+					cm.headers = append(cm.headers, hm)
+				}
+				for _, q := range m.GetQueryParams() {
+					qm, ok := compileHeaderMatch(q)
+					cm.invalid = cm.invalid || !ok
+					cm.query = append(cm.query, qm)
+				}
+				cr.matches = append(cr.matches, cm)
+			}
+			if len(cr.matches) == 0 {
+				cr.matches = []routeMatch{{path: "/"}}
+			}
+			for _, b := range rr.GetBackends() {
+				cr.backends = append(cr.backends, backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), weight: b.GetWeight()})
+				cr.total += uint64(b.GetWeight())
+			}
+			cr.timeout = time.Duration(rr.GetTimeoutMs()) * time.Millisecond
+			if rt := rr.GetRetry(); rt != nil {
+				cr.retries = int(rt.GetAttempts())
+				cr.perTry = time.Duration(rt.GetPerTryTimeoutMs()) * time.Millisecond
+				cr.retryOn = map[int]bool{}
+				for _, c := range rt.GetCodes() {
+					cr.retryOn[int(c)] = true
+				}
+				if len(cr.retryOn) == 0 {
+					cr.retryOn[http.StatusServiceUnavailable] = true
+				}
+			}
+			t.rules = append(t.rules, cr)
+		}
+	}
+	return t
+}
+
+func compileHeaderMatch(h *waypointapi.HeaderMatch) (headerMatch, bool) {
+	hm := headerMatch{name: h.GetName(), value: h.GetValue()}
+	if h.GetRegex() {
+		re, err := regexp.Compile(h.GetValue())
+		if err != nil {
+			return hm, false
+		}
+		hm.re = re
+	}
+	return hm, true
+}
+
+func (m *routeMatch) matches(r *http.Request) bool {
+	if m.invalid {
+		return false
+	}
+	p := r.URL.Path
+	switch m.pathType {
+	case waypointapi.PathMatch_EXACT:
+		if p != m.path {
+			return false
+		}
+	case waypointapi.PathMatch_REGULAR_EXPRESSION:
+		if !m.pathRe.MatchString(p) {
+			return false
+		}
+	default:
+		// Gateway API prefix: element-wise ("/api" matches /api and /api/x,
+		// not /apix).
+		pre := strings.TrimSuffix(m.path, "/")
+		if !(p == pre || strings.HasPrefix(p, pre+"/") || pre == "") {
+			return false
+		}
+	}
+	if m.method != "" && r.Method != m.method {
+		return false
+	}
+	for i := range m.headers {
+		vs := r.Header.Values(m.headers[i].name)
+		if len(vs) == 0 && strings.EqualFold(m.headers[i].name, "host") {
+			vs = []string{r.Host}
+		}
+		v := strings.Join(vs, ",")
+		if !m.headers[i].match(v, len(vs) > 0) {
+			return false
+		}
+	}
+	if len(m.query) > 0 {
+		q := r.URL.Query()
+		for i := range m.query {
+			vs, ok := q[m.query[i].name]
+			v := ""
+			if ok && len(vs) > 0 {
+				v = vs[0]
+			}
+			if !m.query[i].match(v, ok) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// specificity orders matches as Gateway API does: exact path, then the
+// longest path, then a method, then more headers, then more query params.
+func (m *routeMatch) specificity() [5]int {
+	exact := 0
+	if m.pathType == waypointapi.PathMatch_EXACT {
+		exact = 1
+	}
+	method := 0
+	if m.method != "" {
+		method = 1
+	}
+	return [5]int{exact, len(m.path), method, len(m.headers), len(m.query)}
+}
+
+func less(a, b [5]int) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return false
+}
+
+// pick returns the rule for r: the most specific matching match, ties to
+// the earlier rule. nil: no rule matches (404).
+func (t *routeTable) pick(r *http.Request) *routeRule {
+	var best *routeRule
+	var bestSpec [5]int
+	for _, rule := range t.rules {
+		for i := range rule.matches {
+			m := &rule.matches[i]
+			if !m.matches(r) {
+				continue
+			}
+			if s := m.specificity(); best == nil || less(bestSpec, s) {
+				best, bestSpec = rule, s
+			}
+		}
+	}
+	return best
+}
+
+// choose picks a backend by weight with n a random number in [0, total).
+func (r *routeRule) choose(n uint64) (backend, bool) {
+	if r.total == 0 {
+		return backend{}, false
+	}
+	n %= r.total
+	for _, b := range r.backends {
+		if n < uint64(b.weight) {
+			return b, true
+		}
+		n -= uint64(b.weight)
+	}
+	return backend{}, false
+}
+
+// modify applies the rule's request header modifiers.
+func (r *routeRule) modify(h http.Header) {
+	for _, m := range r.modifers {
+		for k, v := range m.GetSet() {
+			h.Set(k, v)
+		}
+		for k, v := range m.GetAdd() {
+			h.Add(k, v)
+		}
+		for _, k := range m.GetRemove() {
+			h.Del(k)
+		}
+	}
+}

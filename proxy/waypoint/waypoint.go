@@ -1,0 +1,349 @@
+package waypoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+)
+
+// DeniedBody is the body of a 403 from authorization, as Istio's.
+const DeniedBody = "RBAC: access denied"
+
+// Options configures a Waypoint. Name, Identity, IP, Certs and Pool are
+// required.
+type Options struct {
+	// Name is the waypoint's xDS resource name, "<namespace>/<name>" of its
+	// Gateway.
+	Name string
+	// Identity is the waypoint's own SPIFFE identity (its certificate's).
+	Identity identity.Identity
+	// IP is the waypoint pod's address: the source of upstream HBONE.
+	IP netip.Addr
+	// Certs supplies the waypoint's certificate for the inbound server.
+	Certs identity.CertSource
+	// Pool carries upstream HBONE with the waypoint's identity.
+	Pool *hbone.Pool
+	// DialTCP opens a plain TCP connection to a non-HBONE destination; nil:
+	// net.Dialer.
+	DialTCP func(ctx context.Context, dst netip.AddrPort) (net.Conn, error)
+	// Log receives errors; Access one line per request. nil: none.
+	Log, Access *zap.Logger
+	// Registerer receives the istio_* metrics; nil: not registered.
+	Registerer prometheus.Registerer
+	// Rand returns a number in [0, n); nil: math/rand/v2. Tests fix it.
+	Rand func(n uint64) uint64
+}
+
+// Waypoint is the data path of one waypoint.
+type Waypoint struct {
+	opts    Options
+	sink    *sink
+	srv     *hbone.Server
+	metrics *metrics
+	log     *zap.Logger
+	access  *zap.Logger
+	httpLn  *connListener
+	httpSrv *http.Server
+	h1, h2  http.RoundTripper
+	wg      sync.WaitGroup
+}
+
+// New builds a waypoint. Hand Sink to the xDS client and a listener to Serve.
+func New(opts Options) (*Waypoint, error) {
+	if opts.Name == "" || opts.Identity.IsZero() || !opts.IP.IsValid() || opts.Certs == nil || opts.Pool == nil {
+		return nil, errors.New("waypoint: Name, Identity, IP, Certs and Pool are required")
+	}
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	if opts.Access == nil {
+		opts.Access = zap.NewNop()
+	}
+	if opts.DialTCP == nil {
+		opts.DialTCP = func(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", dst.String())
+		}
+	}
+	if opts.Rand == nil {
+		opts.Rand = rand.Uint64N
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("waypoint: metrics: %w", err)
+	}
+	w := &Waypoint{opts: opts, sink: newSink(opts.Name), metrics: m, log: opts.Log, access: opts.Access}
+	w.srv, err = hbone.NewServer(hbone.ServerConfig{
+		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waypoint: %w", err)
+	}
+	w.initHTTP()
+	return w, nil
+}
+
+// Sink is what the xDS client feeds (the workload API and this waypoint's
+// config); it implements xds.WaypointSink.
+func (w *Waypoint) Sink() xds.Sink { return w.sink }
+
+// Snapshot returns the current workload API state.
+func (w *Waypoint) Snapshot() *state.Snapshot { return w.sink.Load() }
+
+// Config returns the current compiled config.
+func (w *Waypoint) Config() *Config { return w.sink.cfg.Load() }
+
+// Serve serves HBONE on l until Shutdown or Close.
+func (w *Waypoint) Serve(l net.Listener) error { return w.srv.Serve(l) }
+
+// Shutdown stops accepting, lets open tunnels and requests finish until ctx
+// ends, then closes what is left.
+func (w *Waypoint) Shutdown(ctx context.Context) error {
+	err := w.srv.Shutdown(ctx)
+	herr := w.httpSrv.Shutdown(ctx)
+	if herr != nil {
+		w.httpSrv.Close()
+	}
+	return errors.Join(err, herr)
+}
+
+// Close stops everything now.
+func (w *Waypoint) Close() error {
+	return errors.Join(w.srv.Close(), w.httpSrv.Close())
+}
+
+// exchange is one request (or TCP connection) as it moves through the
+// filters. Each step reads what the earlier steps filled in.
+type exchange struct {
+	// metadata
+	src, dst     netip.AddrPort
+	peer         identity.Identity
+	baggage      hbone.Baggage
+	srcWorkload  string
+	svc          *boundService // nil when a workload was addressed
+	protocol     waypointapi.Protocol
+	attrs        Attrs
+	h2           bool
+	req          *http.Request
+	cfg          *Config
+	snap         *state.Snapshot
+	verdict      Verdict
+	rule         *routeRule
+	route        string
+	target       netip.AddrPort // routing result: the endpoint (or VIP for TCP)
+	upstream     string
+	dstWorkload  string
+	dstNamespace string
+	dstPrincipal string
+	err          error
+}
+
+// errNoRoute is a routing failure; code is what to answer.
+type errNoRoute struct {
+	code int
+	msg  string
+}
+
+func (e *errNoRoute) Error() string { return e.msg }
+
+// decide runs the filters in their one order: metadata → authentication →
+// authorization → routing. Stats is the caller's last step (record), once the
+// outcome is known. It returns nil when the request may proceed to
+// ex.target; an *errNoRoute (with the HTTP status to answer) otherwise.
+func (w *Waypoint) decide(ex *exchange) error {
+	// 1. metadata: who is asking, from the verified certificate; baggage and
+	// the workload API name the source workload for telemetry only.
+	ex.attrs.Principal = strings.TrimPrefix(ex.peer.String(), "spiffe://")
+	ex.attrs.Namespace = ex.peer.Namespace
+	ex.attrs.SrcIP, ex.attrs.DstIP, ex.attrs.DstPort = ex.src.Addr(), ex.dst.Addr(), ex.dst.Port()
+	if sw := ex.snap.WorkloadByIP("", ex.src.Addr()); sw != nil && sw.Identity() == ex.peer {
+		ex.srcWorkload = sw.WorkloadName
+		if ex.srcWorkload == "" {
+			ex.srcWorkload = sw.Name
+		}
+	} else if ex.baggage.WorkloadName != "" && ex.baggage.Namespace == ex.peer.Namespace {
+		ex.srcWorkload = ex.baggage.WorkloadName
+	}
+	if ex.svc != nil {
+		ex.attrs.Service = ex.svc.hostname
+	}
+	// 2. authentication: the peer is authenticated by mTLS (hbone.Server
+	// verified its certificate). No RequestAuthentication yet: there is no
+	// request principal, so policies that need one were made to fail
+	// closed by the control plane.
+
+	// 3. authorization.
+	ex.verdict = authorize(ex.cfg.policies, &ex.attrs)
+	if !ex.verdict.Allow {
+		return &errNoRoute{code: http.StatusForbidden, msg: ex.verdict.Reason}
+	}
+	// 4. routing.
+	return w.routeTo(ex)
+}
+
+// routeTo picks the endpoint: for HTTP through the service's HTTPRoutes
+// (weighted backends), else the addressed service or workload itself.
+func (w *Waypoint) routeTo(ex *exchange) error {
+	host, ns, port := "", "", ex.dst.Port()
+	if ex.attrs.HTTP && ex.svc != nil && ex.svc.routes != nil {
+		ex.rule = ex.svc.routes.pick(ex.req)
+		if ex.rule == nil {
+			return &errNoRoute{code: http.StatusNotFound, msg: "no HTTPRoute rule matches"}
+		}
+		ex.route = ex.rule.route
+		b, ok := ex.rule.choose(w.opts.Rand(max(ex.rule.total, 1)))
+		if !ok {
+			return &errNoRoute{code: http.StatusInternalServerError, msg: "route rule has no backend with weight"}
+		}
+		host, ns = b.hostname, b.namespace
+		if b.port != 0 {
+			port = b.port
+		}
+	}
+	addr := ex.dst
+	if host != "" {
+		s := ex.snap.ServiceByNamespacedHostname(ns, host)
+		if s == nil || len(s.VIPs) == 0 {
+			return &errNoRoute{code: http.StatusServiceUnavailable, msg: "backend " + host + " unknown or headless"}
+		}
+		addr = netip.AddrPortFrom(s.VIPs[0].Prefix.Addr(), port)
+	}
+	self := ex.snap.WorkloadByIP("", w.opts.IP)
+	d, err := route.OutboundWith(ex.snap, self, addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
+	if err != nil {
+		return &errNoRoute{code: http.StatusServiceUnavailable, msg: err.Error()}
+	}
+	if d.Kind == route.Passthrough {
+		return &errNoRoute{code: http.StatusServiceUnavailable, msg: "destination " + addr.String() + " is not in the mesh"}
+	}
+	if d.DstWorkload != nil {
+		ex.dstWorkload, ex.dstNamespace = d.DstWorkload.Name, d.DstWorkload.Namespace
+		if d.DstWorkload.WorkloadName != "" {
+			ex.dstWorkload = d.DstWorkload.WorkloadName
+		}
+		ex.dstPrincipal = strings.TrimPrefix(d.UpstreamIdentity.String(), "spiffe://")
+	}
+	ex.target = d.NextHop
+	if d.Kind == route.HBONE {
+		ex.target = d.Authority
+	}
+	ex.upstream = fmt.Sprintf("%s %s", d.Kind, ex.target)
+	return nil
+}
+
+// dial opens a connection to an endpoint address (podIP:port) the routing
+// step chose: HBONE through its node proxy with the waypoint's identity, or
+// plain TCP to a workload outside HBONE.
+func (w *Waypoint) dial(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
+	snap := w.sink.Load()
+	self := snap.WorkloadByIP("", w.opts.IP)
+	d, err := route.Outbound(snap, self, target)
+	if err != nil {
+		return nil, err
+	}
+	switch d.Kind {
+	case route.HBONE:
+		return w.opts.Pool.Connect(ctx, &hbone.ConnectRequest{
+			Key:       hbone.Key{Src: w.opts.Identity, Dst: d.UpstreamIdentities(), SrcIP: w.opts.IP, NextHop: d.NextHop},
+			Authority: d.Authority, Forwarded: forwarded,
+		})
+	case route.Direct:
+		return w.opts.DialTCP(ctx, d.NextHop)
+	}
+	return nil, fmt.Errorf("waypoint: %s is not in the mesh (%s)", target, d.Kind)
+}
+
+// ServeHBONE accepts one CONNECT: only to a destination bound to this
+// waypoint; then TCP (L4 filters, splice) or HTTP (served inside the tunnel).
+func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Reply {
+	start := time.Now()
+	ex := &exchange{dst: req.Authority, peer: req.Peer, cfg: w.sink.cfg.Load(), snap: w.sink.Load(), baggage: hbone.ParseBaggage(req.Baggage)}
+	if ta, ok := req.RemoteAddr.(*net.TCPAddr); ok {
+		ex.src = ta.AddrPort()
+		ex.src = netip.AddrPortFrom(ex.src.Addr().Unmap(), ex.src.Port())
+	}
+	dstIP := req.Authority.Addr().Unmap()
+	if svc := ex.cfg.services[dstIP]; svc != nil {
+		p, ok := svc.ports[req.Authority.Port()]
+		if !ok {
+			ex.err = fmt.Errorf("port %d is not a port of service %s", req.Authority.Port(), svc.hostname)
+			w.record(ex, http.StatusServiceUnavailable, "NR", time.Since(start))
+			return hbone.Reply{Status: http.StatusServiceUnavailable}
+		}
+		ex.svc, ex.protocol = svc, p
+	} else if ex.cfg.workloads[dstIP] == nil {
+		// Not bound here: refusing is what keeps the waypoint from being an
+		// open relay.
+		ex.err = fmt.Errorf("%s is not bound to waypoint %s", req.Authority, w.opts.Name)
+		w.record(ex, http.StatusForbidden, "NR", time.Since(start))
+		return hbone.Reply{Status: http.StatusForbidden}
+	}
+	if ex.protocol == waypointapi.Protocol_TCP {
+		return w.serveTCP(ctx, ex, start)
+	}
+	a, b, err := socketPair()
+	if err != nil {
+		ex.err = err
+		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start))
+		return hbone.Reply{Status: http.StatusServiceUnavailable}
+	}
+	tc := &tunnelConn{Conn: a, meta: &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}}
+	if !w.httpLn.push(tc) {
+		a.Close()
+		b.Close()
+		return hbone.Reply{Status: http.StatusServiceUnavailable}
+	}
+	return hbone.Reply{Status: http.StatusOK, Upstream: b}
+}
+
+// serveTCP runs the same filters for a plain TCP tunnel (HTTP fields never
+// match) and splices it to the endpoint.
+func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) hbone.Reply {
+	if err := w.decide(ex); err != nil {
+		var nr *errNoRoute
+		code := http.StatusServiceUnavailable
+		if errors.As(err, &nr) {
+			code = nr.code
+		}
+		ex.err = err
+		w.record(ex, code, flagFor(code), time.Since(start))
+		return hbone.Reply{Status: code}
+	}
+	up, err := w.dial(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service))
+	if err != nil {
+		ex.err = err
+		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start))
+		return hbone.Reply{Status: http.StatusServiceUnavailable}
+	}
+	w.record(ex, http.StatusOK, "", time.Since(start))
+	return hbone.Reply{Status: http.StatusOK, Upstream: up}
+}
+
+func flagFor(code int) string {
+	switch code {
+	case http.StatusForbidden:
+		return "RBAC"
+	case http.StatusNotFound:
+		return "NR"
+	case http.StatusGatewayTimeout:
+		return "UT"
+	}
+	return "UF"
+}
