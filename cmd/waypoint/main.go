@@ -1,0 +1,275 @@
+// Command waypoint is ztunnel-go's L7 waypoint: one per waypoint Gateway
+// (gatewayClassName istio-waypoint). It connects to the control plane's delta
+// xDS (the workload API plus this waypoint's own config), obtains its
+// certificate from the mesh CA, and serves HBONE on 15008 (see
+// proxy/waypoint). Readiness (/healthz/ready on 15021) holds until the first
+// xDS sync and the first certificate; SIGTERM drains: new tunnels are
+// refused, open ones get --drain-duration to finish.
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint"
+)
+
+const name = "waypoint"
+
+type options struct {
+	Gateway        string        `json:"gateway"` // namespace/name
+	XDSAddress     string        `json:"xdsAddress"`
+	CAAddress      string        `json:"caAddress"`
+	RootCert       string        `json:"rootCert"`
+	TokenFile      string        `json:"tokenFile"`
+	Token          string        `json:"-"`
+	TrustDomain    string        `json:"trustDomain"`
+	ServiceAccount string        `json:"serviceAccount"`
+	PodName        string        `json:"podName"`
+	NodeName       string        `json:"nodeName"`
+	IP             string        `json:"ip"`
+	Listen         string        `json:"listen"`
+	MetricsAddr    string        `json:"metricsAddr"`
+	ReadinessAddr  string        `json:"readinessAddr"`
+	AdminAddr      string        `json:"adminAddr"`
+	DrainDuration  time.Duration `json:"drainDuration"`
+	CheckFlags     bool          `json:"-"`
+	log            daemon.LogFlags
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	gwDefault := ""
+	if n, ns := os.Getenv("GATEWAY_NAME"), os.Getenv("POD_NAMESPACE"); n != "" && ns != "" {
+		gwDefault = ns + "/" + n
+	}
+	fs.StringVar(&o.Gateway, "gateway", gwDefault, "the waypoint Gateway, namespace/name (env GATEWAY_NAME and POD_NAMESPACE)")
+	fs.StringVar(&o.XDSAddress, "xds-address", env("XDS_ADDRESS", "istiod.istio-system.svc:15012"), "control plane delta xDS, host:port")
+	fs.StringVar(&o.CAAddress, "ca-address", env("CA_ADDRESS", ""), "mesh CA, host:port; empty: the xDS address")
+	fs.StringVar(&o.RootCert, "root-cert", env("ROOT_CERT", "/var/run/secrets/istio/root-cert.pem"), "PEM roots verifying the control plane")
+	fs.StringVar(&o.TokenFile, "token-file", env("TOKEN_FILE", "/var/run/secrets/tokens/istio-token"), "bearer token for xDS and the CA, read on each use")
+	fs.StringVar(&o.Token, "token", "", "static bearer token (wins over --token-file; local mode)")
+	fs.StringVar(&o.TrustDomain, "trust-domain", env("TRUST_DOMAIN", identity.DefaultTrustDomain), "trust domain of the waypoint's identity")
+	fs.StringVar(&o.ServiceAccount, "service-account", env("SERVICE_ACCOUNT", ""), "the waypoint's service account; empty: the Gateway's name")
+	fs.StringVar(&o.PodName, "pod-name", env("POD_NAME", ""), "this pod's name; empty: waypoint-<gateway name>")
+	fs.StringVar(&o.NodeName, "node-name", env("NODE_NAME", ""), "the node this pod runs on")
+	fs.StringVar(&o.IP, "ip", env("INSTANCE_IP", ""), "this pod's IP (source of upstream HBONE)")
+	fs.StringVar(&o.Listen, "listen", ":15008", "HBONE listen address")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", "[::]:15020", "Prometheus /metrics; empty disables")
+	fs.StringVar(&o.ReadinessAddr, "readiness-addr", "[::]:15021", "readiness "+daemon.ReadyPath+"; empty disables")
+	fs.StringVar(&o.AdminAddr, "admin-addr", "localhost:15000", "admin (/config_dump, /logging, pprof), loopback only; empty disables")
+	fs.DurationVar(&o.DrainDuration, "drain-duration", 5*time.Second, "how long open tunnels may finish after SIGTERM")
+	fs.BoolVar(&o.CheckFlags, "check-flags", false, "print the parsed options as JSON and exit")
+	o.log.Register(fs, "", "")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	var errs []error
+	ns, gw, ok := strings.Cut(o.Gateway, "/")
+	if !ok || ns == "" || gw == "" {
+		errs = append(errs, fmt.Errorf("--gateway %q: want namespace/name", o.Gateway))
+	}
+	if o.ServiceAccount == "" {
+		o.ServiceAccount = gw
+	}
+	if o.PodName == "" {
+		o.PodName = "waypoint-" + gw
+	}
+	if o.CAAddress == "" {
+		o.CAAddress = o.XDSAddress
+	}
+	if _, err := netip.ParseAddr(o.IP); err != nil {
+		errs = append(errs, fmt.Errorf("--ip %q: %w", o.IP, err))
+	}
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("--node-name is required"))
+	}
+	if _, err := identity.New(o.TrustDomain, ns, o.ServiceAccount); ok && err != nil {
+		errs = append(errs, fmt.Errorf("identity: %w", err))
+	}
+	for _, a := range []struct {
+		flag, v string
+		debug   bool
+	}{{"metrics-addr", o.MetricsAddr, false}, {"readiness-addr", o.ReadinessAddr, false}, {"admin-addr", o.AdminAddr, true}} {
+		if a.v != "" {
+			if err := daemon.ValidateAddr(a.v, a.debug); err != nil {
+				errs = append(errs, fmt.Errorf("--%s: %w", a.flag, err))
+			}
+		}
+	}
+	if _, err := o.log.Config(); err != nil {
+		errs = append(errs, err)
+	}
+	return o, errors.Join(errs...)
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	daemon.ExitOnFlagError(name, err)
+	if o.CheckFlags {
+		if err := daemon.PrintCheck(os.Stdout, o); err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	lc, _ := o.log.Config()
+	log, level, err := daemon.NewLogger(lc)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+	ctx, stop := daemon.SignalContext()
+	defer stop()
+	daemon.Exit(log, name, run(ctx, o, log, level))
+}
+
+func run(ctx context.Context, o *options, log *zap.Logger, level zap.AtomicLevel) error {
+	ns, gw, _ := strings.Cut(o.Gateway, "/")
+	id := identity.MustNew(o.TrustDomain, ns, o.ServiceAccount)
+	ip := netip.MustParseAddr(o.IP)
+	pem, err := os.ReadFile(o.RootCert)
+	if err != nil {
+		return fmt.Errorf("root certificate: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("root certificate %s: no PEM certificate", o.RootCert)
+	}
+	token := certmanager.FileToken(o.TokenFile)
+	if o.Token != "" {
+		token = certmanager.StaticToken(o.Token)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	req, err := certmanager.NewGRPCRequester(certmanager.GRPCConfig{Address: o.CAAddress, RootCAs: roots, Token: token})
+	if err != nil {
+		return err
+	}
+	defer req.Close()
+	certs, err := certmanager.New(certmanager.Config{}, certmanager.Deps{Requester: req, Logger: log.Named("certs")})
+	if err != nil {
+		return err
+	}
+	defer certs.Close()
+	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: certs}})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	w, err := waypoint.New(waypoint.Options{
+		Name: o.Gateway, Identity: id, IP: ip, Certs: certs, Pool: pool,
+		Log: log, Access: log.Named("access"), Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	xcfg := xds.ClientConfig{
+		Address: o.XDSAddress, RootCAs: roots, TokenFile: o.TokenFile, Token: o.Token,
+		Node: xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()}},
+		Sink: w.Sink(), Waypoint: o.Gateway, Log: log.Named("xds"), Registerer: reg,
+	}
+	if o.Token != "" {
+		xcfg.TokenFile = ""
+	}
+	xc, err := xds.NewClient(xcfg)
+	if err != nil {
+		return err
+	}
+	xctx, xcancel := context.WithCancel(context.Background())
+	xdone := make(chan struct{})
+	go func() { defer close(xdone); _ = xc.Run(xctx) }()
+	defer func() { xcancel(); <-xdone }()
+
+	certReady := make(chan struct{})
+	go func() {
+		for ctx.Err() == nil {
+			fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err := certs.Fetch(fctx, id)
+			cancel()
+			if err == nil {
+				close(certReady)
+				return
+			}
+			log.Warn("waypoint certificate not available yet", zap.Stringer("identity", id), zap.Error(err))
+		}
+	}()
+	ready := daemon.NewReadiness(
+		daemon.Task{Name: "xds", Ready: daemon.Closed(xc.Synced())},
+		daemon.Task{Name: "certificate", Ready: daemon.Closed(certReady)},
+	)
+	admin := http.NewServeMux()
+	daemon.DebugHandlers(admin, level)
+	admin.HandleFunc("/config_dump", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		b, _ := protojson.MarshalOptions{Multiline: true}.Marshal(w.Config().Raw())
+		if w.Config().Raw() == nil {
+			b = []byte("{}")
+		}
+		_, _ = rw.Write(b)
+	})
+	servers, err := daemon.Listen(log,
+		daemon.Spec{Name: "metrics", Addr: o.MetricsAddr, Exposure: daemon.Public, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
+		daemon.Spec{Name: "readiness", Addr: o.ReadinessAddr, Exposure: daemon.Public, Handler: ready},
+		daemon.Spec{Name: "admin", Addr: o.AdminAddr, Handler: admin},
+	)
+	if err != nil {
+		return err
+	}
+	sctx, scancel := context.WithCancel(context.Background())
+	sdone := make(chan error, 1)
+	go func() { sdone <- servers.Serve(sctx) }()
+	defer func() { scancel(); <-sdone }()
+
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", o.Listen, err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- w.Serve(ln) }()
+	log.Info("waypoint serving", zap.String("gateway", o.Gateway), zap.Stringer("identity", id),
+		zap.String("listen", ln.Addr().String()), zap.String("name", gw))
+
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			return fmt.Errorf("hbone: %w", err)
+		}
+	}
+	log.Info("draining", zap.Duration("drain_duration", o.DrainDuration))
+	dctx, dcancel := context.WithTimeout(context.Background(), o.DrainDuration)
+	defer dcancel()
+	if err := w.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("drain ended with an error", zap.Error(err))
+	}
+	return nil
+}
