@@ -76,6 +76,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory whose primary conflist gets the plugin")
 	fs.BoolVar(&o.Install, "install", true, "install the plugin binary and conflist entry on start")
 	fs.BoolVar(&o.KeepOnExit, "keep-on-exit", true, "leave the plugin installed on exit (safe upgrade: new ambient pods wait for the next agent); false uninstalls it and the host probe rule")
+	fs.StringVar(&o.DaemonSetName, "daemonset-name", "", "Kubernetes mode: the agent's own DaemonSet; if it is deleted (uninstall) the plugin is removed from the CNI chain on exit despite --keep-on-exit, and kept while it exists (upgrade)")
+	fs.StringVar(&o.DaemonSetNamespace, "daemonset-namespace", "", "namespace of --daemonset-name (default --system-namespace; from the downward API: $(POD_NAMESPACE))")
 	fs.BoolVar(&o.DNSCapture, "dns-capture", true, "redirect pods' DNS to the node proxy by default (annotation "+rules.AnnotationDNSCapture+" overrides)")
 	fs.BoolVar(&o.IPv6, "ipv6", false, "also program ip6tables rules and the IPv6 probe ipset")
 	fs.BoolVar(&o.Reconcile, "reconcile-pod-rules-on-startup", false, "on start, compare every remembered pod's rules with what they should be and repair differences")

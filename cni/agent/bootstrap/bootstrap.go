@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -40,12 +39,17 @@ const (
 	DefaultReadinessAddr = ":8001"
 )
 
+// ownerWatch is what Run needs of agentkube.OwnerWatch.
+type ownerWatch interface {
+	Uninstalling(ctx context.Context) (bool, string)
+}
+
 // TaskAgent is the readiness task: the agent serves its sockets.
 const TaskAgent = "node agent"
 
-// InstallCheckInterval spaces re-checks of the installed plugin (a primary
-// CNI may rewrite its conflist and drop our entry).
-const InstallCheckInterval = 5 * time.Second
+// InstallCheckInterval spaces re-checks of the installed plugin besides the
+// conf dir watch (a primary CNI may rewrite its config and drop our entry).
+const InstallCheckInterval = install.KeepResync
 
 // Options are the node agent's flags (see cmd/ztunnel-cni for each one's
 // meaning).
@@ -62,6 +66,12 @@ type Options struct {
 	// Kubernetes mode.
 	Kubeconfig, PluginKubeconfig string
 	InCluster                    bool
+	// DaemonSetName and DaemonSetNamespace name the agent's own DaemonSet
+	// (Kubernetes mode): when it is deleted the agent uninstalls the plugin
+	// on exit even with KeepOnExit (an uninstall), and keeps it while it
+	// exists (an upgrade). Empty name: the agent cannot tell, KeepOnExit
+	// alone decides. Empty namespace: SystemNamespace.
+	DaemonSetName, DaemonSetNamespace string
 }
 
 // KubeMode: pods and namespaces come from the API server.
@@ -139,6 +149,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		status     agent.StatusWriter
 		pluginKube string
 		background []func(context.Context)
+		owner      ownerWatch // nil: no DaemonSet to follow
 	)
 	if o.KubeMode() {
 		k, err := kubeWiring(o, log)
@@ -146,6 +157,9 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 			return err
 		}
 		src, status, pluginKube, background = k.src, k.status, k.pluginKubeconfig, k.background
+		if k.owner != nil {
+			owner = k.owner
+		}
 	} else {
 		ls := local.New(o.LocalConfig, log.Named("local"), 0)
 		src, refresh = ls, func() error { _, err := ls.Load(); return err }
@@ -184,7 +198,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	var bg sync.WaitGroup
 	background = append(background, func(ctx context.Context) { _ = servers.Serve(ctx) })
 	if o.Install {
-		background = append(background, func(ctx context.Context) { keepInstalled(ctx, icfg, log) })
+		background = append(background, func(ctx context.Context) { install.Keep(ctx, icfg, log.Named("install")) })
 	}
 	for _, f := range background {
 		bg.Add(1)
@@ -193,7 +207,13 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	err = a.Run(runCtx)
 	cancel()
 	bg.Wait()
-	if o.Install && !o.KeepOnExit {
+	uninstall := o.Install && !o.KeepOnExit
+	if o.Install && !uninstall && owner != nil {
+		var why string
+		uninstall, why = owner.Uninstalling(context.WithoutCancel(ctx))
+		log.Info("uninstall or upgrade?", zap.Bool("uninstall", uninstall), zap.String("reason", why))
+	}
+	if uninstall {
 		if uerr := install.Uninstall(icfg); uerr != nil {
 			err = errors.Join(err, uerr)
 		} else {
@@ -206,29 +226,4 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		log.Info("leaving the plugin installed (--keep-on-exit): new ambient pods wait for the next agent")
 	}
 	return err
-}
-
-// keepInstalled installs the plugin and re-checks it until ctx is done.
-func keepInstalled(ctx context.Context, cfg install.Config, log *zap.Logger) {
-	var lastErr string
-	for {
-		res, err := install.Install(cfg)
-		switch {
-		case err != nil && err.Error() != lastErr:
-			log.Warn("installing the CNI plugin failed; retrying", zap.Error(err))
-		case err == nil && (res.BinaryChanged || res.ConfChanged):
-			log.Info("CNI plugin installed", zap.String("conflist", res.Conflist),
-				zap.Bool("binary_changed", res.BinaryChanged), zap.Bool("conflist_changed", res.ConfChanged))
-		}
-		lastErr = ""
-		interval := InstallCheckInterval
-		if err != nil {
-			lastErr, interval = err.Error(), time.Second
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(interval):
-		}
-	}
 }

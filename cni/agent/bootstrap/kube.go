@@ -23,6 +23,7 @@ type kubeParts struct {
 	status           agent.StatusWriter
 	pluginKubeconfig string
 	background       []func(context.Context)
+	owner            *agentkube.OwnerWatch // nil without Options.DaemonSetName
 }
 
 func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
@@ -43,6 +44,16 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 		return nil, err
 	}
 	k := &kubeParts{src: src, status: sw, pluginKubeconfig: o.Kubeconfig, background: []func(context.Context){sw.Run}}
+	if o.DaemonSetName != "" {
+		ns := o.DaemonSetNamespace
+		if ns == "" {
+			ns = o.SystemNamespace
+		}
+		if k.owner, err = agentkube.NewOwnerWatch(clients.Kube, ns, o.DaemonSetName, log.Named("owner")); err != nil {
+			return nil, err
+		}
+		k.background = append(k.background, k.owner.Run)
+	}
 	if o.Kubeconfig == "" {
 		// In a pod: the plugin runs on the host and cannot read our
 		// service account; give it a kubeconfig, rewritten when the
