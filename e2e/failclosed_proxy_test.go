@@ -16,6 +16,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
@@ -222,3 +223,136 @@ func TestFailClosedDNSRestart(t *testing.T) {
 	t.Logf("%d queries and %d new connections, none failed", queries.Load(), connections.Load())
 }
 
+// TestFailClosedEgressServiceEntry: a captured pod reaches a server outside
+// the mesh (an uncaptured pod on the other node that the control plane
+// does not know) through a ServiceEntry with resolution DNS, by name (the
+// DNS proxy answers the auto-allocated address, the node proxy resolves the
+// name through the pod's upstream resolver, a DNS server the test runs),
+// and through one with resolution NONE, by IP (passed through to the
+// original destination). Both are attributed to their ServiceEntry host in
+// the metrics and the access log (issue 12 item 7).
+func TestFailClosedEgressServiceEntry(t *testing.T) {
+	m := newMeshEnv(t)
+	n := m.c.Node(0)
+	ctx := ctxT(t, 2*time.Minute)
+	external := m.addPod(m.c.Node(1), "external", "external", false)
+	dnsPod, err := n.AddPod(ctx, testcluster.PodSpec{Name: "coredns", Namespace: "kube-system", Uncaptured: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := startClusterDNS(t, dnsPod, map[string]netip.Addr{"ext.example.com.": external.IP})
+	client, err := n.AddPod(ctx, testcluster.PodSpec{Name: "client", Namespace: "demo", Uncaptured: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const vip = "240.240.0.5" // auto-allocated for ext.example.com
+	uid := "Kubernetes//Pod/demo/client"
+	mesh := map[string]*workloadapi.Address{
+		uid: {Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{
+			Uid: uid, Name: "client", Namespace: "demo", Addresses: [][]byte{client.IP.AsSlice()},
+			TunnelProtocol: workloadapi.TunnelProtocol_HBONE, Node: n.Name, CanonicalName: "client", CanonicalRevision: "v1",
+		}}},
+		// resolution: DNS, no endpoints: one workload with the host as
+		// its hostname, as the control plane translates it.
+		"egress/ext.example.com": {Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+			Name: "ext", Namespace: "egress", Hostname: "ext.example.com",
+			Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr(vip).AsSlice()}},
+			Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8081}},
+		}}},
+		"Kubernetes/networking.istio.io/ServiceEntry/egress/ext/ext.example.com": {Type: &workloadapi.Address_Workload{
+			Workload: &workloadapi.Workload{
+				Uid:  "Kubernetes/networking.istio.io/ServiceEntry/egress/ext/ext.example.com",
+				Name: "ext", Namespace: "egress", Hostname: "ext.example.com", WorkloadName: "ext",
+				Services: map[string]*workloadapi.PortList{"egress/ext.example.com": {
+					Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8081}}}},
+			}}},
+		// resolution: NONE with the server's address: PASSTHROUGH.
+		"egress/none.example.com": {Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+			Name: "none", Namespace: "egress", Hostname: "none.example.com",
+			Addresses: []*workloadapi.NetworkAddress{{Address: external.IP.AsSlice()}},
+			Ports:     []*workloadapi.Port{{ServicePort: 8081}},
+			LoadBalancing: &workloadapi.LoadBalancing{Mode: workloadapi.LoadBalancing_PASSTHROUGH,
+				HealthPolicy: workloadapi.LoadBalancing_ALLOW_ALL},
+		}}},
+	}
+	if err := m.store.ApplyAddresses(mesh, nil); err != nil {
+		t.Fatal(err)
+	}
+	h, err := client.Handle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules.InPod(rules.PodSettings{DNSCapture: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rules.NewKernelApplier(rules.KernelConfig{Netns: h, Mode: rules.DetectMode()}).Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	resolvConf := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(resolvConf, []byte("nameserver "+dnsPod.IP.String()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fwd, err := dnsproxy.NewForwarder(dnsproxy.ForwarderConfig{ResolvConf: resolvConf, Mark: rules.ZtunnelMark})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.issue(meshID("demo", "default"))
+	// The node proxy as cmd/ztunnel builds it: the in-pod factory gives
+	// the data path a resolver over the DNS proxy's upstreams.
+	factory := &inpod.ProxyFactory{Proxy: m.deps(n), DNS: &inpod.DNSTemplate{
+		Deps: dnsproxy.Deps{Store: m.store, Forwarder: fwd, Log: m.log.Named("dns")},
+	}}
+	p, err := factory.NewProxy(inpod.Workload{UID: client.UID, Name: "client", Namespace: "demo"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(context.Background()) }()
+	t.Cleanup(func() {
+		p.Close()
+		<-served
+	})
+
+	// By name: the pod's resolver gets the auto-allocated address...
+	r := podExchange(ctx, t, client, "udp", netip.AddrPortFrom(dnsPod.IP, 53), "ext.example.com.", dns.TypeA)
+	if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != vip {
+		t.Fatalf("ext.example.com from the pod = %v, want %s (the DNS proxy's answer)", r.Answer, vip)
+	}
+	before := upstream.count("ext.example.com.")
+	// ...and connections to it reach the external server, which sees the
+	// pod's own address.
+	for i := range 3 {
+		got, err := roundTrip(t, client, netip.MustParseAddrPort(vip+":80"), nil)
+		if err != nil || strings.TrimSpace(string(got)) != client.IP.String() {
+			t.Fatalf("resolution DNS, connection %d to %s:80: %q (%v)", i, vip, got, err)
+		}
+	}
+	if got := upstream.count("ext.example.com.") - before; got < 1 || got > 2 {
+		t.Errorf("the node proxy resolved ext.example.com %d times for 3 connections, want once (A; AAAA), cached by TTL", got)
+	}
+	// By IP: passed through to the original destination.
+	got, err := roundTrip(t, client, netip.AddrPortFrom(external.IP, 8081), nil)
+	if err != nil || strings.TrimSpace(string(got)) != client.IP.String() {
+		t.Fatalf("resolution NONE, connection to %s:8081: %q (%v)", external.IP, got, err)
+	}
+
+	for host, want := range map[string]float64{"ext.example.com": 3, "none.example.com": 1} {
+		labels := map[string]string{"reporter": "source", "destination_service": host, "response_flags": "-",
+			"source_workload": "client"}
+		deadline := time.Now().Add(5 * time.Second)
+		for m.metric("istio_tcp_connections_closed_total", labels) < want && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got := m.metric("istio_tcp_connections_closed_total", labels); got != want {
+			t.Errorf("istio_tcp_connections_closed_total%v = %v, want %v", labels, got, want)
+		}
+		if got := m.metric("istio_tcp_connections_opened_total", labels); got != want {
+			t.Errorf("istio_tcp_connections_opened_total%v = %v, want %v", labels, got, want)
+		}
+	}
+	if got := len(m.accessLines(map[string]string{"dst.service": "ext.example.com", "dst.workload": "ext",
+		"dst.addr": netip.AddrPortFrom(external.IP, 8081).String()})); got != 3 {
+		t.Errorf("%d access-log lines for ext.example.com naming the resolved address, want 3", got)
+	}
+}

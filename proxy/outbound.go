@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strings"
@@ -40,6 +41,9 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn) {
 	}
 	res.Src = peerOf(src)
 	rt, rerr := route.Outbound(snap, src, orig)
+	if rerr == nil && rt.Hostname != "" {
+		rt, rerr = p.resolveRoute(orig, rt)
+	}
 	if rerr != nil {
 		c.Close()
 		err = routeReason(rerr)
@@ -123,6 +127,45 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 		return ErrForced
 	}
 	return normalClose(err)
+}
+
+// errNoResolver: the route needs DNS and the proxy was given no resolver.
+var errNoResolver = errors.New("no resolver for endpoints known by hostname")
+
+// resolveRoute carries out a decision to an endpoint known by hostname: it
+// resolves the name from inside the pod (cached by TTL) and picks one of
+// the answers at random, of the original destination's family when there
+// is one (IPv6 only when enabled). Failures are ErrNoHealthyUpstream.
+func (p *WorkloadProxy) resolveRoute(orig netip.AddrPort, rt route.Decision) (route.Decision, error) {
+	fail := func(err error) (route.Decision, error) {
+		return route.Decision{}, fmt.Errorf("proxy: route to %s via %s: %w: %w", orig, rt.Hostname, route.ErrNoHealthyUpstream, err)
+	}
+	if p.d.Resolver == nil {
+		return fail(errNoResolver)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
+	defer cancel()
+	addrs, err := p.d.Resolver.LookupHost(ctx, p.ns, rt.Hostname)
+	if err != nil {
+		return fail(err)
+	}
+	var like, other []netip.Addr
+	for _, a := range addrs {
+		switch {
+		case a.Is6() && !p.d.Config.IPv6Enabled:
+		case a.Is4() == orig.Addr().Unmap().Is4():
+			like = append(like, a)
+		default:
+			other = append(other, a)
+		}
+	}
+	if len(like) == 0 {
+		like = other
+	}
+	if len(like) == 0 {
+		return fail(fmt.Errorf("no usable address among %v", addrs))
+	}
+	return rt.Resolved(like[rand.IntN(len(like))]), nil
 }
 
 // routeReason attaches the Result reason to a routing error.

@@ -55,6 +55,17 @@ type Deps struct {
 	// Config supplies NodeName, TrustDomain, PacketMark, InpodPortReuse,
 	// IPv6Enabled, EnableOrigSrc and the pool settings. Required.
 	Config *config.Config
+	// Resolver resolves the DNS names of endpoints known by hostname only
+	// (ServiceEntry resolution DNS) when a connection is routed to one;
+	// nil: such connections fail (no_healthy_upstream).
+	Resolver HostResolver
+}
+
+// HostResolver resolves a hostname from inside a pod's network namespace,
+// as dnsproxy.HostResolver does (through the upstream resolvers, cached by
+// TTL). The slice returned is read-only.
+type HostResolver interface {
+	LookupHost(ctx context.Context, ns *netns.Handle, host string) ([]netip.Addr, error)
 }
 
 // WorkloadInfo is what the node agent tells about a pod over ZDS.

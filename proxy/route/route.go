@@ -36,7 +36,7 @@ var (
 	// cannot resolve to a workload.
 	ErrUnknownWaypoint = errors.New("waypoint not found")
 	// ErrUnsupported: the upstream needs a feature this proxy lacks
-	// (on-demand DNS for hostname workloads, double HBONE across networks).
+	// (double HBONE across networks, a waypoint known by hostname only).
 	ErrUnsupported = errors.New("unsupported upstream")
 )
 
@@ -99,6 +99,15 @@ type Decision struct {
 	DstWorkload *state.Workload
 	// Waypoint is true when NextHop is the destination's waypoint.
 	Waypoint bool
+	// Hostname, when set, is the DNS name of DstWorkload (a ServiceEntry
+	// endpoint with resolution DNS): the listener resolves it, picks one of
+	// the answers (of the original destination's family first) and dials
+	// answer:NextHop.Port() (Direct) or answer:15008 with authority
+	// answer:TargetPort (HBONE). NextHop's address is then the zero Addr.
+	Hostname string
+	// TargetPort is the port to reach Hostname on (HBONE authority's
+	// port); zero unless Hostname is set.
+	TargetPort uint16
 }
 
 // UpstreamIdentities returns the acceptable server identities in order,
@@ -127,9 +136,13 @@ func (r *Decision) UpstreamIdentities() []identity.Identity {
 //  2. A service VIP (on src's network, preferring src's namespace) whose
 //     service has a waypoint that is not src: HBONE to the waypoint,
 //     authority origDst.
-//  3. A service VIP otherwise: an endpoint is load-balanced; none means
-//     ErrNoHealthyUpstream. HBONE endpoints get HBONE to podIP:15008 with
-//     authority podIP:targetPort, others Direct TCP to podIP:targetPort.
+//  3. A service VIP otherwise: a PASSTHROUGH service (a ServiceEntry with
+//     resolution NONE) gets Passthrough to origDst with the service named;
+//     else an endpoint is load-balanced; none means ErrNoHealthyUpstream.
+//     HBONE endpoints get HBONE to podIP:15008 with authority
+//     podIP:targetPort, others Direct TCP to podIP:targetPort; an endpoint
+//     known by hostname only (resolution DNS) gets the same with Hostname
+//     set, for the listener to resolve.
 //  4. A workload IP: through the workload's waypoint if it has one that is
 //     not src (authority origDst), else HBONE to podIP:15008 with authority
 //     origDst, or Direct TCP to origDst for a non-HBONE workload.
@@ -161,12 +174,20 @@ func OutboundWith(snap *state.Snapshot, src *state.Workload, origDst netip.AddrP
 				return waypointRoute(wp, wsvc, g, svc, dst)
 			}
 		}
+		if lb := svc.LoadBalancing; lb != nil && lb.Mode == state.LBModePassthrough {
+			// Istio's resolution NONE: the mesh knows the destination's
+			// service, not its endpoints; go where the client went.
+			return Decision{Kind: Passthrough, NextHop: dst, Service: svc}, nil
+		}
 		w, port, err := snap.SelectEndpoint(svc, dst.Port(), src, rnd)
 		if err != nil {
 			return Decision{}, fmt.Errorf("proxy: route to %s (service %s): %w: %w", dst, svc.Hostname, ErrNoHealthyUpstream, err)
 		}
 		ip, ok := AddrLike(w, dst.Addr())
 		if !ok {
+			if len(w.Addresses) == 0 && w.Hostname != "" && w.NetworkGateway == nil {
+				return hostnameRoute(w, svc, port), nil
+			}
 			return Decision{}, unsupported(dst, w)
 		}
 		target := netip.AddrPortFrom(ip, port)
@@ -230,6 +251,37 @@ func waypointRoute(wp *state.Workload, wsvc *state.Service, g *state.GatewayAddr
 		r.UpstreamSANs = wsvc.SubjectAltNames
 	}
 	return r, nil
+}
+
+// hostnameRoute is the decision for an endpoint known by DNS name only.
+func hostnameRoute(w *state.Workload, svc *state.Service, port uint16) Decision {
+	r := Decision{
+		Kind:        Direct,
+		NextHop:     netip.AddrPortFrom(netip.Addr{}, port),
+		Service:     svc,
+		DstWorkload: w,
+		Hostname:    w.Hostname,
+		TargetPort:  port,
+	}
+	if w.Protocol == state.TunnelHBONE {
+		r.Kind = HBONE
+		r.NextHop = netip.AddrPortFrom(netip.Addr{}, HBONEPort)
+		r.UpstreamIdentity = w.Identity()
+		r.UpstreamSANs = svc.SubjectAltNames
+	}
+	return r
+}
+
+// Resolved returns the decision with Hostname's answer ip filled in:
+// NextHop ip:port (and Authority ip:TargetPort for HBONE), Hostname
+// cleared.
+func (r Decision) Resolved(ip netip.Addr) Decision {
+	r.NextHop = netip.AddrPortFrom(ip, r.NextHop.Port())
+	if r.Kind == HBONE {
+		r.Authority = netip.AddrPortFrom(ip, r.TargetPort)
+	}
+	r.Hostname, r.TargetPort = "", 0
+	return r
 }
 
 func unsupported(dst netip.AddrPort, w *state.Workload) error {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
@@ -192,5 +193,77 @@ func BenchmarkRoute(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _ = Outbound(snap, client, d)
+	}
+}
+
+// TestFailClosedEgressServiceEntry: a ServiceEntry with resolution DNS
+// (an auto-allocated VIP, endpoint known by hostname) routes to the
+// hostname for the listener to resolve; one with resolution NONE
+// (PASSTHROUGH) goes to the original destination with the service named.
+// Both failed before (unsupported; no healthy upstream). Issue 12 item 7.
+func TestFailClosedEgressServiceEntry(t *testing.T) {
+	s := state.NewStore()
+	hostname := func(h string) pt.WorkloadOpt {
+		return func(w *workloadapi.Workload) { w.Hostname = h }
+	}
+	passthrough := func(svc *workloadapi.Service) {
+		svc.LoadBalancing = &workloadapi.LoadBalancing{Mode: workloadapi.LoadBalancing_PASSTHROUGH,
+			HealthPolicy: workloadapi.LoadBalancing_ALLOW_ALL}
+	}
+	pt.Apply(t, s,
+		pt.Pod("apps", "client", "10.0.0.1"),
+		pt.Pod("egress", "ext-dns", "", hostname("ext.example.com"), pt.Plaintext(),
+			pt.InService("egress/ext.example.com", 443, 8443)),
+		pt.Pod("egress", "ext-hbone", "", hostname("mesh.example.com"), pt.InService("egress/mesh.example.com", 80, 8080)),
+		&workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+			Name: "ext-dns", Namespace: "egress", Hostname: "ext.example.com",
+			Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("240.240.0.1").AsSlice()}},
+			Ports:     []*workloadapi.Port{{ServicePort: 443, TargetPort: 8443}},
+		}}},
+		&workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+			Name: "ext-hbone", Namespace: "egress", Hostname: "mesh.example.com",
+			Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("240.240.0.2").AsSlice()}},
+			Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
+		}}},
+		pt.Service("egress", "ext-none", "192.0.2.50", []uint32{443, 443}, passthrough),
+	)
+	snap := s.Load()
+	client := snap.WorkloadByUID(pt.UID("apps", "client"))
+
+	r, err := Outbound(snap, client, netip.MustParseAddrPort("240.240.0.1:443"))
+	if err != nil {
+		t.Fatalf("resolution DNS: %v", err)
+	}
+	if r.Kind != Direct || r.Hostname != "ext.example.com" || r.NextHop.Port() != 8443 || r.Service == nil ||
+		r.DstWorkload == nil || r.DstWorkload.Name != "ext-dns" {
+		t.Fatalf("resolution DNS: %+v", view(r))
+	}
+	ip := netip.MustParseAddr("198.51.100.7")
+	if got := r.Resolved(ip); got.NextHop != netip.AddrPortFrom(ip, 8443) || got.Hostname != "" {
+		t.Fatalf("resolved: %+v", view(got))
+	}
+
+	r, err = Outbound(snap, client, netip.MustParseAddrPort("240.240.0.2:80"))
+	if err != nil {
+		t.Fatalf("resolution DNS, HBONE endpoint: %v", err)
+	}
+	if got := r.Resolved(ip); got.Kind != HBONE || got.NextHop != netip.AddrPortFrom(ip, HBONEPort) ||
+		got.Authority != netip.AddrPortFrom(ip, 8080) || got.UpstreamIdentity.IsZero() {
+		t.Fatalf("resolution DNS, HBONE endpoint resolved: %+v", view(got))
+	}
+
+	r, err = Outbound(snap, client, netip.MustParseAddrPort("192.0.2.50:443"))
+	if err != nil {
+		t.Fatalf("resolution NONE: %v", err)
+	}
+	if r.Kind != Passthrough || r.NextHop != netip.MustParseAddrPort("192.0.2.50:443") || r.Service == nil ||
+		r.Service.Hostname != pt.Hostname("egress", "ext-none") {
+		t.Fatalf("resolution NONE: %+v", view(r))
+	}
+	for _, dst := range []string{"240.240.0.1:443", "192.0.2.50:443"} {
+		d := netip.MustParseAddrPort(dst)
+		if n := testing.AllocsPerRun(100, func() { _, _ = Outbound(snap, client, d) }); n != 0 {
+			t.Errorf("Route to %s allocates %.1f times; want 0", dst, n)
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/proxy"
@@ -23,6 +25,49 @@ type ProxyFactory struct {
 	// (Workload and Deps.Netns are filled in per pod). nil: no DNS proxy
 	// (DNS_PROXY=false).
 	DNS *DNSTemplate
+
+	depsOnce sync.Once
+	deps     *proxy.Deps
+}
+
+// proxyDeps are Proxy with a Resolver for endpoints known by hostname when
+// Proxy has none: a dnsproxy.HostResolver over the DNS template's
+// forwarder (the upstreams the pods' DNS proxies forward to), else over
+// the node proxy's resolv.conf, marked with Config.PacketMark.
+func (f *ProxyFactory) proxyDeps() *proxy.Deps {
+	f.depsOnce.Do(func() {
+		f.deps = f.Proxy
+		warn := func(err error) {
+			if f.Proxy.Log != nil {
+				f.Proxy.Log.Warn("inpod: no resolver for endpoints known by hostname; connections to them will fail",
+					zap.Error(err))
+			}
+		}
+		if f.Proxy.Resolver != nil || f.Proxy.Config == nil {
+			return
+		}
+		var fwd *dnsproxy.Forwarder
+		if f.DNS != nil {
+			fwd = f.DNS.Deps.Forwarder
+		}
+		if fwd == nil {
+			var err error
+			fwd, err = dnsproxy.NewForwarder(dnsproxy.ForwarderConfig{Mark: f.Proxy.Config.PacketMark})
+			if err != nil {
+				warn(err) // hostname endpoints fail (no_healthy_upstream)
+				return
+			}
+		}
+		r, err := dnsproxy.NewHostResolver(fwd, f.Proxy.Config.IPv6Enabled)
+		if err != nil {
+			warn(err)
+			return
+		}
+		d := *f.Proxy
+		d.Resolver = r
+		f.deps = &d
+	})
+	return f.deps
 }
 
 // DNSTemplate is what every pod's DNS server shares.
@@ -36,7 +81,8 @@ func (f *ProxyFactory) NewProxy(w Workload, ns *netns.Handle) (Proxy, error) {
 	if f.Proxy == nil {
 		return nil, errors.New("inpod: ProxyFactory.Proxy is required")
 	}
-	wp, err := proxy.NewWorkloadProxy(f.Proxy, proxy.WorkloadInfo{
+	deps := f.proxyDeps()
+	wp, err := proxy.NewWorkloadProxy(deps, proxy.WorkloadInfo{
 		UID: w.UID, Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.ServiceAccount,
 	}, ns)
 	if err != nil {
