@@ -1,8 +1,10 @@
 package translate
 
 import (
+	"runtime"
 	"slices"
 	"sort"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -60,6 +62,9 @@ type Translator struct {
 
 	scratchA map[string]*workloadapi.Address
 	scratchW map[string]bool
+	// parallelMin is the pod count from which a full translation uses
+	// every CPU (parallelPodsMin; tests lower it).
+	parallelMin int
 }
 
 // unit is the output of one source object.
@@ -93,7 +98,10 @@ type PodChange struct{ Old, New *corev1.Pod }
 
 // NewTranslator returns a Translator for cfg (defaults as in Translate).
 func NewTranslator(cfg Config) *Translator {
-	return &Translator{cfg: cfg.withDefaults(), scratchA: map[string]*workloadapi.Address{}, scratchW: map[string]bool{}}
+	return &Translator{
+		cfg: cfg.withDefaults(), scratchA: map[string]*workloadapi.Address{}, scratchW: map[string]bool{},
+		parallelMin: parallelPodsMin,
+	}
 }
 
 // Result returns the latest translation (nil before the first Update).
@@ -279,23 +287,60 @@ func (tr *Translator) replace(e *resmap.Editor[*workloadapi.Address], ch *Change
 // unit runs one object's translation into the scratch sinks and returns
 // what it produced (nil: nothing).
 func (tr *Translator) unit(f func()) *unit {
-	t := tr.t
-	clear(tr.scratchA)
-	clear(tr.scratchW)
-	t.addresses, t.warnings = tr.scratchA, tr.scratchW
+	return collect(tr.t, tr.scratchA, tr.scratchW, f)
+}
+
+// collect runs f with t's sinks set to the (emptied) scratch maps a and w
+// and returns what f put there.
+func collect(t *translator, a map[string]*workloadapi.Address, w map[string]bool, f func()) *unit {
+	clear(a)
+	clear(w)
+	t.addresses, t.warnings = a, w
 	f()
-	if len(tr.scratchA) == 0 && len(tr.scratchW) == 0 {
+	if len(a) == 0 && len(w) == 0 {
 		return nil
 	}
-	u := &unit{keys: make([]string, 0, len(tr.scratchA)), addrs: make([]*workloadapi.Address, 0, len(tr.scratchA))}
-	for k, a := range tr.scratchA {
+	u := &unit{keys: make([]string, 0, len(a)), addrs: make([]*workloadapi.Address, 0, len(a))}
+	for k, v := range a {
 		u.keys = append(u.keys, k)
-		u.addrs = append(u.addrs, a)
+		u.addrs = append(u.addrs, v)
 	}
-	for w := range tr.scratchW {
-		u.warns = append(u.warns, w)
+	for k := range w {
+		u.warns = append(u.warns, k)
 	}
 	return u
+}
+
+// parallelPodsMin is the pod count from which a full translation
+// translates pods on all CPUs.
+const parallelPodsMin = 4096
+
+// podUnits translates every pod, on all CPUs for a large set: pod
+// translation only reads the indexes and the global results, so each
+// worker needs only its own copy of the translator's output sinks.
+func (tr *Translator) podUnits(pods []*corev1.Pod) []*unit {
+	units := make([]*unit, len(pods))
+	workers := runtime.GOMAXPROCS(0)
+	if len(pods) < tr.parallelMin || workers < 2 {
+		for i, p := range pods {
+			units[i] = tr.unit(func() { tr.t.translatePod(p) })
+		}
+		return units
+	}
+	var wg sync.WaitGroup
+	chunk := (len(pods) + workers - 1) / workers
+	for lo := 0; lo < len(pods); lo += chunk {
+		hi := min(lo+chunk, len(pods))
+		wg.Go(func() {
+			tw := *tr.t // shares the indexes; own sinks
+			a, w := map[string]*workloadapi.Address{}, map[string]bool{}
+			for i := lo; i < hi; i++ {
+				units[i] = collect(&tw, a, w, func() { tw.translatePod(pods[i]) })
+			}
+		})
+	}
+	wg.Wait()
+	return units
 }
 
 // full re-translates everything.
@@ -336,9 +381,9 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 		}
 		ch.Services++
 	}
-	for _, p := range objs.Pods {
-		if u := tr.unit(func() { t.translatePod(p) }); u != nil {
-			tr.pods[key(p)] = u
+	for i, u := range tr.podUnits(objs.Pods) {
+		if u != nil {
+			tr.pods[key(objs.Pods[i])] = u
 			tr.replace(e, ch, nil, u)
 		}
 		ch.Pods++

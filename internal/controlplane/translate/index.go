@@ -58,9 +58,10 @@ type index struct {
 	// svcByName: non-ExternalName Services by ns/name.
 	svcByName map[string]*corev1.Service
 	// svcSel: Services with a selector, by namespace, then by the first
-	// (smallest) key=value of their selector, then by name. A pod finds
-	// the Services selecting it through its own labels in O(labels).
-	svcSel map[string]map[string]map[string]*corev1.Service
+	// (smallest) key of their selector, its value, then by name. A pod
+	// finds the Services selecting it through its own labels in
+	// O(labels), without building a string per label.
+	svcSel map[string]map[string]map[string]map[string]*corev1.Service
 	// svcHosts: "ns/hostname" of every non-ExternalName Service; a
 	// ServiceEntry or ExternalName alias with the same key loses.
 	svcHosts map[string]bool
@@ -94,7 +95,7 @@ func (t *translator) buildIndex() {
 	t.idx = index{
 		namespaces:   map[string]*corev1.Namespace{},
 		svcByName:    map[string]*corev1.Service{},
-		svcSel:       map[string]map[string]map[string]*corev1.Service{},
+		svcSel:       map[string]map[string]map[string]map[string]*corev1.Service{},
 		svcHosts:     map[string]bool{},
 		seHosts:      map[string]bool{},
 		seSel:        map[string][]*networkingv1.ServiceEntry{},
@@ -151,6 +152,7 @@ func (t *translator) indexPolicies() {
 	}
 }
 
+// selectorKey is the smallest key of a selector (ok false: empty).
 func selectorKey(sel map[string]string) (string, bool) {
 	first := ""
 	for k := range sel {
@@ -158,10 +160,7 @@ func selectorKey(sel map[string]string) (string, bool) {
 			first = k
 		}
 	}
-	if first == "" {
-		return "", false
-	}
-	return first + "=" + sel[first], true
+	return first, first != ""
 }
 
 func (x *index) addService(s *corev1.Service, host string) {
@@ -171,13 +170,19 @@ func (x *index) addService(s *corev1.Service, host string) {
 	if k, ok := selectorKey(s.Spec.Selector); ok {
 		byKey := x.svcSel[s.Namespace]
 		if byKey == nil {
-			byKey = map[string]map[string]*corev1.Service{}
+			byKey = map[string]map[string]map[string]*corev1.Service{}
 			x.svcSel[s.Namespace] = byKey
 		}
-		if byKey[k] == nil {
-			byKey[k] = map[string]*corev1.Service{}
+		byVal := byKey[k]
+		if byVal == nil {
+			byVal = map[string]map[string]*corev1.Service{}
+			byKey[k] = byVal
 		}
-		byKey[k][s.Name] = s
+		v := s.Spec.Selector[k]
+		if byVal[v] == nil {
+			byVal[v] = map[string]*corev1.Service{}
+		}
+		byVal[v][s.Name] = s
 	}
 }
 
@@ -186,7 +191,7 @@ func (x *index) removeService(s *corev1.Service, host string) {
 	delete(x.svcHosts, s.Namespace+"/"+host)
 	delete(x.meshHosts, host)
 	if k, ok := selectorKey(s.Spec.Selector); ok {
-		delete(x.svcSel[s.Namespace][k], s.Name)
+		delete(x.svcSel[s.Namespace][k][s.Spec.Selector[k]], s.Name)
 	}
 }
 
@@ -198,7 +203,11 @@ func (x *index) servicesSelecting(ns string, labels map[string]string, f func(*c
 		return
 	}
 	for k, v := range labels {
-		for _, s := range byKey[k+"="+v] {
+		byVal := byKey[k]
+		if byVal == nil {
+			continue
+		}
+		for _, s := range byVal[v] {
 			if selects(s.Spec.Selector, labels) {
 				f(s)
 			}
