@@ -19,12 +19,7 @@ var errNotLocal = errors.New("destination is not this pod")
 // from outside the mesh (ambient-protocol.md §9). It is authorized with no
 // peer identity, so PeerAuthentication STRICT (a DENY on not_principals
 // presence) refuses it. A refused connection is simply closed.
-func (p *WorkloadProxy) servePlaintext(c net.Conn) {
-	done, ok := p.group.Track()
-	if !ok {
-		c.Close()
-		return
-	}
+func (p *WorkloadProxy) servePlaintext(c net.Conn, done func()) {
 	defer done()
 	src := addrPortOf(c.RemoteAddr())
 	dst := OriginalDst(c)

@@ -20,12 +20,7 @@ import (
 // serveOutbound handles one connection the pod's capture rules redirected
 // to 15001: original destination, one snapshot, Route, then HBONE through
 // the pool or plain TCP from inside the pod, and one Result.
-func (p *WorkloadProxy) serveOutbound(c net.Conn) {
-	done, ok := p.group.Track()
-	if !ok {
-		c.Close()
-		return
-	}
+func (p *WorkloadProxy) serveOutbound(c net.Conn, done func()) {
 	defer done()
 	client := addrPortOf(c.RemoteAddr())
 	orig := OriginalDst(c)

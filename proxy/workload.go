@@ -85,21 +85,23 @@ type WorkloadProxy struct {
 	log    *zap.Logger
 	access *zap.Logger
 
-	pool     *hbone.Pool
-	ownPool  bool
-	lnOut    net.Listener
-	lnPlain  net.Listener
-	lnHBONE  net.Listener
-	hsrv     *hbone.Server
-	spoof    bool // dial the app from the client's IP (IP_TRANSPARENT)
-	group    *drain.Group
-	inbound  registry
-	local    atomic.Pointer[localCache]
-	ctx      context.Context // cancelled by Close (and by the drain's force)
-	cancel   context.CancelFunc
-	closing  atomic.Bool
-	closeMu  sync.Once
-	closedCh chan struct{}
+	pool    *hbone.Pool
+	ownPool bool
+	lnOut   net.Listener
+	lnPlain net.Listener
+	lnHBONE net.Listener
+	hsrv    *hbone.Server
+	spoof   bool // dial the app from the client's IP (IP_TRANSPARENT)
+	group   *drain.Group
+	// acceptors counts the running 15001/15006 accept loops.
+	acceptors sync.WaitGroup
+	inbound   registry
+	local     atomic.Pointer[localCache]
+	ctx       context.Context // cancelled by Close (and by the drain's force)
+	cancel    context.CancelFunc
+	closing   atomic.Bool
+	closeMu   sync.Once
+	closedCh  chan struct{}
 }
 
 type localCache struct {
@@ -278,6 +280,7 @@ func (p *WorkloadProxy) Identity() identity.Identity { return p.id }
 // closing everything).
 func (p *WorkloadProxy) Serve(ctx context.Context) error {
 	errc := make(chan error, 3)
+	p.acceptors.Add(2)
 	go func() { errc <- p.acceptLoop(p.lnOut, p.serveOutbound) }()
 	go func() { errc <- p.acceptLoop(p.lnPlain, p.servePlaintext) }()
 	go func() {
@@ -305,9 +308,13 @@ func (p *WorkloadProxy) Serve(ctx context.Context) error {
 	return first
 }
 
-// acceptLoop accepts until the listener is closed; each connection runs
-// handle on its own goroutine.
-func (p *WorkloadProxy) acceptLoop(ln net.Listener, handle func(net.Conn)) error {
+// acceptLoop accepts until the listener is closed; each connection is
+// tracked by the drain group before the next Accept (so a Drain, which
+// waits for the accept loops to end first, never refuses a connection the
+// kernel already handed over) and runs handle on its own goroutine with
+// its done.
+func (p *WorkloadProxy) acceptLoop(ln net.Listener, handle func(net.Conn, func())) error {
+	defer p.acceptors.Done()
 	backoff := time.Duration(0)
 	for {
 		c, err := ln.Accept()
@@ -325,7 +332,12 @@ func (p *WorkloadProxy) acceptLoop(ln net.Listener, handle func(net.Conn)) error
 			return fmt.Errorf("proxy: pod %s/%s: accept on %s: %w", p.info.Namespace, p.info.Name, ln.Addr(), err)
 		}
 		backoff = 0
-		go handle(c)
+		done, ok := p.group.Track()
+		if !ok { // closed (Close, or the drain's force)
+			c.Close()
+			continue
+		}
+		go handle(c, done)
 	}
 }
 
@@ -336,6 +348,9 @@ func (p *WorkloadProxy) Drain(ctx context.Context, deadline time.Duration) {
 	p.closing.Store(true)
 	p.lnOut.Close()
 	p.lnPlain.Close()
+	// Every connection accepted before the close is tracked once the loops
+	// are done; only then does the group refuse new ones.
+	p.acceptors.Wait()
 	// GOAWAY on every HBONE connection; its streams are tracked by the
 	// group too and end when the group forces them.
 	sctx, cancel := context.WithTimeout(ctx, deadline+time.Second)
