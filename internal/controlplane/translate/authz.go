@@ -409,3 +409,24 @@ func (t *translator) policiesFor(ns string, labels map[string]string) []string {
 	}
 	return out
 }
+
+// ValidateAuthorizationPolicy returns the values of ap that cannot be
+// enforced, each "<field path>: <why>" (what PolicyStatus.Invalid reports
+// after translation), for an admission webhook to reject. A policy with
+// targetRefs is only checked for its action: its rules are for waypoints.
+func ValidateAuthorizationPolicy(rootNamespace string, ap *securityv1.AuthorizationPolicy) []string {
+	if rootNamespace == "" {
+		rootNamespace = DefaultRootNamespace
+	}
+	if ap.Spec.Action == securityv1beta1.AuthorizationPolicy_CUSTOM {
+		return nil
+	}
+	if len(targetRefs(ap)) > 0 {
+		if _, known := securityv1beta1.AuthorizationPolicy_Action_name[int32(ap.Spec.Action)]; !known {
+			return []string{fmt.Sprintf("spec.action: unknown value %d", int32(ap.Spec.Action))}
+		}
+		return nil
+	}
+	_, _, bad := convertAuthorizationPolicy(rootNamespace, ap)
+	return bad
+}
