@@ -94,6 +94,29 @@ func TestStatusWriterOnAPIServer(t *testing.T) {
 		_ = w.WriteStatus(ctx, st)
 		testkit.Eventually(t, 10*time.Second, "annotation "+AnnotationValue(s), func() bool { v, _ := annotation(); return v == AnnotationValue(s) })
 	}
+	// Failed: the state and the reason, both gone again once enabled.
+	errAnnotation := func() (string, bool) {
+		p, err := admin.CoreV1().Pods("app").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := p.Annotations[AnnotationRedirectionError]
+		return v, ok
+	}
+	st.State, st.Error = agent.StateFailed, "no network namespace can be proven to be the pod's"
+	_ = w.WriteStatus(ctx, st)
+	testkit.Eventually(t, 10*time.Second, "failed with its reason", func() bool {
+		v, _ := annotation()
+		e, _ := errAnnotation()
+		return v == RedirectionFailed && e == st.Error
+	})
+	st.State, st.Error = agent.StateEnabled, ""
+	_ = w.WriteStatus(ctx, st)
+	testkit.Eventually(t, 10*time.Second, "enabled, reason removed", func() bool {
+		v, _ := annotation()
+		_, hasErr := errAnnotation()
+		return v == RedirectionEnabled && !hasErr
+	})
 	_ = w.ClearStatus(ctx, agent.PodRef{UID: string(pod.UID), Namespace: "app", Name: "web"})
 	testkit.Eventually(t, 10*time.Second, "annotation removed", func() bool { _, ok := annotation(); return !ok })
 	testkit.Eventually(t, 10*time.Second, "queue drained", func() bool { return w.Pending() == 0 })
