@@ -303,6 +303,12 @@ func (c *ControlPlane) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-changed:
+		case <-c.cfg.Allocator.Changed():
+			// Leadership changed: allocate again for the same objects.
+			if last != nil {
+				c.Apply(last)
+			}
+			continue
 		}
 		t := time.NewTimer(c.cfg.Debounce)
 		select {

@@ -13,7 +13,10 @@
 // Persistence is pluggable (Store): local mode keeps a JSON file in the state
 // directory (FileStore); Kubernetes mode's store is
 // internal/controlplane/kubestatus, which writes status.addresses while it
-// holds the leader Lease. The package does not translate ServiceEntries into mesh
+// holds the leader Lease. With several replicas only the leader hands out
+// addresses: a Store that implements Gate (kubestatus does) makes every
+// other replica serve exactly what status.addresses says, never an address
+// of its own. The package does not translate ServiceEntries into mesh
 // resources; internal/controlplane/translate reads the Allocations.
 package autoalloc
 
@@ -142,6 +145,30 @@ func New(cfg Config) (*Allocator, error) {
 	return a, nil
 }
 
+// Gate is implemented by a Store that decides whether this replica may
+// hand out addresses (Kubernetes: only the holder of the Lease that writes
+// status.addresses). A replica that may not serves each host's
+// status.addresses and nothing else: no persisted state, no new address,
+// so every replica serves the same addresses. Hosts without status wait
+// for the leader to write it.
+type Gate interface {
+	// MayAllocate reports whether this replica allocates now.
+	MayAllocate() bool
+	// GateChanged is signalled (not closed) when MayAllocate may have
+	// changed, so the caller allocates again (a new leader allocates what
+	// its predecessor left without status).
+	GateChanged() <-chan struct{}
+}
+
+// Changed is the store's GateChanged channel, or nil (never ready) when
+// the store is not a Gate: the control plane re-allocates when it fires.
+func (a *Allocator) Changed() <-chan struct{} {
+	if g, ok := a.store.(Gate); ok {
+		return g.GateChanged()
+	}
+	return nil
+}
+
 // Eligible reports whether host of se gets auto-allocated addresses:
 // resolution is not NONE, spec.addresses is empty, the SE is not labelled
 // networking.istio.io/enable-autoallocate-ip=false, and a wildcard host only
@@ -172,6 +199,10 @@ type pair struct {
 func (a *Allocator) Allocate(ses []*networkingv1.ServiceEntry) (*Allocations, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	mayAllocate := true
+	if g, ok := a.store.(Gate); ok {
+		mayAllocate = g.MayAllocate()
+	}
 
 	sorted := append([]*networkingv1.ServiceEntry(nil), ses...)
 	sort.SliceStable(sorted, func(i, j int) bool { return olderThan(sorted[i], sorted[j]) })
@@ -195,8 +226,10 @@ func (a *Allocator) Allocate(ses []*networkingv1.ServiceEntry) (*Allocations, er
 	}
 
 	prev := map[string]Allocation{}
-	for _, al := range a.state.Allocations {
-		prev[al.Key()] = al
+	if mayAllocate { // a follower never serves addresses of its own
+		for _, al := range a.state.Allocations {
+			prev[al.Key()] = al
+		}
 	}
 	out := map[string]Allocation{}
 	taken := map[netip.Addr]bool{}
@@ -229,10 +262,17 @@ func (a *Allocator) Allocate(ses []*networkingv1.ServiceEntry) (*Allocations, er
 		}
 		out[p.key] = al
 	}
-	// Pass 2, oldest first: hand out new addresses.
+	// Pass 2, oldest first: hand out new addresses (a follower leaves the
+	// hosts without status to the leader).
 	var exhausted []string
 	next4, next6 := a.state.Next4, a.state.Next6
 	for _, p := range pairs {
+		if !mayAllocate {
+			if al := out[p.key]; !al.V4.IsValid() && !al.V6.IsValid() {
+				delete(out, p.key)
+			}
+			continue
+		}
 		al := out[p.key]
 		if !al.V4.IsValid() {
 			if c, ok := nextFree(a.v4, &next4, reserved, usable); ok {

@@ -8,11 +8,14 @@
 // Writer is an autoalloc.Store: the allocator already starts from each
 // ServiceEntry's status.addresses, so Load returns nothing and Save hands
 // the allocator's latest State to the leader's write loop (it never blocks
-// on the API server). Every replica allocates in memory; a new address is
-// served by the replica that computed it and becomes everyone's once the
-// leader has written it (status wins over in-memory state in the
-// allocator). A write that loses a test does not retry blindly: the
-// allocator re-allocates from the winner's status on the next change.
+// on the API server). Writer is also the allocator's Gate: only the leader
+// allocates; every other replica serves exactly what status.addresses
+// says (never an address of its own), so all replicas serve the same
+// addresses, and a new host gets its address on every replica once the
+// leader has written it. Becoming (or ceasing to be) the leader signals
+// the Gate, so the new leader allocates what status still lacks. A write
+// that loses a test does not retry blindly: the allocator re-allocates
+// from the winner's status on the next change.
 //
 // It does not allocate (internal/controlplane/autoalloc) and does not read
 // the cluster itself: it follows a cluster.Source.
@@ -87,6 +90,7 @@ type Writer struct {
 	leading atomic.Bool
 
 	kick chan struct{}
+	gate chan struct{} // cap 1: leadership changed
 
 	mu      sync.Mutex
 	desired map[string][]Address // "ns/name" → addresses; nil until the first Save
@@ -130,7 +134,7 @@ func New(cfg Config) (*Writer, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Writer{cfg: cfg, log: log, kick: make(chan struct{}, 1)}, nil
+	return &Writer{cfg: cfg, log: log, kick: make(chan struct{}, 1), gate: make(chan struct{}, 1)}, nil
 }
 
 // Load implements autoalloc.Store. The status of each ServiceEntry is the
@@ -198,6 +202,20 @@ func sortAddrs(a []Address) {
 // Leading reports whether this replica holds the Lease.
 func (w *Writer) Leading() bool { return w.leading.Load() }
 
+// MayAllocate implements autoalloc.Gate: only the leader allocates.
+func (w *Writer) MayAllocate() bool { return w.leading.Load() }
+
+// GateChanged implements autoalloc.Gate: signalled when this replica
+// starts or stops leading.
+func (w *Writer) GateChanged() <-chan struct{} { return w.gate }
+
+func (w *Writer) signalGate() {
+	select {
+	case w.gate <- struct{}{}:
+	default:
+	}
+}
+
 // Run takes part in leader election until ctx is done; while leading it
 // keeps every ServiceEntry's status.addresses equal to the latest Save.
 // Losing the Lease stops writing and re-enters the election. It returns nil
@@ -218,11 +236,13 @@ func (w *Writer) Run(ctx context.Context) error {
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(lctx context.Context) {
 				w.leading.Store(true)
+				w.signalGate()
 				w.log.Info("leading: writing ServiceEntry status.addresses", zap.String("identity", w.cfg.Identity))
 				w.lead(lctx)
 			},
 			OnStoppedLeading: func() {
 				if w.leading.Swap(false) {
+					w.signalGate()
 					w.log.Info("stopped leading ServiceEntry address writes", zap.String("identity", w.cfg.Identity))
 				}
 			},
