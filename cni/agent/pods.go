@@ -49,6 +49,11 @@ const (
 	StateFailed State = "failed"
 )
 
+// netnsRetry spaces searches for the netns of a running pod that could not
+// be proven (each one reads every /proc/PID/cgroup); with a CNI ADD hint
+// it retries at once.
+const netnsRetry = 10 * time.Second
+
 // How the agent learned about a pod.
 const (
 	viaCNI      = "cni"      // CNI ADD from the plugin
@@ -71,6 +76,7 @@ type podRec struct {
 	err                  string
 	via                  string
 	since                time.Time
+	tried                time.Time // last netns search of a failed watch enrollment
 }
 
 func (r *podRec) closeNetns() {
@@ -363,13 +369,21 @@ func (a *Agent) sync(ctx context.Context, objs *cluster.Objects) {
 		if ok, _ := a.isAmbient(objs, p); !ok {
 			continue
 		}
+		if rec != nil && rec.state == StateFailed && rec.via == viaWatch && hint == "" && time.Since(rec.tried) < netnsRetry {
+			continue // proof is unlikely to appear soon; do not rescan /proc every sync
+		}
 		path, ns, err := a.cfg.FindNetns(ctx, p, hint)
 		if err != nil {
+			if rec != nil {
+				a.mu.Lock()
+				rec.tried = time.Now()
+				a.mu.Unlock()
+			}
 			if rec == nil || rec.err != err.Error() {
 				a.log.Error("not enrolling running pod: its network namespace cannot be proven (it stays uncaptured; status failed)",
 					zap.String("pod", p.Namespace+"/"+p.Name), zap.String("uid", uid), zap.Error(err))
 				a.put(ctx, &podRec{uid: uid, namespace: p.Namespace, name: p.Name, info: workloadInfo(p), ips: ips,
-					state: StateFailed, err: err.Error(), via: viaWatch, since: time.Now()})
+					state: StateFailed, err: err.Error(), via: viaWatch, since: time.Now(), tried: time.Now()})
 			}
 			continue
 		}
