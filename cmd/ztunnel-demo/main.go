@@ -28,7 +28,6 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab/waypoint"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
@@ -86,7 +85,7 @@ func run(examples, binDir string, keep, verbose bool) int {
 	defer cancel()
 	wp, err := m.StartWaypoint(ctx, "demo", "waypoint")
 	if err != nil {
-		fmt.Printf("✘ the test waypoint did not start: %v\n", err)
+		fmt.Printf("✘ the waypoint did not start: %v\n", err)
 		return 1
 	}
 	d := &demo{m: m, wp: wp}
@@ -122,7 +121,7 @@ func run(examples, binDir string, keep, verbose bool) int {
 
 type demo struct {
 	m  *meshlab.Mesh
-	wp *waypoint.Waypoint
+	wp *meshlab.Waypoint
 }
 
 func id(ns, sa string) string { return "spiffe://cluster.local/ns/" + ns + "/sa/" + sa }
@@ -256,14 +255,11 @@ func (d *demo) waypoint(ctx context.Context) (string, error) {
 	if err := echo(ctx, client, vip, 2000); err != nil {
 		return "", err
 	}
-	var seen *waypoint.Seen
-	for _, s := range d.wp.Seen() {
-		if s.Authority == vip && s.Peer.String() == id("demo", "client") {
-			seen = &s
-		}
-	}
-	if seen == nil {
-		return "", fmt.Errorf("the waypoint saw no CONNECT %s from the client (saw %v)", vip, d.wp.Seen())
+	seen, err := d.wp.WaitAccessLog(ctx, meshlab.Fields(map[string]string{
+		"dst.addr": vip.String(), "src.identity": id("demo", "client"), "code": "200",
+	}))
+	if err != nil {
+		return "", fmt.Errorf("the waypoint logged no accepted CONNECT %s from the client: %w", vip, err)
 	}
 	ratings := d.pod("demo", "ratings")
 	if _, err := d.m.WaitAccessLog(ctx, ratings.Node.Index, meshlab.Fields(map[string]string{
@@ -271,7 +267,7 @@ func (d *demo) waypoint(ctx context.Context) (string, error) {
 	})); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("waypoint got CONNECT %s from %s, sent %s", seen.Authority, seen.Peer, seen.Upstream), nil
+	return fmt.Sprintf("waypoint got CONNECT %s (%s) from %s, sent %s", seen.Str("dst.addr"), seen.Str("protocol"), seen.Str("src.identity"), seen.Str("upstream")), nil
 }
 
 func (d *demo) underlay(ctx context.Context) (string, error) {

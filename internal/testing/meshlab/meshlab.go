@@ -22,7 +22,6 @@ package meshlab
 import (
 	"context"
 	"crypto/rand"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -35,8 +34,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab/waypoint"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
@@ -46,6 +43,8 @@ const (
 	BinZtunnel = "ztunnel"
 	BinCNI     = "ztunnel-cni"
 	BinCP      = "ztunnel-cp"
+	// BinWaypoint is cmd/waypoint, run by StartWaypoint.
+	BinWaypoint = "waypoint"
 )
 
 // Ports and addresses of the processes, inside their node's namespace.
@@ -207,7 +206,7 @@ func Start(tb testkit.TB, opts Options) (*Mesh, error) {
 // binaries returns a directory holding the three binaries: dir if given
 // (checked), else a fresh build.
 func binaries(tb testkit.TB, dir string) (string, error) {
-	names := []string{BinZtunnel, BinCNI, BinCP}
+	names := []string{BinZtunnel, BinCNI, BinCP, BinWaypoint}
 	if dir != "" {
 		abs, err := filepath.Abs(dir)
 		if err != nil {
@@ -377,44 +376,4 @@ func (m *Mesh) closeApps() {
 	for _, l := range apps {
 		l.Close()
 	}
-}
-
-// StartWaypoint runs the test waypoint (package waypoint) in pod
-// namespace/name, with the identity of the pod's service account and its
-// node's token, until the mesh is torn down.
-func (m *Mesh) StartWaypoint(ctx context.Context, namespace, name string) (*waypoint.Waypoint, error) {
-	p := m.Pod(namespace, name)
-	if p == nil {
-		return nil, fmt.Errorf("meshlab: waypoint pod %s/%s not found", namespace, name)
-	}
-	h, err := p.Handle()
-	if err != nil {
-		return nil, err
-	}
-	pem, err := os.ReadFile(m.RootCert)
-	if err != nil {
-		return nil, fmt.Errorf("meshlab: %w", err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	sa := p.ServiceAccount
-	if sa == "" {
-		sa = "default"
-	}
-	id, err := identity.New(m.opts.TrustDomain, namespace, sa)
-	if err != nil {
-		return nil, fmt.Errorf("meshlab: %w", err)
-	}
-	mn := m.Nodes[p.Node.Index]
-	w, err := waypoint.Start(ctx, waypoint.Config{
-		Netns: h, IP: p.IP, Identity: id, ControlPlane: m.CPAddr, RootCAs: roots,
-		Token: mn.TokenValue, Node: mn.Name,
-	})
-	if err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	m.apps = append(m.apps, w)
-	m.mu.Unlock()
-	return w, nil
 }
