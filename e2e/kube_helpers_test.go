@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"net"
 	"sync"
@@ -11,12 +12,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/caapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -25,6 +27,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/xdstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
@@ -101,13 +104,11 @@ func setRunning(t *testing.T, c kubernetes.Interface, pod *corev1.Pod, ip string
 
 // xdsSink keeps what a real xds.Client received.
 type xdsSink struct {
+	*xdstest.Sink
 	stop func() // disconnects the client
 	// reg holds the client's istio_xds_* metrics (terminations tell whether
 	// the stream ever dropped).
-	reg   *prometheus.Registry
-	mu    sync.Mutex
-	addrs map[string]*workloadapi.Address
-	authz map[string]*securityapi.Authorization
+	reg *prometheus.Registry
 }
 
 // terminations counts how often the client's xDS stream ended.
@@ -126,46 +127,6 @@ func (s *xdsSink) terminations(t *testing.T) float64 {
 		}
 	}
 	return n
-}
-
-func newXDSSink() *xdsSink {
-	return &xdsSink{addrs: map[string]*workloadapi.Address{}, authz: map[string]*securityapi.Authorization{}}
-}
-
-func (s *xdsSink) ApplyAddresses(up map[string]*workloadapi.Address, rm []string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k, v := range up {
-		s.addrs[k] = v
-	}
-	for _, k := range rm {
-		delete(s.addrs, k)
-	}
-	return nil
-}
-
-func (s *xdsSink) ApplyAuthorizations(up map[string]*securityapi.Authorization, rm []string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k, v := range up {
-		s.authz[k] = v
-	}
-	for _, k := range rm {
-		delete(s.authz, k)
-	}
-	return nil
-}
-
-func (s *xdsSink) address(name string) *workloadapi.Address {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.addrs[name]
-}
-
-func (s *xdsSink) authorization(name string) *securityapi.Authorization {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.authz[name]
 }
 
 // kubeCP is a control plane in Kubernetes mode, wired as cmd/ztunnel-cp
@@ -231,12 +192,27 @@ func (k *kubeCP) stop() {
 	<-k.done
 }
 
+// caClient dials k's CA as a node proxy does (TLS to
+// istiod.istio-system.svc, trusting authority's root); the connection is
+// closed when t ends.
+func caClient(t *testing.T, k *kubeCP, authority *ca.CA) caapi.IstioCertificateServiceClient {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(authority.Root())
+	conn, err := grpc.NewClient(k.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "istiod.istio-system.svc"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return caapi.NewIstioCertificateServiceClient(conn)
+}
+
 // watchXDS connects a real node-proxy xDS client with token.
 func watchXDS(t *testing.T, k *kubeCP, authority *ca.CA, token, node string) *xdsSink {
 	t.Helper()
 	pool := x509.NewCertPool()
 	pool.AddCert(authority.Root())
-	s := newXDSSink()
+	s := &xdsSink{Sink: xdstest.NewSink()}
 	s.reg = prometheus.NewRegistry()
 	c, err := xds.NewClient(xds.ClientConfig{
 		Address: k.addr, RootCAs: pool, ServerName: "istiod.istio-system.svc", Token: token,

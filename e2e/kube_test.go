@@ -3,8 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"net"
 	"net/netip"
@@ -18,9 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
@@ -93,7 +89,7 @@ func TestKubeControlPlane(t *testing.T) {
 
 	webUID := "Kubernetes//Pod/app/web"
 	testkit.Eventually(t, waitTimeout, "web as an HBONE workload in xDS", func() bool {
-		w := sink.address(webUID).GetWorkload()
+		w := sink.Address(webUID).GetWorkload()
 		return w != nil && w.GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE && w.GetNode() == "node-a" && w.GetServiceAccount() == "web"
 	})
 
@@ -109,20 +105,13 @@ func TestKubeControlPlane(t *testing.T) {
 			t.Fatal(err)
 		}
 		testkit.Eventually(t, waitTimeout, "the policy as an Authorization", func() bool {
-			a := sink.authorization("app/deny-foo")
+			a := sink.Authorization("app/deny-foo")
 			return a != nil && a.GetAction().String() == "DENY"
 		})
 	})
 
 	t.Run("CA", func(t *testing.T) {
-		pool := x509.NewCertPool()
-		pool.AddCert(authority.Root())
-		conn, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "istiod.istio-system.svc"})))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		cac := caapi.NewIstioCertificateServiceClient(conn)
+		cac := caClient(t, cp, authority)
 		id := identity.MustNew("cluster.local", "app", "web")
 		key, _ := identity.GenerateKey()
 		csr, _ := identity.NewCSR(id, key)
@@ -208,7 +197,7 @@ func TestKubeControlPlane(t *testing.T) {
 		s.Stop()
 		// Meanwhile the control plane keeps serving what it had, and the
 		// CNI plugin's lookup keeps retrying.
-		if sink.address(webUID) == nil {
+		if sink.Address(webUID) == nil {
 			t.Fatal("workload lost while the API server is down")
 		}
 		type lookup struct {
@@ -240,20 +229,13 @@ func TestKubeControlPlane(t *testing.T) {
 			annots: map[string]string{agentkube.AnnotationRedirection: agentkube.RedirectionEnabled}})
 		setRunning(t, kc, late, "10.31.1.10")
 		testkit.Eventually(t, waitTimeout, "a pod created after the restart in xDS", func() bool {
-			return sink.address("Kubernetes//Pod/app/late").GetWorkload().GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE
+			return sink.Address("Kubernetes//Pod/app/late").GetWorkload().GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE
 		})
 		// node-b's proxy may now obtain late's identity: the placement view resynced.
-		pool := x509.NewCertPool()
-		pool.AddCert(authority.Root())
-		conn, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "istiod.istio-system.svc"})))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
 		id := identity.MustNew("cluster.local", "app", "late")
 		key, _ := identity.GenerateKey()
 		csr, _ := identity.NewCSR(id, key)
-		_, err = caapi.NewIstioCertificateServiceClient(conn).CreateCertificate(
+		_, err = caClient(t, cp, authority).CreateCertificate(
 			metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tokB), &caapi.IstioCertificateRequest{Csr: string(csr)})
 		if err != nil {
 			t.Fatalf("node-b proxy asking for app/late after the restart: %v", err)
@@ -305,7 +287,7 @@ func waitSEAddresses(t *testing.T, clients *kube.Clients, sink *xdsSink, want []
 		return v4 && v6
 	})
 	testkit.Eventually(t, waitTimeout, "the ServiceEntry's addresses in xDS", func() bool {
-		svc := sink.address("app/api.example.com").GetService()
+		svc := sink.Address("app/api.example.com").GetService()
 		var served []string
 		for _, a := range svc.GetAddresses() {
 			if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
