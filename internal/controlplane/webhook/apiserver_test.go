@@ -2,10 +2,7 @@ package webhook
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +23,9 @@ var apGVR = schema.GroupVersionResource{Group: "security.istio.io", Version: "v1
 // TestOnAPIServer: registered with a real kube-apiserver (failurePolicy
 // Fail, the kinds the control plane reads), the webhook makes an apply of
 // a policy with a value that cannot be enforced fail, naming the field;
-// a valid policy and an unrelated kind are admitted.
+// a valid policy and a ServiceEntry are admitted. The configuration is
+// created without a caBundle: the refusal only comes once Server has set it
+// (the API server verifies the webhook against it).
 func TestOnAPIServer(t *testing.T) {
 	api := kubeapi.Start(t, kubeapi.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -46,21 +45,18 @@ func TestOnAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: Handler(Config{}), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
-	go func() {
-		if err := srv.ServeTLS(lis, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			t.Error(err)
-		}
-	}()
-	defer srv.Close()
+	addr := lis.Addr().String()
+	lis.Close()
 
-	url := "https://" + lis.Addr().String() + Path
+	// The configuration as the chart installs it: no caBundle; the server
+	// sets it.
+	url := "https://" + addr + Path
 	fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "ztunnel-go-validation"},
+		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:         webhookName,
-			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: c.RootPEM()},
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
 				Rule: admissionregistrationv1.Rule{
@@ -74,6 +70,19 @@ func TestOnAPIServer(t *testing.T) {
 	if _, err := api.Client().AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, vwc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	ws, err := NewServer(ServerConfig{Addr: addr, Cert: cert, CABundle: c.RootPEM(), Client: api.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- ws.Run(sctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
 
 	const bad = `apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
