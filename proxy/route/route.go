@@ -288,7 +288,7 @@ func unsupported(dst netip.AddrPort, w *state.Workload) error {
 	what := "no address of a usable family"
 	switch {
 	case len(w.Addresses) == 0 && w.Hostname != "":
-		what = "hostname workload (on-demand DNS)"
+		what = "workload known by hostname only, as a waypoint"
 	case len(w.Addresses) == 0 && w.NetworkGateway != nil:
 		what = "workload behind a network gateway (double HBONE)"
 	}
