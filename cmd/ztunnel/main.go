@@ -11,6 +11,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 
@@ -30,15 +31,36 @@ import (
 )
 
 func main() {
-	localDir := flag.String("local-config", "", "embed the control plane over this directory of Kubernetes/Istio YAML instead of dialling XDS_ADDRESS")
+	cfg, err := parseConfig(os.Args[1:], os.LookupEnv, os.Environ(), os.Stderr)
+	daemon.ExitOnFlagError("ztunnel", err)
+	log, level, err := daemon.NewLogger(daemon.LogConfig{Level: cfg.LogLevel, Format: cfg.LogFormat})
+	daemon.ExitOnFlagError("ztunnel", err)
+	ctx, stop := daemon.SignalContext()
+	defer stop()
+	daemon.Exit(log, "ztunnel", run(ctx, cfg, log, level))
+}
+
+// parseConfig reads the flags (args without the program name) and the
+// environment. The environment configures the node proxy, as Istio's
+// ztunnel; the daemons' shared --log-level and --log-format, when given,
+// win over LOG_LEVEL/RUST_LOG and LOG_FORMAT.
+func parseConfig(args []string, lookup config.Lookup, environ []string, stderr io.Writer) (*config.Config, error) {
+	fs := flag.NewFlagSet("ztunnel", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	localDir := fs.String("local-config", "", "embed the control plane over this directory of Kubernetes/Istio YAML instead of dialling XDS_ADDRESS")
 	var logFlags daemon.LogFlags
-	logFlags.Register(flag.CommandLine, "", "")
-	flag.Parse()
-	// The environment configures the node proxy (as Istio's ztunnel); the
-	// daemons' shared log flags, when given, win over LOG_LEVEL/RUST_LOG and
-	// LOG_FORMAT.
+	logFlags.Register(fs, "", "")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if _, err := logFlags.Config(); err != nil {
+		return nil, err
+	}
 	overrides := map[string]string{}
-	flag.Visit(func(f *flag.Flag) {
+	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case daemon.FlagLogLevel:
 			overrides[config.EnvLogLevel] = logFlags.Level
@@ -46,22 +68,12 @@ func main() {
 			overrides[config.EnvLogFormat] = logFlags.Format
 		}
 	})
-	if _, err := logFlags.Config(); err != nil && len(overrides) > 0 {
-		daemon.ExitOnFlagError("ztunnel", err)
-	}
-	env := func(k string) (string, bool) {
+	return config.Parse(func(k string) (string, bool) {
 		if v, ok := overrides[k]; ok {
 			return v, true
 		}
-		return os.LookupEnv(k)
-	}
-	cfg, err := config.Parse(env, *localDir, os.Environ())
-	daemon.ExitOnFlagError("ztunnel", err)
-	log, level, err := daemon.NewLogger(daemon.LogConfig{Level: cfg.LogLevel, Format: cfg.LogFormat})
-	daemon.ExitOnFlagError("ztunnel", err)
-	ctx, stop := daemon.SignalContext()
-	defer stop()
-	daemon.Exit(log, "ztunnel", run(ctx, cfg, log, level))
+		return lookup(k)
+	}, *localDir, environ)
 }
 
 // run serves until ctx is done (SIGTERM) or /quitquitquit, then drains the

@@ -165,3 +165,32 @@ status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.
 		t.Errorf("admin still serving after shutdown: %d %s", code, fmt.Sprint(body))
 	}
 }
+
+func TestParseConfigLogFlagsWinOverEnvironment(t *testing.T) {
+	env := map[string]string{config.EnvNodeName: "n1", config.EnvRustLog: "warn", config.EnvLogFormat: "plain"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	for _, tc := range []struct {
+		args          []string
+		level, format string
+		wantErr       string
+	}{
+		{[]string{"--local-config=/d"}, "warn", "console", ""},
+		{[]string{"--local-config=/d", "--log-level=debug"}, "debug", "console", ""},
+		{[]string{"--local-config=/d", "--log-format=json"}, "warn", "json", ""},
+		{[]string{"--local-config=/d", "--log-level=loud"}, "", "", "--log-level"},
+		{[]string{"--local-config=/d", "stray"}, "", "", "unexpected arguments"},
+		{nil, "", "", "XDS_ADDRESS is required"},
+	} {
+		cfg, err := parseConfig(tc.args, lookup, nil, io.Discard)
+		switch {
+		case tc.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q: err = %v, want %q", tc.args, err, tc.wantErr)
+			}
+		case err != nil:
+			t.Errorf("%q: %v", tc.args, err)
+		case cfg.LogLevel.String() != tc.level || cfg.LogFormat != tc.format:
+			t.Errorf("%q: level %s format %s, want %s %s", tc.args, cfg.LogLevel, cfg.LogFormat, tc.level, tc.format)
+		}
+	}
+}
