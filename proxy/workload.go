@@ -459,8 +459,8 @@ func (p *WorkloadProxy) waitLocal(ctx context.Context) (*state.Snapshot, *state.
 	defer cancel()
 	snap, err := p.d.Store.WaitFor(wctx, func(s *state.Snapshot) bool { return p.localIn(s) != nil })
 	if err != nil {
-		return nil, nil, fmt.Errorf("proxy: pod %s/%s on node %q: %w (%w)", p.info.Namespace, p.info.Name,
-			p.d.Config.NodeName, errUnknownLocal, err)
+		return nil, nil, fmt.Errorf("proxy: pod %s/%s on node %q in cluster %q: %w (%w)", p.info.Namespace, p.info.Name,
+			p.d.Config.NodeName, p.d.Config.ClusterID, errUnknownLocal, err)
 	}
 	return snap, p.localIn(snap), nil
 }
