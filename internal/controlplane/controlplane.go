@@ -32,6 +32,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
@@ -103,6 +105,11 @@ type ControlPlane struct {
 	placeRefs map[string]map[string]int // node → "ns/sa" → live pods
 	warned    map[string]bool           // warnings already logged
 	lastWarns []string                  // the Warnings slice warned was computed from
+	// wps and wpsPolicies are the last WaypointConfigs result (wpsDone:
+	// computed at least once).
+	wps         map[string]*waypointapi.Config
+	wpsPolicies []translate.PolicyStatus
+	wpsDone     bool
 	// ignoredSeen: ignored objects already logged (reportIgnored).
 	ignoredSeen map[string]bool
 	// invalidSeen: invalid policy values already logged (reportInvalid).
@@ -331,11 +338,18 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	if allocErr != nil {
 		c.log.Warn("ServiceEntry address allocation incomplete", zap.Error(allocErr))
 	}
+	before := c.tr.Result()
 	res, ch := c.tr.Update(objs, allocs)
-	// Waypoint configs (ours, issue 14): rebuilt on each change (only when a
-	// waypoint Gateway exists); the xDS server pushes only changed ones.
-	wps, wpStatus := translate.WaypointConfigs(c.cfg.Translate, objs, nil, res)
-	if wpStatus != nil {
+	// Waypoint configs (ours, issue 14): rebuilt when a change can touch
+	// them (only when a waypoint Gateway exists); the xDS server pushes
+	// only changed ones. WaypointConfigs scans every address per waypoint,
+	// so a pod change that binds nothing to a waypoint reuses the last ones.
+	wpsChanged := ch.Full || !c.wpsDone || touchesWaypoint(before, ch)
+	if wpsChanged {
+		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, nil, res)
+		c.wpsDone = true
+	}
+	if wpStatus := c.wpsPolicies; wpStatus != nil {
 		r := *res
 		r.Policies = wpStatus
 		res = &r
@@ -374,11 +388,13 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 		}
 		c.xds.UpdateResources(xds.AddressType, up, ch.Removed)
 	}
-	wpm := make(map[string]proto.Message, len(wps))
-	for k, v := range wps {
-		wpm[k] = v
+	if wpsChanged {
+		wpm := make(map[string]proto.Message, len(c.wps))
+		for k, v := range c.wps {
+			wpm[k] = v
+		}
+		c.xds.SetResources(xds.WaypointType, wpm)
 	}
-	c.xds.SetResources(xds.WaypointType, wpm)
 	c.syncedOnce.Do(func() { close(c.synced) })
 
 	c.reportIgnored(objs.Ignored)
@@ -478,4 +494,27 @@ func (c *ControlPlane) updatePlacement(prev map[string]map[string]bool, changes 
 		next[node] = set
 	}
 	return next
+}
+
+// touchesWaypoint reports whether an incremental change re-translated an
+// address that is or was bound to a waypoint (the only addresses waypoint
+// configs read).
+func touchesWaypoint(before *translate.Result, ch *translate.Changes) bool {
+	bound := func(a *workloadapi.Address) bool {
+		return a.GetWorkload().GetWaypoint() != nil || a.GetService().GetWaypoint() != nil
+	}
+	for k, a := range ch.Addresses {
+		if bound(a) {
+			return true
+		}
+		if old, ok := before.Addresses.Get(k); ok && bound(old) {
+			return true
+		}
+	}
+	for _, k := range ch.Removed {
+		if old, ok := before.Addresses.Get(k); ok && bound(old) {
+			return true
+		}
+	}
+	return false
 }
