@@ -18,12 +18,14 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/webhook"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
@@ -52,6 +54,7 @@ type cpSummary struct {
 	RootConfigMapKey    string   `json:"root_configmap_key"`
 	TrustedNodeAccounts []string `json:"trusted_node_accounts"`
 	Lease               string   `json:"lease"`
+	WebhookAddr         string   `json:"webhook_addr"`
 }
 
 type cniSummary struct {
@@ -120,12 +123,13 @@ func TestManifestMatchesBinaries(t *testing.T) {
 			t.Errorf("ztunnel-cp runs in %s mode, want kubernetes", cp.Mode)
 		}
 		checkProbes(t, cpw, cp.ReadinessAddr, cp.ReadinessPath)
-		for _, addr := range []string{cp.Listen, cp.MetricsAddr, cp.ReadinessAddr} {
+		for _, addr := range []string{cp.Listen, cp.MetricsAddr, cp.ReadinessAddr, cp.WebhookAddr} {
 			if addr != "" && !hasContainerPort(cpw.c, port(t, addr)) {
 				t.Errorf("ztunnel-cp listens on %s, not a declared container port", addr)
 			}
 		}
-		checkDebugPrivate(t, objs, cpw, cp.Admin, cp.Listen, cp.MetricsAddr, cp.ReadinessAddr)
+		checkDebugPrivate(t, objs, cpw, cp.Admin, cp.Listen, cp.MetricsAddr, cp.ReadinessAddr, cp.WebhookAddr)
+		checkWebhook(t, objs, cpw, cp)
 		if want := zt.namespace + "/" + zt.pod.ServiceAccountName; !slices.Contains(cp.TrustedNodeAccounts, want) {
 			t.Errorf("trusted node accounts %v lack the node proxy's %s", cp.TrustedNodeAccounts, want)
 		}
@@ -141,6 +145,8 @@ func TestManifestMatchesBinaries(t *testing.T) {
 			{cmNs, "", "configmaps", cmName, "update"},
 			{"app", "", "pods", "", "list"}, // the CA's live placement check
 			{"", "authentication.k8s.io", "tokenreviews", "", "create"},
+			{"", "admissionregistration.k8s.io", "validatingwebhookconfigurations", webhook.ConfigurationName, "get"},
+			{"", "admissionregistration.k8s.io", "validatingwebhookconfigurations", webhook.ConfigurationName, "update"},
 		} {
 			if !grants(t, objs, sa, g.ns, g.group, g.resource, g.name, g.verb) {
 				t.Errorf("RBAC does not let %s %s %s/%s %q in %q", sa, g.verb, g.group, g.resource, g.name, g.ns)
@@ -663,4 +669,55 @@ func grants(t *testing.T, objs []*unstructured.Unstructured, sa, ns, group, reso
 		}
 	}
 	return false
+}
+
+// checkWebhook: the chart's ValidatingWebhookConfiguration is the one
+// ztunnel-cp keeps the caBundle of, fails closed, and calls a Service name
+// the serving certificate covers, on a port that forwards to
+// --webhook-addr.
+func checkWebhook(t *testing.T, objs []*unstructured.Unstructured, cpw *workload, cp cpSummary) {
+	t.Helper()
+	if cp.WebhookAddr == "" {
+		t.Error("ztunnel-cp serves no admission webhook (--webhook-addr)")
+		return
+	}
+	found := false
+	for _, o := range objs {
+		if o.GetKind() != "ValidatingWebhookConfiguration" {
+			continue
+		}
+		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &vwc); err != nil {
+			t.Fatal(err)
+		}
+		if vwc.Name != webhook.ConfigurationName {
+			t.Errorf("ValidatingWebhookConfiguration %s: ztunnel-cp sets the caBundle of %s only", vwc.Name, webhook.ConfigurationName)
+			continue
+		}
+		found = true
+		for _, wh := range vwc.Webhooks {
+			svc := wh.ClientConfig.Service
+			if svc == nil || svc.Path == nil || *svc.Path != webhook.Path {
+				t.Errorf("webhook %s: want a Service reference with path %s, got %+v", wh.Name, webhook.Path, wh.ClientConfig)
+				continue
+			}
+			if wh.FailurePolicy == nil || *wh.FailurePolicy != admissionregistrationv1.Fail {
+				t.Errorf("webhook %s: failurePolicy %v, want Fail", wh.Name, wh.FailurePolicy)
+			}
+			p := int32(443)
+			if svc.Port != nil {
+				p = *svc.Port
+			}
+			host := svc.Name + "." + svc.Namespace + ".svc"
+			if !slices.Contains(cp.ServingNames, host) {
+				t.Errorf("webhook %s calls %s, not in the serving certificate %v", wh.Name, host, cp.ServingNames)
+			}
+			if !serviceReaches(t, objs, host, strconv.Itoa(int(p)), cpw, port(t, cp.WebhookAddr)) {
+				t.Errorf("webhook %s: Service %s port %d does not forward to --webhook-addr %s", wh.Name, host, p, cp.WebhookAddr)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no ValidatingWebhookConfiguration %s in the manifests", webhook.ConfigurationName)
+	}
 }

@@ -51,6 +51,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/webhook"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 )
 
@@ -98,6 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.RootCert, "root-cert", "", "root CA certificate PEM (with --root-key); default: load or create one in the state dir")
 	fs.StringVar(&o.RootKey, "root-key", "", "root CA private key PEM")
 	fs.BoolVar(&o.EnrollmentFromLabels, "enrollment-from-labels", true, "treat pods matching the ambient enrollment labels as HBONE-enrolled (default false in Kubernetes mode, where the node agent annotates them)")
+	fs.StringVar(&o.WebhookAddr, "webhook-addr", "", "Kubernetes mode: address of the validating admission webhook (HTTPS, "+webhook.Path+"; the chart uses "+webhook.DefaultAddr+"); it keeps ValidatingWebhookConfiguration "+webhook.ConfigurationName+"'s caBundle set (\"\": none)")
 	fs.BoolVar(&o.ExternalNameAlias, "external-name-alias", true, "serve ExternalName Services that point at mesh services as DNS aliases")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
@@ -139,6 +141,7 @@ type summary struct {
 	RootConfigMapKey    string   `json:"root_configmap_key,omitempty"`
 	TrustedNodeAccounts []string `json:"trusted_node_accounts,omitempty"`
 	Lease               string   `json:"lease,omitempty"` // namespace/name
+	WebhookAddr         string   `json:"webhook_addr,omitempty"`
 }
 
 func (o options) summary() summary {
@@ -154,6 +157,7 @@ func (o options) summary() summary {
 		s.RootConfigMap, s.RootConfigMapKey = o.SystemNamespace+"/"+bootstrap.RootConfigMapName, bootstrap.RootConfigMapKey
 		s.TrustedNodeAccounts, _ = kubeauth.ParseAccounts(o.TrustedNodeAccounts)
 		s.Lease = o.LeaseNamespace + "/" + o.LeaseName
+		s.WebhookAddr = o.WebhookAddr
 	}
 	return s
 }

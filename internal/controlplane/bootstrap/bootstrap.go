@@ -3,9 +3,10 @@
 // directory), the cluster source and caller authentication of local mode (a
 // directory of YAML, node tokens) or Kubernetes mode (the API server,
 // TokenReview, live pod placement, the ServiceEntry status writer and the
-// root-certificate ConfigMap publisher), the TLS gRPC listener, and the
-// HTTP servers: debug (/config_dump, /metrics, /logging, pprof; loopback
-// only), metrics and readiness (internal/daemon).
+// root-certificate ConfigMap publisher, the validating admission webhook),
+// the TLS gRPC listener, and the HTTP servers: debug (/config_dump,
+// /metrics, /logging, pprof; loopback only), metrics and readiness
+// (internal/daemon).
 //
 // It holds no control-plane logic of its own: translation, xDS and the CA
 // live in internal/controlplane and its other packages.
@@ -62,6 +63,9 @@ type Options struct {
 	SystemNamespace     string
 	LeaseNamespace      string
 	LeaseName           string
+	// WebhookAddr serves the validating admission webhook (HTTPS) in
+	// Kubernetes mode; "" disables it.
+	WebhookAddr string
 }
 
 // KubeMode: the cluster comes from the API server.
@@ -88,7 +92,8 @@ func (o Options) Validate() error {
 	for _, a := range []struct {
 		flag, addr string
 		debug      bool
-	}{{"admin", o.AdminAddr, true}, {"metrics-addr", o.MetricsAddr, false}, {"readiness-addr", o.ReadinessAddr, false}} {
+	}{{"admin", o.AdminAddr, true}, {"metrics-addr", o.MetricsAddr, false}, {"readiness-addr", o.ReadinessAddr, false},
+		{"webhook-addr", o.WebhookAddr, false}} {
 		if a.addr == "" {
 			continue
 		}
@@ -161,6 +166,13 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
 		k.root.RootPEM = authority.RootPEM()
 		background = append(background, k.status.Run, func(ctx context.Context) error { k.root.Run(ctx); return nil })
+		if o.WebhookAddr != "" {
+			ws, err := webhookServer(o, authority, k.kube, log)
+			if err != nil {
+				return err
+			}
+			background = append(background, ws.Run)
+		}
 	} else if err := localWiring(o, log, &cfg); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -19,6 +20,7 @@ type kubeParts struct {
 	alloc     *autoalloc.Allocator
 	status    *kubestatus.Writer
 	root      *RootPublisher
+	kube      kubernetes.Interface
 }
 
 func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
@@ -57,7 +59,7 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 		return nil, err
 	}
 	return &kubeParts{
-		src: src, auth: auth, alloc: alloc, status: status,
+		src: src, auth: auth, alloc: alloc, status: status, kube: clients.Kube,
 		placement: &kubeauth.Placement{Client: clients.Kube, Log: log.Named("placement")},
 		root:      &RootPublisher{Client: clients.Kube, Namespace: o.SystemNamespace, Log: log.Named("root-configmap")},
 	}, nil
