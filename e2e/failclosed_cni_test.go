@@ -449,8 +449,8 @@ func TestFailClosedUninstall(t *testing.T) {
 	createNode(t, kc, n.Name)
 	start := func(ns, name string) error {
 		t.Helper()
-		createPod(t, kc, kubePod{ns: ns, name: name, node: n.Name, sa: "default"})
-		_, err := n.AddPod(ctx, testcluster.PodSpec{Name: name, Namespace: ns})
+		obj := createPod(t, kc, kubePod{ns: ns, name: name, node: n.Name, sa: "default"})
+		_, err := n.AddPod(ctx, testcluster.PodSpec{Name: name, Namespace: ns, UID: string(obj.UID)})
 		return err
 	}
 
@@ -461,8 +461,8 @@ func TestFailClosedUninstall(t *testing.T) {
 		}
 	}
 	var ce *testcluster.CNIError
-	if err := start("mesh", "app-1"); !errors.As(err, &ce) {
-		t.Fatalf("ambient pod during an upgrade: %v, want a failed ADD (fail closed)", err)
+	if err := start("mesh", "app-1"); !errors.As(err, &ce) || !strings.Contains(ce.Output, "agent unreachable") {
+		t.Fatalf("ambient pod during an upgrade: %v, want a failed ADD (fail closed) saying the agent is unreachable", err)
 	}
 	if un, why := owner.Uninstalling(ctx); un {
 		t.Fatalf("owner watch says uninstall while the DaemonSet exists: %s", why)

@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,6 +31,9 @@ type PodSpec struct {
 	// HostNetwork runs the pod in its node's namespace with the node's IP;
 	// no CNI is involved (as with kubelet).
 	HostNetwork bool
+	// UID replaces the pod's derived UID (K8S_POD_UID of its CNI ADD), e.g.
+	// with the UID an API server gave the pod's object.
+	UID string
 	// Uncaptured wires the pod through the node's plain network (bridge and
 	// loopback, no extra plugins), as if the mesh's CNI plugin were not
 	// installed: a pod the mesh never hears about from CNI. Its object is
@@ -97,7 +101,7 @@ func (n *Node) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	p := &Pod{
 		Name:           spec.Name,
 		Namespace:      spec.Namespace,
-		UID:            uid(c.id, "Pod", spec.Namespace, spec.Name),
+		UID:            cmp.Or(spec.UID, uid(c.id, "Pod", spec.Namespace, spec.Name)),
 		Node:           n,
 		ServiceAccount: spec.ServiceAccount,
 		HostNetwork:    spec.HostNetwork,
