@@ -346,3 +346,31 @@ func TestAddBadInputIsAClearError(t *testing.T) {
 		t.Fatalf("agent contacted on bad input: %v", adds)
 	}
 }
+
+// With the pod metadata unreadable (here a kubeconfig this binary has no
+// source for; in a cluster an API server down or a revoked token) the agent
+// decides; excluded namespaces never need either; with both unavailable an
+// ADD fails closed.
+func TestAddMetadataUnavailable(t *testing.T) {
+	kubeconf := func(socket string) string {
+		return strings.Replace(config(socket, ""), `"type":"ztunnel-cni"`,
+			`"type":"ztunnel-cni","kubeconfig":"/nonexistent/kubeconfig","exclude_namespaces":["kube-system"]`, 1)
+	}
+	t.Run("agent decides", func(t *testing.T) {
+		agent := startAgent(t, http.StatusOK)
+		assertPrevResult(t, run(t, "ADD", kubeconf(agent.socket), podArgs("plain", "web-1")))
+		if adds, _ := agent.received(); len(adds) != 1 || adds[0].PodName != "web-1" {
+			t.Fatalf("agent received %v, want the pod to decide on", adds)
+		}
+	})
+	down := socketPath(t)
+	t.Run("excluded namespace needs neither", func(t *testing.T) {
+		assertPrevResult(t, run(t, "ADD", kubeconf(down), podArgs("kube-system", "dns-1")))
+	})
+	t.Run("neither available fails closed", func(t *testing.T) {
+		code, msg := run(t, "ADD", kubeconf(down), podArgs("plain", "web-1")).cniError(t)
+		if code != 11 || !strings.Contains(msg, "cannot decide either") {
+			t.Fatalf("CNI error %d %q, want 11 saying nobody can decide", code, msg)
+		}
+	})
+}
