@@ -159,3 +159,20 @@ func (w *Waypoint) WaitAccessLog(ctx context.Context, match func(AccessLog) bool
 
 // Close stops the waypoint (SIGTERM: it drains).
 func (w *Waypoint) Close() error { return w.Proc.Stop() }
+
+// ServeHTTP serves h (HTTP/1.1 and h2c) on TCP port of pod p until the mesh
+// is torn down: the HTTP application behind a waypoint.
+func (m *Mesh) ServeHTTP(p *testcluster.Pod, port int, h http.Handler) error {
+	ln, err := p.Listen(fmt.Sprintf(":%d", port))
+	if err != nil {
+		return fmt.Errorf("meshlab: http on %s/%s:%d: %w", p.Namespace, p.Name, port, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	m.mu.Lock()
+	m.apps = append(m.apps, srv)
+	m.mu.Unlock()
+	go func() { _ = srv.Serve(ln) }()
+	return nil
+}
