@@ -110,9 +110,12 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	if up.run != nil {
 		goRun("embedded control plane", up.run, svcCtx)
 	}
+	if up.watch != nil {
+		goRun("root certificate watcher", up.watch, svcCtx)
+	}
 	store := state.NewStore()
 	xc, err := xds.NewClient(xds.ClientConfig{
-		Address: up.xdsAddr, RootCAs: up.xdsRoots, TokenFile: up.xdsTokenFile, Token: up.xdsToken,
+		Address: up.xdsAddr, Roots: up.xdsRoots, TokenFile: up.xdsTokenFile, Token: up.xdsToken,
 		ClusterID: cfg.ClusterID, Headers: cfg.XDSHeaders, Node: nodeInfo(cfg), Sink: store,
 		Log: log.Named("xds"), Registerer: reg,
 	})
@@ -121,7 +124,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	}
 	goRun("xds client", xc.Run, svcCtx)
 	req, err := certmanager.NewGRPCRequester(certmanager.GRPCConfig{
-		Address: up.caAddr, RootCAs: up.caRoots, Token: up.caToken, ClusterID: cfg.ClusterID,
+		Address: up.caAddr, Roots: up.caRoots, Token: up.caToken, ClusterID: cfg.ClusterID,
 		Headers: cfg.CAHeaders, TTL: cfg.SecretTTL,
 	})
 	if err != nil {
@@ -198,5 +201,5 @@ func remoteOrLocal(cfg *config.Config, log *zap.Logger, reg prometheus.Registere
 	if cfg.LocalConfigDir != "" {
 		return localUpstream(cfg, log.Named("controlplane"), reg)
 	}
-	return remoteUpstream(cfg)
+	return remoteUpstream(cfg, log.Named("roots"))
 }

@@ -5,10 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
-	"os"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -27,30 +26,49 @@ import (
 // configured control plane, or the embedded one.
 type upstream struct {
 	xdsAddr, caAddr string
-	xdsRoots        *x509.CertPool
-	caRoots         *x509.CertPool
+	// xdsRoots / caRoots return the roots in force (XDS_ROOT_CA,
+	// CA_ROOT_CA), asked at every connection so reloads apply.
+	xdsRoots, caRoots func() *x509.CertPool
 	// xdsTokenFile / xdsToken: the xDS bearer token (file wins).
 	xdsTokenFile, xdsToken string
 	caToken                certmanager.TokenSource
 	// run serves the embedded control plane until ctx is done; nil when
 	// remote. It is started before anything dials.
 	run func(ctx context.Context) error
+	// watch re-reads the root files until ctx is done; nil when there are
+	// none to watch (embedded control plane).
+	watch func(ctx context.Context) error
 }
 
 // remoteUpstream reads the roots and token locations of XDS_ADDRESS and
-// CA_ADDRESS.
-func remoteUpstream(cfg *config.Config) (*upstream, error) {
-	xdsRoots, err := loadPool(cfg.XDSRootCA)
+// CA_ADDRESS. The root files are watched (watch) and reloaded on change,
+// as Istio's ztunnel does; one file named by both is read once.
+func remoteUpstream(cfg *config.Config, log *zap.Logger) (*upstream, error) {
+	xdsRoots, err := certmanager.LoadRootFile(cfg.XDSRootCA, log.With(zap.String("env", config.EnvXDSRootCA)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", config.EnvXDSRootCA, err)
 	}
-	caRoots, err := loadPool(cfg.CARootCA)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", config.EnvCARootCA, err)
+	caRoots := xdsRoots
+	if cfg.CARootCA != cfg.XDSRootCA {
+		if caRoots, err = certmanager.LoadRootFile(cfg.CARootCA, log.With(zap.String("env", config.EnvCARootCA))); err != nil {
+			return nil, fmt.Errorf("%s: %w", config.EnvCARootCA, err)
+		}
+	}
+	files := []*certmanager.RootFile{xdsRoots}
+	if caRoots != xdsRoots {
+		files = append(files, caRoots)
 	}
 	return &upstream{
-		xdsAddr: cfg.XDSAddress, caAddr: cfg.CAAddress, xdsRoots: xdsRoots, caRoots: caRoots,
+		xdsAddr: cfg.XDSAddress, caAddr: cfg.CAAddress, xdsRoots: xdsRoots.Pool, caRoots: caRoots.Pool,
 		xdsTokenFile: cfg.AuthToken, caToken: certmanager.FileToken(cfg.AuthToken),
+		watch: func(ctx context.Context) error {
+			var wg sync.WaitGroup
+			for _, f := range files {
+				wg.Go(func() { _ = f.Run(ctx, certmanager.DefaultRootPoll) })
+			}
+			wg.Wait()
+			return nil
+		},
 	}, nil
 }
 
@@ -92,22 +110,10 @@ func localUpstream(cfg *config.Config, log *zap.Logger, reg prometheus.Registere
 	addr := lis.Addr().String()
 	log.Info("embedded control plane", zap.String("dir", cfg.LocalConfigDir), zap.String("addr", addr))
 	return &upstream{
-		xdsAddr: addr, caAddr: addr, xdsRoots: roots, caRoots: roots,
+		xdsAddr: addr, caAddr: addr, xdsRoots: func() *x509.CertPool { return roots }, caRoots: func() *x509.CertPool { return roots },
 		xdsToken: token, caToken: certmanager.StaticToken(token),
 		run: func(ctx context.Context) error { return cp.Run(ctx, lis) },
 	}, nil
-}
-
-func loadPool(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, errors.New(path + ": no PEM certificate")
-	}
-	return pool, nil
 }
 
 // nodeInfo describes this proxy to the control plane. Outside a pod

@@ -51,6 +51,10 @@ type ClientConfig struct {
 	Address string
 	// RootCAs verifies the server certificate. nil: the system roots.
 	RootCAs *x509.CertPool
+	// Roots, when set, wins over RootCAs and is asked at every (re)connect
+	// (e.g. a reloading root file's pool), so a reconnect verifies the
+	// server against the roots in force then.
+	Roots func() *x509.CertPool
 	// ServerName overrides the name checked against the server certificate.
 	// "": the host part of Address.
 	ServerName string
@@ -156,6 +160,8 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	var creds credentials.TransportCredentials
 	if cfg.Insecure {
 		creds = insecure.NewCredentials()
+	} else if cfg.Roots != nil {
+		creds = reloadingTLS(cfg.Roots, cfg.ServerName)
 	} else {
 		creds = credentials.NewTLS(&tls.Config{
 			RootCAs:    cfg.RootCAs,

@@ -77,6 +77,9 @@ type GRPCConfig struct {
 	// RootCAs verify the CA's serving certificate (CA_ROOT_CA). Required
 	// unless Insecure is set.
 	RootCAs *x509.CertPool
+	// Roots, when set, wins over RootCAs and is asked at every connection
+	// to the CA (a RootFile's Pool), so a reconnect uses reloaded roots.
+	Roots func() *x509.CertPool
 	// ServerName overrides the name checked in the CA's certificate
 	// (ALT_CA_HOSTNAME); "" means the host of Address.
 	ServerName string
@@ -126,6 +129,8 @@ func NewGRPCRequester(cfg GRPCConfig) (*GRPCRequester, error) {
 	switch {
 	case cfg.Insecure:
 		creds = insecure.NewCredentials()
+	case cfg.Roots != nil:
+		creds = RootsTLS(cfg.Roots, cfg.ServerName)
 	case cfg.RootCAs != nil:
 		creds = credentials.NewTLS(&tls.Config{
 			RootCAs:    cfg.RootCAs,
