@@ -12,7 +12,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
-	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
@@ -26,7 +26,7 @@ type dump struct {
 	Services      []service              `json:"services"`
 	Policies      []policy               `json:"policies"`
 	Certificates  []certmanager.CertDump `json:"certificates"`
-	WorkloadState *inpod.Dump            `json:"workloadState"`
+	WorkloadState *inpodstate.Dump       `json:"workloadState"`
 }
 
 type workload struct {

@@ -13,7 +13,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
-	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
@@ -47,8 +47,8 @@ func cannedDump(t *testing.T) []byte {
 				CertChain: []certmanager.CertInfo{{ExpirationTime: "2030-01-01T00:00:00Z"}}, NextRefresh: "2029-12-31T12:00:00Z"}}
 		},
 		Sections: map[string]func() any{admin.KeyWorkloadState: func() any {
-			return inpod.Dump{SnapshotReceived: true, Pods: map[string]inpod.PodState{
-				"pod-uid-1": {Info: inpod.Workload{UID: "pod-uid-1", Name: "client", Namespace: "demo"}, State: inpod.StateUp, Netns: "netns[dev=4,ino=42]"},
+			return inpodstate.Dump{SnapshotReceived: true, Pods: map[string]inpodstate.PodState{
+				"pod-uid-1": {Info: inpodstate.Workload{UID: "pod-uid-1", Name: "client", Namespace: "demo"}, State: inpodstate.StateUp, Netns: "netns[dev=4,ino=42]"},
 			}}
 		}},
 	}

@@ -4,40 +4,23 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
 )
 
-// Pod states in a dump.
+// Pod states in a dump (see inpodstate).
 const (
-	StateUp       = "Up"       // the proxy is serving
-	StatePending  = "Pending"  // the proxy failed to start and is retried
-	StateDraining = "Draining" // the pod was removed or replaced; its connections are finishing
+	StateUp       = inpodstate.StateUp
+	StatePending  = inpodstate.StatePending
+	StateDraining = inpodstate.StateDraining
 )
 
-// PodState is one pod in the admin config dump (the "workloadState"
-// section; Istio's ztunnel has the same section keyed by pod UID).
-type PodState struct {
-	Info  Workload `json:"info"`
-	State string   `json:"state"`
-	// Netns is the pod's network namespace identity (dev and inode).
-	Netns string `json:"netns"`
-	// Since is when the proxy started (Up, Draining) or first failed
-	// (Pending), RFC 3339.
-	Since string `json:"since,omitempty"`
-	// LastError is the latest start failure (Pending only).
-	LastError string `json:"lastError,omitempty"`
-}
+// PodState is one pod in the admin config dump; the type lives in the leaf
+// package inpodstate so dump readers need not link the proxy.
+type PodState = inpodstate.PodState
 
-// Dump is the manager's state for the admin config dump.
-type Dump struct {
-	// SnapshotReceived: the agent has sent its first full snapshot.
-	SnapshotReceived bool `json:"snapshotReceived"`
-	// Pods by pod UID. A pod being replaced in a new netns appears once, with
-	// its new state; its draining predecessor is listed in Draining.
-	Pods map[string]PodState `json:"pods"`
-	// Draining lists proxies still draining, sorted by uid (a uid may
-	// appear more than once).
-	Draining []PodState `json:"draining,omitempty"`
-}
+// Dump is the manager's state for the admin config dump (inpodstate.Dump).
+type Dump = inpodstate.Dump
 
 // Dump reports every pod the manager knows.
 func (m *Manager) Dump() Dump {

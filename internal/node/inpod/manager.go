@@ -43,6 +43,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
 )
 
 // DefaultRetryInterval is how often pending proxies are retried (Istio's
@@ -55,14 +56,9 @@ const DefaultDrainDeadline = 5 * time.Second
 // ErrClosed is returned by Add after Shutdown.
 var ErrClosed = errors.New("inpod: workload manager shut down")
 
-// Workload is the pod a proxy serves, as ZDS names it.
-type Workload struct {
-	// UID is the Kubernetes pod UID (not the WDS workload uid).
-	UID            string `json:"uid"`
-	Name           string `json:"name"`
-	Namespace      string `json:"namespace"`
-	ServiceAccount string `json:"serviceAccount"`
-}
+// Workload is the pod a proxy serves, as ZDS names it (inpodstate.Workload,
+// shared with the config dump's readers).
+type Workload = inpodstate.Workload
 
 // Proxy is one pod's running proxy (its listeners, and its DNS server if
 // enabled).
