@@ -133,6 +133,7 @@ func (d *demo) scenarios() []scenario {
 		{"STRICT: plaintext from outside the mesh", d.strict},
 		{"DNS for a ServiceEntry, then TCP to it", d.serviceEntry},
 		{"through the waypoint: client → ratings", d.waypoint},
+		{"L7 at the waypoint: denied + allowed path", d.l7},
 		{"underlay carries only TLS to 15008", d.underlay},
 	}
 }
