@@ -116,7 +116,8 @@ type Agent struct {
 	zds  *zds.Server
 	self netns.ID // the agent's own netns, never a pod's
 
-	opMu sync.Mutex
+	opMu      sync.Mutex
+	persistMu sync.Mutex // serialises state file writes
 
 	mu      sync.Mutex
 	pods    map[string]*podRec      // by UID
@@ -327,8 +328,12 @@ func (a *Agent) learn(uid, path string) {
 		return
 	}
 	a.mu.Lock()
+	old, had := a.learned[uid]
 	a.learned[uid] = learnedNetns{path: path, at: time.Now()}
 	a.mu.Unlock()
+	if !had || old.path != path {
+		a.persist() // a restarted agent still knows it
+	}
 }
 
 // podIPs returns the pod's IPs from its status.

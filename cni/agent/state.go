@@ -33,6 +33,9 @@ type savedPod struct {
 type stateFile struct {
 	Version int        `json:"version"`
 	Pods    []savedPod `json:"pods"`
+	// Sandboxes are the netns paths CNI ADDs reported for pods by UID
+	// (captured or not), the proof a later enrollment by relabel uses.
+	Sandboxes map[string]string `json:"sandboxes,omitempty"`
 }
 
 const stateVersion = 1
@@ -41,8 +44,13 @@ const stateVersion = 1
 // file (atomically). Failures are logged: the state file only matters for the
 // next agent's start.
 func (a *Agent) persist() {
+	a.persistMu.Lock()
+	defer a.persistMu.Unlock()
 	a.mu.Lock()
-	st := stateFile{Version: stateVersion, Pods: []savedPod{}}
+	st := stateFile{Version: stateVersion, Pods: []savedPod{}, Sandboxes: map[string]string{}}
+	for uid, l := range a.learned {
+		st.Sandboxes[uid] = l.path
+	}
 	for _, r := range a.pods {
 		if r.ns == nil || !r.rulesIn {
 			continue
@@ -106,6 +114,11 @@ func (a *Agent) restore() int {
 		a.log.Error("ignoring the agent state file", zap.Error(err))
 		return 0
 	}
+	a.mu.Lock()
+	for uid, path := range st.Sandboxes {
+		a.learned[uid] = learnedNetns{path: path, at: time.Now()}
+	}
+	a.mu.Unlock()
 	n := 0
 	for _, sp := range st.Pods {
 		log := a.log.With(zap.String("pod", sp.Namespace+"/"+sp.Name), zap.String("uid", sp.UID), zap.String("netns", sp.Netns))
