@@ -12,6 +12,12 @@
 // desired set of a type with SetResources and only changed or removed
 // resources are pushed, encoded once and shared by all streams.
 //
+// A waypoint's client (ClientConfig.Waypoint) also subscribes to
+// ztunnel-go's own WaypointType (internal/api/waypointapi) with exactly its
+// own resource name, so it receives its config and no other waypoint's; node
+// proxies never subscribe to that type, and it does not gate the server's
+// answer to a new stream.
+//
 // It is not the state store and does not validate the semantics of a
 // resource (unknown enum values, bad addresses): that is the Sink's job. It
 // does not authenticate clients either; the caller installs gRPC interceptors.
