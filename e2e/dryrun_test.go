@@ -41,11 +41,13 @@ spec:
 // it, so the dry run really did select it.
 func TestDryRun(t *testing.T) {
 	roottest.Require(t)
-	ctx := ctxT(t, 90*time.Second)
 	m, err := meshlab.Start(t, meshlab.Options{Name: "dryrun"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// After Start: building the binaries on a busy machine can take longer
+	// than the whole test.
+	ctx := ctxT(t, 90*time.Second)
 	if err := m.AddNamespace("dryrun", ambientNS); err != nil {
 		t.Fatal(err)
 	}
