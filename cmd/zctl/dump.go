@@ -65,6 +65,15 @@ type service struct {
 	Ports           []port                 `json:"ports"`
 	SubjectAltNames []identity.Identity    `json:"subjectAltNames"`
 	Waypoint        *state.GatewayAddress  `json:"waypoint"`
+	LoadBalancing   *loadBalancing         `json:"loadBalancing"`
+}
+
+// loadBalancing mirrors state.LoadBalancing (internalTrafficPolicy and
+// trafficDistribution arrive here).
+type loadBalancing struct {
+	RoutingPreference []string `json:"routingPreference"`
+	Mode              string   `json:"mode"`
+	HealthPolicy      string   `json:"healthPolicy"`
 }
 
 type port struct {
@@ -130,8 +139,8 @@ func enumOf[E interface {
 
 // snapshot rebuilds the node's state from the dump through the same
 // conversion xDS updates take (workloads and services back to WDS protos).
-// Load-balancing preferences, weighted waypoints, application tunnels and
-// extensions are not in the rebuild.
+// Load-balancing settings are rebuilt (the proxy's endpoint choice depends on
+// them); weighted waypoints, application tunnels and extensions are not.
 func (d *dump) snapshot() (*state.Snapshot, error) {
 	addrs := make(map[string]*workloadapi.Address, len(d.Workloads)+len(d.Services))
 	for _, w := range d.Workloads {
@@ -181,6 +190,13 @@ func (d *dump) snapshot() (*state.Snapshot, error) {
 			ps.Ports = append(ps.Ports, &workloadapi.Port{ServicePort: uint32(p.ServicePort), TargetPort: uint32(p.TargetPort),
 				AppProtocol: workloadapi.AppProtocol(workloadapi.AppProtocol_value[p.AppProtocol])})
 		}
+		if lb := s.LoadBalancing; lb != nil {
+			pl, err := lb.proto()
+			if err != nil {
+				return nil, fmt.Errorf("service %s load balancing: %w", s.Key, err)
+			}
+			ps.LoadBalancing = pl
+		}
 		for _, id := range s.SubjectAltNames {
 			ps.SubjectAltNames = append(ps.SubjectAltNames, id.String())
 		}
@@ -191,6 +207,28 @@ func (d *dump) snapshot() (*state.Snapshot, error) {
 		return nil, fmt.Errorf("rebuilding state from the dump: %w", err)
 	}
 	return st.Load(), nil
+}
+
+// proto converts the dump's wire names back; an unknown one is an error (a
+// guessed mode could widen the endpoints the proxy would consider).
+func (lb *loadBalancing) proto() (*workloadapi.LoadBalancing, error) {
+	mode, err := enumOf(lb.Mode, state.LBModePassthrough)
+	if err != nil {
+		return nil, fmt.Errorf("mode: %w", err)
+	}
+	health, err := enumOf(lb.HealthPolicy, state.AllowAll)
+	if err != nil {
+		return nil, fmt.Errorf("health policy: %w", err)
+	}
+	out := &workloadapi.LoadBalancing{Mode: workloadapi.LoadBalancing_Mode(mode), HealthPolicy: workloadapi.LoadBalancing_HealthPolicy(health)}
+	for _, name := range lb.RoutingPreference {
+		sc, err := enumOf(name, state.ScopeNetwork)
+		if err != nil {
+			return nil, fmt.Errorf("routing preference: %w", err)
+		}
+		out.RoutingPreference = append(out.RoutingPreference, workloadapi.LoadBalancing_Scope(sc))
+	}
+	return out, nil
 }
 
 func gatewayProto(g *state.GatewayAddress) *workloadapi.GatewayAddress {

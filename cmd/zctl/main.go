@@ -1,16 +1,19 @@
-// Command zctl explains what a node proxy is doing, from its admin
-// config dump:
+// Command zctl explains what a node proxy is doing, from its admin config
+// dump (live, or saved to a file):
 //
-//	zctl config-dump [--admin localhost:15000] [--file dump.json] [workloads|services|policies|certificates|pods]
-//	zctl check [--admin localhost:15000] [--file dump.json] <src-workload> <dst-ip:port>
+//	zctl config-dump [--admin ADDR | -f FILE] [workloads|services|policies|certificates|pods]
+//	zctl explain [--admin ADDR | -f FILE] [-o table|json|yaml] <source-pod> <destination-ip:port>
+//	zctl check ...   (an alias of explain)
 //
-// config-dump prints the node's state as tables. check rebuilds the state
-// offline and runs the data path's own routing decision (route.Outbound) and
-// L4 authorization (rbac.Evaluate) on it, to show how a connection from
-// <src-workload> (uid, namespace/name or IP) to <dst> would leave the pod
-// and whether the destination would allow it; it exits 3 on a deny.
+// config-dump prints the node's state as tables. explain rebuilds the state
+// offline and runs the data path's own routing decision (route.Outbound,
+// with the services' load-balancing settings) and L4 authorization
+// (rbac.Evaluate, with the identity the destination node proxy sees) on it,
+// step by step, naming the object that decided each step; it exits 3 when
+// the connection would be denied or refused.
 //
-// It only reads; it never changes the proxy.
+// zctl, zctl -h and zctl <command> -h print usage and contact nothing. It
+// only reads; it never changes the proxy.
 package main
 
 import (
@@ -26,7 +29,7 @@ import (
 )
 
 func main() {
-	err := run(os.Args[1:], os.Stdout)
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
 	switch {
 	case errors.Is(err, errDenied):
 		os.Exit(3)
@@ -38,85 +41,165 @@ func main() {
 	}
 }
 
-func usage(w io.Writer) {
-	fmt.Fprintln(w, `usage:
-  zctl config-dump [--admin localhost:15000] [--file dump.json] [workloads|services|policies|certificates|pods]
-  zctl check [--admin localhost:15000] [--file dump.json] <src-workload> <dst-ip:port>`)
+// commands are zctl's commands with their argument synopsis and summary.
+var commands = []struct{ name, args, summary string }{
+	{"config-dump", "[workloads|services|policies|certificates|pods]", "print the node proxy's state as tables"},
+	{"explain", "<source-pod> <destination-ip:port>", "follow one connection through routing and authorization; exit 3 if denied"},
+	{"check", "<source-pod> <destination-ip:port>", "alias of explain"},
 }
 
-func run(args []string, out io.Writer) error {
-	if len(args) == 0 {
-		usage(os.Stderr)
-		return errors.New("no command")
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: zctl <command> [--admin ADDR | -f FILE] [flags] [args]\n\ncommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-12s %s\n  %-12s   %s\n", c.name, c.args, "", c.summary)
 	}
-	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-	admin := fs.String("admin", "localhost:15000", "the node proxy's admin address")
-	file := fs.String("file", "", "read a saved config dump instead of asking the proxy")
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
+	fmt.Fprintln(w, "\nThe source pod is a workload uid, namespace/name or IP. Run zctl <command> -h for its flags.")
+}
+
+// options are the flags every command takes.
+type options struct {
+	admin, file, output string
+}
+
+func run(args []string, out, errOut io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+		usage(out)
+		return nil
 	}
-	d, err := load(*admin, *file)
+	name := args[0]
+	synopsis := ""
+	for _, c := range commands {
+		if c.name == name {
+			synopsis = c.args
+		}
+	}
+	if synopsis == "" {
+		usage(errOut)
+		return fmt.Errorf("unknown command %q", name)
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	var o options
+	fs.StringVar(&o.admin, "admin", "localhost:15000", "the node proxy's admin address")
+	fs.StringVar(&o.file, "file", "", "read a saved /config_dump instead of asking the proxy")
+	fs.StringVar(&o.file, "f", "", "short for --file")
+	if name != "config-dump" {
+		fs.StringVar(&o.output, "o", "table", "output format: table, json or yaml")
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(out, "usage: zctl %s [flags] %s\n\nflags:\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
 	}
-	switch args[0] {
-	case "config-dump":
-		sections := sectionNames()
-		if fs.NArg() > 0 {
-			sections = fs.Args()
-		}
-		for i, s := range sections {
-			if len(sections) > 1 {
-				if i > 0 {
-					fmt.Fprintln(out)
-				}
-				fmt.Fprintf(out, "== %s (generation %d)\n", s, d.Generation)
-			}
-			if err := render(out, d, s); err != nil {
-				return err
-			}
-		}
-		return nil
-	case "check":
-		if fs.NArg() != 2 {
-			return errors.New("check wants <src-workload> <dst-ip:port>")
-		}
-		dst, err := netip.ParseAddrPort(fs.Arg(1))
+	if name == "config-dump" {
+		d, from, err := load(o)
 		if err != nil {
-			return fmt.Errorf("destination: %w", err)
+			return err
 		}
-		return check(out, d, fs.Arg(0), dst)
+		return configDump(out, d, from, pos)
 	}
-	usage(os.Stderr)
-	return fmt.Errorf("unknown command %q", args[0])
+	if len(pos) != 2 {
+		fs.Usage()
+		return fmt.Errorf("%s wants <source-pod> <destination-ip:port>", name)
+	}
+	dst, err := netip.ParseAddrPort(pos[1])
+	if err != nil {
+		return fmt.Errorf("destination %q: want ip:port (hostnames are not resolved yet): %w", pos[1], err)
+	}
+	switch o.output {
+	case "table", "json", "yaml":
+	default:
+		return fmt.Errorf("unknown output format %q (want table, json or yaml)", o.output)
+	}
+	d, from, err := load(o)
+	if err != nil {
+		return err
+	}
+	e, err := explain(d, from, pos[0], dst, nil)
+	if err != nil {
+		return err
+	}
+	if err := writeExplanation(out, e, o.output); err != nil {
+		return err
+	}
+	if e.Verdict != verdictAllow {
+		return errDenied
+	}
+	return nil
 }
 
-// load fetches /config_dump from the admin server, or reads file.
-func load(admin, file string) (*dump, error) {
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
+// parseInterspersed parses flags anywhere among the arguments (flag stops
+// at the first positional one) and returns the positional ones.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
-		return parseDump(b)
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
 	}
+}
+
+func configDump(out io.Writer, d *dump, from string, sections []string) error {
+	if len(sections) == 0 {
+		sections = sectionNames()
+	}
+	fmt.Fprintf(out, "# node proxy: %s (generation %d)\n", from, d.Generation)
+	for i, s := range sections {
+		if len(sections) > 1 {
+			if i > 0 {
+				fmt.Fprintln(out)
+			}
+			fmt.Fprintf(out, "== %s (generation %d)\n", s, d.Generation)
+		}
+		if err := render(out, d, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load reads the saved dump o.file, or fetches /config_dump from o.admin,
+// and says which one it read.
+func load(o options) (*dump, string, error) {
+	if o.file != "" {
+		b, err := os.ReadFile(o.file)
+		if err != nil {
+			return nil, "", err
+		}
+		d, err := parseDump(b)
+		return d, "file " + o.file, err
+	}
+	from := "admin http://" + o.admin + "/config_dump"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/config_dump", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+o.admin+"/config_dump", nil)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is the node proxy running, and is --admin right?)", err)
+		return nil, "", fmt.Errorf("%w (is the node proxy running, and is --admin right?)", err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return nil, "", fmt.Errorf("reading %s: %w", from, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /config_dump: %s: %s", resp.Status, b)
+		return nil, "", fmt.Errorf("GET %s: %s: %s", from, resp.Status, b)
 	}
-	return parseDump(b)
+	d, err := parseDump(b)
+	return d, from, err
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,78 +108,37 @@ func TestConfigDumpTables(t *testing.T) {
 	}
 }
 
-func TestCheck(t *testing.T) {
-	d, err := parseDump(cannedDump(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name, src, dst string
-		denied         bool
-		want           []string
-	}{
-		{"service VIP, allowed", "demo/client", "10.96.0.10:80", false, []string{
-			"is service demo/echo.demo.svc.cluster.local",
-			"route:        hbone: CONNECT 10.0.1.1:8080 to 10.0.1.1:15008",
-			"peer must be: spiffe://cluster.local/ns/demo/sa/sa-server",
-			"policies:     demo/allow-client",
-			"policy:       ALLOW (explicitly allowed by demo/allow-client)",
-		}},
-		{"by source IP, other principal denied", "10.0.0.2", "10.96.0.10:80", true, []string{
-			"source:       demo/other 10.0.0.2",
-			"policy:       DENY (allow policies exist, but none allowed)",
-		}},
-		{"pod IP on a port the policy does not allow", proxytest.UID("demo", "client"), "10.0.1.1:9090", true, []string{
-			"route:        hbone: CONNECT 10.0.1.1:9090 to 10.0.1.1:15008",
-			"policy:       DENY",
-		}},
-		{"plaintext destination", "demo/client", "10.0.2.1:5432", false, []string{
-			"route:        direct: plain TCP to 10.0.2.1:5432",
-		}},
-		{"outside the mesh", "demo/client", "192.0.2.1:443", false, []string{
-			"route:        passthrough",
-		}},
-		{"recursive call refused", "demo/client", "127.0.0.1:15001", true, []string{
-			"route:        refused at the source",
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var buf bytes.Buffer
-			err := check(&buf, d, tc.src, netip.MustParseAddrPort(tc.dst))
-			if tc.denied != errors.Is(err, errDenied) || (!tc.denied && err != nil) {
-				t.Fatalf("err = %v, denied want %v\n%s", err, tc.denied, buf.String())
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(buf.String(), w) {
-					t.Errorf("output lacks %q:\n%s", w, buf.String())
-				}
-			}
-		})
-	}
-	if err := check(&bytes.Buffer{}, d, "demo/nobody", netip.MustParseAddrPort("10.96.0.10:80")); err == nil || errors.Is(err, errDenied) {
-		t.Errorf("unknown source: %v", err)
-	}
-}
-
 func TestRunWithFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "dump.json")
 	if err := os.WriteFile(p, cannedDump(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	if err := run([]string{"config-dump", "--file", p}, &buf); err != nil {
+	if err := run([]string{"config-dump", "--file", p}, &buf, &buf); err != nil {
 		t.Fatal(err)
+	}
+	if !strings.HasPrefix(buf.String(), "# node proxy: file "+p+" (generation ") {
+		t.Errorf("config-dump does not say which proxy it read:\n%s", buf.String())
 	}
 	for _, s := range sectionNames() {
 		if !strings.Contains(buf.String(), "== "+s+" (generation ") {
 			t.Errorf("all-sections output lacks %s:\n%s", s, buf.String())
 		}
 	}
-	buf.Reset()
-	if err := run([]string{"check", "--file", p, "demo/other", "10.96.0.10:80"}, &buf); !errors.Is(err, errDenied) {
-		t.Errorf("check = %v, want errDenied", err)
+	for _, cmd := range []string{"check", "explain"} {
+		buf.Reset()
+		// Flags after the positional arguments work too.
+		if err := run([]string{cmd, "demo/other", "10.96.0.10:80", "-f", p}, &buf, &buf); !errors.Is(err, errDenied) {
+			t.Errorf("%s = %v, want errDenied\n%s", cmd, err, buf.String())
+		}
+		if !strings.Contains(buf.String(), "proxy:        file "+p) {
+			t.Errorf("%s does not say which proxy it read:\n%s", cmd, buf.String())
+		}
 	}
-	if err := run([]string{"frobnicate", "--file", p}, &buf); err == nil {
+	if err := run([]string{"frobnicate", "--file", p}, &buf, &buf); err == nil {
 		t.Error("unknown command accepted")
+	}
+	if err := run([]string{"explain", "-f", p, "-o", "xml", "demo/client", "10.96.0.10:80"}, &buf, &buf); err == nil {
+		t.Error("unknown output format accepted")
 	}
 }

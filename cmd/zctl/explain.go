@@ -1,0 +1,317 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+)
+
+// errDenied is returned when the connection would be denied or refused, so
+// the exit status tells scripts.
+var errDenied = errors.New("connection would be denied")
+
+// Verdicts.
+const (
+	verdictAllow   = "ALLOW"   // a node proxy allowed it, or nothing enforces policy on it
+	verdictDeny    = "DENY"    // an authorization policy (or its absence under ALLOW policies) denied it
+	verdictRefused = "REFUSED" // the source node proxy has no route for it
+)
+
+// step is one decision along the flow, with the object that made it.
+type step struct {
+	Step   string `json:"step"`
+	Result string `json:"result"`
+	// By is the deciding object as kind/namespace/name.
+	By     string `json:"by,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// explanation is what zctl explain prints, in every output format.
+type explanation struct {
+	// Proxy is where the state was read: an admin address or a file.
+	Proxy       string `json:"proxy"`
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+	Steps       []step `json:"steps"`
+	Verdict     string `json:"verdict"`
+	// Policy and Rule name what decided an enforced verdict (Rule is the
+	// 0-based index of the matching rule); empty when no policy decided.
+	Policy string `json:"policy,omitempty"`
+	Rule   *int   `json:"rule,omitempty"`
+}
+
+func (e *explanation) add(name, result, by, detail string) {
+	e.Steps = append(e.Steps, step{Step: name, Result: result, By: by, Detail: detail})
+}
+
+// findSource finds the source workload by uid, "namespace/name" or IP.
+func findSource(snap *state.Snapshot, d *dump, ref string) (*state.Workload, error) {
+	if w := snap.WorkloadByUID(ref); w != nil {
+		return w, nil
+	}
+	if ip, err := netip.ParseAddr(ref); err == nil {
+		if w := snap.WorkloadByIP("", ip); w != nil {
+			return w, nil
+		}
+		return nil, fmt.Errorf("no workload has IP %s", ip)
+	}
+	ns, name, ok := strings.Cut(ref, "/")
+	var found []*state.Workload
+	for _, w := range d.Workloads {
+		if ok && w.Namespace == ns && w.Name == name {
+			found = append(found, snap.WorkloadByUID(w.UID))
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return nil, fmt.Errorf("no workload %q (give a uid, namespace/name or IP)", ref)
+	}
+	return nil, fmt.Errorf("%d workloads are named %q; give the uid", len(found), ref)
+}
+
+func workloadRef(w *state.Workload) string { return "Workload/" + w.Namespace + "/" + w.Name }
+func serviceRef(s *state.Service) string   { return "Service/" + s.Namespace + "/" + s.Name }
+func policyRef(key string) string          { return "AuthorizationPolicy/" + key }
+
+func firstAddr(w *state.Workload) netip.Addr {
+	if len(w.Addresses) > 0 {
+		return w.Addresses[0]
+	}
+	return netip.Addr{}
+}
+
+// explain follows src's connection to dst through the same functions the
+// proxies run: route.OutboundWith at the source node proxy (with the
+// service's load-balancing settings) and rbac.Evaluate at the destination
+// node proxy, with the identity that proxy sees. rnd draws the endpoint
+// (nil: random, as for a real connection).
+func explain(d *dump, proxy, srcRef string, dst netip.AddrPort, rnd func(int) int) (*explanation, error) {
+	snap, err := d.snapshot()
+	if err != nil {
+		return nil, err
+	}
+	policies, err := d.rbacPolicies()
+	if err != nil {
+		return nil, err
+	}
+	src, err := findSource(snap, d, srcRef)
+	if err != nil {
+		return nil, err
+	}
+	srcIP := firstAddr(src)
+	e := &explanation{Proxy: proxy, Destination: dst.String(),
+		Source: fmt.Sprintf("%s/%s %s %s", src.Namespace, src.Name, srcIP, src.Identity())}
+
+	if src.Protocol != state.TunnelHBONE {
+		// Not captured: the pod's own stack sends plain TCP; the mesh routes
+		// nothing and nothing proves its identity.
+		e.add("capture", "off: "+src.Protocol.String()+" workload, plain TCP from the pod", workloadRef(src), "no node proxy captures its traffic, so it has no identity")
+		return explainPlaintext(e, snap, policies, src, dst, rnd)
+	}
+	e.add("capture", "on: outbound captured by the node proxy on "+or(src.Node, "-"), workloadRef(src), podState(d, src))
+	r, err := route.OutboundWith(snap, src, dst, rnd)
+	if err != nil {
+		by, detail := "", err.Error()
+		if svc := snap.ServiceByVIP(src.Network, dst.Addr(), src.Namespace); svc != nil {
+			by = serviceRef(svc)
+			detail += "; load balancing " + lbString(svc.LoadBalancing)
+		}
+		e.add("route", "refused at the source node proxy", by, detail)
+		e.Verdict = verdictRefused
+		return e, nil
+	}
+	by := ""
+	if r.Service != nil {
+		by = serviceRef(r.Service)
+	}
+	switch r.Kind {
+	case route.Passthrough:
+		e.add("route", "passthrough: plain TCP to "+r.NextHop.String(), by, "not a mesh destination; no node proxy authorizes it")
+		e.Verdict = verdictAllow
+		return e, nil
+	case route.Direct:
+		e.add("route", "direct: plain TCP to "+r.NextHop.String(), by, "the destination does not use HBONE")
+		e.add("endpoint", r.DstWorkload.Namespace+"/"+r.DstWorkload.Name+" "+r.NextHop.String(), workloadRef(r.DstWorkload), endpointWhy(r.Service))
+		e.add("authz", "none: the destination is not captured by a node proxy", workloadRef(r.DstWorkload), "")
+		e.Verdict = verdictAllow
+		return e, nil
+	}
+	if r.Waypoint {
+		wp := r.DstWorkload
+		if w := snap.WorkloadByIP(src.Network, dst.Addr()); by == "" && w != nil {
+			by = workloadRef(w)
+		}
+		e.add("route", "waypoint: HBONE CONNECT "+r.Authority.String()+" to "+r.NextHop.String(), by,
+			"peer must be "+ids(r.UpstreamIdentities()))
+		e.add("waypoint", wp.Namespace+"/"+wp.Name+" "+firstAddr(wp).String(), workloadRef(wp),
+			"its L7 policies are in the waypoint, not in this dump; it connects on with its own identity")
+		// The waypoint connects to the endpoint with its own identity; the
+		// node proxy's endpoint choice stands in for its load balancer.
+		var dw *state.Workload
+		target := dst
+		if r.Service != nil {
+			w, port, err := snap.SelectEndpoint(r.Service, dst.Port(), wp, rnd)
+			if err != nil {
+				e.add("endpoint", "none for the waypoint", serviceRef(r.Service), err.Error()+"; load balancing "+lbString(r.Service.LoadBalancing))
+				e.Verdict = verdictRefused
+				return e, nil
+			}
+			dw, target = w, netip.AddrPortFrom(firstAddr(w), port)
+			e.add("endpoint", w.Namespace+"/"+w.Name+" "+target.String(), serviceRef(r.Service), endpointWhy(r.Service))
+		} else if dw = snap.WorkloadByIP(src.Network, dst.Addr()); dw == nil {
+			return nil, fmt.Errorf("waypoint route to %s names no workload", dst)
+		}
+		authorize(e, policies, dw, rbac.Conn{SrcIP: firstAddr(wp), DstIP: target.Addr(), DstPort: target.Port(), SrcIdentity: wp.Identity()}, "the waypoint's, over mTLS")
+		return e, nil
+	}
+	dw := r.DstWorkload
+	e.add("route", "hbone: CONNECT "+r.Authority.String()+" to "+r.NextHop.String(), or(by, workloadRef(dw)), "peer must be "+ids(r.UpstreamIdentities()))
+	if r.Service != nil {
+		e.add("endpoint", dw.Namespace+"/"+dw.Name+" "+r.Authority.String(), serviceRef(r.Service), endpointWhy(r.Service))
+	}
+	authorize(e, policies, dw, rbac.Conn{SrcIP: srcIP, DstIP: r.Authority.Addr(), DstPort: r.Authority.Port(), SrcIdentity: src.Identity()}, "the client's, over mTLS")
+	return e, nil
+}
+
+// explainPlaintext follows an uncaptured source: kube-proxy (or the pod)
+// picks the endpoint, and a captured destination's node proxy sees a
+// plaintext connection on its inbound port, without identity.
+func explainPlaintext(e *explanation, snap *state.Snapshot, policies map[string]*rbac.Policy, src *state.Workload, dst netip.AddrPort, rnd func(int) int) (*explanation, error) {
+	dw, target := (*state.Workload)(nil), dst
+	if svc := snap.ServiceByVIP(src.Network, dst.Addr(), src.Namespace); svc != nil {
+		w, port, err := snap.SelectEndpoint(svc, dst.Port(), src, rnd)
+		if err != nil {
+			e.add("endpoint", "none", serviceRef(svc), err.Error()+"; load balancing "+lbString(svc.LoadBalancing))
+			e.Verdict = verdictRefused
+			return e, nil
+		}
+		dw, target = w, netip.AddrPortFrom(firstAddr(w), port)
+		e.add("endpoint", w.Namespace+"/"+w.Name+" "+target.String(), serviceRef(svc), "kube-proxy picks among the same endpoints; "+endpointWhy(svc))
+	} else if dw = snap.WorkloadByIP(src.Network, dst.Addr()); dw == nil {
+		e.add("route", "plain TCP to "+dst.String(), "", "not a mesh destination")
+		e.Verdict = verdictAllow
+		return e, nil
+	}
+	if dw.Protocol != state.TunnelHBONE {
+		e.add("authz", "none: the destination is not captured by a node proxy", workloadRef(dw), "")
+		e.Verdict = verdictAllow
+		return e, nil
+	}
+	authorize(e, policies, dw, rbac.Conn{SrcIP: firstAddr(src), DstIP: target.Addr(), DstPort: target.Port()}, "plaintext on the inbound port")
+	return e, nil
+}
+
+// authorize runs the destination node proxy's L4 authorization and sets the
+// verdict, naming the deciding policy and rule.
+func authorize(e *explanation, all map[string]*rbac.Policy, dw *state.Workload, conn rbac.Conn, seen string) {
+	applying := policiesFor(all, dw)
+	dec := rbac.Evaluate(applying, conn)
+	peer := "no identity"
+	if !conn.SrcIdentity.IsZero() {
+		peer = conn.SrcIdentity.String()
+	}
+	peer += " (" + seen + ")"
+	keys := make([]string, len(applying))
+	for i, p := range applying {
+		keys[i] = p.Key
+	}
+	e.add("policies", or(strings.Join(keys, ", "), "none"), workloadRef(dw), "applying at the node proxy on "+or(dw.Node, "-"))
+	verdict := verdictAllow
+	if !dec.Allowed {
+		verdict = verdictDeny
+	}
+	by, detail := "", fmt.Sprintf("sees %s from %s to %s", peer, conn.SrcIP, netip.AddrPortFrom(conn.DstIP, conn.DstPort))
+	if dec.Policy != "" {
+		by = policyRef(dec.Policy)
+		e.Policy = dec.Policy
+		if p := all[dec.Policy]; p != nil {
+			if i, ok := matchingRule(p, conn); ok {
+				e.Rule = &i
+				detail = fmt.Sprintf("rule %d; %s", i, detail)
+			}
+		}
+	}
+	e.add("authz", verdict+" ("+dec.Reason.String()+")", by, detail)
+	if dec.DryRunDeny != "" {
+		e.add("dry-run", "would deny", policyRef(dec.DryRunDeny), "dry-run policies are never enforced")
+	}
+	e.Verdict = verdict
+}
+
+// matchingRule returns the index of the first rule of p that conn matches,
+// asking rbac itself with p narrowed to that one rule.
+func matchingRule(p *rbac.Policy, conn rbac.Conn) (int, bool) {
+	for i, r := range p.Rules {
+		one := *p
+		one.Rules = []rbac.Rule{r}
+		if one.Matches(conn) {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+func ids(in []identity.Identity) string {
+	s := make([]string, len(in))
+	for i, id := range in {
+		s[i] = id.String()
+	}
+	return or(strings.Join(s, " or "), "-")
+}
+
+// lbString describes a service's load-balancing settings as the proxy
+// applies them (internalTrafficPolicy: Local arrives as STRICT on NODE).
+func lbString(lb *state.LoadBalancing) string {
+	if lb == nil {
+		return "default (weighted random over healthy endpoints)"
+	}
+	prefs := make([]string, len(lb.RoutingPreference))
+	for i, p := range lb.RoutingPreference {
+		prefs[i] = p.String()
+	}
+	s := lb.Mode.String()
+	if len(prefs) > 0 {
+		s += " on " + strings.Join(prefs, ",")
+	}
+	if lb.Mode == state.LBModeStrict && len(prefs) == 1 && lb.RoutingPreference[0] == state.ScopeNode {
+		s += " (internalTrafficPolicy: Local)"
+	}
+	return s + ", health " + lb.HealthPolicy.String()
+}
+
+func endpointWhy(svc *state.Service) string {
+	if svc == nil {
+		return "the workload addressed"
+	}
+	return "load balancing " + lbString(svc.LoadBalancing)
+}
+
+// podState reports the source pod's in-pod proxy from the dump's
+// workloadState, when this node proxy runs it.
+func podState(d *dump, w *state.Workload) string {
+	if d.WorkloadState == nil {
+		return "this dump has no workload state"
+	}
+	for _, p := range d.WorkloadState.Pods {
+		if p.Info.Namespace == w.Namespace && p.Info.Name == w.Name {
+			s := "in-pod proxy " + p.State
+			if p.Since != "" {
+				s += " since " + p.Since
+			}
+			if p.LastError != "" {
+				s += ": " + p.LastError
+			}
+			return s
+		}
+	}
+	return "this node proxy does not run its in-pod proxy (another node's dump knows it)"
+}
