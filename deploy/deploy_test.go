@@ -102,6 +102,11 @@ func TestDryRunApply(t *testing.T) {
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "app"}, false},
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: "app"}, false},
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"}, false},
+		// Its own DaemonSet only (upgrade vs uninstall on exit).
+		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "watch", Group: "apps", Resource: "daemonsets", Name: "ztunnel-cni", Namespace: systemNamespace}, true},
+		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "get", Group: "apps", Resource: "daemonsets", Name: "ztunnel-cni", Namespace: systemNamespace}, true},
+		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "get", Group: "apps", Resource: "daemonsets", Name: "ztunnel", Namespace: systemNamespace}, false},
+		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "delete", Group: "apps", Resource: "daemonsets", Name: "ztunnel-cni", Namespace: systemNamespace}, false},
 		// Node proxy: nothing.
 		{sa("ztunnel"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods"}, false},
 		{sa("ztunnel"), authorizationv1.ResourceAttributes{Verb: "get", Resource: "configmaps", Namespace: systemNamespace}, false},
