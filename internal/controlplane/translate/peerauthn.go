@@ -74,6 +74,11 @@ func (t *translator) translatePeerAuthentications() {
 			st.Message = "an older PeerAuthentication without selector in this namespace wins; ignored"
 			t.warnf(kindPA, p.Namespace, p.Name, "%s", st.Message)
 		}
+		if bad := unknownModes(p); len(bad) > 0 {
+			st.Invalid = bad
+			t.warnf(kindPA, p.Namespace, p.Name, "invalid: %s", strings.Join(bad, "; "))
+			st.Message = strings.TrimPrefix(st.Message+"; invalid: "+strings.Join(bad, "; "), "; ")
+		}
 		if p.Spec.Selector == nil && len(p.Spec.PortLevelMtls) > 0 {
 			m := "portLevelMtls needs a workload selector; its port-level settings are ignored"
 			t.warnf(kindPA, p.Namespace, p.Name, "%s", m)
@@ -95,23 +100,57 @@ func (t *translator) translatePeerAuthentications() {
 	}
 }
 
+// modeOf is m's mode, with a value no Istio release defines read as STRICT:
+// a mode that cannot be understood must not let plaintext in (fail closed).
+func modeOf(m *securityv1beta1.PeerAuthentication_MutualTLS) paMode {
+	mode := m.GetMode()
+	if _, known := securityv1beta1.PeerAuthentication_MutualTLS_Mode_name[int32(mode)]; !known {
+		return modeStrict
+	}
+	return mode
+}
+
+// unknownModes lists p's mTLS modes no Istio release defines ("field:
+// value"), which modeOf reads as STRICT.
+func unknownModes(p *securityv1.PeerAuthentication) []string {
+	var out []string
+	known := func(m *securityv1beta1.PeerAuthentication_MutualTLS) bool {
+		_, ok := securityv1beta1.PeerAuthentication_MutualTLS_Mode_name[int32(m.GetMode())]
+		return ok
+	}
+	if !known(p.Spec.GetMtls()) {
+		out = append(out, fmt.Sprintf("spec.mtls.mode: unknown value %d, read as STRICT", int32(p.Spec.GetMtls().GetMode())))
+	}
+	ports := make([]uint32, 0, len(p.Spec.PortLevelMtls))
+	for port := range p.Spec.PortLevelMtls {
+		ports = append(ports, port)
+	}
+	sort.Slice(ports, func(i, j int) bool { return ports[i] < ports[j] })
+	for _, port := range ports {
+		if m := p.Spec.PortLevelMtls[port]; !known(m) {
+			out = append(out, fmt.Sprintf("spec.portLevelMtls[%d].mode: unknown value %d, read as STRICT", port, int32(m.GetMode())))
+		}
+	}
+	return out
+}
+
 func presence() *securityapi.StringMatch {
 	return &securityapi.StringMatch{MatchType: &securityapi.StringMatch_Presence{Presence: &emptypb.Empty{}}}
 }
 
 // inheritedMode is the mode a workload in ns gets without a selector PA.
 func (pa *peerAuthn) inheritedMode(ns string) paMode {
-	if p := pa.byNs[ns]; p != nil && p.Spec.GetMtls().GetMode() != modeUnset {
-		return p.Spec.GetMtls().GetMode()
+	if p := pa.byNs[ns]; p != nil && modeOf(p.Spec.GetMtls()) != modeUnset {
+		return modeOf(p.Spec.GetMtls())
 	}
-	if pa.root != nil && pa.root.Spec.GetMtls().GetMode() != modeUnset {
-		return pa.root.Spec.GetMtls().GetMode()
+	if pa.root != nil && modeOf(pa.root.Spec.GetMtls()) != modeUnset {
+		return modeOf(pa.root.Spec.GetMtls())
 	}
 	return modePermissive
 }
 
 func (pa *peerAuthn) baseMode(p *securityv1.PeerAuthentication) paMode {
-	if m := p.Spec.GetMtls().GetMode(); m != modeUnset {
+	if m := modeOf(p.Spec.GetMtls()); m != modeUnset {
 		return m
 	}
 	return pa.inheritedMode(p.Namespace)
@@ -126,7 +165,7 @@ func (t *translator) convertPortLevel(p *securityv1.PeerAuthentication) {
 	base := pa.baseMode(p)
 	var diff []uint32
 	for port, m := range p.Spec.PortLevelMtls {
-		pm := m.GetMode()
+		pm := modeOf(m)
 		if pm == modeUnset {
 			continue
 		}
