@@ -1,4 +1,8 @@
-package dnsproxy
+// Package resolve is the DNS proxy's pure answer decision: which mesh
+// service, if any, answers a pod's A or AAAA query (search domains,
+// wildcards, ExternalName aliases, address families). It reads only a state
+// snapshot, so tools such as zctl use it without linking the DNS server.
+package resolve
 
 import (
 	"net/netip"
