@@ -91,8 +91,8 @@ func Handler(cfg Config) http.Handler {
 // Validate returns the problems of one object (its JSON, as the API server
 // sends it), each naming the object and the field: strict decoding (unknown
 // fields, bad enum values), AuthorizationPolicy values that cannot be
-// enforced (translate.ValidateAuthorizationPolicy) and PeerAuthentication
-// port-level settings Istio rejects. An object of any other kind has none.
+// enforced (translate.ValidateAuthorizationPolicy), and PeerAuthentication
+// modes no Istio release defines or port-level settings Istio rejects. An object of any other kind has none.
 func Validate(rootNamespace string, raw []byte) []string {
 	var objs cluster.Objects
 	var out []string
@@ -112,6 +112,9 @@ func Validate(rootNamespace string, raw []byte) []string {
 		}
 	}
 	for _, pa := range objs.PeerAuthentications {
+		for _, p := range translate.ValidatePeerAuthentication(pa) {
+			out = append(out, fmt.Sprintf("PeerAuthentication %s/%s: %s", pa.Namespace, pa.Name, p))
+		}
 		if pa.Spec.Selector == nil && len(pa.Spec.PortLevelMtls) > 0 {
 			out = append(out, fmt.Sprintf("PeerAuthentication %s/%s: spec.portLevelMtls: requires spec.selector", pa.Namespace, pa.Name))
 		}

@@ -61,6 +61,10 @@ spec: {rulez: []}`, false, `AuthorizationPolicy demo/typo: spec:`},
 kind: PeerAuthentication
 metadata: {name: pa, namespace: demo}
 spec: {mtls: {mode: STRICT}, portLevelMtls: {"8080": {mode: DISABLE}}}`, false, `spec.portLevelMtls: requires spec.selector`},
+		{"unknown mTLS mode", admissionv1.Create, `apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: pa, namespace: demo}
+spec: {mtls: {mode: 9}}`, false, `PeerAuthentication demo/pa: spec.mtls.mode: unknown value 9`},
 		{"delete is never refused", admissionv1.Delete, `apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
 metadata: {name: bad, namespace: demo}
