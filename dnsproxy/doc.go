@@ -1,5 +1,5 @@
 // Package dnsproxy is the node proxy's per-pod DNS server (reference
-// ambient-protocol.md §6): one Server per captured pod, on UDP and TCP port
+// docs/protocol.md#dns): one Server per captured pod, on UDP and TCP port
 // 15053 inside the pod's network namespace, where the pod's capture rules
 // redirect its DNS. It answers A and AAAA queries for mesh names (Kubernetes
 // services with the pod's search-domain expansion, ServiceEntry hosts with

@@ -83,7 +83,7 @@ func TestMesh(t *testing.T) {
 
 func spiffe(ns, sa string) string { return "spiffe://cluster.local/ns/" + ns + "/sa/" + sa }
 
-// testMeshMatrix is the client-mode × server-mode matrix (STYLE G12): each
+// testMeshMatrix is the client-mode × server-mode matrix: each
 // row sends a payload of its own size (which is how its access-log lines
 // are found), expects it echoed intact, and checks the path the mesh took:
 // an outbound line at the client's node proxy exactly when the client is

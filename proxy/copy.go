@@ -11,7 +11,7 @@ import (
 )
 
 // Copy buffers start small so an idle or chatty connection pins little
-// memory, and grow when a direction moves bulk data (STYLE G14).
+// memory, and grow when a direction moves bulk data.
 const (
 	smallBuf = 16 << 10
 	largeBuf = 256 << 10

@@ -25,9 +25,9 @@ var (
 	errDraining = errors.New("the pod's proxy is draining")
 )
 
-// serveHBONE is the 15008 handler (ambient-protocol.md §1.3, §9): it
+// serveHBONE is the 15008 handler (docs/protocol.md#hbone, #routing): it
 // validates the authority, finds the local workload, authorizes, and dials
-// the application before answering 200 (STYLE G9). Every outcome is
+// the application before answering 200. Every outcome is
 // recorded once.
 func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbone.Reply {
 	src := addrPortOf(req.RemoteAddr)

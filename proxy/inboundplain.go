@@ -16,7 +16,7 @@ import (
 var errNotLocal = errors.New("destination is not this pod")
 
 // servePlaintext handles one connection redirected to 15006: plaintext
-// from outside the mesh (ambient-protocol.md §9). It is authorized with no
+// from outside the mesh (docs/protocol.md#routing). It is authorized with no
 // peer identity, so PeerAuthentication STRICT (a DENY on not_principals
 // presence) refuses it. A refused connection is simply closed.
 func (p *WorkloadProxy) servePlaintext(c net.Conn, done func()) {

@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Label names of the istio_tcp_* family, in Istio's order (ambient-protocol.md §8.1).
+// Label names of the istio_tcp_* family, in Istio's order (docs/protocol.md#metrics).
 var tcpLabels = []string{
 	"reporter",
 	"source_workload", "source_canonical_service", "source_canonical_revision", "source_workload_namespace",

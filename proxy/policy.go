@@ -56,7 +56,7 @@ type tracked struct {
 }
 
 // registry holds the pod's open inbound connections so that policy changes
-// can be checked against them (STYLE G4, ztunnel's PolicyWatcher).
+// can be checked against them (ztunnel's PolicyWatcher).
 type registry struct {
 	mu    sync.Mutex
 	conns map[*tracked]struct{}

@@ -56,7 +56,7 @@ type Service struct {
 	Name      string
 }
 
-// Reason is the closed set of failure reasons a connection ends with (STYLE G7).
+// Reason is the closed set of failure reasons a connection ends with.
 type Reason string
 
 // Reasons. The empty reason is success.
@@ -136,7 +136,7 @@ func ReasonOf(err error) Reason {
 	return ReasonInternal
 }
 
-// Result is the one record each connection produces (STYLE G7): create it
+// Result is the one record each connection produces: create it
 // when the connection is accepted, fill in what becomes known, and
 // `defer res.Record(&err)`. Record increments the metrics and writes one
 // access-log line, exactly once.
@@ -289,7 +289,7 @@ func (r *Result) labels(flag string) []string {
 }
 
 // LogEarlyDeny writes the one line for a connection rejected before its
-// workloads were known (STYLE G7).
+// workloads were known.
 func LogEarlyDeny(log *zap.Logger, dir Direction, src, dst netip.AddrPort, err error) {
 	if log == nil {
 		return

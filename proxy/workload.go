@@ -23,7 +23,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
-// Timeouts of the data path (ambient-protocol.md §1.3, §1.5).
+// Timeouts of the data path (docs/protocol.md#hbone).
 const (
 	// LocalWorkloadWait bounds the wait for the pod's own workload to
 	// appear in the snapshot before a connection is refused.
@@ -449,7 +449,7 @@ func (p *WorkloadProxy) isLocal(w *state.Workload) bool {
 var errUnknownLocal = errors.New("the pod's workload is not known to the control plane")
 
 // waitLocal returns a snapshot holding the pod's workload, waiting up to
-// LocalWorkloadWait (STYLE G4).
+// LocalWorkloadWait.
 func (p *WorkloadProxy) waitLocal(ctx context.Context) (*state.Snapshot, *state.Workload, error) {
 	snap := p.d.Store.Load()
 	if w := p.localIn(snap); w != nil {

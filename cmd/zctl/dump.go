@@ -307,7 +307,7 @@ func (m match) convert() (rbac.Match, error) {
 }
 
 // policiesFor returns the policies applying to w, as state.PoliciesFor
-// selects them (ambient-protocol.md §5.2): namespace-scope policies of w's
+// selects them (docs/protocol.md#authorization-policy): namespace-scope policies of w's
 // namespace, global ones, and w's selector policies; sorted by key.
 func policiesFor(all map[string]*rbac.Policy, w *state.Workload) []*rbac.Policy {
 	keys := map[string]bool{}

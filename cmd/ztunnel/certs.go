@@ -11,7 +11,7 @@ import (
 
 // wantedIdentities are the identities the node proxy prefetches and keeps
 // certificates for: those of the workloads on node that use HBONE
-// (ambient-protocol.md §7), sorted and without duplicates.
+// (docs/protocol.md#identity), sorted and without duplicates.
 func wantedIdentities(snap *state.Snapshot, node string) []identity.Identity {
 	var ids []identity.Identity
 	for _, w := range snap.WorkloadsOnNode(node) {

@@ -180,7 +180,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	goRun("pending pod retries", mgr.Run, ctx)
 
 	// Pods are taken (and their listeners opened) only after the first full
-	// xDS sync (STYLE G4); until then the agent holds them back.
+	// xDS sync; until then the agent holds them back.
 	select {
 	case <-xc.Synced():
 		log.Info("state synced; connecting to the node agent", zap.String("socket", cfg.InpodUDS))

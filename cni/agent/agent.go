@@ -1,4 +1,4 @@
-// Package agent is the ztunnel-go CNI node agent (ambient-protocol.md §3):
+// Package agent is the ztunnel-go CNI node agent (docs/protocol.md#capture-rules):
 // it decides which pods on its node are captured (plugin.IsAmbient, the same
 // rule as the chained plugin), installs the in-pod redirection rules inside
 // each pod's network namespace (cni/rules), hands the namespace to the node

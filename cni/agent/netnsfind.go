@@ -41,7 +41,7 @@ type NetnsQuery struct {
 }
 
 // FindPodNetns finds the network namespace of a running pod the agent never
-// captured in a CNI ADD (ambient-protocol.md §3.4 step 1), from evidence the
+// captured in a CNI ADD (docs/protocol.md#capture-rules), from evidence the
 // container runtime controls, not from anything inside the pod:
 //
 //  1. q.Hint, the namespace path the runtime gave the plugin for this very

@@ -6,7 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Labels and annotations of the enrollment rule (ambient-protocol.md §3.1).
+// Labels and annotations of the enrollment rule (docs/protocol.md#capture-rules).
 const (
 	LabelDataplaneMode         = "istio.io/dataplane-mode"
 	DataplaneModeAmbient       = "ambient"

@@ -1,6 +1,6 @@
-// Package plugin is the chained CNI plugin of ztunnel-go (ambient-protocol.md
-// §3.2, §3.3): on ADD it decides whether the pod is ambient (IsAmbient, from a
-// PodSource) and, if so, hands the pod to the node agent over the agent's
+// Package plugin is the chained CNI plugin of ztunnel-go
+// (docs/protocol.md#capture-rules): on ADD it decides whether the pod is
+// ambient (IsAmbient, from a PodSource) and, if so, hands the pod to the node agent over the agent's
 // unix-socket HTTP API (AddRequest to PathAdd), failing the ADD when the
 // agent is unreachable or refuses, so no ambient pod ever starts uncaptured.
 // Non-ambient pods get prevResult back without the agent being contacted. DEL

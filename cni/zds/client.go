@@ -14,7 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 )
 
-// Client-side defaults (ambient-protocol.md §3.8).
+// Client-side defaults (docs/protocol.md#zds).
 const (
 	DefaultMinBackoff = 10 * time.Millisecond
 	DefaultMaxBackoff = 15 * time.Second

@@ -17,7 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
 )
 
-// Server-side defaults (ambient-protocol.md §3.8).
+// Server-side defaults (docs/protocol.md#zds).
 const (
 	// DefaultLivenessInterval is how often an idle connection is probed.
 	DefaultLivenessInterval = 5 * time.Second

@@ -1,4 +1,4 @@
-// Package zds is the ZDS protocol (ambient-protocol.md §3.8) between the CNI
+// Package zds is the ZDS protocol (docs/protocol.md#zds) between the CNI
 // node agent and the node proxy, both ends: Server is the agent side (it
 // listens on an AF_UNIX SOCK_SEQPACKET socket and pushes pods with their
 // network namespace fds), Client is the proxy side (it connects, says hello,

@@ -9,7 +9,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
-// Ports the node proxy listens on inside each pod (ambient-protocol.md §2).
+// Ports the node proxy listens on inside each pod (docs/protocol.md#ports).
 const (
 	OutboundPort         = 15001
 	InboundPlaintextPort = 15006
@@ -128,7 +128,7 @@ func (r *Decision) UpstreamIdentities() []identity.Identity {
 }
 
 // Outbound decides how the pod src's connection to origDst leaves the pod
-// (ambient-protocol.md §9), reading only snap. src may be nil (an unknown
+// (docs/protocol.md#routing), reading only snap. src may be nil (an unknown
 // source: no load-balancing preference, no waypoint exemption). It does
 // not allocate on success.
 //

@@ -1,6 +1,6 @@
 // ztunnel-go: Istio's certificate signing API (istiod's CA, port 15012).
 //
-// Written for ztunnel-go from the field facts in ambient-protocol.md §7.
+// Written for ztunnel-go from the field facts in docs/protocol.md#identity.
 // Names and numbers must stay identical to Istio's istio.v1.auth package.
 // Run hack/proto/gen.sh after editing.
 

@@ -1,8 +1,8 @@
 // ztunnel-go: the L4 authorization policies that istiod serves to node
 // proxies as the delta-xDS type type.googleapis.com/istio.security.Authorization.
 //
-// Written for ztunnel-go from the field facts in ambient-protocol.md §4.3 and
-// §5. Names, numbers and enum values must stay identical to Istio's
+// Written for ztunnel-go from the field facts in docs/protocol.md#authorization-policy.
+// Names, numbers and enum values must stay identical to Istio's
 // istio.security package. Istio's own copy calls field 5 "groups" of type
 // Group{rules=1} of Rules{matches=2}; ztunnel's calls them rules/Rule{clauses}/
 // Clause{matches}. Both are the same bytes on the wire; we use ztunnel's names.

@@ -1,7 +1,7 @@
 // ztunnel-go: the workload discovery API (WDS) that istiod serves to node proxies
 // as the delta-xDS type type.googleapis.com/istio.workload.Address.
 //
-// Written for ztunnel-go from the field facts in ambient-protocol.md §4.2.
+// Written for ztunnel-go from the field facts in docs/protocol.md#workload-api.
 // Names, numbers and enum values must stay identical to Istio's
 // istio.workload package: istiod and Istio's ztunnel must be able to talk to
 // us. Never renumber a field; retire numbers with `reserved`.

@@ -2,7 +2,7 @@
 // the AF_UNIX SOCK_SEQPACKET socket /var/run/ztunnel/ztunnel.sock. One
 // message per datagram.
 //
-// Written for ztunnel-go from the field facts in ambient-protocol.md §3.8.
+// Written for ztunnel-go from the field facts in docs/protocol.md#zds.
 // Names and numbers must stay identical to Istio's istio.workload.zds package.
 // Run hack/proto/gen.sh after editing.
 

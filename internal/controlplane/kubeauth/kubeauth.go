@@ -1,6 +1,6 @@
 // Package kubeauth authenticates node proxies and workloads to the control
 // plane with Kubernetes ServiceAccount tokens, as istiod does
-// (ambient-protocol.md §7): the caller sends "authorization: Bearer
+// (docs/protocol.md#identity): the caller sends "authorization: Bearer
 // <projected token>" (audience istio-ca); a TokenReview against the API
 // server validates it. A token of a trusted node account (default
 // istio-system/ztunnel, Istio's CA_TRUSTED_NODE_ACCOUNTS) that is bound to

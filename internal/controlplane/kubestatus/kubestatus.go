@@ -1,5 +1,5 @@
 // Package kubestatus writes ServiceEntry auto-allocated addresses back to
-// the Kubernetes API as istiod does (ambient-protocol.md §6.5): each
+// the Kubernetes API as istiod does (docs/protocol.md#dns): each
 // eligible ServiceEntry's status.addresses lists its hosts' addresses, set
 // with a JSON patch whose first operations test the previous value (and the
 // object's UID), so two writers cannot both win. Only the replica holding a

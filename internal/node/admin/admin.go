@@ -1,5 +1,5 @@
 // Package admin is the node proxy's operator surface, three HTTP servers as
-// Istio's ztunnel has them (ambient-protocol.md §2): the admin server on
+// Istio's ztunnel has them (docs/protocol.md#ports): the admin server on
 // localhost only (/config_dump, /logging, /quitquitquit, /debug/pprof/, an
 // HTML index), Prometheus metrics (/metrics and /stats/prometheus) from an
 // injected registry, and readiness (/healthz/ready, daemon.Readiness) gated

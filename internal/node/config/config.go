@@ -1,6 +1,6 @@
 // Package config is the node proxy's configuration: every environment
 // variable it honours is a constant here (the names Istio's ztunnel uses), and
-// Parse turns an environment into one Config, once, in cmd/ (STYLE G5). No
+// Parse turns an environment into one Config, once, in cmd/. No
 // other package reads the environment.
 //
 // It is not the control plane's or the node agent's configuration; those take
@@ -21,7 +21,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 )
 
-// Environment variable names (ambient-protocol.md §10).
+// Environment variable names (Istio's ztunnel src/config.rs).
 const (
 	EnvXDSAddress              = "XDS_ADDRESS"
 	EnvCAAddress               = "CA_ADDRESS"

@@ -1,6 +1,6 @@
 // Package inpod is the node proxy's workload manager: it implements the ZDS
 // Handler (cni/zds) and keeps one running proxy per captured pod, inside that
-// pod's network namespace (ambient-protocol.md §3.8). Add starts a pod's
+// pod's network namespace (docs/protocol.md#zds). Add starts a pod's
 // proxy (idempotent for the same netns, replace-with-drain for a new one);
 // a proxy that fails to start is refused (NACK) and retried every
 // RetryInterval from a pending queue; Del drains only that pod's listeners;
@@ -76,7 +76,7 @@ type Proxy interface {
 
 // Factory creates a pod's proxy. The Factory does not own ns: the manager
 // keeps it open until the proxy's Close has returned. A Factory that fails
-// must release everything it opened (STYLE G10).
+// must release everything it opened.
 type Factory interface {
 	NewProxy(w Workload, ns *netns.Handle) (Proxy, error)
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // Conn is the connection tuple a destination ztunnel authorizes
-// (ambient-protocol.md §5.1).
+// (docs/protocol.md#authorization-policy).
 type Conn struct {
 	// SrcIP is the TCP peer of the inbound connection (a waypoint or gateway
 	// when traffic came through one).
@@ -117,7 +117,7 @@ func (d Decision) DryRun() (DryRunVerdict, bool) {
 }
 
 // Evaluate decides conn against the policies that apply to the destination
-// workload, in the order of ambient-protocol.md §5.3:
+// workload, in the order of docs/protocol.md#authorization-policy:
 //  1. a matching dry-run DENY is only reported (DryRunDeny), a matching
 //     audit policy too (Audited);
 //  2. a matching enforced DENY denies;

@@ -2,7 +2,7 @@
 // Istio's istio.security.Authorization resource (Policy, built by FromProto),
 // and Evaluate, which decides one connection against the policies that apply
 // to the destination workload, following Istio AuthorizationPolicy semantics
-// exactly as ztunnel applies them (ambient-protocol.md §5.3 and §5.4).
+// exactly as ztunnel applies them (docs/protocol.md#authorization-policy).
 //
 // It is pure: it does not know which policies apply to which workload (that is
 // internal/node/state, which imports this package and stores *Policy), it does not

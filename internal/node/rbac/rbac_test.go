@@ -371,7 +371,7 @@ func TestFromProto(t *testing.T) {
 	}
 }
 
-// TestEvaluateNoAllocs is the hot-path budget (STYLE G14): evaluating a warm
+// TestEvaluateNoAllocs is the hot-path budget: evaluating a warm
 // policy set allocates nothing.
 func TestEvaluateNoAllocs(t *testing.T) {
 	ps := []*Policy{

@@ -12,7 +12,7 @@ import (
 
 // TestInboundAuthorization builds workloads and policies from xDS and decides
 // connections to them the way the inbound listener will: PoliciesFor the
-// destination workload, then rbac.Evaluate (ambient-protocol.md §5.2, §5.3).
+// destination workload, then rbac.Evaluate (docs/protocol.md#authorization-policy).
 func TestInboundAuthorization(t *testing.T) {
 	principal := func(p string) *securityapi.Rule {
 		return &securityapi.Rule{Clauses: []*securityapi.Clause{{Matches: []*securityapi.Match{{

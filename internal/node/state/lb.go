@@ -19,7 +19,7 @@ var (
 )
 
 // SelectEndpoint picks an endpoint of svc for a connection from src to
-// servicePort and returns it with its target port (ambient-protocol.md §4.2,
+// servicePort and returns it with its target port (docs/protocol.md#workload-api,
 // "ztunnel LB").
 //
 // An endpoint is eligible if it is healthy (any health with ALLOW_ALL), has a

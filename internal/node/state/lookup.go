@@ -129,8 +129,7 @@ func (snap *Snapshot) Policy(key string) *rbac.Policy {
 	return p
 }
 
-// PoliciesFor returns the policies that apply to w (ambient-protocol.md
-// §5.2), sorted by key: NAMESPACE-scope policies of w.Namespace, GLOBAL
+// PoliciesFor returns the policies that apply to w (docs/protocol.md#authorization-policy), sorted by key: NAMESPACE-scope policies of w.Namespace, GLOBAL
 // policies, and w.AuthorizationPolicies (unknown keys skipped). The result is
 // computed once per workload per snapshot and then served without
 // allocating.

@@ -1,13 +1,13 @@
 // Package state is the node proxy's view of the mesh: workloads, services and
 // L4 authorization policies converted from WDS/xDS into compact, validated
 // types, indexed, and published as immutable Snapshots that the data path
-// reads with one atomic load and no locks (STYLE G3).
+// reads with one atomic load and no locks.
 //
 // Store.ApplyAddresses and Store.ApplyAuthorizations are the only writers
 // (called by internal/xds); each converts and validates its resources off to
 // the side, edits copy-on-write indexes (see cow.go) and swaps the snapshot
 // pointer. Store.Changed and Store.WaitFor make waiting for state explicit
-// and bounded (STYLE G4). Snapshot holds the lookups the proxy and DNS need,
+// and bounded. Snapshot holds the lookups the proxy and DNS need,
 // endpoint selection (SelectEndpoint) and the policies that apply to a
 // workload (PoliciesFor).
 //

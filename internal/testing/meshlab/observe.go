@@ -131,7 +131,7 @@ func Counter(mfs map[string]*dto.MetricFamily, name string, want map[string]stri
 }
 
 // AccessLog is one access-log line of a node proxy ("connection complete",
-// STYLE G7): the JSON fields as logged.
+// ): the JSON fields as logged.
 type AccessLog map[string]any
 
 // Str returns field k as a string ("" when absent).

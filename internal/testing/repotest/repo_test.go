@@ -23,7 +23,7 @@ func repoRoot(t *testing.T) string {
 }
 
 // TestPackageDocs fails when a package has no "// Package x" doc comment, or
-// has more than one (STYLE G15).
+// has more than one.
 func TestPackageDocs(t *testing.T) {
 	root := repoRoot(t)
 	dirs := map[string][]string{}
