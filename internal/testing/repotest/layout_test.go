@@ -294,3 +294,44 @@ func diffLines(got, want string) string {
 	sort.Strings(out)
 	return strings.Join(out, "\n")
 }
+
+// TestFileSizes keeps files readable: no hand-written Go file over 800 lines
+// (generated code, marked "Code generated ... DO NOT EDIT.", is exempt), and
+// each cmd/<bin>/main.go at most 250 lines, wiring only.
+func TestFileSizes(t *testing.T) {
+	root := repoRoot(t)
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte("\n// Code generated ")) || bytes.HasPrefix(b, []byte("// Code generated ")) {
+			return nil
+		}
+		lines := bytes.Count(b, []byte("\n"))
+		r, _ := filepath.Rel(root, path)
+		limit := 800
+		if filepath.Base(r) == "main.go" && strings.HasPrefix(r, "cmd"+string(filepath.Separator)) {
+			limit = 250
+		}
+		if lines > limit {
+			t.Errorf("%s has %d lines, more than %d: split it along its responsibilities", r, lines, limit)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
