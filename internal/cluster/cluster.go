@@ -46,6 +46,9 @@ type Objects struct {
 	PeerAuthentications   []*securityv1.PeerAuthentication
 	Gateways              []*gatewayv1.Gateway
 	GatewayClasses        []*gatewayv1.GatewayClass
+	// Nodes give pods their locality (topology labels). Only the control
+	// plane reads them; the node agent's source leaves this empty.
+	Nodes []*corev1.Node
 	// Ignored are objects of kinds the control plane does not read
 	// (ignoredKinds), kept to be reported. Only Decode fills it.
 	Ignored []*IgnoredObject

@@ -72,6 +72,8 @@ var kinds = []Kind{
 		func(o *Objects) *[]*gatewayv1.Gateway { return &o.Gateways }, strictAs),
 	kindOf(gatewayv1.SchemeGroupVersion, "GatewayClass", "gatewayclasses", clusterScoped,
 		func(o *Objects) *[]*gatewayv1.GatewayClass { return &o.GatewayClasses }, strictAs),
+	kindOf(corev1.SchemeGroupVersion, "Node", "nodes", clusterScoped,
+		func(o *Objects) *[]*corev1.Node { return &o.Nodes }, strictAs),
 }
 
 var (

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"go.uber.org/zap"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -59,6 +61,7 @@ const (
 	PeerAuthentications   Kind = "PeerAuthentication"
 	Gateways              Kind = "Gateway"
 	GatewayClasses        Kind = "GatewayClass"
+	Nodes                 Kind = "Node"
 )
 
 // AllKinds is every kind the control plane translates: every kind of
@@ -225,8 +228,8 @@ func New(cfg Config) (*Source, error) {
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { s.bump() },
 		UpdateFunc: func(o, n any) {
-			if sameVersion(o, n) {
-				return // a resync or a relist that found nothing new
+			if sameVersion(o, n) || sameNodeLabels(o, n) {
+				return // a resync or a relist that found nothing new, or a Node heartbeat
 			}
 			s.bump()
 		},
@@ -242,11 +245,29 @@ func New(cfg Config) (*Source, error) {
 
 // stripManagedFields drops metadata.managedFields before objects enter the
 // caches: nothing here reads them and they are often the bulk of an object.
+// A Node keeps only its name, identity and labels (its status, images and
+// conditions are most of it, and only its topology labels are read).
 func stripManagedFields(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		return &corev1.Node{
+			TypeMeta: n.TypeMeta,
+			ObjectMeta: metav1.ObjectMeta{
+				Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+			},
+		}, nil
+	}
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// sameNodeLabels: both are Nodes with the same labels, the only part of a
+// Node read; its frequent status updates then publish nothing.
+func sameNodeLabels(o, n any) bool {
+	on, ok1 := o.(*corev1.Node)
+	nn, ok2 := n.(*corev1.Node)
+	return ok1 && ok2 && maps.Equal(on.Labels, nn.Labels)
 }
 
 // api is the clientset, and so the informer factory, a kind is read through.

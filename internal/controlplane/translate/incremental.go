@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync"
 
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,8 +33,9 @@ import (
 // its slices, slice → the pods it names, pod → the slices naming it). A
 // pod change re-translates that pod's workload and nothing else: a Service
 // resource lists no endpoints, so no service changes (and slices naming
-// the pod are redone only when the pod appears or disappears). Any other
-// kind, an ExternalName Service, or a Service whose hostname a
+// the pod are redone only when the pod appears or disappears). A Node
+// change re-translates the pods on that node, and only when the locality
+// its labels give changed. Any other kind, an ExternalName Service, or a Service whose hostname a
 // ServiceEntry or alias also uses, re-translates everything: those are
 // rare and a full translation is fast (indexed, O(objects)).
 //
@@ -88,6 +90,9 @@ type Changes struct {
 	// Pods, Services and EndpointSlices count the objects of each kind
 	// translated by this Update (all of them when Full).
 	Pods, Services, EndpointSlices int
+	// Nodes counts the Nodes whose locality changed (not when Full): the
+	// pods on them are re-translated.
+	Nodes int
 	// PodChanges lists the pods that changed (Old nil: added; New nil:
 	// removed), only when not Full.
 	PodChanges []PodChange
@@ -128,6 +133,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	}
 	sliceCh := diff(tr.objs.EndpointSlices, objs.EndpointSlices)
 	podCh := diff(tr.objs.Pods, objs.Pods)
+	nodeCh := diff(tr.objs.Nodes, objs.Nodes)
 
 	t, x := tr.t, &tr.t.idx
 	t.objs, tr.objs = objs, objs
@@ -189,6 +195,28 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		}
 	}
 	ch := &Changes{Addresses: map[string]*workloadapi.Address{}}
+	// A Node change redoes the pods on that node, and only when the
+	// locality its labels give changed (status updates change nothing).
+	for _, c := range nodeCh {
+		n := c.either()
+		var loc *workloadapi.Locality
+		if c.new != nil {
+			loc = locality(c.new.Labels)
+		}
+		old, known := x.nodes[n.Name]
+		if c.new == nil {
+			delete(x.nodes, n.Name)
+		} else {
+			x.nodes[n.Name] = loc
+		}
+		if known == (c.new != nil) && proto.Equal(old, loc) {
+			continue
+		}
+		for k := range x.podsByNode[n.Name] {
+			dirtyPods[k] = true
+		}
+		ch.Nodes++
+	}
 	for _, c := range podCh {
 		p := c.either()
 		dirtyPods[key(p)] = true

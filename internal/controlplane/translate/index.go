@@ -29,6 +29,7 @@ const (
 	LabelSubzone              = "topology.istio.io/subzone"
 	LabelRegion               = "topology.kubernetes.io/region"
 	LabelZone                 = "topology.kubernetes.io/zone"
+	LabelLocality             = "istio-locality"
 	LabelServiceName          = "kubernetes.io/service-name"
 	LabelPodTemplateHash      = "pod-template-hash"
 	AnnotationTrafficDist     = "networking.istio.io/traffic-distribution"
@@ -89,6 +90,10 @@ type index struct {
 	policiesByNs map[string][]selectorPolicy
 	// wePerNs counts WorkloadEntries per namespace.
 	wePerNs map[string]int
+	// nodes: Node name → the locality of its topology labels (nil: none);
+	// podsByNode: node name → ns/name → pod, for Node changes.
+	nodes      map[string]*workloadapi.Locality
+	podsByNode map[string]map[string]*corev1.Pod
 }
 
 func (t *translator) buildIndex() {
@@ -109,6 +114,11 @@ func (t *translator) buildIndex() {
 		podRefs:      map[string]map[string]*discoveryv1.EndpointSlice{},
 		policiesByNs: map[string][]selectorPolicy{},
 		wePerNs:      map[string]int{},
+		nodes:        make(map[string]*workloadapi.Locality, len(t.objs.Nodes)),
+		podsByNode:   map[string]map[string]*corev1.Pod{},
+	}
+	for _, n := range t.objs.Nodes {
+		t.idx.nodes[n.Name] = locality(n.Labels)
 	}
 	for _, ns := range t.objs.Namespaces {
 		t.idx.namespaces[ns.Name] = ns
@@ -223,11 +233,22 @@ func (x *index) addPod(p *corev1.Pod) {
 		x.podsByNs[p.Namespace] = m
 	}
 	m[p.Name] = p
+	if n := p.Spec.NodeName; n != "" {
+		if x.podsByNode[n] == nil {
+			x.podsByNode[n] = map[string]*corev1.Pod{}
+		}
+		x.podsByNode[n][p.Namespace+"/"+p.Name] = p
+	}
 }
 
 func (x *index) removePod(p *corev1.Pod) {
 	delete(x.pods, p.Namespace+"/"+p.Name)
 	delete(x.podsByNs[p.Namespace], p.Name)
+	if m := x.podsByNode[p.Spec.NodeName]; m != nil {
+		if delete(m, p.Namespace+"/"+p.Name); len(m) == 0 {
+			delete(x.podsByNode, p.Spec.NodeName)
+		}
+	}
 }
 
 // slicePods returns the names of the pods a slice's endpoints name (looked

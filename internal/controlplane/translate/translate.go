@@ -142,6 +142,7 @@ func Translate(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations)
 			PeerAuthentications:   clone(objs.PeerAuthentications),
 			Gateways:              clone(objs.Gateways),
 			GatewayClasses:        clone(objs.GatewayClasses),
+			Nodes:                 clone(objs.Nodes),
 		}
 	}
 	sorted.Sort()

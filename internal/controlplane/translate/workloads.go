@@ -194,7 +194,7 @@ func (t *translator) translatePod(p *corev1.Pod) {
 		WorkloadType:      wtype,
 		WorkloadName:      wname,
 		ClusterId:         t.cfg.ClusterID,
-		Locality:          locality(p.Labels),
+		Locality:          t.podLocality(p),
 	}
 	for _, ip := range ips {
 		w.Addresses = append(w.Addresses, addrBytes(ip))
@@ -227,6 +227,22 @@ func podServiceAccount(p *corev1.Pod) string {
 		return p.Spec.DeprecatedServiceAccount
 	}
 	return "default"
+}
+
+// podLocality is istiod's: the pod's istio-locality label
+// ("region.zone.subzone", the override istiod honours) wins; else the
+// topology labels of the pod's Node (istiod's ambient rule: Kubernetes
+// labels Nodes, not pods). Only for a pod whose Node is not in the set (a
+// local-mode directory without Nodes, a pod not scheduled) are the pod's own
+// topology labels read.
+func (t *translator) podLocality(p *corev1.Pod) *workloadapi.Locality {
+	if l := p.Labels[LabelLocality]; l != "" {
+		return localityString(strings.ReplaceAll(l, ".", "/"))
+	}
+	if l, known := t.idx.nodes[p.Spec.NodeName]; known {
+		return l
+	}
+	return locality(p.Labels)
 }
 
 func locality(labels map[string]string) *workloadapi.Locality {
