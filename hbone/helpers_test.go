@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -219,13 +221,7 @@ func assertGoodClient(t testing.TB, m *mesh, srv *testServer, echoAddr netip.Add
 // for eventual states (a connection closing), never for timing.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, what, cond)
 }
 
 // checkErrText fails unless err's text follows the package's convention
