@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
@@ -66,6 +67,12 @@ type service struct {
 	SubjectAltNames []identity.Identity    `json:"subjectAltNames"`
 	Waypoint        *state.GatewayAddress  `json:"waypoint"`
 	LoadBalancing   *loadBalancing         `json:"loadBalancing"`
+	// IPFamilies, Visibility, Canonical and Extensions (an ExternalName
+	// alias is one) decide DNS answers.
+	IPFamilies string            `json:"ipFamilies"`
+	Visibility string            `json:"visibility"`
+	Canonical  bool              `json:"canonical"`
+	Extensions []state.Extension `json:"extensions"`
 }
 
 // loadBalancing mirrors state.LoadBalancing (internalTrafficPolicy and
@@ -189,6 +196,24 @@ func (d *dump) snapshot() (*state.Snapshot, error) {
 		for _, p := range s.Ports {
 			ps.Ports = append(ps.Ports, &workloadapi.Port{ServicePort: uint32(p.ServicePort), TargetPort: uint32(p.TargetPort),
 				AppProtocol: workloadapi.AppProtocol(workloadapi.AppProtocol_value[p.AppProtocol])})
+		}
+		if s.IPFamilies != "" {
+			f, err := enumOf(s.IPFamilies, state.IPFamiliesDual)
+			if err != nil {
+				return nil, fmt.Errorf("service %s ip families: %w", s.Key, err)
+			}
+			ps.IpFamilies = workloadapi.IPFamilies(f)
+		}
+		if s.Visibility != "" {
+			v, err := enumOf(s.Visibility, state.VisibilityNamespace)
+			if err != nil {
+				return nil, fmt.Errorf("service %s visibility: %w", s.Key, err)
+			}
+			ps.Visibility = workloadapi.Service_Visibility(v)
+		}
+		ps.Canonical = s.Canonical
+		for _, e := range s.Extensions {
+			ps.Extensions = append(ps.Extensions, &workloadapi.Extension{Name: e.Name, Config: &anypb.Any{TypeUrl: e.TypeURL, Value: e.Value}})
 		}
 		if lb := s.LoadBalancing; lb != nil {
 			pl, err := lb.proto()

@@ -3,9 +3,14 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 
+	"github.com/miekg/dns"
+
+	"github.com/ztunnel-go/ztunnel-go/dnsproxy/resolve"
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
@@ -94,7 +99,7 @@ func firstAddr(w *state.Workload) netip.Addr {
 // service's load-balancing settings) and rbac.Evaluate at the destination
 // node proxy, with the identity that proxy sees. rnd draws the endpoint
 // (nil: random, as for a real connection).
-func explain(d *dump, proxy, srcRef string, dst netip.AddrPort, rnd func(int) int) (*explanation, error) {
+func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explanation, error) {
 	snap, err := d.snapshot()
 	if err != nil {
 		return nil, err
@@ -108,8 +113,14 @@ func explain(d *dump, proxy, srcRef string, dst netip.AddrPort, rnd func(int) in
 		return nil, err
 	}
 	srcIP := firstAddr(src)
-	e := &explanation{Proxy: proxy, Destination: dst.String(),
+	e := &explanation{Proxy: proxy, Destination: dstArg,
 		Source: fmt.Sprintf("%s/%s %s %s", src.Namespace, src.Name, srcIP, src.Identity())}
+	dst, err := netip.ParseAddrPort(dstArg)
+	if err != nil {
+		if dst, err = resolveDestination(e, snap, src, dstArg); err != nil {
+			return nil, err
+		}
+	}
 
 	if src.Protocol != state.TunnelHBONE {
 		// Not captured: the pod's own stack sends plain TCP; the mesh routes
@@ -180,6 +191,50 @@ func explain(d *dump, proxy, srcRef string, dst netip.AddrPort, rnd func(int) in
 	}
 	authorize(e, policies, dw, rbac.Conn{SrcIP: srcIP, DstIP: r.Authority.Addr(), DstPort: r.Authority.Port(), SrcIdentity: src.Identity()}, "the client's, over mTLS")
 	return e, nil
+}
+
+// resolveDestination answers host:port's host as src's DNS proxy would (the
+// resolve package the DNS server runs), adding the dns step.
+func resolveDestination(e *explanation, snap *state.Snapshot, src *state.Workload, hostPort string) (netip.AddrPort, error) {
+	host, portStr, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("destination %q: want ip:port or host:port: %w", hostPort, err)
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("destination %q: port: %w", hostPort, err)
+	}
+	var r resolve.Resolver // the node's defaults: cluster.local, no preferred namespace
+	ans := r.Resolve(snap, src, host, dns.TypeA)
+	qtype := "A"
+	if ans.Found && len(ans.Addrs) == 0 {
+		if six := r.Resolve(snap, src, host, dns.TypeAAAA); len(six.Addrs) > 0 {
+			ans, qtype = six, "AAAA"
+		}
+	}
+	if !ans.Found {
+		return netip.AddrPort{}, fmt.Errorf("dns: %s is not a mesh name for %s/%s: its DNS proxy forwards the query upstream, whose answer zctl cannot know; give ip:port", host, src.Namespace, src.Name)
+	}
+	if len(ans.Addrs) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("dns: %s (%s) is a mesh name with no address for %s/%s (the DNS proxy answers no records); give ip:port", host, serviceRef(ans.Service), src.Namespace, src.Name)
+	}
+	var chain []string
+	for _, c := range ans.CNAMEs {
+		chain = append(chain, "CNAME "+strings.TrimSuffix(c.Name, ".")+" → "+strings.TrimSuffix(c.Target, "."))
+	}
+	kind := "Service"
+	if !strings.HasSuffix(ans.Service.Hostname, ".svc."+resolve.DefaultClusterDomain) {
+		kind = "ServiceEntry"
+	}
+	detail := "answered by the pod's DNS proxy (if its DNS is captured: not in this dump)"
+	if len(chain) > 0 {
+		detail += "; " + strings.Join(chain, ", ")
+	}
+	if kind == "ServiceEntry" {
+		detail += "; the ServiceEntry's address"
+	}
+	e.add("dns", fmt.Sprintf("%s %s → %s", qtype, host, ans.Addrs[0]), kind+"/"+ans.Service.Namespace+"/"+ans.Service.Name, detail)
+	return netip.AddrPortFrom(ans.Addrs[0], uint16(port)), nil
 }
 
 // explainPlaintext follows an uncaptured source: kube-proxy (or the pod)

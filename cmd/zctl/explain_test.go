@@ -6,13 +6,14 @@ import (
 	"errors"
 	"flag"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
@@ -34,6 +35,8 @@ const strictKey = "istio-system/istio_converted_static_strict"
 //	local/cache   10.0.4.1 node1, endpoint of local/cache (10.96.0.30, 6379), internalTrafficPolicy Local
 //	demo/waypoint 10.0.5.1 node1, endpoint of demo/waypoint (15008); waypoint of demo/reviews
 //	demo/reviews-v1 10.0.6.1 node1, endpoint of demo/reviews (10.96.0.50, 9080), selected by demo/allow-waypoint
+//	demo/old-echo   ExternalName alias of echo.demo.svc.cluster.local
+//	egress/api      ServiceEntry api.example.com, auto-allocated 240.240.0.1:443, plaintext endpoint 192.0.2.10
 //	policies: demo/allow-client ALLOW sa-client on 8080 (namespace); demo/deny-other DENY sa-other on 9090 (namespace);
 //	          demo/allow-waypoint ALLOW sa-waypoint (selector); the static strict DENY
 func explainDump(t *testing.T) *dump {
@@ -44,6 +47,14 @@ func explainDump(t *testing.T) *dump {
 	cache := proxytest.ServiceKey("local", "cache")
 	wpSvc := proxytest.ServiceKey("demo", "waypoint")
 	reviews := proxytest.ServiceKey("demo", "reviews")
+	alias, err := anypb.New(wrapperspb.String("echo.demo.svc.cluster.local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	externalName := func(svc *workloadapi.Service) {
+		svc.Extensions = []*workloadapi.Extension{{Name: state.ExternalNameAliasExtension, Config: alias}}
+	}
+	serviceEntry := func(svc *workloadapi.Service) { svc.Hostname = "api.example.com" }
 	local := func(svc *workloadapi.Service) {
 		svc.LoadBalancing = &workloadapi.LoadBalancing{Mode: workloadapi.LoadBalancing_STRICT,
 			RoutingPreference: []workloadapi.LoadBalancing_Scope{workloadapi.LoadBalancing_NODE}}
@@ -59,6 +70,9 @@ func explainDump(t *testing.T) *dump {
 		proxytest.Pod("demo", "reviews-v1", "10.0.6.1", proxytest.OnNode("node1"), proxytest.InService(reviews, 9080, 9080),
 			proxytest.Policies("demo/allow-waypoint")),
 		proxytest.Service("demo", "echo", "10.96.0.10", []uint32{80, 8080}),
+		proxytest.Service("demo", "old-echo", "", nil, externalName),
+		proxytest.Service("egress", "api", "240.240.0.1", []uint32{443, 443}, serviceEntry),
+		proxytest.Pod("egress", "api-ext", "192.0.2.10", proxytest.Plaintext(), proxytest.InService("egress/api.example.com", 443, 443)),
 		proxytest.Service("secure", "api", "10.96.0.20", []uint32{443, 8443}),
 		proxytest.Service("local", "cache", "10.96.0.30", []uint32{6379, 6379}, local),
 		proxytest.Service("demo", "waypoint", "10.96.0.40", []uint32{15008, 15008}),
@@ -141,6 +155,17 @@ func TestExplain(t *testing.T) {
 			"endpoint": {"demo/reviews-v1 10.0.6.1:9080", "Service/demo/reviews"},
 			"authz":    {"AuthorizationPolicy/demo/allow-waypoint", "sees spiffe://cluster.local/ns/demo/sa/sa-waypoint (the waypoint's, over mTLS) from 10.0.5.1"},
 		}},
+		{"DNS: a Service by its short name", "demo/client", "echo:80", verdictAllow, "demo/allow-client", 0, map[string][]string{
+			"dns":   {"A echo → 10.96.0.10", "Service/demo/echo", "answered by the pod's DNS proxy"},
+			"route": {"hbone: CONNECT 10.0.1.1:8080"},
+		}},
+		{"DNS: an ExternalName alias followed to its target", "demo/client", "old-echo.demo.svc.cluster.local:80", verdictAllow, "demo/allow-client", 0, map[string][]string{
+			"dns": {"A old-echo.demo.svc.cluster.local → 10.96.0.10", "Service/demo/echo", "CNAME old-echo.demo.svc.cluster.local → echo.demo.svc.cluster.local"},
+		}},
+		{"DNS: a ServiceEntry's allocated address", "demo/client", "api.example.com:443", verdictAllow, "", -1, map[string][]string{
+			"dns":   {"A api.example.com → 240.240.0.1", "ServiceEntry/egress/api", "the ServiceEntry's address"},
+			"route": {"direct: plain TCP to 192.0.2.10:443", "Service/egress/api"},
+		}},
 		{"outside the mesh", "demo/client", "192.0.2.1:443", verdictAllow, "", -1, map[string][]string{
 			"route": {"passthrough: plain TCP to 192.0.2.1:443"},
 		}},
@@ -149,7 +174,7 @@ func TestExplain(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e, err := explain(d, "file x", tc.src, netip.MustParseAddrPort(tc.dst), first)
+			e, err := explain(d, "file x", tc.src, tc.dst, first)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,14 +195,16 @@ func TestExplain(t *testing.T) {
 			}
 		})
 	}
-	if _, err := explain(d, "file x", "demo/nobody", netip.MustParseAddrPort("10.96.0.10:80"), first); err == nil {
-		t.Error("unknown source accepted")
+	for _, bad := range [][2]string{{"demo/nobody", "10.96.0.10:80"}, {"demo/client", "example.org:443"}, {"demo/client", "echo"}} {
+		if _, err := explain(d, "file x", bad[0], bad[1], first); err == nil {
+			t.Errorf("%s → %s accepted", bad[0], bad[1])
+		}
 	}
 }
 
 // TestExplainFormats: table, JSON and YAML carry the same content.
 func TestExplainFormats(t *testing.T) {
-	e, err := explain(explainDump(t), "file x", "legacy/outsider", netip.MustParseAddrPort("10.96.0.20:443"), nil)
+	e, err := explain(explainDump(t), "file x", "legacy/outsider", "10.96.0.20:443", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

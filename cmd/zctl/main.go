@@ -2,7 +2,7 @@
 // dump (live, or saved to a file):
 //
 //	zctl config-dump [--admin ADDR | -f FILE] [workloads|services|policies|certificates|pods]
-//	zctl explain [--admin ADDR | -f FILE] [-o table|json|yaml] <source-pod> <destination-ip:port>
+//	zctl explain [--admin ADDR | -f FILE] [-o table|json|yaml] <source-pod> <destination>
 //	zctl check ...   (an alias of explain)
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"os"
 	"time"
 )
@@ -44,8 +43,8 @@ func main() {
 // commands are zctl's commands with their argument synopsis and summary.
 var commands = []struct{ name, args, summary string }{
 	{"config-dump", "[workloads|services|policies|certificates|pods]", "print the node proxy's state as tables"},
-	{"explain", "<source-pod> <destination-ip:port>", "follow one connection through routing and authorization; exit 3 if denied"},
-	{"check", "<source-pod> <destination-ip:port>", "alias of explain"},
+	{"explain", "<source-pod> <destination>", "follow one connection through routing and authorization; exit 3 if denied"},
+	{"check", "<source-pod> <destination>", "alias of explain"},
 }
 
 func usage(w io.Writer) {
@@ -53,7 +52,8 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-12s %s\n  %-12s   %s\n", c.name, c.args, "", c.summary)
 	}
-	fmt.Fprintln(w, "\nThe source pod is a workload uid, namespace/name or IP. Run zctl <command> -h for its flags.")
+	fmt.Fprintln(w, "\nThe source pod is a workload uid, namespace/name or IP; the destination is ip:port, or host:port\n"+
+		"resolved as the source pod's DNS proxy would answer it. Run zctl <command> -h for its flags.")
 }
 
 // options are the flags every command takes.
@@ -103,11 +103,7 @@ func run(args []string, out, errOut io.Writer) error {
 	}
 	if len(pos) != 2 {
 		fs.Usage()
-		return fmt.Errorf("%s wants <source-pod> <destination-ip:port>", name)
-	}
-	dst, err := netip.ParseAddrPort(pos[1])
-	if err != nil {
-		return fmt.Errorf("destination %q: want ip:port (hostnames are not resolved yet): %w", pos[1], err)
+		return fmt.Errorf("%s wants <source-pod> <destination>", name)
 	}
 	switch o.output {
 	case "table", "json", "yaml":
@@ -118,7 +114,7 @@ func run(args []string, out, errOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e, err := explain(d, from, pos[0], dst, nil)
+	e, err := explain(d, from, pos[0], pos[1], nil)
 	if err != nil {
 		return err
 	}
