@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -305,5 +307,33 @@ func TestExplainRunJSON(t *testing.T) {
 	}
 	if e.Verdict != verdictRefused || e.Proxy != "file "+p {
 		t.Errorf("verdict %s from %q", e.Verdict, e.Proxy)
+	}
+}
+
+// TestExplainLiveAdmin: --admin fetches /config_dump and names the proxy.
+func TestExplainLiveAdmin(t *testing.T) {
+	b, err := json.Marshal(explainDump(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/config_dump" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(b)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	var out bytes.Buffer
+	if err := run([]string{"explain", "--admin", addr, "-o", "yaml", "demo/client", "echo:80"}, &out, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var e explanation
+	if err := yaml.Unmarshal(out.Bytes(), &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Proxy != "admin http://"+addr+"/config_dump" || e.Verdict != verdictAllow || e.Policy != "demo/allow-client" {
+		t.Errorf("got proxy %q verdict %s policy %q", e.Proxy, e.Verdict, e.Policy)
 	}
 }
