@@ -24,6 +24,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // The loopback mesh of these tests: every "pod" is a distinct 127.77.0.x
@@ -250,8 +251,8 @@ func TestL7DenyPath(t *testing.T) {
 	if code != 200 || !strings.HasPrefix(body, "v1 GET /ok xff="+clientIP) {
 		t.Errorf("GET /ok = %d %q, want 200 from v1 with X-Forwarded-For %s", code, body, clientIP)
 	}
-	want := map[string]float64{"403": 1, "200": 1}
-	for codeLabel, n := range want {
+	// Stats is the last step, after the response went out: poll.
+	count := func(codeLabel string) float64 {
 		got := 0.0
 		mfs, _ := l.reg.Gather()
 		for _, mf := range mfs {
@@ -270,9 +271,11 @@ func TestL7DenyPath(t *testing.T) {
 				}
 			}
 		}
-		if got != n {
-			t.Errorf("istio_requests_total{reporter=waypoint,response_code=%s} = %v, want %v", codeLabel, got, n)
-		}
+		return got
+	}
+	for _, codeLabel := range []string{"403", "200"} {
+		testkit.Eventually(t, 2*time.Second, "istio_requests_total{reporter=waypoint,response_code="+codeLabel+"} = 1",
+			func() bool { return count(codeLabel) == 1 })
 	}
 	if n := testutil.CollectAndCount(l.reg, "istio_request_duration_milliseconds"); n == 0 {
 		t.Error("no istio_request_duration_milliseconds series")
