@@ -3,13 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net/netip"
-	"slices"
 
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
@@ -96,6 +96,7 @@ type policy struct {
 	Scope     string `json:"scope"`
 	Action    string `json:"action"`
 	DryRun    bool   `json:"dryRun"`
+	Audit     bool   `json:"audit"`
 	Rules     []struct {
 		Clauses []struct {
 			Matches []match `json:"matches"`
@@ -231,6 +232,13 @@ func (d *dump) snapshot() (*state.Snapshot, error) {
 	if err := st.ApplyAddresses(addrs, nil); err != nil {
 		return nil, fmt.Errorf("rebuilding state from the dump: %w", err)
 	}
+	authz, err := d.authorizations()
+	if err != nil {
+		return nil, err
+	}
+	if err := st.ApplyAuthorizations(authz, nil); err != nil {
+		return nil, fmt.Errorf("rebuilding policies from the dump: %w", err)
+	}
 	return st.Load(), nil
 }
 
@@ -271,9 +279,11 @@ func gatewayProto(g *state.GatewayAddress) *workloadapi.GatewayAddress {
 	return out
 }
 
-// rbacPolicies converts the dump's policies into evaluation-ready ones.
-func (d *dump) rbacPolicies() (map[string]*rbac.Policy, error) {
-	out := make(map[string]*rbac.Policy, len(d.Policies))
+// authorizations rebuilds the dump's policies as the WDS Authorization
+// protos they came from, so the store converts them (rbac.FromProto) and
+// selects them (Snapshot.PoliciesFor) exactly as on the node.
+func (d *dump) authorizations() (map[string]*securityapi.Authorization, error) {
+	out := make(map[string]*securityapi.Authorization, len(d.Policies))
 	for _, p := range d.Policies {
 		scope, err := enumOf(p.Scope, rbac.ScopeWorkloadSelector)
 		if err != nil {
@@ -283,72 +293,87 @@ func (d *dump) rbacPolicies() (map[string]*rbac.Policy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("policy %s action: %w", p.Key, err)
 		}
-		rp := &rbac.Policy{Key: p.Key, Name: p.Name, Namespace: p.Namespace, Scope: scope, Action: action, DryRun: p.DryRun}
+		a := &securityapi.Authorization{Name: p.Name, Namespace: p.Namespace, Scope: securityapi.Scope(scope),
+			Action: securityapi.Action(action), DryRun: p.DryRun}
+		if p.Audit {
+			a.Extensions = []*securityapi.Extension{{Name: securityapi.AuditExtension}}
+		}
 		for _, r := range p.Rules {
-			var rr rbac.Rule
+			pr := &securityapi.Rule{}
 			for _, c := range r.Clauses {
-				var rc rbac.Clause
+				pc := &securityapi.Clause{}
 				for _, m := range c.Matches {
-					rm, err := m.convert()
+					pm, err := m.proto()
 					if err != nil {
 						return nil, fmt.Errorf("policy %s: %w", p.Key, err)
 					}
-					rc.Matches = append(rc.Matches, rm)
+					pc.Matches = append(pc.Matches, pm)
 				}
-				rr.Clauses = append(rr.Clauses, rc)
+				pr.Clauses = append(pr.Clauses, pc)
 			}
-			rp.Rules = append(rp.Rules, rr)
+			a.Rules = append(a.Rules, pr)
 		}
-		out[p.Key] = rp
+		out[p.Key] = a
 	}
 	return out, nil
 }
 
-func (m match) convert() (rbac.Match, error) {
+func (m match) proto() (*securityapi.Match, error) {
 	var errs []error
-	sm := func(in []stringMatch) []rbac.StringMatch {
-		var out []rbac.StringMatch
+	sm := func(in []stringMatch) []*securityapi.StringMatch {
+		var out []*securityapi.StringMatch
 		for _, s := range in {
 			k, err := enumOf(s.Kind, rbac.Presence)
 			if err != nil {
 				errs = append(errs, err)
+				continue
 			}
-			out = append(out, rbac.StringMatch{Kind: k, Value: s.Value})
+			pm := &securityapi.StringMatch{}
+			switch k {
+			case rbac.Exact:
+				pm.MatchType = &securityapi.StringMatch_Exact{Exact: s.Value}
+			case rbac.Prefix:
+				pm.MatchType = &securityapi.StringMatch_Prefix{Prefix: s.Value}
+			case rbac.Suffix:
+				pm.MatchType = &securityapi.StringMatch_Suffix{Suffix: s.Value}
+			default:
+				pm.MatchType = &securityapi.StringMatch_Presence{Presence: &emptypb.Empty{}}
+			}
+			out = append(out, pm)
 		}
 		return out
 	}
-	rm := rbac.Match{
+	addrs := func(in []netip.Prefix) []*securityapi.Address {
+		var out []*securityapi.Address
+		for _, p := range in {
+			out = append(out, &securityapi.Address{Address: p.Addr().AsSlice(), Length: uint32(p.Bits())})
+		}
+		return out
+	}
+	ports := func(in []uint16) []uint32 {
+		var out []uint32
+		for _, p := range in {
+			out = append(out, uint32(p))
+		}
+		return out
+	}
+	sas := func(in []rbac.ServiceAccount) []*securityapi.ServiceAccountMatch {
+		var out []*securityapi.ServiceAccountMatch
+		for _, sa := range in {
+			out = append(out, &securityapi.ServiceAccountMatch{Namespace: sa.Namespace, ServiceAccount: sa.ServiceAccount})
+		}
+		return out
+	}
+	pm := &securityapi.Match{
 		Namespaces: sm(m.Namespaces), NotNamespaces: sm(m.NotNamespaces),
 		Principals: sm(m.Principals), NotPrincipals: sm(m.NotPrincipals),
-		SourceIPs: m.SourceIPs, NotSourceIPs: m.NotSourceIPs,
-		DestinationIPs: m.DestinationIPs, NotDestinationIPs: m.NotDestinationIPs,
-		DestinationPorts: m.DestinationPorts, NotDestinationPorts: m.NotDestinationPorts,
-		ServiceAccounts: m.ServiceAccounts, NotServiceAccounts: m.NotServiceAccounts,
+		SourceIps: addrs(m.SourceIPs), NotSourceIps: addrs(m.NotSourceIPs),
+		DestinationIps: addrs(m.DestinationIPs), NotDestinationIps: addrs(m.NotDestinationIPs),
+		DestinationPorts: ports(m.DestinationPorts), NotDestinationPorts: ports(m.NotDestinationPorts),
+		ServiceAccounts: sas(m.ServiceAccounts), NotServiceAccounts: sas(m.NotServiceAccounts),
 	}
 	if len(errs) > 0 {
-		return rm, fmt.Errorf("string match kind: %w", errs[0])
+		return nil, fmt.Errorf("string match kind: %w", errs[0])
 	}
-	return rm, nil
-}
-
-// policiesFor returns the policies applying to w, as state.PoliciesFor
-// selects them (docs/protocol.md#authorization-policy): namespace-scope policies of w's
-// namespace, global ones, and w's selector policies; sorted by key.
-func policiesFor(all map[string]*rbac.Policy, w *state.Workload) []*rbac.Policy {
-	keys := map[string]bool{}
-	for k, p := range all {
-		if (p.Scope == rbac.ScopeNamespace && p.Namespace == w.Namespace) || p.Scope == rbac.ScopeGlobal {
-			keys[k] = true
-		}
-	}
-	for _, k := range w.AuthorizationPolicies {
-		if _, ok := all[k]; ok {
-			keys[k] = true
-		}
-	}
-	out := make([]*rbac.Policy, 0, len(keys))
-	for _, k := range slices.Sorted(maps.Keys(keys)) {
-		out = append(out, all[k])
-	}
-	return out
+	return pm, nil
 }

@@ -104,10 +104,6 @@ func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explana
 	if err != nil {
 		return nil, err
 	}
-	policies, err := d.rbacPolicies()
-	if err != nil {
-		return nil, err
-	}
 	src, err := findSource(snap, d, srcRef)
 	if err != nil {
 		return nil, err
@@ -126,7 +122,7 @@ func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explana
 		// Not captured: the pod's own stack sends plain TCP; the mesh routes
 		// nothing and nothing proves its identity.
 		e.add("capture", "off: "+src.Protocol.String()+" workload, plain TCP from the pod", workloadRef(src), "no node proxy captures its traffic, so it has no identity")
-		return explainPlaintext(e, snap, policies, src, dst, rnd)
+		return explainPlaintext(e, snap, src, dst, rnd)
 	}
 	e.add("capture", "on: outbound captured by the node proxy on "+or(src.Node, "-"), workloadRef(src), podState(d, src))
 	r, err := route.OutboundWith(snap, src, dst, rnd)
@@ -181,7 +177,7 @@ func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explana
 		} else if dw = snap.WorkloadByIP(src.Network, dst.Addr()); dw == nil {
 			return nil, fmt.Errorf("waypoint route to %s names no workload", dst)
 		}
-		authorize(e, policies, dw, rbac.Conn{SrcIP: firstAddr(wp), DstIP: target.Addr(), DstPort: target.Port(), SrcIdentity: wp.Identity()}, "the waypoint's, over mTLS")
+		authorize(e, snap, dw, rbac.Conn{SrcIP: firstAddr(wp), DstIP: target.Addr(), DstPort: target.Port(), SrcIdentity: wp.Identity()}, "the waypoint's, over mTLS")
 		return e, nil
 	}
 	dw := r.DstWorkload
@@ -189,7 +185,7 @@ func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explana
 	if r.Service != nil {
 		e.add("endpoint", dw.Namespace+"/"+dw.Name+" "+r.Authority.String(), serviceRef(r.Service), endpointWhy(r.Service))
 	}
-	authorize(e, policies, dw, rbac.Conn{SrcIP: srcIP, DstIP: r.Authority.Addr(), DstPort: r.Authority.Port(), SrcIdentity: src.Identity()}, "the client's, over mTLS")
+	authorize(e, snap, dw, rbac.Conn{SrcIP: srcIP, DstIP: r.Authority.Addr(), DstPort: r.Authority.Port(), SrcIdentity: src.Identity()}, "the client's, over mTLS")
 	return e, nil
 }
 
@@ -240,7 +236,7 @@ func resolveDestination(e *explanation, snap *state.Snapshot, src *state.Workloa
 // explainPlaintext follows an uncaptured source: kube-proxy (or the pod)
 // picks the endpoint, and a captured destination's node proxy sees a
 // plaintext connection on its inbound port, without identity.
-func explainPlaintext(e *explanation, snap *state.Snapshot, policies map[string]*rbac.Policy, src *state.Workload, dst netip.AddrPort, rnd func(int) int) (*explanation, error) {
+func explainPlaintext(e *explanation, snap *state.Snapshot, src *state.Workload, dst netip.AddrPort, rnd func(int) int) (*explanation, error) {
 	dw, target := (*state.Workload)(nil), dst
 	if svc := snap.ServiceByVIP(src.Network, dst.Addr(), src.Namespace); svc != nil {
 		w, port, err := snap.SelectEndpoint(svc, dst.Port(), src, rnd)
@@ -261,14 +257,14 @@ func explainPlaintext(e *explanation, snap *state.Snapshot, policies map[string]
 		e.Verdict = verdictAllow
 		return e, nil
 	}
-	authorize(e, policies, dw, rbac.Conn{SrcIP: firstAddr(src), DstIP: target.Addr(), DstPort: target.Port()}, "plaintext on the inbound port")
+	authorize(e, snap, dw, rbac.Conn{SrcIP: firstAddr(src), DstIP: target.Addr(), DstPort: target.Port()}, "plaintext on the inbound port")
 	return e, nil
 }
 
 // authorize runs the destination node proxy's L4 authorization and sets the
 // verdict, naming the deciding policy and rule.
-func authorize(e *explanation, all map[string]*rbac.Policy, dw *state.Workload, conn rbac.Conn, seen string) {
-	applying := policiesFor(all, dw)
+func authorize(e *explanation, snap *state.Snapshot, dw *state.Workload, conn rbac.Conn, seen string) {
+	applying := snap.PoliciesFor(dw)
 	dec := rbac.Evaluate(applying, conn)
 	peer := "no identity"
 	if !conn.SrcIdentity.IsZero() {
@@ -288,16 +284,23 @@ func authorize(e *explanation, all map[string]*rbac.Policy, dw *state.Workload, 
 	if dec.Policy != "" {
 		by = policyRef(dec.Policy)
 		e.Policy = dec.Policy
-		if p := all[dec.Policy]; p != nil {
-			if i, ok := matchingRule(p, conn); ok {
+		for _, p := range applying {
+			if i, ok := matchingRule(p, conn); ok && p.Key == dec.Policy {
 				e.Rule = &i
 				detail = fmt.Sprintf("rule %d; %s", i, detail)
 			}
 		}
 	}
 	e.add("authz", verdict+" ("+dec.Reason.String()+")", by, detail)
-	if dec.DryRunDeny != "" {
-		e.add("dry-run", "would deny", policyRef(dec.DryRunDeny), "dry-run policies are never enforced")
+	if v, ok := dec.DryRun(); ok && v.Differs {
+		what := "would deny"
+		if v.Allowed {
+			what = "would allow"
+		}
+		e.add("dry-run", what, policyRef(v.Policy), "dry-run policies are never enforced")
+	}
+	if dec.Audited != "" {
+		e.add("audit", "audited", policyRef(dec.Audited), "")
 	}
 	e.Verdict = verdict
 }

@@ -40,7 +40,8 @@ const strictKey = "istio-system/istio_converted_static_strict"
 //	demo/old-echo   ExternalName alias of echo.demo.svc.cluster.local
 //	egress/api      ServiceEntry api.example.com, auto-allocated 240.240.0.1:443, plaintext endpoint 192.0.2.10
 //	policies: demo/allow-client ALLOW sa-client on 8080 (namespace); demo/deny-other DENY sa-other on 9090 (namespace);
-//	          demo/allow-waypoint ALLOW sa-waypoint (selector); the static strict DENY
+//	          demo/allow-waypoint ALLOW sa-waypoint (selector); demo/dry-deny-client dry-run DENY sa-client on 8080;
+//	          the static strict DENY
 func explainDump(t *testing.T) *dump {
 	t.Helper()
 	s := state.NewStore()
@@ -82,13 +83,16 @@ func explainDump(t *testing.T) *dump {
 	)
 	allowWP := proxytest.Policy("demo", "allow-waypoint", securityapi.Action_ALLOW, proxytest.Rule(proxytest.Principals("cluster.local/ns/demo/sa/sa-waypoint")))
 	allowWP.Scope = securityapi.Scope_WORKLOAD_SELECTOR
+	dryDeny := proxytest.Policy("demo", "dry-deny-client", securityapi.Action_DENY,
+		proxytest.Rule(proxytest.Principals("cluster.local/ns/demo/sa/sa-client"), proxytest.Ports(8080)))
+	dryDeny.DryRun = true
 	proxytest.ApplyPolicies(t, s,
 		proxytest.Policy("demo", "allow-client", securityapi.Action_ALLOW,
 			proxytest.Rule(proxytest.Principals("cluster.local/ns/demo/sa/sa-client"), proxytest.Ports(8080))),
 		proxytest.Policy("demo", "deny-other", securityapi.Action_DENY,
 			proxytest.Rule(proxytest.Principals("cluster.local/ns/nobody/sa/x")),
 			proxytest.Rule(proxytest.Principals("cluster.local/ns/demo/sa/sa-other"), proxytest.Ports(9090))),
-		allowWP,
+		allowWP, dryDeny,
 		proxytest.StrictPolicy("istio-system"),
 	)
 	b, err := json.Marshal((&admin.Dumper{State: s}).Build())
@@ -129,6 +133,7 @@ func TestExplain(t *testing.T) {
 			"capture":  {"on: outbound captured by the node proxy on node0", "Workload/demo/client"},
 			"route":    {"hbone: CONNECT 10.0.1.1:8080 to 10.0.1.1:15008", "Service/demo/echo", "peer must be spiffe://cluster.local/ns/demo/sa/sa-server"},
 			"endpoint": {"demo/server 10.0.1.1:8080", "load balancing default"},
+			"dry-run":  {"would deny", "AuthorizationPolicy/demo/dry-deny-client"},
 			"authz":    {"ALLOW (explicitly allowed)", "AuthorizationPolicy/demo/allow-client", "rule 0", "sees spiffe://cluster.local/ns/demo/sa/sa-client (the client's, over mTLS) from 10.0.0.1"},
 		}},
 		{"DENY naming the policy and rule", "demo/other", "10.0.1.1:9090", verdictDeny, "demo/deny-other", 1, map[string][]string{
