@@ -109,8 +109,11 @@ func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explana
 		return nil, err
 	}
 	srcIP := firstAddr(src)
-	e := &explanation{Proxy: proxy, Destination: dstArg,
-		Source: fmt.Sprintf("%s/%s %s %s", src.Namespace, src.Name, srcIP, src.Identity())}
+	id := src.Identity().String()
+	if src.Protocol != state.TunnelHBONE {
+		id = "no identity (not captured)"
+	}
+	e := &explanation{Proxy: proxy, Destination: dstArg, Source: fmt.Sprintf("%s/%s %s %s", src.Namespace, src.Name, srcIP, id)}
 	dst, err := netip.ParseAddrPort(dstArg)
 	if err != nil {
 		if dst, err = resolveDestination(e, snap, src, dstArg); err != nil {
