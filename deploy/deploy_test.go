@@ -77,6 +77,7 @@ func TestDryRunApply(t *testing.T) {
 	}{
 		// Control plane.
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "pods"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "nodes"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Group: "networking.istio.io", Resource: "serviceentries"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "networking.istio.io", Resource: "serviceentries", Subresource: "status", Namespace: "app"}, true},
@@ -98,6 +99,7 @@ func TestDryRunApply(t *testing.T) {
 		// Node agent.
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "pods"}, true},
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "namespaces"}, true},
+		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "nodes"}, false},
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Subresource: "status", Namespace: "app"}, true},
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "app"}, false},
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: "app"}, false},
