@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -35,101 +34,6 @@ import (
 )
 
 const name = "waypoint"
-
-type options struct {
-	Gateway        string        `json:"gateway"` // namespace/name
-	XDSAddress     string        `json:"xdsAddress"`
-	CAAddress      string        `json:"caAddress"`
-	RootCert       string        `json:"rootCert"`
-	TokenFile      string        `json:"tokenFile"`
-	Token          string        `json:"-"`
-	TrustDomain    string        `json:"trustDomain"`
-	ServiceAccount string        `json:"serviceAccount"`
-	PodName        string        `json:"podName"`
-	NodeName       string        `json:"nodeName"`
-	IP             string        `json:"ip"`
-	Listen         string        `json:"listen"`
-	MetricsAddr    string        `json:"metricsAddr"`
-	ReadinessAddr  string        `json:"readinessAddr"`
-	AdminAddr      string        `json:"adminAddr"`
-	DrainDuration  time.Duration `json:"drainDuration"`
-	CheckFlags     bool          `json:"-"`
-	log            daemon.LogFlags
-}
-
-func env(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
-func parseFlags(args []string) (*options, error) {
-	o := &options{}
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	gwDefault := ""
-	if n, ns := os.Getenv("GATEWAY_NAME"), os.Getenv("POD_NAMESPACE"); n != "" && ns != "" {
-		gwDefault = ns + "/" + n
-	}
-	fs.StringVar(&o.Gateway, "gateway", gwDefault, "the waypoint Gateway, namespace/name (env GATEWAY_NAME and POD_NAMESPACE)")
-	fs.StringVar(&o.XDSAddress, "xds-address", env("XDS_ADDRESS", "istiod.istio-system.svc:15012"), "control plane delta xDS, host:port")
-	fs.StringVar(&o.CAAddress, "ca-address", env("CA_ADDRESS", ""), "mesh CA, host:port; empty: the xDS address")
-	fs.StringVar(&o.RootCert, "root-cert", env("ROOT_CERT", "/var/run/secrets/istio/root-cert.pem"), "PEM roots verifying the control plane")
-	fs.StringVar(&o.TokenFile, "token-file", env("TOKEN_FILE", "/var/run/secrets/tokens/istio-token"), "bearer token for xDS and the CA, read on each use")
-	fs.StringVar(&o.Token, "token", "", "static bearer token (wins over --token-file; local mode)")
-	fs.StringVar(&o.TrustDomain, "trust-domain", env("TRUST_DOMAIN", identity.DefaultTrustDomain), "trust domain of the waypoint's identity")
-	fs.StringVar(&o.ServiceAccount, "service-account", env("SERVICE_ACCOUNT", ""), "the waypoint's service account; empty: the Gateway's name")
-	fs.StringVar(&o.PodName, "pod-name", env("POD_NAME", ""), "this pod's name; empty: waypoint-<gateway name>")
-	fs.StringVar(&o.NodeName, "node-name", env("NODE_NAME", ""), "the node this pod runs on")
-	fs.StringVar(&o.IP, "ip", env("INSTANCE_IP", ""), "this pod's IP (source of upstream HBONE)")
-	fs.StringVar(&o.Listen, "listen", ":15008", "HBONE listen address")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", "[::]:15020", "Prometheus /metrics; empty disables")
-	fs.StringVar(&o.ReadinessAddr, "readiness-addr", "[::]:15021", "readiness "+daemon.ReadyPath+"; empty disables")
-	fs.StringVar(&o.AdminAddr, "admin-addr", "localhost:15000", "admin (/config_dump, /logging, pprof), loopback only; empty disables")
-	fs.DurationVar(&o.DrainDuration, "drain-duration", 5*time.Second, "how long open tunnels may finish after SIGTERM")
-	fs.BoolVar(&o.CheckFlags, "check-flags", false, "print the parsed options as JSON and exit")
-	o.log.Register(fs, "", "")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	var errs []error
-	ns, gw, ok := strings.Cut(o.Gateway, "/")
-	if !ok || ns == "" || gw == "" {
-		errs = append(errs, fmt.Errorf("--gateway %q: want namespace/name", o.Gateway))
-	}
-	if o.ServiceAccount == "" {
-		o.ServiceAccount = gw
-	}
-	if o.PodName == "" {
-		o.PodName = "waypoint-" + gw
-	}
-	if o.CAAddress == "" {
-		o.CAAddress = o.XDSAddress
-	}
-	if _, err := netip.ParseAddr(o.IP); err != nil {
-		errs = append(errs, fmt.Errorf("--ip %q: %w", o.IP, err))
-	}
-	if o.NodeName == "" {
-		errs = append(errs, errors.New("--node-name is required"))
-	}
-	if _, err := identity.New(o.TrustDomain, ns, o.ServiceAccount); ok && err != nil {
-		errs = append(errs, fmt.Errorf("identity: %w", err))
-	}
-	for _, a := range []struct {
-		flag, v string
-		debug   bool
-	}{{"metrics-addr", o.MetricsAddr, false}, {"readiness-addr", o.ReadinessAddr, false}, {"admin-addr", o.AdminAddr, true}} {
-		if a.v != "" {
-			if err := daemon.ValidateAddr(a.v, a.debug); err != nil {
-				errs = append(errs, fmt.Errorf("--%s: %w", a.flag, err))
-			}
-		}
-	}
-	if _, err := o.log.Config(); err != nil {
-		errs = append(errs, err)
-	}
-	return o, errors.Join(errs...)
-}
 
 func main() {
 	o, err := parseFlags(os.Args[1:])
