@@ -20,7 +20,7 @@ FORTIO_VERSION := v1.68.2
 APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh demo clean k8s-bins deploy-check
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh demo clean k8s-bins deploy-check images images-test
 
 all: build
 
@@ -95,6 +95,16 @@ e2e: tools k8s-bins
 deploy-check: k8s-bins
 	deploy/check.sh
 
+## images: OCI archives of ztunnel, ztunnel-cni, ztunnel-cp, zctl (and waypoint) in bin/images/, built without a
+## container daemon or base image (hack/images; IMAGE_REGISTRY names the registry in their references).
+IMAGE_REGISTRY ?= ghcr.io/ztunnel-go
+images:
+	cd hack/images && $(GO) run . -repo $(CURDIR) -out $(CURDIR)/bin/images -registry $(IMAGE_REGISTRY)
+
+## images-test: the image builder's vet and tests (two full builds give the same digests; root runs its iptables).
+images-test:
+	cd hack/images && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
+
 ## fuzz: a short run of every fuzz target (FUZZTIME=5s each by default; `make fuzz FUZZTIME=5m` for a long run).
 fuzz:
 	@for pkg in $$($(GO) list ./...); do \
@@ -106,7 +116,7 @@ fuzz:
 	done
 
 ## test: everything CI runs.
-test: deps tools lint proto-check unit e2e deploy-check
+test: deps tools lint proto-check unit e2e deploy-check images-test
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 bench-hbone:

@@ -7,6 +7,7 @@ import (
 	"debug/elf"
 	"encoding/hex"
 	"io"
+	"log"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -203,7 +204,7 @@ func TestImageConfig(t *testing.T) {
 // and ctr images import read) and as a docker-save tarball (what crane push
 // <file> reads), validates both, and pushes them to a registry.
 func TestArchiveFormats(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(nil)))
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	host := strings.TrimPrefix(reg.URL, "http://")
 	for _, r := range builds(t)[0] {
@@ -396,9 +397,11 @@ func TestAgentUserspace(t *testing.T) {
 	}
 	for _, c := range [][]string{{"/sbin/iptables", "--version"}, {"/usr/sbin/iptables-legacy", "--version"},
 		{"/usr/sbin/ip6tables-nft", "--version"}, {"/usr/sbin/ipset", "--version"}} {
-		if out := run(c...); !regexp.MustCompile(`v[0-9]+\.[0-9]+`).MatchString(out) {
+		out := run(c...)
+		if !regexp.MustCompile(`v[0-9]+\.[0-9]+`).MatchString(out) {
 			t.Errorf("%v: %q", c, out)
 		}
+		t.Logf("chroot %v: %s", c, strings.TrimSpace(out))
 	}
 	if out := run("/usr/sbin/iptables-nft-restore", "--version"); !strings.Contains(out, "nf_tables") {
 		t.Errorf("iptables-nft-restore --version: %q", out)

@@ -164,7 +164,6 @@ func build(o options) ([]result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: digest: %w", c.name, err)
 		}
-		o.Logf("%s %s %s", archive, ref, d)
 		results = append(results, result{Component: c.name, Ref: ref, Archive: archive, Digest: d, Image: img})
 	}
 	return results, nil
