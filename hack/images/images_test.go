@@ -33,6 +33,7 @@ var (
 	buildsOnce sync.Once
 	buildsRes  [2][]result
 	buildsErr  error
+	buildsDir  string
 	testMeta   = meta{
 		Version:  "0.0.0-test",
 		Revision: "0123456789abcdef0123456789abcdef01234567",
@@ -40,6 +41,14 @@ var (
 		Created:  time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
 	}
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildsDir != "" {
+		os.RemoveAll(buildsDir)
+	}
+	os.Exit(code)
+}
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -61,6 +70,7 @@ func builds(t *testing.T) [2][]result {
 			buildsErr = err
 			return
 		}
+		buildsDir = tmp
 		for i := range buildsRes {
 			buildsRes[i], err = build(options{
 				Repo: root, Out: filepath.Join(tmp, []string{"a", "b"}[i]),
