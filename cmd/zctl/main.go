@@ -4,13 +4,16 @@
 //	zctl config-dump [--admin ADDR | -f FILE] [workloads|services|policies|certificates|pods]
 //	zctl explain [--admin ADDR | -f FILE] [-o table|json|yaml] <source-pod> <destination>
 //	zctl check ...   (an alias of explain)
+//	zctl analyze [-o table|json|yaml] <dir>
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
 // offline and runs the data path's own routing decision (route.Outbound,
 // with the services' load-balancing settings) and L4 authorization
 // (rbac.Evaluate, with the identity the destination node proxy sees) on it,
 // step by step, naming the object that decided each step; it exits 3 when
-// the connection would be denied or refused.
+// the connection would be denied or refused. analyze reads a directory of
+// YAML as local mode does, runs the control plane's translation on it and
+// lists what will not work (codes ZTG0001…); it exits 2 on an error finding.
 //
 // zctl, zctl -h and zctl <command> -h print usage and contact nothing. It
 // only reads; it never changes the proxy.
@@ -32,6 +35,8 @@ func main() {
 	switch {
 	case errors.Is(err, errDenied):
 		os.Exit(3)
+	case errors.Is(err, errFindings):
+		os.Exit(2)
 	case errors.Is(err, flag.ErrHelp):
 		os.Exit(0)
 	case err != nil:
@@ -45,6 +50,7 @@ var commands = []struct{ name, args, summary string }{
 	{"config-dump", "[workloads|services|policies|certificates|pods]", "print the node proxy's state as tables"},
 	{"explain", "<source-pod> <destination>", "follow one connection through routing and authorization; exit 3 if denied"},
 	{"check", "<source-pod> <destination>", "alias of explain"},
+	{"analyze", "<dir>", "check a directory of YAML with the control plane's translation; exit 2 on errors"},
 }
 
 func usage(w io.Writer) {
@@ -100,6 +106,9 @@ func run(args []string, out, errOut io.Writer) error {
 			return err
 		}
 		return configDump(out, d, from, pos)
+	}
+	if name == "analyze" {
+		return runAnalyze(out, o.output, pos)
 	}
 	if len(pos) != 2 {
 		fs.Usage()

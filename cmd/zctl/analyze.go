@@ -1,0 +1,369 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	securityv1beta1 "istio.io/api/security/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+)
+
+// errFindings: analyze found at least one error-level finding (exit 2).
+var errFindings = errors.New("analyze: error-level findings")
+
+// Finding levels.
+const (
+	levelError   = "Error"
+	levelWarning = "Warning"
+	levelInfo    = "Info"
+)
+
+// Finding codes are stable: never renumber one, only add new ones.
+const (
+	codeDecode          = "ZTG0001" // a document that cannot be read
+	codeInvalidValue    = "ZTG0002" // a value that cannot be enforced
+	codeTargetNothing   = "ZTG0003" // a targetRef that attaches to nothing
+	codeSelectsNothing  = "ZTG0004" // a selector policy that selects no workload
+	codeNoWaypoint      = "ZTG0005" // a waypoint policy in a mesh with no waypoint
+	codeExternalName    = "ZTG0006" // a policy aimed at an ExternalName alias
+	codeStrictNonMesh   = "ZTG0007" // STRICT mTLS with clients outside the mesh
+	codeSENoAddress     = "ZTG0008" // a ServiceEntry waiting for its allocated address
+	codeIgnoredKind     = "ZTG0009" // a kind the control plane does not read
+	codeNotSent         = "ZTG0010" // a policy the control plane did not send
+	codeTranslationWarn = "ZTG0011" // any other translation warning
+)
+
+// finding is one problem analyze reports.
+type finding struct {
+	Code    string `json:"code"`
+	Level   string `json:"level"`
+	Object  string `json:"object"` // "Kind namespace/name", or a file
+	Message string `json:"message"`
+	Fix     string `json:"fix"`
+}
+
+// ignoredNotes say what happens instead of an ignored kind.
+var ignoredNotes = map[string]string{
+	"VirtualService":        "node proxies route on Services; use an HTTPRoute bound to a waypoint for L7 routing",
+	"DestinationRule":       "node proxies always use HBONE mTLS; load balancing comes from the Service (trafficDistribution)",
+	"Sidecar":               "ambient has no sidecars; node proxies receive all config",
+	"EnvoyFilter":           "node proxies are not Envoy; nothing replaces it",
+	"RequestAuthentication": "JWT is an L7 check; node proxies cannot enforce it",
+}
+
+// analyzeDir decodes the YAML under dir with local mode's own reader,
+// translates it with the control plane's translation, and reports what will
+// not work as written.
+func analyzeDir(dir string) ([]finding, error) {
+	src := local.New(dir, nil, 0)
+	if _, err := src.Load(); err != nil {
+		return nil, err
+	}
+	var out []finding
+	for _, err := range src.Errors() {
+		out = append(out, finding{Code: codeDecode, Level: levelError, Object: dir, Message: err.Error(),
+			Fix: "fix the document (the control plane keeps the last good version of its objects)"})
+	}
+	objs, _ := src.Current()
+	if objs == nil {
+		objs = &cluster.Objects{}
+	}
+	cfg := translate.LocalDefaults()
+	res := translate.Translate(cfg, objs, nil)
+	out = append(out, policyFindings(res)...)
+	out = append(out, warningFindings(res)...)
+	out = append(out, selectorFindings(cfg, objs)...)
+	out = append(out, externalNameFindings(objs)...)
+	out = append(out, strictFindings(cfg, objs)...)
+	out = append(out, serviceEntryFindings(objs)...)
+	for _, o := range objs.Ignored {
+		note := ignoredNotes[o.Kind]
+		if note == "" {
+			note = "nothing in ztunnel-go reads it"
+		}
+		out = append(out, finding{Code: codeIgnoredKind, Level: levelWarning, Object: o.Kind + " " + o.Namespace + "/" + o.Name,
+			Message: "ztunnel-go's control plane does not read " + o.Kind + " (" + o.APIVersion + "); it has no effect: " + note,
+			Fix:     "delete it, or express it with the kinds listed in the note"})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Code != out[j].Code {
+			return out[i].Code < out[j].Code
+		}
+		return out[i].Object < out[j].Object
+	})
+	return out, nil
+}
+
+// policyFindings reads the translation's per-policy status.
+func policyFindings(res *translate.Result) []finding {
+	var out []finding
+	for _, st := range res.Policies {
+		obj := st.Kind + " " + st.Name
+		for _, bad := range st.Invalid {
+			out = append(out, finding{Code: codeInvalidValue, Level: levelError, Object: obj,
+				Message: bad + "; the control plane: " + or(st.Message, "the rule holding it fails closed"),
+				Fix:     "correct the value at that field path"})
+		}
+		switch {
+		case strings.Contains(st.Message, "targetRef attaches to nothing"):
+			_, rest, _ := strings.Cut(st.Message, "targetRef attaches to nothing: ")
+			out = append(out, finding{Code: codeTargetNothing, Level: levelError, Object: obj,
+				Message: "targetRef attaches to nothing: " + rest,
+				Fix:     "point targetRefs at an existing waypoint Gateway, Service or ServiceEntry in the policy's namespace"})
+		case strings.HasPrefix(st.Message, translate.NotEnforcedByWaypoint):
+			out = append(out, finding{Code: codeNoWaypoint, Level: levelWarning, Object: obj,
+				Message: st.Message,
+				Fix:     "deploy a waypoint and bind the target to it (istio.io/use-waypoint), or use a selector policy node proxies enforce"})
+		case !st.Sent && st.Message != "" && len(st.Invalid) == 0:
+			out = append(out, finding{Code: codeNotSent, Level: levelWarning, Object: obj, Message: st.Message,
+				Fix: "rewrite the policy with what node proxies support, or remove it"})
+		}
+	}
+	return out
+}
+
+// warningFindings passes on translation warnings about objects other than
+// policies (policies are covered by their status).
+func warningFindings(res *translate.Result) []finding {
+	var out []finding
+	for _, w := range res.Warnings {
+		if strings.HasPrefix(w, "AuthorizationPolicy ") || strings.HasPrefix(w, "PeerAuthentication ") {
+			continue
+		}
+		obj, msg, _ := strings.Cut(w, ": ")
+		out = append(out, finding{Code: codeTranslationWarn, Level: levelWarning, Object: obj, Message: msg,
+			Fix: "change the object as the message says"})
+	}
+	return out
+}
+
+func matches(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// workloadLabels lists the label sets of pods and WorkloadEntries in ns
+// ("" = every namespace).
+func workloadLabels(objs *cluster.Objects, ns string) []map[string]string {
+	var out []map[string]string
+	for _, p := range objs.Pods {
+		if ns == "" || p.Namespace == ns {
+			out = append(out, p.Labels)
+		}
+	}
+	for _, w := range objs.WorkloadEntries {
+		if ns == "" || w.Namespace == ns {
+			out = append(out, w.Spec.GetLabels())
+		}
+	}
+	return out
+}
+
+// selectorFindings: AuthorizationPolicies and PeerAuthentications whose
+// selector matches no pod or WorkloadEntry (a root-namespace policy selects
+// in every namespace).
+func selectorFindings(cfg translate.Config, objs *cluster.Objects) []finding {
+	var out []finding
+	check := func(kind, ns, name string, sel map[string]string) {
+		if len(sel) == 0 {
+			return
+		}
+		scope := ns
+		if ns == cfg.RootNamespace {
+			scope = ""
+		}
+		for _, l := range workloadLabels(objs, scope) {
+			if matches(sel, l) {
+				return
+			}
+		}
+		out = append(out, finding{Code: codeSelectsNothing, Level: levelWarning, Object: kind + " " + ns + "/" + name,
+			Message: fmt.Sprintf("selector %v matches no pod or WorkloadEntry; the policy applies to nothing", sel),
+			Fix:     "fix spec.selector.matchLabels to the workloads' labels"})
+	}
+	for _, ap := range objs.AuthorizationPolicies {
+		if len(ap.Spec.GetTargetRefs()) == 0 && ap.Spec.GetTargetRef() == nil {
+			check("AuthorizationPolicy", ap.Namespace, ap.Name, ap.Spec.GetSelector().GetMatchLabels())
+		}
+	}
+	for _, pa := range objs.PeerAuthentications {
+		check("PeerAuthentication", pa.Namespace, pa.Name, pa.Spec.GetSelector().GetMatchLabels())
+	}
+	return out
+}
+
+// externalNameFindings: policies whose targetRef names an ExternalName
+// Service; node proxies treat it as an alias of the service it names.
+func externalNameFindings(objs *cluster.Objects) []finding {
+	ext := map[string]string{}
+	for _, s := range objs.Services {
+		if s.Spec.Type == corev1.ServiceTypeExternalName {
+			ext[s.Namespace+"/"+s.Name] = s.Spec.ExternalName
+		}
+	}
+	var out []finding
+	for _, ap := range objs.AuthorizationPolicies {
+		refs := ap.Spec.GetTargetRefs()
+		if r := ap.Spec.GetTargetRef(); r != nil {
+			refs = append(refs, r)
+		}
+		for _, r := range refs {
+			ns := or(r.GetNamespace(), ap.Namespace)
+			if r.GetKind() != "Service" || r.GetGroup() != "" {
+				continue
+			}
+			if target, ok := ext[ns+"/"+r.GetName()]; ok {
+				out = append(out, finding{Code: codeExternalName, Level: levelWarning,
+					Object: "AuthorizationPolicy " + ap.Namespace + "/" + ap.Name,
+					Message: fmt.Sprintf("targetRef Service %s/%s is an ExternalName alias of %s; traffic to it is the referenced service's", ns, r.GetName(), target),
+					Fix:     "target the referenced service " + target + " instead"})
+			}
+		}
+	}
+	return out
+}
+
+// inAmbient reports whether a pod is enrolled the way local mode enrolls it.
+func inAmbient(objs *cluster.Objects, p *corev1.Pod) bool {
+	if p.Spec.HostNetwork || p.Annotations[translate.AnnotationSidecarStatus] != "" {
+		return false
+	}
+	if v, ok := p.Labels[translate.LabelDataplaneMode]; ok {
+		return v == "ambient"
+	}
+	if p.Annotations[translate.AnnotationRedirection] == "enabled" {
+		return true
+	}
+	ns := objs.Namespace(p.Namespace)
+	return ns != nil && ns.Labels[translate.LabelDataplaneMode] == "ambient"
+}
+
+// strictFindings: STRICT PeerAuthentications while pods outside the mesh
+// exist; their plaintext connections to the STRICT workloads are refused.
+func strictFindings(cfg translate.Config, objs *cluster.Objects) []finding {
+	outside := map[string]bool{}
+	for _, p := range objs.Pods {
+		if !inAmbient(objs, p) && !p.Spec.HostNetwork {
+			outside[p.Namespace] = true
+		}
+	}
+	if len(outside) == 0 {
+		return nil
+	}
+	var nss []string
+	for ns := range outside {
+		nss = append(nss, ns)
+	}
+	sort.Strings(nss)
+	var out []finding
+	for _, pa := range objs.PeerAuthentications {
+		if pa.Spec.GetMtls().GetMode() != securityv1beta1.PeerAuthentication_MutualTLS_STRICT {
+			continue
+		}
+		scope := "namespace " + pa.Namespace
+		if pa.Namespace == cfg.RootNamespace && len(pa.Spec.GetSelector().GetMatchLabels()) == 0 {
+			scope = "the whole mesh"
+		}
+		out = append(out, finding{Code: codeStrictNonMesh, Level: levelWarning, Object: "PeerAuthentication " + pa.Namespace + "/" + pa.Name,
+			Message: fmt.Sprintf("STRICT mTLS for %s while pods outside the mesh run in %s; their plaintext connections are refused", scope, strings.Join(nss, ", ")),
+			Fix:     "enroll those namespaces (istio.io/dataplane-mode=ambient), or use PERMISSIVE until they are"})
+	}
+	return out
+}
+
+// serviceEntryFindings: ServiceEntries that need an auto-allocated address
+// and have none in status.addresses yet.
+func serviceEntryFindings(objs *cluster.Objects) []finding {
+	var out []finding
+	for _, se := range objs.ServiceEntries {
+		for _, h := range se.Spec.GetHosts() {
+			if !autoalloc.Eligible(se, h) {
+				continue
+			}
+			found := false
+			for _, a := range se.Status.GetAddresses() {
+				found = found || a.GetHost() == h
+			}
+			if !found {
+				out = append(out, finding{Code: codeSENoAddress, Level: levelWarning, Object: "ServiceEntry " + se.Namespace + "/" + se.Name,
+					Message: "host " + h + " has no auto-allocated address in status.addresses yet; until the control plane writes one, node proxies cannot capture it by address",
+					Fix:     "run the control plane with auto-allocation (it writes status.addresses), or set spec.addresses"})
+			}
+		}
+	}
+	return out
+}
+
+// writeFindings prints fs as a table, JSON or YAML.
+func writeFindings(w io.Writer, dir string, fs []finding, format string) error {
+	switch format {
+	case "json":
+		b, err := json.MarshalIndent(struct {
+			Findings []finding `json:"findings"`
+		}{fs}, "", "  ")
+		if err != nil {
+			return fmt.Errorf("analyze: %w", err)
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(struct {
+			Findings []finding `json:"findings"`
+		}{fs})
+		if err != nil {
+			return fmt.Errorf("analyze: %w", err)
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	if len(fs) == 0 {
+		_, err := fmt.Fprintf(w, "✔ no problems found in %s\n", dir)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CODE\tLEVEL\tOBJECT\tMESSAGE\tFIX")
+	for _, f := range fs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Code, f.Level, f.Object, f.Message, f.Fix)
+	}
+	return tw.Flush()
+}
+
+// runAnalyze is `zctl analyze [-o table|json|yaml] DIR`.
+func runAnalyze(out io.Writer, format string, pos []string) error {
+	if len(pos) != 1 {
+		return fmt.Errorf("analyze wants one directory of YAML (live cluster mode is not there yet)")
+	}
+	switch format {
+	case "table", "json", "yaml":
+	default:
+		return fmt.Errorf("unknown output format %q (want table, json or yaml)", format)
+	}
+	fs, err := analyzeDir(pos[0])
+	if err != nil {
+		return err
+	}
+	if err := writeFindings(out, pos[0], fs, format); err != nil {
+		return err
+	}
+	for _, f := range fs {
+		if f.Level == levelError {
+			return errFindings
+		}
+	}
+	return nil
+}

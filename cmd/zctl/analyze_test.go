@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+func codesOf(fs []finding) map[string][]finding {
+	m := map[string][]finding{}
+	for _, f := range fs {
+		m[f.Code] = append(m[f.Code], f)
+	}
+	return m
+}
+
+func TestAnalyzeBrokenDir(t *testing.T) {
+	fs, err := analyzeDir("testdata/analyze/broken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := codesOf(fs)
+	want := map[string]string{
+		codeInvalidValue:   "AuthorizationPolicy shop/bad-cidr",
+		codeTargetNothing:  "AuthorizationPolicy shop/to-missing",
+		codeSelectsNothing: "AuthorizationPolicy shop/nobody",
+		codeNoWaypoint:     "AuthorizationPolicy shop/to-alias",
+		codeExternalName:   "AuthorizationPolicy shop/to-alias",
+		codeStrictNonMesh:  "PeerAuthentication shop/strict",
+		codeSENoAddress:    "ServiceEntry shop/ext",
+		codeIgnoredKind:    "VirtualService shop/web-routes",
+	}
+	for code, obj := range want {
+		if len(got[code]) != 1 || got[code][0].Object != obj {
+			t.Errorf("%s: got %+v, want one finding on %s", code, got[code], obj)
+			continue
+		}
+		if got[code][0].Fix == "" {
+			t.Errorf("%s has no fix", code)
+		}
+	}
+	if m := got[codeInvalidValue][0].Message; !strings.Contains(m, `"10.0.0.0/33" is not a CIDR`) || !strings.Contains(m, "denies all traffic") {
+		t.Errorf("invalid-value finding does not say what and what the control plane did: %s", m)
+	}
+	if m := got[codeStrictNonMesh][0].Message; !strings.Contains(m, "legacy") {
+		t.Errorf("STRICT finding does not name the non-mesh namespace: %s", m)
+	}
+	for _, f := range got[codeNoWaypoint] {
+		if f.Object == "AuthorizationPolicy shop/to-missing" {
+			t.Errorf("to-missing reported twice (attaches to nothing and no waypoint)")
+		}
+	}
+	for i := 1; i < len(fs); i++ {
+		if fs[i-1].Code > fs[i].Code {
+			t.Fatalf("findings not sorted by code: %v", fs)
+		}
+	}
+}
+
+func TestAnalyzeCleanDirExitsZero(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"analyze", "testdata/analyze/clean"}, &out, &out); err != nil {
+		t.Fatalf("clean dir: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "no problems found") {
+		t.Errorf("clean dir output: %s", out.String())
+	}
+}
+
+func TestAnalyzeExitCodeAndFormats(t *testing.T) {
+	var table bytes.Buffer
+	err := run([]string{"analyze", "testdata/analyze/broken"}, &table, &table)
+	if !errors.Is(err, errFindings) {
+		t.Fatalf("broken dir: err %v, want errFindings", err)
+	}
+	if !strings.HasPrefix(table.String(), "CODE") || !strings.Contains(table.String(), "ZTG0002") {
+		t.Errorf("table output: %s", table.String())
+	}
+	for _, format := range []string{"json", "yaml"} {
+		var out bytes.Buffer
+		if err := run([]string{"analyze", "-o", format, "testdata/analyze/broken"}, &out, &out); !errors.Is(err, errFindings) {
+			t.Fatalf("%s: err %v", format, err)
+		}
+		b := out.Bytes()
+		if format == "yaml" {
+			var err error
+			if b, err = yaml.YAMLToJSON(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var doc struct{ Findings []finding }
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatalf("%s: %v\n%s", format, err, out.String())
+		}
+		if c := codesOf(doc.Findings); len(c[codeTargetNothing]) != 1 || len(c[codeIgnoredKind]) != 1 {
+			t.Errorf("%s findings: %+v", format, doc.Findings)
+		}
+	}
+	if err := run([]string{"analyze", "-o", "xml", "testdata/analyze/clean"}, &table, &table); err == nil {
+		t.Error("-o xml accepted")
+	}
+}
+
+func TestAnalyzeReportsBadDocument(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bad.yaml"), []byte("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: x\nspec:\n  nope: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := analyzeDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := codesOf(fs); len(c[codeDecode]) != 1 || c[codeDecode][0].Level != levelError || !strings.Contains(c[codeDecode][0].Message, "bad.yaml") {
+		t.Errorf("decode finding: %+v", fs)
+	}
+}
