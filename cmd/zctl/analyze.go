@@ -229,7 +229,7 @@ func externalNameFindings(objs *cluster.Objects) []finding {
 			}
 			if target, ok := ext[ns+"/"+r.GetName()]; ok {
 				out = append(out, finding{Code: codeExternalName, Level: levelWarning,
-					Object: "AuthorizationPolicy " + ap.Namespace + "/" + ap.Name,
+					Object:  "AuthorizationPolicy " + ap.Namespace + "/" + ap.Name,
 					Message: fmt.Sprintf("targetRef Service %s/%s is an ExternalName alias of %s; traffic to it is the referenced service's", ns, r.GetName(), target),
 					Fix:     "target the referenced service " + target + " instead"})
 			}
