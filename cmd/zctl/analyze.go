@@ -26,7 +26,6 @@ var errFindings = errors.New("analyze: error-level findings")
 const (
 	levelError   = "Error"
 	levelWarning = "Warning"
-	levelInfo    = "Info"
 )
 
 // Finding codes are stable: never renumber one, only add new ones.
@@ -55,7 +54,7 @@ type finding struct {
 
 // ignoredNotes say what happens instead of an ignored kind.
 var ignoredNotes = map[string]string{
-	"VirtualService":        "node proxies route on Services; use an HTTPRoute bound to a waypoint for L7 routing",
+	"VirtualService":        "node proxies route L4 on Services; L7 routing needs a waypoint",
 	"DestinationRule":       "node proxies always use HBONE mTLS; load balancing comes from the Service (trafficDistribution)",
 	"Sidecar":               "ambient has no sidecars; node proxies receive all config",
 	"EnvoyFilter":           "node proxies are not Envoy; nothing replaces it",
@@ -81,7 +80,9 @@ func analyzeDir(dir string) ([]finding, error) {
 	}
 	cfg := translate.LocalDefaults()
 	res := translate.Translate(cfg, objs, nil)
-	out = append(out, policyFindings(res)...)
+	// The waypoint pass rewrites the status of policies a waypoint enforces.
+	_, statuses := translate.WaypointConfigs(cfg, objs, nil, res)
+	out = append(out, policyFindings(statuses)...)
 	out = append(out, warningFindings(res)...)
 	out = append(out, selectorFindings(cfg, objs)...)
 	out = append(out, externalNameFindings(objs)...)
@@ -90,7 +91,7 @@ func analyzeDir(dir string) ([]finding, error) {
 	for _, o := range objs.Ignored {
 		note := ignoredNotes[o.Kind]
 		if note == "" {
-			note = "nothing in ztunnel-go reads it"
+			note = "nothing replaces it in the control plane"
 		}
 		out = append(out, finding{Code: codeIgnoredKind, Level: levelWarning, Object: o.Kind + " " + o.Namespace + "/" + o.Name,
 			Message: "ztunnel-go's control plane does not read " + o.Kind + " (" + o.APIVersion + "); it has no effect: " + note,
@@ -106,13 +107,13 @@ func analyzeDir(dir string) ([]finding, error) {
 }
 
 // policyFindings reads the translation's per-policy status.
-func policyFindings(res *translate.Result) []finding {
+func policyFindings(statuses []translate.PolicyStatus) []finding {
 	var out []finding
-	for _, st := range res.Policies {
+	for _, st := range statuses {
 		obj := st.Kind + " " + st.Name
 		for _, bad := range st.Invalid {
 			out = append(out, finding{Code: codeInvalidValue, Level: levelError, Object: obj,
-				Message: bad + "; the control plane: " + or(st.Message, "the rule holding it fails closed"),
+				Message: bad + "; the control plane: " + or(withoutInvalid(st.Message), "the rule holding it fails closed"),
 				Fix:     "correct the value at that field path"})
 		}
 		switch {
@@ -125,12 +126,26 @@ func policyFindings(res *translate.Result) []finding {
 			out = append(out, finding{Code: codeNoWaypoint, Level: levelWarning, Object: obj,
 				Message: st.Message,
 				Fix:     "deploy a waypoint and bind the target to it (istio.io/use-waypoint), or use a selector policy node proxies enforce"})
+		case strings.HasPrefix(st.Message, translate.EnforcedByWaypoint):
+			// Working as designed: a waypoint enforces it.
 		case !st.Sent && st.Message != "" && len(st.Invalid) == 0:
 			out = append(out, finding{Code: codeNotSent, Level: levelWarning, Object: obj, Message: st.Message,
 				Fix: "rewrite the policy with what node proxies support, or remove it"})
 		}
 	}
 	return out
+}
+
+// withoutInvalid drops the "invalid: ..." parts of a status message (each
+// invalid value is its own finding).
+func withoutInvalid(msg string) string {
+	var keep []string
+	for _, part := range strings.Split(msg, "; ") {
+		if !strings.HasPrefix(part, "invalid: ") && !strings.HasPrefix(part, "spec.") {
+			keep = append(keep, part)
+		}
+	}
+	return strings.Join(keep, "; ")
 }
 
 // warningFindings passes on translation warnings about objects other than

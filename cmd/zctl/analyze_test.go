@@ -120,3 +120,36 @@ func TestAnalyzeReportsBadDocument(t *testing.T) {
 		t.Errorf("decode finding: %+v", fs)
 	}
 }
+
+func TestAnalyzeWaypointPolicyEnforcedIsClean(t *testing.T) {
+	fs, err := analyzeDir("testdata/analyze/waypoint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fs) != 0 {
+		t.Errorf("a policy a waypoint enforces is reported: %+v", fs)
+	}
+}
+
+func TestAnalyzeCustomPolicyNotSent(t *testing.T) {
+	dir := t.TempDir()
+	doc := `apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ext-authz, namespace: demo}
+spec:
+  action: CUSTOM
+  provider: {name: opa}
+  rules: [{}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "p.yaml"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := analyzeDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := codesOf(fs)
+	if len(c[codeNotSent]) != 1 || !strings.Contains(c[codeNotSent][0].Message, "CUSTOM") {
+		t.Errorf("CUSTOM policy: %+v", fs)
+	}
+}
