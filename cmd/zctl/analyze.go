@@ -253,6 +253,9 @@ func externalNameFindings(objs *cluster.Objects) []finding {
 	return out
 }
 
+// systemNamespaces are left out of the non-mesh client check.
+var systemNamespaces = map[string]bool{"kube-system": true, "kube-public": true, "kube-node-lease": true}
+
 // inAmbient reports whether a pod is enrolled the way local mode enrolls it.
 func inAmbient(objs *cluster.Objects, p *corev1.Pod) bool {
 	if p.Spec.HostNetwork || p.Annotations[translate.AnnotationSidecarStatus] != "" {
@@ -273,6 +276,11 @@ func inAmbient(objs *cluster.Objects, p *corev1.Pod) bool {
 func strictFindings(cfg translate.Config, objs *cluster.Objects) []finding {
 	outside := map[string]bool{}
 	for _, p := range objs.Pods {
+		// System namespaces' pods (DNS, the control plane) rarely call
+		// application workloads; counting them would flag every cluster.
+		if systemNamespaces[p.Namespace] || p.Namespace == cfg.RootNamespace {
+			continue
+		}
 		if !inAmbient(objs, p) && !p.Spec.HostNetwork {
 			outside[p.Namespace] = true
 		}
@@ -291,7 +299,9 @@ func strictFindings(cfg translate.Config, objs *cluster.Objects) []finding {
 			continue
 		}
 		scope := "namespace " + pa.Namespace
-		if pa.Namespace == cfg.RootNamespace && len(pa.Spec.GetSelector().GetMatchLabels()) == 0 {
+		if sel := pa.Spec.GetSelector().GetMatchLabels(); len(sel) > 0 {
+			scope = fmt.Sprintf("workloads %v in namespace %s", sel, pa.Namespace)
+		} else if pa.Namespace == cfg.RootNamespace && len(pa.Spec.GetSelector().GetMatchLabels()) == 0 {
 			scope = "the whole mesh"
 		}
 		out = append(out, finding{Code: codeStrictNonMesh, Level: levelWarning, Object: "PeerAuthentication " + pa.Namespace + "/" + pa.Name,

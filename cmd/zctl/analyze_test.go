@@ -36,6 +36,12 @@ func TestAnalyzeBrokenDir(t *testing.T) {
 		codeSENoAddress:    "ServiceEntry shop/ext",
 		codeIgnoredKind:    "VirtualService shop/web-routes",
 	}
+	if n := len(got[codeInvalidValue]); n != 2 {
+		t.Errorf("invalid values: got %d findings, want 2 (CIDR, port): %+v", n, got[codeInvalidValue])
+	} else if !strings.Contains(got[codeInvalidValue][1].Message, `"http" is not a port number`) {
+		t.Errorf("port finding: %s", got[codeInvalidValue][1].Message)
+	}
+	got[codeInvalidValue] = got[codeInvalidValue][:1]
 	for code, obj := range want {
 		if len(got[code]) != 1 || got[code][0].Object != obj {
 			t.Errorf("%s: got %+v, want one finding on %s", code, got[code], obj)
@@ -48,8 +54,8 @@ func TestAnalyzeBrokenDir(t *testing.T) {
 	if m := got[codeInvalidValue][0].Message; !strings.Contains(m, `"10.0.0.0/33" is not a CIDR`) || !strings.Contains(m, "denies all traffic") {
 		t.Errorf("invalid-value finding does not say what and what the control plane did: %s", m)
 	}
-	if m := got[codeStrictNonMesh][0].Message; !strings.Contains(m, "legacy") {
-		t.Errorf("STRICT finding does not name the non-mesh namespace: %s", m)
+	if m := got[codeStrictNonMesh][0].Message; !strings.Contains(m, "legacy") || strings.Contains(m, "kube-system") {
+		t.Errorf("STRICT finding should name legacy, not kube-system: %s", m)
 	}
 	for _, f := range got[codeNoWaypoint] {
 		if f.Object == "AuthorizationPolicy shop/to-missing" {
