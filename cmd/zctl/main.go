@@ -86,9 +86,11 @@ func run(args []string, out, errOut io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	var o options
-	fs.StringVar(&o.admin, "admin", "localhost:15000", "the node proxy's admin address")
-	fs.StringVar(&o.file, "file", "", "read a saved /config_dump instead of asking the proxy")
-	fs.StringVar(&o.file, "f", "", "short for --file")
+	if name != "analyze" { // analyze reads a YAML directory, not a proxy
+		fs.StringVar(&o.admin, "admin", "localhost:15000", "the node proxy's admin address")
+		fs.StringVar(&o.file, "file", "", "read a saved /config_dump instead of asking the proxy")
+		fs.StringVar(&o.file, "f", "", "short for --file")
+	}
 	if name != "config-dump" {
 		fs.StringVar(&o.output, "o", "table", "output format: table, json or yaml")
 	}
