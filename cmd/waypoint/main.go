@@ -1,7 +1,8 @@
 // Command waypoint is ztunnel-go's L7 waypoint: one per waypoint Gateway
 // (gatewayClassName istio-waypoint). It connects to the control plane's delta
 // xDS (the workload API plus this waypoint's own config), obtains its
-// certificate from the mesh CA, and serves HBONE on 15008 (see
+// certificate from the mesh CA (both verified against --root-cert, reloaded
+// when the file changes), and serves HBONE on 15008 (see
 // proxy/waypoint). Readiness (/healthz/ready on 15021) holds until the first
 // xDS sync and the first certificate; SIGTERM drains: new tunnels are
 // refused, open ones get --drain-duration to finish.
@@ -9,7 +10,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -59,22 +59,18 @@ func run(ctx context.Context, o *options, log *zap.Logger, level zap.AtomicLevel
 	ns, gw, _ := strings.Cut(o.Gateway, "/")
 	id := identity.MustNew(o.TrustDomain, ns, o.ServiceAccount)
 	ip := netip.MustParseAddr(o.IP)
-	pem, err := os.ReadFile(o.RootCert)
+	up, err := newUpstream(o, log)
 	if err != nil {
-		return fmt.Errorf("root certificate: %w", err)
+		return err
 	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(pem) {
-		return fmt.Errorf("root certificate %s: no PEM certificate", o.RootCert)
-	}
-	token := certmanager.FileToken(o.TokenFile)
-	if o.Token != "" {
-		token = certmanager.StaticToken(o.Token)
-	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	wdone := make(chan struct{})
+	go func() { defer close(wdone); up.watch(wctx, 0) }()
+	defer func() { wcancel(); <-wdone }()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	req, err := certmanager.NewGRPCRequester(certmanager.GRPCConfig{Address: o.CAAddress, RootCAs: roots, Token: token})
+	req, err := certmanager.NewGRPCRequester(up.ca)
 	if err != nil {
 		return err
 	}
@@ -96,14 +92,9 @@ func run(ctx context.Context, o *options, log *zap.Logger, level zap.AtomicLevel
 	if err != nil {
 		return err
 	}
-	xcfg := xds.ClientConfig{
-		Address: o.XDSAddress, RootCAs: roots, TokenFile: o.TokenFile, Token: o.Token,
-		Node: xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()}},
-		Sink: w.Sink(), Waypoint: o.Gateway, Log: log.Named("xds"), Registerer: reg,
-	}
-	if o.Token != "" {
-		xcfg.TokenFile = ""
-	}
+	xcfg := up.xds
+	xcfg.Node = xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()}}
+	xcfg.Sink, xcfg.Waypoint, xcfg.Log, xcfg.Registerer = w.Sink(), o.Gateway, log.Named("xds"), reg
 	xc, err := xds.NewClient(xcfg)
 	if err != nil {
 		return err
