@@ -39,14 +39,14 @@ func podNames(o *cluster.Objects) []string {
 	return out
 }
 
-// TestSourceOnAPIServer: the source publishes nothing before its informers
-// sync, then every kind it watches (Istio CRDs included), only its node's
-// pods with NodeName, follows changes, and keeps serving and resyncs across
-// an API server restart.
-func TestSourceOnAPIServer(t *testing.T) {
+// startAPI starts a real API server with Istio's CRDs and an ambient
+// namespace "app", and returns it, clients for it and a context that ends
+// after 60 s (or with the test).
+func startAPI(t *testing.T) (*kubeapi.Server, *Clients, context.Context) {
+	t.Helper()
 	api := kubeapi.Start(t, kubeapi.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	if err := api.ApplyCRDs(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -54,10 +54,19 @@ func TestSourceOnAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc := clients.Kube
 	if err := api.EnsureNamespace(ctx, "app", map[string]string{"istio.io/dataplane-mode": "ambient"}); err != nil {
 		t.Fatal(err)
 	}
+	return api, clients, ctx
+}
+
+// TestSourceOnAPIServer: the source publishes nothing before its informers
+// sync, then every kind it watches (Istio CRDs included), only its node's
+// pods with NodeName, follows changes, and keeps serving and resyncs across
+// an API server restart.
+func TestSourceOnAPIServer(t *testing.T) {
+	api, clients, ctx := startAPI(t)
+	kc := clients.Kube
 	mkPod := func(name, node string) {
 		t.Helper()
 		_, err := kc.CoreV1().Pods("app").Create(ctx, &corev1.Pod{

@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,7 +10,6 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 )
 
 // TestFailClosedLocalityFromNode: on a real API server, Kubernetes puts the
@@ -20,25 +18,14 @@ import (
 // locality, and follows a relabel of the Node. (Issue 12 item 12; on
 // 325f4ba Nodes were not read and the workload had no locality.)
 func TestFailClosedLocalityFromNode(t *testing.T) {
-	api := kubeapi.Start(t, kubeapi.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := api.ApplyCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	clients, err := NewClients(api.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, clients, ctx := startAPI(t)
 	kc := clients.Kube
-	if err := api.EnsureNamespace(ctx, "app", map[string]string{"istio.io/dataplane-mode": "ambient"}); err != nil {
-		t.Fatal(err)
-	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{
 		"topology.kubernetes.io/region": "eu-west1", "topology.kubernetes.io/zone": "eu-west1-b",
 		"topology.istio.io/subzone": "rack7",
 	}}}
-	if node, err = kc.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+	node, err := kc.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	pod, err := kc.CoreV1().Pods("app").Create(ctx, &corev1.Pod{
