@@ -18,8 +18,11 @@ type Packet struct {
 	Proto string
 	// Src and Dst carry the IPv4 addresses, with ports for TCP and UDP.
 	Src, Dst netip.AddrPort
-	TCPFlags uint8  // TCP only: FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10
-	Payload  []byte // the TCP/UDP payload as captured
+	TCPFlags uint8 // TCP only: FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10
+	// TCPSeq is the TCP sequence number (TCP only): a retransmitted segment
+	// repeats it, so a reader reassembling a stream can drop repeats.
+	TCPSeq  uint32
+	Payload []byte // the TCP/UDP payload as captured
 }
 
 // TCP flag bits.
@@ -128,6 +131,7 @@ func decodeIPv4(b []byte, p *Packet) {
 		p.Src = netip.AddrPortFrom(src, binary.BigEndian.Uint16(l4[0:]))
 		p.Dst = netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:]))
 		p.TCPFlags = l4[13]
+		p.TCPSeq = binary.BigEndian.Uint32(l4[4:])
 		if doff := int(l4[12]>>4) * 4; doff >= 20 && doff <= len(l4) {
 			p.Payload = l4[doff:]
 		}
