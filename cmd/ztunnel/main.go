@@ -115,7 +115,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	}
 	store := state.NewStore()
 	xc, err := xds.NewClient(xds.ClientConfig{
-		Address: up.xdsAddr, Roots: up.xdsRoots, TokenFile: up.xdsTokenFile, Token: up.xdsToken,
+		Address: up.xdsAddr, Roots: up.xdsRoots, ServerName: up.xdsServerName, TokenFile: up.xdsTokenFile, Token: up.xdsToken,
 		ClusterID: cfg.ClusterID, Headers: cfg.XDSHeaders, Node: nodeInfo(cfg), Sink: store,
 		Log: log.Named("xds"), Registerer: reg,
 	})
@@ -124,7 +124,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	}
 	goRun("xds client", xc.Run, svcCtx)
 	req, err := certmanager.NewGRPCRequester(certmanager.GRPCConfig{
-		Address: up.caAddr, Roots: up.caRoots, Token: up.caToken, ClusterID: cfg.ClusterID,
+		Address: up.caAddr, Roots: up.caRoots, ServerName: up.caServerName, Token: up.caToken, ClusterID: cfg.ClusterID,
 		Headers: cfg.CAHeaders, TTL: cfg.SecretTTL,
 	})
 	if err != nil {

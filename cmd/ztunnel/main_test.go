@@ -179,7 +179,7 @@ func TestParseConfigLogFlagsWinOverEnvironment(t *testing.T) {
 		{[]string{"--local-config=/d", "--log-format=json"}, "warn", "json", ""},
 		{[]string{"--local-config=/d", "--log-level=loud"}, "", "", "--log-level"},
 		{[]string{"--local-config=/d", "stray"}, "", "", "unexpected arguments"},
-		{nil, "", "", "XDS_ADDRESS is required"},
+		{nil, "warn", "console", ""}, // XDS_ADDRESS defaults to istiod
 	} {
 		cfg, err := parseConfig(tc.args, lookup, nil, io.Discard)
 		switch {

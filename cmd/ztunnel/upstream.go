@@ -6,7 +6,10 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,7 +31,11 @@ type upstream struct {
 	xdsAddr, caAddr string
 	// xdsRoots / caRoots return the roots in force (XDS_ROOT_CA,
 	// CA_ROOT_CA), asked at every connection so reloads apply.
+	// A nil pool means the system roots (RootSystem).
 	xdsRoots, caRoots func() *x509.CertPool
+	// xdsServerName / caServerName: the names the server certificates
+	// must carry; "" means the host of the address.
+	xdsServerName, caServerName string
 	// xdsTokenFile / xdsToken: the xDS bearer token (file wins).
 	xdsTokenFile, xdsToken string
 	caToken                certmanager.TokenSource
@@ -41,35 +48,66 @@ type upstream struct {
 }
 
 // remoteUpstream reads the roots and token locations of XDS_ADDRESS and
-// CA_ADDRESS. The root files are watched (watch) and reloaded on change,
-// as Istio's ztunnel does; one file named by both is read once.
+// CA_ADDRESS. Root files are watched (watch) and reloaded on change, as
+// Istio's ztunnel does; one file named by both is read once. The server
+// certificates are checked against XDSHostname / CAHostname.
 func remoteUpstream(cfg *config.Config, log *zap.Logger) (*upstream, error) {
-	xdsRoots, err := certmanager.LoadRootFile(cfg.XDSRootCA, log.With(zap.String("env", config.EnvXDSRootCA)))
+	xdsRoots, xdsFile, err := rootSource(cfg.XDSRootCA, log.With(zap.String("env", config.EnvXDSRootCA)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", config.EnvXDSRootCA, err)
 	}
-	caRoots := xdsRoots
+	caRoots, caFile := xdsRoots, xdsFile
 	if cfg.CARootCA != cfg.XDSRootCA {
-		if caRoots, err = certmanager.LoadRootFile(cfg.CARootCA, log.With(zap.String("env", config.EnvCARootCA))); err != nil {
+		if caRoots, caFile, err = rootSource(cfg.CARootCA, log.With(zap.String("env", config.EnvCARootCA))); err != nil {
 			return nil, fmt.Errorf("%s: %w", config.EnvCARootCA, err)
 		}
 	}
-	files := []*certmanager.RootFile{xdsRoots}
-	if caRoots != xdsRoots {
-		files = append(files, caRoots)
+	var files []*certmanager.RootFile
+	for _, f := range []*certmanager.RootFile{xdsFile, caFile} {
+		if f != nil && !slices.Contains(files, f) {
+			files = append(files, f)
+		}
 	}
-	return &upstream{
-		xdsAddr: cfg.XDSAddress, caAddr: cfg.CAAddress, xdsRoots: xdsRoots.Pool, caRoots: caRoots.Pool,
+	up := &upstream{
+		xdsAddr: cfg.XDSAddress, caAddr: cfg.CAAddress, xdsRoots: xdsRoots, caRoots: caRoots,
+		xdsServerName: cfg.XDSHostname, caServerName: cfg.CAHostname,
 		xdsTokenFile: cfg.AuthToken, caToken: certmanager.FileToken(cfg.AuthToken),
-		watch: func(ctx context.Context) error {
+	}
+	if len(files) > 0 {
+		up.watch = func(ctx context.Context) error {
 			var wg sync.WaitGroup
 			for _, f := range files {
 				wg.Go(func() { _ = f.Run(ctx, certmanager.DefaultRootPoll) })
 			}
 			wg.Wait()
 			return nil
-		},
-	}, nil
+		}
+	}
+	return up, nil
+}
+
+// rootSource reads an XDS_ROOT_CA / CA_ROOT_CA value: config.RootSystem
+// (the system pool: a nil pool), an inline PEM, or a file, returned too so
+// it can be watched. Inline PEM that holds no certificate is an error.
+func rootSource(v string, log *zap.Logger) (func() *x509.CertPool, *certmanager.RootFile, error) {
+	switch {
+	case v == config.RootSystem:
+		log.Info("root certificates: system pool")
+		return func() *x509.CertPool { return nil }, nil, nil
+	case strings.Contains(v, "-----BEGIN"):
+		pool, n, err := certmanager.ParseRoots([]byte(v))
+		if err != nil {
+			return nil, nil, fmt.Errorf("inline PEM: %w", err)
+		}
+		log.Info("root certificates: inline PEM", zap.Int("certificates", n))
+		return func() *x509.CertPool { return pool }, nil, nil
+	default:
+		f, err := certmanager.LoadRootFile(v, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return f.Pool, f, nil
+	}
 }
 
 // localUpstream embeds the control plane over cfg.LocalConfigDir: a fresh
@@ -116,7 +154,8 @@ func localUpstream(cfg *config.Config, log *zap.Logger, reg prometheus.Registere
 	}, nil
 }
 
-// nodeInfo describes this proxy to the control plane. Outside a pod
+// nodeInfo describes this proxy to the control plane: the ISTIO_META_*
+// metadata (with ISTIO_VERSION), CLUSTER_ID and NETWORK from the config. Outside a pod
 // (local mode, tests) POD_NAME, POD_NAMESPACE and INSTANCE_IP may be unset;
 // the xDS node id needs them, so they default to ztunnel-<node>,
 // istio-system and 127.0.0.1.
@@ -124,8 +163,12 @@ func nodeInfo(cfg *config.Config) xds.NodeInfo {
 	n := xds.NodeInfo{
 		PodName: cfg.PodName, PodNamespace: cfg.PodNamespace, NodeName: cfg.NodeName,
 		InstanceIPs: []string{cfg.InstanceIP},
-		Metadata:    map[string]string{"CLUSTER_ID": cfg.ClusterID, "NETWORK": cfg.Network},
+		Metadata:    maps.Clone(cfg.NodeMetadata),
 	}
+	if n.Metadata == nil {
+		n.Metadata = map[string]string{}
+	}
+	n.Metadata["CLUSTER_ID"], n.Metadata["NETWORK"] = cfg.ClusterID, cfg.Network
 	if n.PodName == "" {
 		n.PodName = "ztunnel-" + cfg.NodeName
 	}

@@ -10,6 +10,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -61,16 +62,36 @@ const (
 	EnvPreferredServiceNamespace = "PREFERED_SERVICE_NAMESPACE"
 	EnvXDSHeaderPrefix           = "XDS_HEADER_"
 	EnvCAHeaderPrefix            = "CA_HEADER_"
+	EnvAltXDSHostname            = "ALT_XDS_HOSTNAME"
+	EnvAltCAHostname             = "ALT_CA_HOSTNAME"
+	EnvIstioVersion              = "ISTIO_VERSION"
+	// EnvIstioMetaPrefix: every ISTIO_META_<k>=<v> is xDS node metadata k.
+	EnvIstioMetaPrefix = "ISTIO_META_"
 )
+
+// DefaultAddress is Istio's ztunnel default for XDS_ADDRESS and CA_ADDRESS.
+const DefaultAddress = "https://istiod.istio-system.svc:15012"
+
+// RootSystem as XDS_ROOT_CA or CA_ROOT_CA verifies against the system pool.
+const RootSystem = "SYSTEM"
 
 // Config is the node proxy's whole configuration. It is built once and passed
 // by pointer; nothing mutates it afterwards.
 type Config struct {
-	XDSAddress string // host:port of the control plane's xDS; "" with LocalConfigDir
-	CAAddress  string // host:port of the CA; defaults to XDSAddress
-	XDSRootCA  string // PEM file with the root to verify the xDS server
-	CARootCA   string // PEM file with the root to verify the CA server
-	AuthToken  string // file holding the bearer token (re-read on use)
+	// XDSAddress / CAAddress: host:port of the control plane's xDS and CA
+	// (XDS_ADDRESS, CA_ADDRESS; "https://host:port" or "host:port", the
+	// scheme dropped). CAAddress defaults to XDSAddress's value.
+	XDSAddress string
+	CAAddress  string
+	// XDSHostname / CAHostname: the name the server certificate must carry;
+	// ALT_XDS_HOSTNAME / ALT_CA_HOSTNAME, else the host of the address.
+	XDSHostname string
+	CAHostname  string
+	// XDSRootCA / CARootCA verify the servers: a PEM file (reloaded on
+	// change), an inline PEM ("-----BEGIN ..."), or RootSystem.
+	XDSRootCA string
+	CARootCA  string
+	AuthToken string // file holding the bearer token (re-read on use)
 
 	ClusterID      string
 	ClusterDomain  string
@@ -112,6 +133,10 @@ type Config struct {
 
 	XDSHeaders map[string]string
 	CAHeaders  map[string]string
+	// NodeMetadata is the xDS node metadata from ISTIO_META_<k> (k → value);
+	// ISTIO_VERSION is always set: ISTIO_META_ISTIO_VERSION, else the
+	// ISTIO_VERSION variable, else this binary's version.
+	NodeMetadata map[string]string
 
 	// LocalConfigDir, when set (flag --local-config), embeds the control
 	// plane in-process over that directory of YAML instead of dialling
@@ -132,7 +157,6 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 	p := parser{env: env}
 	var err error
 	c := &Config{
-		XDSAddress:     p.str(EnvXDSAddress, ""),
 		XDSRootCA:      p.str(EnvXDSRootCA, "./var/run/secrets/istio/root-cert.pem"),
 		CARootCA:       p.str(EnvCARootCA, "./var/run/secrets/istio/root-cert.pem"),
 		AuthToken:      p.str(EnvAuthToken, "./var/run/secrets/tokens/istio-token"),
@@ -168,7 +192,9 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 	if c.ClusterID == "" {
 		c.ClusterID = p.str(EnvClusterID, "Kubernetes")
 	}
-	c.CAAddress = p.str(EnvCAAddress, c.XDSAddress)
+	rawXDS := p.str(EnvXDSAddress, DefaultAddress)
+	c.XDSAddress, c.XDSHostname = p.address(EnvXDSAddress, rawXDS, EnvAltXDSHostname)
+	c.CAAddress, c.CAHostname = p.address(EnvCAAddress, p.str(EnvCAAddress, rawXDS), EnvAltCAHostname)
 	c.DrainDeadline = drainDeadline(&p)
 	c.LogLevel = logLevel(&p)
 	format := p.str(EnvLogFormat, daemon.FormatJSON)
@@ -182,8 +208,9 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 	}
 	c.XDSHeaders = prefixed(environ, EnvXDSHeaderPrefix)
 	c.CAHeaders = prefixed(environ, EnvCAHeaderPrefix)
-	if c.LocalConfigDir == "" && c.XDSAddress == "" {
-		p.errs = append(p.errs, fmt.Errorf("%s is required unless --local-config is given", EnvXDSAddress))
+	c.NodeMetadata = prefixed(environ, EnvIstioMetaPrefix)
+	if c.NodeMetadata["ISTIO_VERSION"] == "" {
+		c.NodeMetadata["ISTIO_VERSION"] = p.str(EnvIstioVersion, daemon.Version())
 	}
 	if c.NodeName == "" {
 		p.errs = append(p.errs, fmt.Errorf("%s is required", EnvNodeName))
@@ -232,6 +259,36 @@ func drainDeadline(p *parser) time.Duration {
 		return g - 5*time.Second
 	}
 	return 5 * time.Second
+}
+
+// address parses an XDS_ADDRESS-style value, "https://host:port" or
+// "host:port" (https:// without a port means 443), into host:port and the
+// name to verify: altEnv's value when set, else the host. Any other scheme
+// is refused: the node proxy only speaks TLS to its control plane.
+func (p *parser) address(name, v, altEnv string) (hostport, hostname string) {
+	rest, isURL := strings.CutPrefix(v, "https://")
+	if !isURL && strings.Contains(v, "://") {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want https://host:port or host:port", name, v))
+		return "", ""
+	}
+	rest = strings.TrimSuffix(rest, "/")
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil && isURL && !strings.Contains(strings.TrimSuffix(strings.TrimPrefix(rest, "["), "]"), ":") {
+		host, port, err = strings.Trim(rest, "[]"), "443", nil
+	}
+	if err == nil && (host == "" || strings.ContainsAny(rest, "/?#@")) {
+		err = errors.New("want https://host:port or host:port")
+	}
+	if err == nil {
+		if n, perr := strconv.Atoi(port); perr != nil || n < 1 || n > 65535 {
+			err = fmt.Errorf("port %q out of range", port)
+		}
+	}
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		return "", ""
+	}
+	return net.JoinHostPort(host, port), p.str(altEnv, host)
 }
 
 // prefixed collects PREFIX<k>=<v> variables as k → v.

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 )
 
@@ -45,11 +46,12 @@ func TestValuesAndHeaders(t *testing.T) {
 func TestErrorsNameTheVariable(t *testing.T) {
 	_, err := config.Parse(env(map[string]string{
 		"PACKET_MARK": "x", "IPV6_ENABLED": "maybe", "SECRET_TTL": "soon", "LOG_LEVEL": "loud", "INSTANCE_IP": "1.2.3",
+		"XDS_ADDRESS": "http://cp:15010",
 	}), "", nil)
 	if err == nil {
 		t.Fatal("bad environment accepted")
 	}
-	for _, want := range []string{"PACKET_MARK", "IPV6_ENABLED", "SECRET_TTL", "LOG_LEVEL", "INSTANCE_IP", "XDS_ADDRESS is required", "NODE_NAME is required"} {
+	for _, want := range []string{"PACKET_MARK", "IPV6_ENABLED", "SECRET_TTL", "LOG_LEVEL", "INSTANCE_IP", "XDS_ADDRESS=", "NODE_NAME is required"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %s: %v", want, err)
 		}
@@ -93,5 +95,87 @@ func TestPreferredServiceNamespace(t *testing.T) {
 	}
 	if config.EnvPreferredServiceNamespace != "PREFERED_SERVICE_NAMESPACE" || c.PreferredServiceNamespace != "apps" {
 		t.Errorf("PREFERED_SERVICE_NAMESPACE=apps gave %q", c.PreferredServiceNamespace)
+	}
+}
+
+func TestAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		name                     string
+		env                      map[string]string
+		xds, xdsHost, ca, caHost string
+		wantErr                  string
+	}{
+		{name: "default is istiod", xds: "istiod.istio-system.svc:15012", xdsHost: "istiod.istio-system.svc",
+			ca: "istiod.istio-system.svc:15012", caHost: "istiod.istio-system.svc"},
+		{name: "plain host:port", env: map[string]string{"XDS_ADDRESS": "cp.ns.svc:15012"},
+			xds: "cp.ns.svc:15012", xdsHost: "cp.ns.svc", ca: "cp.ns.svc:15012", caHost: "cp.ns.svc"},
+		{name: "https with port, CA apart", env: map[string]string{"XDS_ADDRESS": "https://cp:15012/", "CA_ADDRESS": "https://ca.x:443"},
+			xds: "cp:15012", xdsHost: "cp", ca: "ca.x:443", caHost: "ca.x"},
+		{name: "https without port is 443", env: map[string]string{"XDS_ADDRESS": "https://cp.example"},
+			xds: "cp.example:443", xdsHost: "cp.example", ca: "cp.example:443", caHost: "cp.example"},
+		{name: "ipv6 with alt hostnames", env: map[string]string{"XDS_ADDRESS": "https://[fd00::1]:15012",
+			"ALT_XDS_HOSTNAME": "istiod.istio-system.svc", "ALT_CA_HOSTNAME": "ca.internal"},
+			xds: "[fd00::1]:15012", xdsHost: "istiod.istio-system.svc", ca: "[fd00::1]:15012", caHost: "ca.internal"},
+		{name: "http refused", env: map[string]string{"XDS_ADDRESS": "http://cp:15010"}, wantErr: "XDS_ADDRESS"},
+		{name: "no port refused", env: map[string]string{"CA_ADDRESS": "ca.x"}, wantErr: "CA_ADDRESS"},
+		{name: "bad port refused", env: map[string]string{"XDS_ADDRESS": "cp:99999"}, wantErr: "XDS_ADDRESS"},
+		{name: "path refused", env: map[string]string{"XDS_ADDRESS": "https://cp:15012/x"}, wantErr: "XDS_ADDRESS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := map[string]string{"NODE_NAME": "n1"}
+			for k, v := range tc.env {
+				m[k] = v
+			}
+			c, err := config.Parse(env(m), "", nil)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.XDSAddress != tc.xds || c.XDSHostname != tc.xdsHost || c.CAAddress != tc.ca || c.CAHostname != tc.caHost {
+				t.Fatalf("got xds %s (%s) ca %s (%s), want %s (%s) %s (%s)", c.XDSAddress, c.XDSHostname,
+					c.CAAddress, c.CAHostname, tc.xds, tc.xdsHost, tc.ca, tc.caHost)
+			}
+		})
+	}
+}
+
+func TestNodeMetadata(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		environ []string
+		want    map[string]string
+	}{
+		{name: "istio version from env", env: map[string]string{"ISTIO_VERSION": "1.24.2"},
+			environ: []string{"ISTIO_META_DNS_CAPTURE=true", "ISTIO_META_=x", "OTHER=1"},
+			want:    map[string]string{"DNS_CAPTURE": "true", "ISTIO_VERSION": "1.24.2"}},
+		{name: "meta istio version wins", env: map[string]string{"ISTIO_VERSION": "1.24.2"},
+			environ: []string{"ISTIO_META_ISTIO_VERSION=1.25.0"},
+			want:    map[string]string{"ISTIO_VERSION": "1.25.0"}},
+		{name: "binary version when unset", want: map[string]string{"ISTIO_VERSION": daemon.Version()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := map[string]string{"NODE_NAME": "n1"}
+			for k, v := range tc.env {
+				m[k] = v
+			}
+			c, err := config.Parse(env(m), "", tc.environ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.NodeMetadata) != len(tc.want) {
+				t.Fatalf("metadata %v, want %v", c.NodeMetadata, tc.want)
+			}
+			for k, v := range tc.want {
+				if c.NodeMetadata[k] != v {
+					t.Fatalf("metadata %v, want %v", c.NodeMetadata, tc.want)
+				}
+			}
+		})
 	}
 }
