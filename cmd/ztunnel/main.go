@@ -114,19 +114,14 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		goRun("root certificate watcher", up.watch, svcCtx)
 	}
 	store := state.NewStore()
-	xc, err := xds.NewClient(xds.ClientConfig{
-		Address: up.xdsAddr, Roots: up.xdsRoots, ServerName: up.xdsServerName, TokenFile: up.xdsTokenFile, Token: up.xdsToken,
-		ClusterID: cfg.ClusterID, Headers: cfg.XDSHeaders, Node: nodeInfo(cfg), Sink: store,
-		Log: log.Named("xds"), Registerer: reg,
-	})
+	xcfg := up.xdsConfig(cfg, store)
+	xcfg.Log, xcfg.Registerer = log.Named("xds"), reg
+	xc, err := xds.NewClient(xcfg)
 	if err != nil {
 		return err
 	}
 	goRun("xds client", xc.Run, svcCtx)
-	req, err := certmanager.NewGRPCRequester(certmanager.GRPCConfig{
-		Address: up.caAddr, Roots: up.caRoots, ServerName: up.caServerName, Token: up.caToken, ClusterID: cfg.ClusterID,
-		Headers: cfg.CAHeaders, TTL: cfg.SecretTTL,
-	})
+	req, err := certmanager.NewGRPCRequester(up.caConfig(cfg))
 	if err != nil {
 		return err
 	}

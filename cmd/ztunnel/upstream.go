@@ -154,6 +154,26 @@ func localUpstream(cfg *config.Config, log *zap.Logger, reg prometheus.Registere
 	}, nil
 }
 
+// xdsConfig is the xDS client's configuration against up: roots, server
+// name, token, XDS_HEADER_* metadata and the node. Log and Registerer are
+// left to the caller.
+func (up *upstream) xdsConfig(cfg *config.Config, sink xds.Sink) xds.ClientConfig {
+	return xds.ClientConfig{
+		Address: up.xdsAddr, Roots: up.xdsRoots, ServerName: up.xdsServerName,
+		TokenFile: up.xdsTokenFile, Token: up.xdsToken,
+		ClusterID: cfg.ClusterID, Headers: cfg.XDSHeaders, Node: nodeInfo(cfg), Sink: sink,
+	}
+}
+
+// caConfig is the CA requester's configuration against up: roots, server
+// name, token and CA_HEADER_* metadata.
+func (up *upstream) caConfig(cfg *config.Config) certmanager.GRPCConfig {
+	return certmanager.GRPCConfig{
+		Address: up.caAddr, Roots: up.caRoots, ServerName: up.caServerName, Token: up.caToken,
+		ClusterID: cfg.ClusterID, Headers: cfg.CAHeaders, TTL: cfg.SecretTTL,
+	}
+}
+
 // nodeInfo describes this proxy to the control plane: the ISTIO_META_*
 // metadata (with ISTIO_VERSION), CLUSTER_ID and NETWORK from the config. Outside a pod
 // (local mode, tests) POD_NAME, POD_NAMESPACE and INSTANCE_IP may be unset;
