@@ -17,13 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/reloadtls"
+
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 )
 
@@ -62,7 +63,7 @@ func testCA(t *testing.T, dnsName string) (rootPEM []byte, server tls.Certificat
 // takes the authority it verifies from the credentials' ServerName.
 func handshake(t *testing.T, addr string, roots func() *x509.CertPool, serverName string) error {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(certmanager.RootsTLS(roots, serverName)))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(reloadtls.Credentials(roots, serverName)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/reloadtls"
+
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -161,7 +163,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if cfg.Insecure {
 		creds = insecure.NewCredentials()
 	} else if cfg.Roots != nil {
-		creds = reloadingTLS(cfg.Roots, cfg.ServerName)
+		creds = reloadtls.Credentials(cfg.Roots, cfg.ServerName)
 	} else {
 		creds = credentials.NewTLS(&tls.Config{
 			RootCAs:    cfg.RootCAs,

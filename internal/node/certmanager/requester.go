@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/identity/reloadtls"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -130,7 +132,7 @@ func NewGRPCRequester(cfg GRPCConfig) (*GRPCRequester, error) {
 	case cfg.Insecure:
 		creds = insecure.NewCredentials()
 	case cfg.Roots != nil:
-		creds = RootsTLS(cfg.Roots, cfg.ServerName)
+		creds = reloadtls.Credentials(cfg.Roots, cfg.ServerName)
 	case cfg.RootCAs != nil:
 		creds = credentials.NewTLS(&tls.Config{
 			RootCAs:    cfg.RootCAs,

@@ -4,19 +4,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/credentials"
 )
 
 // DefaultRootPoll is how often a RootFile re-reads its file.
@@ -151,41 +148,4 @@ func ParseRoots(raw []byte) (*x509.CertPool, int, error) {
 		return nil, 0, errors.New("no PEM certificate")
 	}
 	return pool, n, nil
-}
-
-// RootsTLS returns gRPC client credentials that verify the server against
-// roots() at every handshake, so a reconnect after a reload uses the new
-// roots. serverName overrides the name checked ("": the dialled host).
-func RootsTLS(roots func() *x509.CertPool, serverName string) credentials.TransportCredentials {
-	return &rootsTLS{roots: roots, serverName: serverName}
-}
-
-type rootsTLS struct {
-	roots      func() *x509.CertPool
-	serverName string
-}
-
-func (c *rootsTLS) current() credentials.TransportCredentials {
-	return credentials.NewTLS(&tls.Config{RootCAs: c.roots(), ServerName: c.serverName, MinVersion: tls.VersionTLS12})
-}
-
-func (c *rootsTLS) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return c.current().ClientHandshake(ctx, authority, conn)
-}
-
-func (c *rootsTLS) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return nil, nil, errors.New("certmanager: root credentials are client-side only")
-}
-
-func (c *rootsTLS) Info() credentials.ProtocolInfo { return c.current().Info() }
-
-func (c *rootsTLS) Clone() credentials.TransportCredentials {
-	cp := *c
-	return &cp
-}
-
-// OverrideServerName implements credentials.TransportCredentials.
-func (c *rootsTLS) OverrideServerName(name string) error {
-	c.serverName = name
-	return nil
 }
