@@ -3,6 +3,9 @@ package cluster
 import (
 	"fmt"
 	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // IgnoredObject is an object of an Istio or Gateway API kind that the
@@ -40,6 +43,18 @@ var ignoredKinds = map[string]bool{
 	"gateway.networking.k8s.io/TCPRoute":       true,
 	"gateway.networking.k8s.io/TLSRoute":       true,
 	"gateway.networking.k8s.io/ReferenceGrant": true,
+}
+
+// IgnoredKinds returns the group/kind pairs of ignoredKinds, sorted: the
+// kinds a Kubernetes source watches (metadata only) to report them.
+func IgnoredKinds() []schema.GroupKind {
+	out := make([]schema.GroupKind, 0, len(ignoredKinds))
+	for gk := range ignoredKinds {
+		g, k, _ := strings.Cut(gk, "/")
+		out = append(out, schema.GroupKind{Group: g, Kind: k})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
 }
 
 // ignoredKind reports whether group/kind is one of ignoredKinds.

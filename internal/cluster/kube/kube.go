@@ -36,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -89,9 +90,12 @@ type Clients struct {
 	Kube    kubernetes.Interface
 	Istio   istioclient.Interface
 	Gateway gatewayclient.Interface
+	// Metadata reads objects' metadata only: kinds watched just to be
+	// reported (Config.WatchIgnored). May be nil otherwise.
+	Metadata metadata.Interface
 }
 
-// NewClients builds the three clientsets from one REST configuration.
+// NewClients builds the clientsets from one REST configuration.
 func NewClients(rc *rest.Config) (*Clients, error) {
 	k, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -105,7 +109,11 @@ func NewClients(rc *rest.Config) (*Clients, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube: gateway client: %w", err)
 	}
-	return &Clients{Kube: k, Istio: i, Gateway: g}, nil
+	m, err := metadata.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kube: metadata client: %w", err)
+	}
+	return &Clients{Kube: k, Istio: i, Gateway: g, Metadata: m}, nil
 }
 
 // RESTConfig loads a kubeconfig file, or the in-cluster configuration (the
@@ -136,6 +144,12 @@ type Config struct {
 	// NodeName, if set, restricts Pods to spec.nodeName=NodeName (a field
 	// selector evaluated by the API server): the node agent's view.
 	NodeName string
+	// WatchIgnored also watches, metadata only, the kinds the control plane
+	// does not read (cluster.IgnoredKinds: VirtualService, DestinationRule,
+	// Sidecar, Telemetry, RequestAuthentication, EnvoyFilter, ...) that the
+	// API server serves, so that each object of them is reported. They
+	// never hold back Synced. Needs Clients.Metadata.
+	WatchIgnored bool
 	// Debounce: 0 means DefaultDebounce.
 	Debounce time.Duration
 	// Log: nil means no logging.
@@ -155,6 +169,8 @@ type Source struct {
 	watched  []watched
 	starters []func(stop <-chan struct{})
 	stoppers []func()
+
+	ignored ignoredSet
 
 	kick    chan struct{}
 	events  atomic.Uint64 // changes seen by the informer handlers
@@ -194,6 +210,9 @@ func New(cfg Config) (*Source, error) {
 	}
 	if needs[apiIstio] && cfg.Clients.Istio == nil {
 		return nil, errors.New("kube: Config.Clients.Istio is required to watch Istio kinds")
+	}
+	if cfg.WatchIgnored && cfg.Clients.Metadata == nil {
+		return nil, errors.New("kube: Config.Clients.Metadata is required to watch ignored kinds")
 	}
 	if needs[apiGateway] && cfg.Clients.Gateway == nil {
 		return nil, errors.New("kube: Config.Clients.Gateway is required to watch Gateway API kinds")
@@ -374,10 +393,15 @@ func (s *Source) Run(ctx context.Context) error {
 	for _, start := range s.starters {
 		start(ctx.Done())
 	}
+	var ignoredDone sync.WaitGroup
+	if s.cfg.WatchIgnored {
+		ignoredDone.Go(func() { s.watchIgnored(ctx) })
+	}
 	defer func() {
 		for _, stop := range s.stoppers {
 			stop() // waits for the informer goroutines; ctx is done by now
 		}
+		ignoredDone.Wait()
 	}()
 	if !s.waitSynced(ctx) {
 		return nil
@@ -448,6 +472,7 @@ func (s *Source) publish() {
 			objs.Add(o)
 		}
 	}
+	s.addIgnored(objs)
 	objs.Sort()
 	s.mu.Lock()
 	s.cur, s.published = objs, n

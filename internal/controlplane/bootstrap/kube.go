@@ -32,7 +32,7 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 	if err != nil {
 		return nil, err
 	}
-	src, err := kube.New(kube.Config{Clients: clients, Log: log.Named("source")})
+	src, err := kube.New(kube.Config{Clients: clients, WatchIgnored: true, Log: log.Named("source")})
 	if err != nil {
 		return nil, err
 	}

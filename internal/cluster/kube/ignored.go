@@ -1,0 +1,158 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+)
+
+// ignoredRediscover is how often the API server's discovery is asked again
+// for ignored kinds that were not served before (a CRD installed later).
+var ignoredRediscover = time.Minute
+
+// ignoredWatch is one metadata-only informer of a kind the control plane
+// does not read (cluster.IgnoredKinds). These never gate Synced: a cluster
+// without Istio's networking CRDs simply has none of them, and an object of
+// such a kind only needs to be reported, never translated.
+type ignoredWatch struct {
+	gvk      schema.GroupVersionKind
+	informer cache.SharedIndexInformer
+}
+
+// ignoredSet holds the ignored-kind informers started so far.
+type ignoredSet struct {
+	mu      sync.Mutex
+	watches []ignoredWatch
+	started map[schema.GroupKind]bool
+}
+
+// discoverIgnored finds which ignored kinds the API server serves, and at
+// which version (the group's preferred one).
+func (s *Source) discoverIgnored() ([]schema.GroupVersionResource, []schema.GroupVersionKind, error) {
+	want := map[string][]string{} // group → kinds
+	for _, gk := range cluster.IgnoredKinds() {
+		want[gk.Group] = append(want[gk.Group], gk.Kind)
+	}
+	disc := s.cfg.Clients.Kube.Discovery()
+	groups, err := disc.ServerGroups()
+	if err != nil {
+		return nil, nil, fmt.Errorf("kube: discovery of API groups: %w", err)
+	}
+	var gvrs []schema.GroupVersionResource
+	var gvks []schema.GroupVersionKind
+	for _, g := range groups.Groups {
+		kinds := want[g.Name]
+		if len(kinds) == 0 || g.PreferredVersion.GroupVersion == "" {
+			continue
+		}
+		res, err := disc.ServerResourcesForGroupVersion(g.PreferredVersion.GroupVersion)
+		if apierrors.IsNotFound(err) {
+			continue // removed between the two calls
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("kube: discovery of %s: %w", g.PreferredVersion.GroupVersion, err)
+		}
+		for _, r := range res.APIResources {
+			if !slices.Contains(kinds, r.Kind) || r.Name == "" || strings.Contains(r.Name, "/") { // "/": a subresource
+				continue
+			}
+			gvrs = append(gvrs, schema.GroupVersionResource{Group: g.Name, Version: g.PreferredVersion.Version, Resource: r.Name})
+			gvks = append(gvks, schema.GroupVersionKind{Group: g.Name, Version: g.PreferredVersion.Version, Kind: r.Kind})
+		}
+	}
+	return gvrs, gvks, nil
+}
+
+
+// watchIgnored starts a metadata informer for every ignored kind the API
+// server serves, asks again every ignoredRediscover for the ones it did
+// not, and returns when ctx is done. Objects of these kinds enter every
+// published set as cluster.IgnoredObject.
+func (s *Source) watchIgnored(ctx context.Context) {
+	if s.cfg.Clients.Metadata == nil {
+		return
+	}
+	factory := metadatainformer.NewSharedInformerFactoryWithOptions(s.cfg.Clients.Metadata, 0,
+		metadatainformer.WithTransform(stripManagedFields))
+	defer factory.Shutdown()
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.bump() },
+		UpdateFunc: func(any, any) {}, // only identity is reported; it does not change
+		DeleteFunc: func(any) { s.bump() },
+	}
+	tick := time.NewTicker(ignoredRediscover)
+	defer tick.Stop()
+	logged := false
+	for {
+		gvrs, gvks, err := s.discoverIgnored()
+		if err != nil && !logged {
+			// Reported once; the ticker retries. Until then ignored objects
+			// are not listed (nothing is translated from them either way).
+			s.log.Warn("cannot discover the kinds the control plane ignores; objects of them are not reported until it can", zap.Error(err))
+			logged = true
+		}
+		started := 0
+		for i, gvr := range gvrs {
+			gk := gvks[i].GroupKind()
+			s.ignored.mu.Lock()
+			done := s.ignored.started[gk]
+			s.ignored.mu.Unlock()
+			if done {
+				continue
+			}
+			inf := factory.ForResource(gvr).Informer()
+			if _, err := inf.AddEventHandler(handler); err != nil {
+				s.log.Warn("ignored kind not watched", zap.String("kind", gk.String()), zap.Error(err))
+				continue
+			}
+			s.ignored.mu.Lock()
+			if s.ignored.started == nil {
+				s.ignored.started = map[schema.GroupKind]bool{}
+			}
+			s.ignored.started[gk] = true
+			s.ignored.watches = append(s.ignored.watches, ignoredWatch{gvk: gvks[i], informer: inf})
+			s.ignored.mu.Unlock()
+			started++
+		}
+		if started > 0 {
+			factory.Start(ctx.Done())
+			s.log.Info("watching kinds the control plane does not read, to report them", zap.Int("kinds", started))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// addIgnored adds the ignored objects the informers hold to objs.
+func (s *Source) addIgnored(objs *cluster.Objects) {
+	s.ignored.mu.Lock()
+	watches := slices.Clone(s.ignored.watches)
+	s.ignored.mu.Unlock()
+	for _, w := range watches {
+		for _, o := range w.informer.GetStore().List() {
+			m, ok := o.(*metav1.PartialObjectMetadata)
+			if !ok {
+				continue
+			}
+			objs.Add(&cluster.IgnoredObject{
+				APIVersion: w.gvk.GroupVersion().String(), Kind: w.gvk.Kind,
+				Namespace: m.GetNamespace(), Name: m.GetName(),
+			})
+		}
+	}
+}
