@@ -75,7 +75,6 @@ func (s *Source) discoverIgnored() ([]schema.GroupVersionResource, []schema.Grou
 	return gvrs, gvks, nil
 }
 
-
 // watchIgnored starts a metadata informer for every ignored kind the API
 // server serves, asks again every ignoredRediscover for the ones it did
 // not, and returns when ctx is done. Objects of these kinds enter every
