@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
@@ -25,13 +26,27 @@ type child struct {
 	out *bufio.Reader
 }
 
-func startChild(args ...string) (*child, string, error) {
+func startChild(args ...string) (*child, string, error) { return startChildEnv(nil, args...) }
+
+// startChildEnv is startChild with extra environment variables.
+func startChildEnv(env []string, args ...string) (*child, string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, "", err
 	}
 	cmd := exec.Command(exe, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	return startCmd(cmd)
+}
+
+// startCmd starts cmd as a tracked child (killed with SIGKILL if this
+// process dies first, and by reapAll on a signal) whose first stdout line
+// is returned.
+func startCmd(cmd *exec.Cmd) (*child, string, error) {
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, "", err
@@ -41,13 +56,14 @@ func startChild(args ...string) (*child, string, error) {
 		return nil, "", err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, "", err
+		return nil, "", fmt.Errorf("starting %v: %w", cmd.Args, err)
 	}
+	track(cmd.Process)
 	c := &child{cmd: cmd, in: in, out: bufio.NewReader(outp)}
 	first, err := c.out.ReadString('\n')
 	if err != nil {
 		c.stop()
-		return nil, "", fmt.Errorf("child %v: %w", args, err)
+		return nil, "", fmt.Errorf("child %v: %w", cmd.Args[1:], err)
 	}
 	return c, strings.TrimSpace(first), nil
 }
@@ -64,6 +80,7 @@ func (c *child) stop() {
 	c.in.Close()
 	c.cmd.Process.Kill()
 	c.cmd.Wait()
+	untrack(c.cmd.Process)
 }
 
 // childSink echoes on 127.0.0.1:0 and prints its address.
@@ -77,18 +94,36 @@ func childSink() error {
 	return nil
 }
 
-// childServer runs an HBONE server whose handler dials the sink, prints
-// its address, and answers "mem" with "heap stack goroutines".
-func childServer(dir, sink string) error {
+// loadCA reads the CA root that the parent wrote with writeCA.
+func loadCA(dir string) (*ca.CA, error) {
 	rootCert, err := os.ReadFile(filepath.Join(dir, "root.pem"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rootKey, err := os.ReadFile(filepath.Join(dir, "root-key.pem"))
 	if err != nil {
+		return nil, err
+	}
+	return ca.New(ca.Options{RootCertPEM: rootCert, RootKeyPEM: rootKey})
+}
+
+// writeCA writes c's root certificate and key to dir for loadCA.
+func writeCA(c *ca.CA, dir string) error {
+	key, err := c.RootKeyPEM()
+	if err != nil {
 		return err
 	}
-	c, err := ca.New(ca.Options{RootCertPEM: rootCert, RootKeyPEM: rootKey})
+	if err := os.WriteFile(filepath.Join(dir, "root.pem"), c.RootPEM(), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "root-key.pem"), key, 0o600)
+}
+
+// childServer runs an HBONE server whose handler dials the sink (or the
+// CONNECT authority when sink is empty), prints its address, and answers
+// "mem" with "heap stack goroutines" and "cpu" with its CPU time in ns.
+func childServer(dir, sink string) error {
+	c, err := loadCA(dir)
 	if err != nil {
 		return err
 	}
@@ -96,7 +131,10 @@ func childServer(dir, sink string) error {
 	if err != nil {
 		return err
 	}
-	_, addr, err := startHBONE(identity.NewStaticSource(sc), func(*hbone.Request) (net.Conn, error) {
+	_, addr, err := startHBONE(identity.NewStaticSource(sc), func(req *hbone.Request) (net.Conn, error) {
+		if sink == "" {
+			return net.Dial("tcp", req.Authority.String())
+		}
 		return net.Dial("tcp", sink)
 	})
 	if err != nil {
@@ -135,23 +173,18 @@ func startChildren() (*children, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "bench-hbone-")
+	dir, err := tempDir()
 	if err != nil {
 		return nil, err
 	}
 	ch := &children{dir: dir}
-	key, err := c.RootKeyPEM()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "root.pem"), c.RootPEM(), 0o600); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "root-key.pem"), key, 0o600); err != nil {
+	if err := writeCA(c, dir); err != nil {
+		ch.stop()
 		return nil, err
 	}
 	var sinkAddr, srvAddr string
 	if ch.sink, sinkAddr, err = startChild("-role", "sink"); err != nil {
+		ch.stop()
 		return nil, err
 	}
 	if ch.srv, srvAddr, err = startChild("-role", "server", "-ca-dir", dir, "-sink", sinkAddr); err != nil {
@@ -182,7 +215,7 @@ func (ch *children) stop() {
 	if ch.sink != nil {
 		ch.sink.stop()
 	}
-	os.RemoveAll(ch.dir)
+	removeDir(ch.dir)
 }
 
 func idleBytes(ch *children) (client, server float64, err error) {

@@ -7,6 +7,11 @@
 // The idle-memory figures run the server side and the application sink in
 // child processes (this binary re-executed with -role), so each side's heap
 // and goroutine stacks are measured alone.
+//
+// The peer figures (haproxy_*, hbone_chain_*, hbone_rr_*) compare our HBONE
+// pair with an HAProxy mTLS pair on the same app → proxy A → mTLS →
+// proxy B → app chain, all four proxies child processes, in alternating
+// rounds (peer.go, haproxy.go); they need haproxy on PATH (make deps).
 package main
 
 import (
@@ -46,7 +51,12 @@ func main() {
 	role := flag.String("role", "", "internal: run as a child process (server or sink)")
 	caDir := flag.String("ca-dir", "", "internal: directory with the CA root for children")
 	sinkAddr := flag.String("sink", "", "internal: sink address for the server child")
-	only := flag.String("only", "", "run one figure only: throughput, parallel, rtt, idle, streams, handshakes")
+	hop := flag.String("hop", "", "internal: proxy B's address for the front child")
+	targets := flag.String("targets", "", "internal: comma-separated app addresses for the front child")
+	only := flag.String("only", "", "run one figure only: throughput, parallel, rtt, idle, streams, handshakes, peer")
+	flag.IntVar(&peerOpts.rounds, "rounds", 5, "peer comparison: alternating rounds (each measures direct, hbone and haproxy)")
+	flag.DurationVar(&peerOpts.rrTime, "rr-time", 3*time.Second, "peer comparison: request/response loop time per path per round")
+	flag.IntVar(&peerOpts.threads, "proxy-threads", 0, "peer comparison: GOMAXPROCS of our proxies and nbthread of HAProxy's (0: their defaults, one per CPU)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
 	onlyFigure = *only
@@ -62,11 +72,18 @@ func main() {
 	var err error
 	switch *role {
 	case "":
+		if peerOpts.rounds < 1 {
+			err = fmt.Errorf("-rounds %d: want at least 1", peerOpts.rounds)
+			break
+		}
+		reapOnSignal()
 		err = run()
 	case "server":
 		err = childServer(*caDir, *sinkAddr)
 	case "sink":
 		err = childSink()
+	case "front":
+		err = childFront(*caDir, *hop, *targets)
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}
@@ -286,11 +303,19 @@ func run() error {
 		}
 		emit("hbone_handshakes_per_sec_per_core", hps, "handshakes/s")
 	}
+	if want("peer") {
+		if err := runPeer(e, peerOpts); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // onlyFigure limits the run to one figure (for profiling); "" runs all.
 var onlyFigure string
+
+// peerOpts are the peer comparison's flags.
+var peerOpts peerOptions
 
 // ---- throughput ----
 
