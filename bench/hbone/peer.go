@@ -33,6 +33,7 @@ const (
 	rrSize    = 1024 // request and response bytes
 	rttBatch  = 250  // ping-pongs per RTT batch
 	rttRounds = 8    // RTT batches per path per round
+	connects  = 100  // new connections (connect + first byte) per path per round
 )
 
 // path is one way from the client to the apps: direct, or through a chain.
@@ -44,7 +45,8 @@ type path struct {
 	best8      float64
 	bestRTT    time.Duration
 	rr         []rrRound
-	cpuPerGB   []float64 // proxies' CPU-seconds per GB, one-stream rounds
+	cpuPerGB   []float64       // proxies' CPU-seconds per GB, one-stream rounds
+	connect    []time.Duration // median connect + first byte, per round
 }
 
 type rrRound struct {
@@ -115,8 +117,14 @@ func runPeer(e *env, o peerOptions) error {
 			a90 = append(a90, us(r.p90-d.p90))
 			a99 = append(a99, us(r.p99-d.p99))
 		}
-		logf("peer %s: best throughput %.0f MB/s (1 stream), %.0f MB/s (8); best RTT %v; CPU-s per GB %s; rr vCPU per 1k req/s %s",
-			p.name, p.best1/1e6, p.best8/1e6, p.bestRTT, fmtFloats(p.cpuPerGB, 2), fmtFloats(cpu, 3))
+		var conn []float64
+		for i, c := range p.connect {
+			conn = append(conn, us(c-direct.connect[i]))
+		}
+		logf("peer %s: best throughput %.0f MB/s (1 stream), %.0f MB/s (8); best RTT %v; CPU-s per GB %s; rr vCPU per 1k req/s %s; connect + first byte added µs %s",
+			p.name, p.best1/1e6, p.best8/1e6, p.bestRTT, fmtFloats(p.cpuPerGB, 2), fmtFloats(cpu, 3), fmtFloats(conn, 0))
+		emit(p.name+"_cpu_s_per_gb", median(p.cpuPerGB), "cpu-s/GB")
+		emit(p.name+"_connect_added_us", median(conn), "us")
 		emit(p.name+"_rr_cpu_per_1k_rps", median(cpu), "vcpu")
 		emit(p.name+"_rr_added_latency_p50_us", median(a50), "us")
 		emit(p.name+"_rr_added_latency_p90_us", median(a90), "us")
@@ -191,6 +199,17 @@ func peerRound(r int, order []*path, o peerOptions) error {
 	}
 
 	var line []string
+	for _, p := range order {
+		c, err := connectTimes(p)
+		if err != nil {
+			return fmt.Errorf("%s connect: %w", p.name, err)
+		}
+		p.connect = append(p.connect, c)
+		line = append(line, fmt.Sprintf("%s %.0f µs", p.name, us(c)))
+	}
+	logf("peer round %d connect + first byte p50: %s", r, strings.Join(line, ", "))
+
+	line = nil
 	for _, p := range order {
 		rr, err := rrLoad(p, o.rrTime)
 		if err != nil {
@@ -292,6 +311,29 @@ func rrLoad(p *path, d time.Duration) (rrRound, error) {
 		rate: float64(len(all)) / wall.Seconds(),
 		vcpu: (cpu1 - cpu0).Seconds() / wall.Seconds(),
 	}, nil
+}
+
+// connectTimes opens connects connections to p's echo app one after
+// another, each until its first echoed byte, and returns the median time.
+func connectTimes(p *path) (time.Duration, error) {
+	d := make([]time.Duration, 0, connects)
+	b := []byte{1}
+	for range connects {
+		t0 := time.Now()
+		c, err := net.DialTimeout("tcp", p.echo, 5*time.Second)
+		if err != nil {
+			return 0, err
+		}
+		c.SetDeadline(t0.Add(10 * time.Second))
+		err = exchange(c, b, make([]byte, 1))
+		d = append(d, time.Since(t0))
+		c.Close()
+		if err != nil {
+			return 0, err
+		}
+	}
+	slices.Sort(d)
+	return pctl(d, 50), nil
 }
 
 // exchange writes req and reads the echoed response into resp.
