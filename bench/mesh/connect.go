@@ -18,11 +18,19 @@ const (
 	connectBlock    = 50
 )
 
+// connectResult holds, per connect path, connect + first byte and
+// connect() alone, per connection.
 type connectResult struct {
-	mesh, direct []time.Duration // connect + first byte, per connection
-	meshDial     []time.Duration // connect() alone
-	directDial   []time.Duration
+	total, dial map[string][]time.Duration
 }
+
+// The connect paths. All reach the greeter in a server pod.
+const (
+	connDirect      = "direct"      // direct client → outside address
+	connPassthrough = "passthrough" // captured client → outside address, node0's proxy passes it through
+	connHBONE       = "hbone"       // captured client → captured server, HBONE through both proxies
+	connPeer        = "peer"        // direct client → node0 HAProxy → mTLS → node1 HAProxy → direct server
+)
 
 func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
@@ -38,48 +46,52 @@ func pct(d []time.Duration, p float64) time.Duration {
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// added is the median connection set-up of the mesh path minus the direct
+// added is the median connection set-up of path name minus the direct
 // path's, in µs.
-func (c connectResult) added() float64 { return us(median(c.mesh) - median(c.direct)) }
+func (c connectResult) added(name string) float64 {
+	return us(median(c.total[name]) - median(c.total[connDirect]))
+}
 
-// connects measures connection set-up to the greeter on the address outside
-// the mesh: from the start of connect() until the server's first byte
-// arrives. The greeter speaks first, so the time covers the whole path: a
-// captured client's connect() completes against its node proxy's in-pod
-// listener at once, and only the first byte proves the proxy's own
-// connection to the destination is up.
+// connects measures connection set-up to the greeter: from the start of
+// connect() until the server's first byte arrives, on each connect path in
+// alternated blocks. The greeter speaks first, so the time covers the whole
+// path: a captured client's connect() completes against its node proxy's
+// in-pod listener at once (and the peer's against node0's HAProxy), and
+// only the first byte proves the proxies' own connections are up.
 func (b *bench) connects(ctx context.Context) (connectResult, error) {
-	var r connectResult
-	dst := fmt.Sprintf("%s:%d", outsideIP, greeterPort)
+	r := connectResult{total: map[string][]time.Duration{}, dial: map[string][]time.Duration{}}
+	type conn struct {
+		name   string
+		client *testcluster.Pod
+		dst    string
+	}
+	port := fmt.Sprintf(":%d", greeterPort)
+	paths := []conn{
+		{connPassthrough, b.meshClient, outsideIP + port},
+		{connDirect, b.directClient, outsideIP + port},
+		{connHBONE, b.meshClient, b.meshServer.IP.String() + port},
+	}
+	if b.peer != nil {
+		paths = append(paths, conn{connPeer, b.directClient, b.peer.addr.String() + port})
+	}
 	if b.profileDir != "" {
 		defer b.profileProxies("connect", 3)()
 	}
 	for block := 0; block < connectsPerPath/connectBlock; block++ {
-		order := []bool{true, false}
-		if block%2 == 1 {
-			order = []bool{false, true}
-		}
-		for _, isMesh := range order {
-			client := b.directClient
-			if isMesh {
-				client = b.meshClient
-			}
+		for _, p := range rotate(paths, block) {
 			for i := 0; i < connectBlock; i++ {
-				dial, total, err := connectOnce(ctx, client, dst)
+				dial, total, err := connectOnce(ctx, p.client, p.dst)
 				if err != nil {
-					return r, fmt.Errorf("connect %s → %s: %w", client.Namespace, dst, err)
+					return r, fmt.Errorf("connect %s %s → %s: %w", p.name, p.client.Namespace, p.dst, err)
 				}
-				if isMesh {
-					r.mesh, r.meshDial = append(r.mesh, total), append(r.meshDial, dial)
-				} else {
-					r.direct, r.directDial = append(r.direct, total), append(r.directDial, dial)
-				}
+				r.total[p.name], r.dial[p.name] = append(r.total[p.name], total), append(r.dial[p.name], dial)
 			}
 		}
 	}
-	logf("connect+first byte to %s (%d per path): mesh median %.0f µs p90 %.0f µs, direct median %.0f µs p90 %.0f µs; connect() alone: mesh %.0f µs, direct %.0f µs",
-		dst, connectsPerPath, us(median(r.mesh)), us(pct(r.mesh, 90)), us(median(r.direct)), us(pct(r.direct, 90)),
-		us(median(r.meshDial)), us(median(r.directDial)))
+	for _, p := range paths {
+		logf("connect+first byte %-11s %s (%d): median %.0f µs, p90 %.0f µs; connect() alone %.0f µs", p.name, p.dst, connectsPerPath,
+			us(median(r.total[p.name])), us(pct(r.total[p.name], 90)), us(median(r.dial[p.name])))
+	}
 	return r, nil
 }
 

@@ -5,7 +5,7 @@
 // stderr. Every ratio and difference compares two paths measured in the
 // same run, alternated where the figure allows it.
 //
-//	go run ./bench/mesh [-bin-dir bin] [-fortio .tools/bin/fortio] [-profile DIR]
+//	go run ./bench/mesh [-bin-dir bin] [-fortio .tools/bin/fortio] [-profile DIR] [-peer=false]
 //
 // The topology (node0 holds the clients, node1 the servers):
 //
@@ -16,11 +16,14 @@
 //	outside:     10.31.1.254, a second address of bench-plain/server that the
 //	             control plane never heard of: a captured client reaches it
 //	             through its node proxy's passthrough (plain TCP, splice)
+//	peer:        bench-plain/client → HAProxy on node0 (explicit, no capture)
+//	             → mTLS → HAProxy on node1 → bench-plain/server (peer.go);
+//	             its figures carry a peer_ prefix (-peer=false skips it)
 //
 // plus 1,000 scale pods and 10 Services (objects only, no namespaces) in
 // the control plane's config, so each proxy's state holds >1,000 workloads.
 //
-// It needs root, iperf3 (`make deps`), the CNI tools (`make tools`) and
+// It needs root, iperf3 and haproxy (`make deps`), the CNI tools (`make tools`) and
 // fortio (built from its Go module at FortioVersion into .tools/bin when
 // missing). It is not a test: it asserts nothing beyond the setup working.
 package main
@@ -51,6 +54,8 @@ func main() {
 	profileDir := flag.String("profile", "", "write CPU profiles of both node proxies (iperf3 single stream, fortio) into this directory")
 	iperfSecs := flag.Int("iperf-seconds", 3, "measured seconds per iperf3 run (after 1 s omitted)")
 	rounds := flag.Int("rounds", 2, "alternated iperf3 rounds per path (the best counts)")
+	latencyRounds := flag.Int("latency-rounds", 2, "alternated fortio rounds per path (added latency: the mean over rounds of each round's difference)")
+	withPeer := flag.Bool("peer", true, "measure the HAProxy peer on the same topology, alternated with our path")
 	only := flag.String("only", "", "comma-separated parts to run (iperf, latency, connect); empty means all (a partial run prints only its figures)")
 	flag.Parse()
 
@@ -65,7 +70,8 @@ func main() {
 	}()
 
 	start := time.Now()
-	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, profileDir: *profileDir, only: *only}
+	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, latencyRounds: *latencyRounds, withPeer: *withPeer,
+		profileDir: *profileDir, only: *only}
 	err := b.run(*binDir, *fortioBin, *fortioVersion)
 	prog.Close()
 	logf("total %v (teardown included)", time.Since(start).Round(100*time.Millisecond))
@@ -93,17 +99,21 @@ func emit(name string, value float64, unit string) {
 
 // bench holds the running topology.
 type bench struct {
-	prog       *testkit.Program
-	iperfSecs  int
-	rounds     int
-	profileDir string
-	only       string
+	prog          *testkit.Program
+	iperfSecs     int
+	rounds        int
+	latencyRounds int
+	withPeer      bool
+	profileDir    string
+	only          string
 
 	m      *meshlab.Mesh
 	fortio string
 	// The two pairs; see the package comment.
 	meshClient, meshServer     *testcluster.Pod
 	directClient, directServer *testcluster.Pod
+	// peer is the HAProxy pair; nil with -peer=false.
+	peer *peer
 }
 
 // Ports of the servers in both server pods.
@@ -129,28 +139,38 @@ func (b *bench) run(binDir, fortioBin, fortioVersion string) error {
 	}
 	logf("setup %v", time.Since(t0).Round(100*time.Millisecond))
 
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 
 	var figures []func()
 	if b.want("iperf") {
-		// Throughput: single stream, 8 streams, passthrough.
-		single, err := b.iperfPair(ctx, "single stream", 1, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "iperf-single")
+		// Throughput: single stream, 8 streams, passthrough (no peer).
+		streams := map[path]target{
+			pathDirect: {b.directClient, b.directServer.IP.String()},
+			pathMesh:   {b.meshClient, b.meshServer.IP.String()},
+		}
+		if b.peer != nil {
+			streams[pathPeer] = target{b.directClient, b.peer.addr.String()}
+		}
+		single, err := b.iperfPair(ctx, "single stream", 1, streams, "iperf-single")
 		if err != nil {
 			return err
 		}
-		parallel, err := b.iperfPair(ctx, "8 streams", 8, b.meshClient, b.meshServer.IP.String(), b.directClient, b.directServer.IP.String(), "")
+		parallel, err := b.iperfPair(ctx, "8 streams", 8, streams, "")
 		if err != nil {
 			return err
 		}
-		pass, err := b.iperfPair(ctx, "passthrough", 1, b.meshClient, outsideIP, b.directClient, outsideIP, "")
+		pass, err := b.iperfPair(ctx, "passthrough", 1, map[path]target{
+			pathDirect: {b.directClient, outsideIP}, pathMesh: {b.meshClient, outsideIP}}, "")
 		if err != nil {
 			return err
 		}
 		figures = append(figures, func() {
-			emit("mesh_throughput_ratio", single.ratio(), "ratio")
-			emit("mesh_parallel_ratio", parallel.ratio(), "ratio")
-			emit("mesh_passthrough_ratio", pass.ratio(), "ratio")
+			emit("mesh_throughput_ratio", single.ratio(pathMesh), "ratio")
+			b.emitPeer("peer_throughput_ratio", func() float64 { return single.ratio(pathPeer) }, "ratio")
+			emit("mesh_parallel_ratio", parallel.ratio(pathMesh), "ratio")
+			b.emitPeer("peer_parallel_ratio", func() float64 { return parallel.ratio(pathPeer) }, "ratio")
+			emit("mesh_passthrough_ratio", pass.ratio(pathMesh), "ratio")
 		})
 	}
 	if b.want("latency") {
@@ -160,19 +180,27 @@ func (b *bench) run(binDir, fortioBin, fortioVersion string) error {
 			return err
 		}
 		figures = append(figures, func() {
-			emit("mesh_added_latency_p50_us", lat.added(50), "us")
-			emit("mesh_added_latency_p90_us", lat.added(90), "us")
-			emit("mesh_added_latency_p99_us", lat.added(99), "us")
-			emit("mesh_proxy_cpu_per_1k_rps", lat.cpuPer1kPerProxy(), "vcpu")
+			for _, pc := range []float64{50, 90, 99} {
+				name := fmt.Sprintf("added_latency_p%.0f_us", pc)
+				emit("mesh_"+name, lat.added(pathMesh, pc), "us")
+				b.emitPeer("peer_"+name, func() float64 { return lat.added(pathPeer, pc) }, "us")
+			}
+			emit("mesh_proxy_cpu_per_1k_rps", lat.cpuPer1kPerProxy(pathMesh), "vcpu")
+			b.emitPeer("peer_cpu_per_1k_rps", func() float64 { return lat.cpuPer1kPerProxy(pathPeer) }, "vcpu")
 		})
 	}
 	if b.want("connect") {
-		// Connection setup to a destination outside the mesh.
+		// Connection setup: to a destination outside the mesh (passthrough),
+		// to a mesh server (HBONE) and through the peer.
 		conn, err := b.connects(ctx)
 		if err != nil {
 			return err
 		}
-		figures = append(figures, func() { emit("mesh_connect_added_us", conn.added(), "us") })
+		figures = append(figures, func() {
+			emit("mesh_connect_added_us", conn.added(connPassthrough), "us")
+			emit("mesh_hbone_connect_added_us", conn.added(connHBONE), "us")
+			b.emitPeer("peer_connect_added_us", func() float64 { return conn.added(connPeer) }, "us")
+		})
 	}
 	// Memory after all the traffic, 1,000+ workloads in state.
 	rss, err := b.proxyMemory()
@@ -180,6 +208,13 @@ func (b *bench) run(binDir, fortioBin, fortioVersion string) error {
 		return err
 	}
 	figures = append(figures, func() { emit("mesh_proxy_rss_mb", rss, "MB") })
+	if b.peer != nil {
+		peerRSS, err := b.peerMemory()
+		if err != nil {
+			return err
+		}
+		figures = append(figures, func() { emit("peer_rss_mb", peerRSS, "MB") })
+	}
 	if err := b.verifyPaths(); err != nil {
 		return err
 	}
@@ -188,6 +223,13 @@ func (b *bench) run(binDir, fortioBin, fortioVersion string) error {
 		f()
 	}
 	return nil
+}
+
+// emitPeer emits the peer's figure when the peer ran.
+func (b *bench) emitPeer(name string, value func() float64, unit string) {
+	if b.peer != nil {
+		emit(name, value(), unit)
+	}
 }
 
 // want reports whether part runs (-only).
@@ -239,6 +281,11 @@ func (b *bench) setup(binDir string) error {
 	}
 	for _, srv := range []*testcluster.Pod{b.meshServer, b.directServer} {
 		if err := b.startServers(ctx, srv); err != nil {
+			return err
+		}
+	}
+	if b.withPeer {
+		if err := b.startPeer(ctx); err != nil {
 			return err
 		}
 	}

@@ -14,55 +14,84 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
 
-// pair holds one figure per round for the mesh path and the direct path.
+// path is one way from a client to a server; see the package comment.
+type path int
+
+const (
+	pathDirect path = iota // no proxy
+	pathMesh               // our node proxies (HBONE, or passthrough)
+	pathPeer               // HAProxy on both nodes (peer.go)
+	numPaths
+)
+
+func (p path) String() string { return [...]string{"direct", "mesh", "peer"}[p] }
+
+// rotate returns ps rotated left by r: round r of an alternated
+// measurement runs the paths in this order.
+func rotate[T any](ps []T, r int) []T {
+	if len(ps) == 0 {
+		return nil
+	}
+	r %= len(ps)
+	return append(slices.Clone(ps[r:]), ps[:r]...)
+}
+
+// target is where one path's client connects.
+type target struct {
+	client *testcluster.Pod
+	dst    string // address without port
+}
+
+// pair holds one figure per round and path.
 type pair struct {
-	unit         string
-	mesh, direct []float64
+	unit string
+	v    [numPaths][]float64
 }
 
 func best(v []float64) float64 { return slices.Max(v) }
 
-// ratio is the mesh path's best round ÷ the direct path's best round (the
-// box is shared: the best round is the one least disturbed by other jobs).
-func (p pair) ratio() float64 { return best(p.mesh) / best(p.direct) }
+// ratio is path p's best round ÷ the direct path's best round (the box is
+// shared: the best round is the one least disturbed by other jobs).
+func (pr pair) ratio(p path) float64 { return best(pr.v[p]) / best(pr.v[pathDirect]) }
 
-// iperfPair runs iperf3 with streams parallel streams, alternating the mesh
-// client (to meshDst) and the direct client (to directDst) for b.rounds
-// rounds each, and returns the received Gbit/s per round. With profile set
-// (and -profile), the first mesh round is CPU-profiled on both proxies.
-func (b *bench) iperfPair(ctx context.Context, label string, streams int, meshClient *testcluster.Pod, meshDst string,
-	directClient *testcluster.Pod, directDst string, profile string) (pair, error) {
+// iperfPair runs iperf3 with streams parallel streams on each path that has
+// a target, alternating the paths' order for b.rounds rounds, and returns
+// the received Gbit/s per round. With profile set (and -profile), the first
+// mesh round is CPU-profiled on both proxies.
+func (b *bench) iperfPair(ctx context.Context, label string, streams int, targets map[path]target, profile string) (pair, error) {
 	res := pair{unit: "Gbit/s"}
-	for r := 0; r < b.rounds; r++ {
-		order := []bool{true, false}
-		if r%2 == 1 {
-			order = []bool{false, true}
+	var order []path
+	for p := range numPaths {
+		if _, ok := targets[p]; ok {
+			order = append(order, p)
 		}
-		for _, isMesh := range order {
-			client, dst := directClient, directDst
-			if isMesh {
-				client, dst = meshClient, meshDst
-			}
+	}
+	for r := 0; r < b.rounds; r++ {
+		for _, p := range rotate(order, r) {
+			t := targets[p]
 			var stopProf func()
-			if isMesh && r == 0 && profile != "" && b.profileDir != "" {
+			if p == pathMesh && r == 0 && profile != "" && b.profileDir != "" {
 				stopProf = b.profileProxies(profile, b.iperfSecs+1)
 			}
-			gbps, err := b.iperf(ctx, client, dst, streams)
+			gbps, err := b.iperf(ctx, t.client, t.dst, streams)
 			if stopProf != nil {
 				stopProf()
 			}
 			if err != nil {
-				return res, fmt.Errorf("iperf3 %s %s→%s: %w", label, client.Namespace, dst, err)
+				return res, fmt.Errorf("iperf3 %s %s %s→%s: %w", label, p, t.client.Namespace, t.dst, err)
 			}
-			if isMesh {
-				res.mesh = append(res.mesh, gbps)
-			} else {
-				res.direct = append(res.direct, gbps)
-			}
+			res.v[p] = append(res.v[p], gbps)
 		}
 	}
-	logf("iperf3 %-13s mesh %s Gbit/s, direct %s Gbit/s (per round; best counts) → %.3f",
-		label, fmtList(res.mesh), fmtList(res.direct), res.ratio())
+	msg := fmt.Sprintf("iperf3 %-13s mesh %s Gbit/s, direct %s Gbit/s", label, fmtList(res.v[pathMesh]), fmtList(res.v[pathDirect]))
+	if len(res.v[pathPeer]) > 0 {
+		msg += fmt.Sprintf(", peer %s Gbit/s", fmtList(res.v[pathPeer]))
+	}
+	msg += fmt.Sprintf(" (per round; best counts) → mesh %.3f", res.ratio(pathMesh))
+	if len(res.v[pathPeer]) > 0 {
+		msg += fmt.Sprintf(", peer %.3f", res.ratio(pathPeer))
+	}
+	logf("%s", msg)
 	return res, nil
 }
 
@@ -105,24 +134,51 @@ func (b *bench) iperf(ctx context.Context, c *testcluster.Pod, dst string, strea
 	return res.End.SumReceived.BitsPerSecond / 1e9, nil
 }
 
-// latencyResult is the fortio run of each path and the proxies' CPU during
-// the mesh run.
-type latencyResult struct {
-	mesh, direct fortioResult
-	cpuSecs      [2]float64       // per node proxy, during the mesh run
-	runqWait     [2]time.Duration // per node proxy, runnable but not running, during the mesh run
-	wall         float64
+// pathLoad is one path's fortio runs (one per round) and its two proxies'
+// CPU while they ran (not sampled for the direct path).
+type pathLoad struct {
+	runs     []fortioResult
+	cpuSecs  [2]float64       // per node
+	runqWait [2]time.Duration // per node: runnable but not running
+	wall     float64          // seconds, summed over the rounds
 }
 
-func (l latencyResult) added(p float64) float64 {
-	return (l.mesh.percentile(p) - l.direct.percentile(p)) * 1e6
+func (pl pathLoad) qps() float64 {
+	var sum float64
+	for _, r := range pl.runs {
+		sum += r.ActualQPS
+	}
+	return sum / float64(len(pl.runs))
 }
 
-// cpuPer1kPerProxy is the node proxies' mean CPU (vCPU, i.e. CPU-seconds
-// per second) per 1000 requests/s.
-func (l latencyResult) cpuPer1kPerProxy() float64 {
-	vcpu := (l.cpuSecs[0] + l.cpuSecs[1]) / l.wall / 2
-	return vcpu / (l.mesh.ActualQPS / 1000)
+func (pl pathLoad) requests() int64 {
+	var n int64
+	for _, r := range pl.runs {
+		n += r.DurationHistogram.Count
+	}
+	return n
+}
+
+// latencyResult holds every path's load.
+type latencyResult struct{ p [numPaths]pathLoad }
+
+// added is path p's percentile minus the direct path's of the same round,
+// in µs, averaged over the rounds.
+func (l latencyResult) added(p path, pct float64) float64 {
+	runs := l.p[p].runs
+	var sum float64
+	for i, r := range runs {
+		sum += r.percentile(pct) - l.p[pathDirect].runs[i].percentile(pct)
+	}
+	return sum / float64(len(runs)) * 1e6
+}
+
+// cpuPer1kPerProxy is path p's proxies' mean CPU per proxy (vCPU, i.e.
+// CPU-seconds per second, of the two proxies ÷ 2) per 1000 requests/s.
+func (l latencyResult) cpuPer1kPerProxy(p path) float64 {
+	pl := l.p[p]
+	vcpu := (pl.cpuSecs[0] + pl.cpuSecs[1]) / pl.wall / 2
+	return vcpu / (pl.qps() / 1000)
 }
 
 type fortioResult struct {
@@ -155,59 +211,92 @@ const (
 )
 
 // latency runs fortio (HTTP/1.1, 1 KiB POST bodies echoed back, 1000
-// requests/s over 4 connections) on the direct pair, then on the mesh pair
-// while sampling the node proxies' CPU time.
+// requests/s over 4 connections) on every path, b.latencyRounds rounds with
+// the order rotated each round, sampling the proxies' CPU time on the mesh
+// and the peer path.
 func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	var l latencyResult
+	targets := map[path]target{
+		pathDirect: {b.directClient, b.directServer.IP.String()},
+		pathMesh:   {b.meshClient, b.meshServer.IP.String()},
+	}
+	order := []path{pathDirect, pathMesh}
+	if b.peer != nil {
+		targets[pathPeer] = target{b.directClient, b.peer.addr.String()}
+		order = append(order, pathPeer)
+	}
+	for r := 0; r < b.latencyRounds; r++ {
+		for _, p := range rotate(order, r) {
+			if err := b.latencyRun(ctx, &l.p[p], p, r, targets[p]); err != nil {
+				return l, err
+			}
+			f := l.p[p].runs[r]
+			logf("fortio round %d %-6s %.0f req/s, p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, avg %.0f µs (%d requests)", r, p, f.ActualQPS,
+				f.percentile(50)*1e6, f.percentile(90)*1e6, f.percentile(99)*1e6, f.DurationHistogram.Avg*1e6, f.DurationHistogram.Count)
+		}
+	}
+	for _, p := range order[1:] {
+		pl := l.p[p]
+		logf("%s proxies' CPU during the %s runs (%.1f s): node0 %.2f s (%.3f vCPU), node1 %.2f s (%.3f vCPU)",
+			p, p, pl.wall, pl.cpuSecs[0], pl.cpuSecs[0]/pl.wall, pl.cpuSecs[1], pl.cpuSecs[1]/pl.wall)
+		n := float64(pl.requests())
+		logf("%s proxies' threads runnable but waiting for a CPU: node0 %.0f µs, node1 %.0f µs per request",
+			p, float64(pl.runqWait[0].Microseconds())/n, float64(pl.runqWait[1].Microseconds())/n)
+	}
+	return l, nil
+}
+
+// latencyRun is one fortio run on path p (round r) into pl, with the CPU of
+// p's proxies around it.
+func (b *bench) latencyRun(ctx context.Context, pl *pathLoad, p path, r int, t target) error {
+	var pids [2]int
+	switch p {
+	case pathMesh:
+		pids = b.proxyPIDs()
+	case pathPeer:
+		pids = b.peerPIDs()
+	}
+	var before, after [2]float64
+	var waitBefore [2]time.Duration
 	var err error
-	if l.direct, err = b.fortioLoad(ctx, b.directClient, b.directServer); err != nil {
-		return l, err
+	if p != pathDirect {
+		if before, err = procCPU(pids); err != nil {
+			return err
+		}
+		waitBefore = runqWait(pids)
 	}
-	before, err := b.proxyCPU()
-	if err != nil {
-		return l, err
-	}
-	waitBefore := b.runqWait()
-	t0 := time.Now()
 	var stopProf func()
-	if b.profileDir != "" {
+	if p == pathMesh && r == 0 && b.profileDir != "" {
 		stopProf = b.profileProxies("fortio", int(fortioTime/time.Second)-1)
 	}
-	l.mesh, err = b.fortioLoad(ctx, b.meshClient, b.meshServer)
+	t0 := time.Now()
+	f, err := b.fortioLoad(ctx, t.client, t.dst)
+	wall := time.Since(t0).Seconds()
 	if stopProf != nil {
 		stopProf()
 	}
 	if err != nil {
-		return l, err
+		return fmt.Errorf("fortio %s: %w", p, err)
 	}
-	l.wall = time.Since(t0).Seconds()
-	after, err := b.proxyCPU()
-	if err != nil {
-		return l, err
+	pl.runs = append(pl.runs, f)
+	if p == pathDirect {
+		return nil
 	}
-	waitAfter := b.runqWait()
-	for i := range l.cpuSecs {
-		l.cpuSecs[i] = after[i] - before[i]
-		l.runqWait[i] = waitAfter[i] - waitBefore[i]
+	if after, err = procCPU(pids); err != nil {
+		return err
 	}
-	for _, r := range []struct {
-		name string
-		f    fortioResult
-	}{{"direct", l.direct}, {"mesh", l.mesh}} {
-		logf("fortio %-6s %.0f req/s, p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, avg %.0f µs (%d requests)", r.name, r.f.ActualQPS,
-			r.f.percentile(50)*1e6, r.f.percentile(90)*1e6, r.f.percentile(99)*1e6, r.f.DurationHistogram.Avg*1e6, r.f.DurationHistogram.Count)
+	waitAfter := runqWait(pids)
+	pl.wall += wall
+	for i := range pl.cpuSecs {
+		pl.cpuSecs[i] += after[i] - before[i]
+		pl.runqWait[i] += waitAfter[i] - waitBefore[i]
 	}
-	logf("proxy CPU during the mesh run (%.1f s): node0 %.2f s (%.3f vCPU), node1 %.2f s (%.3f vCPU)",
-		l.wall, l.cpuSecs[0], l.cpuSecs[0]/l.wall, l.cpuSecs[1], l.cpuSecs[1]/l.wall)
-	n := float64(l.mesh.DurationHistogram.Count)
-	logf("proxy threads runnable but waiting for a CPU during the mesh run: node0 %.0f µs, node1 %.0f µs per request",
-		float64(l.runqWait[0].Microseconds())/n, float64(l.runqWait[1].Microseconds())/n)
-	return l, nil
+	return nil
 }
 
-func (b *bench) fortioLoad(ctx context.Context, client, server *testcluster.Pod) (fortioResult, error) {
+func (b *bench) fortioLoad(ctx context.Context, client *testcluster.Pod, server string) (fortioResult, error) {
 	out := filepath.Join(b.prog.TempDir(), "fortio.json")
-	url := fmt.Sprintf("http://%s:%d/echo", server.IP, fortioPort)
+	url := fmt.Sprintf("http://%s:%d/echo", server, fortioPort)
 	cctx, cancel := context.WithTimeout(ctx, fortioTime+20*time.Second)
 	defer cancel()
 	if _, err := client.Exec(cctx, b.fortio, "load", "-quiet",

@@ -25,26 +25,29 @@ import (
 // (100 on every Linux architecture Go supports).
 const clockTicks = 100
 
-// proxyCPU returns each node proxy's CPU time (user + system) so far, in
+// proxyPIDs are the two node proxies, by node.
+func (b *bench) proxyPIDs() [2]int { return [2]int{b.m.Nodes[0].Proxy.PID(), b.m.Nodes[1].Proxy.PID()} }
+
+// procCPU returns each process's CPU time (user + system) so far, in
 // seconds, by node.
-func (b *bench) proxyCPU() ([2]float64, error) {
+func procCPU(pids [2]int) ([2]float64, error) {
 	var out [2]float64
-	for i, mn := range b.m.Nodes[:2] {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", mn.Proxy.PID()))
+	for i, pid := range pids {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
-			return out, fmt.Errorf("node%d proxy CPU: %w", i, err)
+			return out, fmt.Errorf("node%d pid %d CPU: %w", i, pid, err)
 		}
 		// Fields after the command name (which may hold spaces) in
 		// parentheses: state is field 3, utime 14, stime 15.
 		s := string(data)
 		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 		if len(f) < 13 {
-			return out, fmt.Errorf("node%d proxy CPU: short /proc stat %q", i, s)
+			return out, fmt.Errorf("node%d pid %d CPU: short /proc stat %q", i, pid, s)
 		}
 		ut, err1 := strconv.ParseFloat(f[11], 64)
 		st, err2 := strconv.ParseFloat(f[12], 64)
 		if err1 != nil || err2 != nil {
-			return out, fmt.Errorf("node%d proxy CPU: bad /proc stat %q", i, s)
+			return out, fmt.Errorf("node%d pid %d CPU: bad /proc stat %q", i, pid, s)
 		}
 		out[i] = (ut + st) / clockTicks
 	}
@@ -103,12 +106,12 @@ func goMemStats(ctx context.Context, n *testcluster.Node) string {
 	return strings.Join(parts, ", ") + " MiB"
 }
 
-// runqWait returns the time each proxy's threads spent runnable but
+// runqWait returns the time each process's threads spent runnable but
 // waiting for a CPU so far (the second field of /proc/<pid>/task/*/schedstat).
-func (b *bench) runqWait() [2]time.Duration {
+func runqWait(pids [2]int) [2]time.Duration {
 	var out [2]time.Duration
-	for i, mn := range b.m.Nodes[:2] {
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", mn.Proxy.PID()))
+	for i, pid := range pids {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
 		for _, t := range tasks {
 			data, err := os.ReadFile(t)
 			if err != nil {
@@ -240,17 +243,7 @@ func fetch(ctx context.Context, n *testcluster.Node, path, out string) error {
 // port. (Dialling would not tell: a captured pod's node proxy accepts on
 // the pod's behalf.)
 func waitListening(ctx context.Context, p *testcluster.Pod, port int) error {
-	for {
-		out, err := p.Exec(ctx, "ss", "-Hltn", fmt.Sprintf("sport = :%d", port))
-		if err == nil && strings.TrimSpace(string(out)) != "" {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("nothing listens on port %d in %s/%s: %w", port, p.Namespace, p.Name, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return waitListen(ctx, p.NetNS, p.Namespace+"/"+p.Name, port, nil)
 }
 
 func runCmd(ctx context.Context, path string, args ...string) (string, error) {
