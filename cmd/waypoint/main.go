@@ -93,7 +93,8 @@ func run(ctx context.Context, o *options, log *zap.Logger, level zap.AtomicLevel
 		return err
 	}
 	xcfg := up.xds
-	xcfg.Node = xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()}}
+	xcfg.Node = xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()},
+		Metadata: map[string]string{"ISTIO_VERSION": daemon.Version()}} // zctl status shows it
 	xcfg.Sink, xcfg.Waypoint, xcfg.Log, xcfg.Registerer = w.Sink(), o.Gateway, log.Named("xds"), reg
 	xc, err := xds.NewClient(xcfg)
 	if err != nil {

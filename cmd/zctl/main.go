@@ -5,6 +5,7 @@
 //	zctl explain [--admin ADDR | -f FILE] [-o table|json|yaml] <source-pod> <destination>
 //	zctl check ...   (an alias of explain)
 //	zctl analyze [-o table|json|yaml] <dir>
+//	zctl status [--cp-admin ADDR | -f FILE] [-o table|json|yaml]
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
 // offline and runs the data path's own routing decision (route.Outbound,
@@ -14,6 +15,8 @@
 // the connection would be denied or refused. analyze reads a directory of
 // YAML as local mode does, runs the control plane's translation on it and
 // lists what will not work (codes ZTG0001…); it exits 2 on an error finding.
+// status lists the proxies connected to the control plane and their xDS
+// sync state (its /debug/syncz), as istioctl proxy-status does.
 //
 // zctl, zctl -h and zctl <command> -h print usage and contact nothing. It
 // only reads; it never changes the proxy.
@@ -51,6 +54,12 @@ var commands = []struct{ name, args, summary string }{
 	{"explain", "<source-pod> <destination>", "follow one connection through routing and authorization; exit 3 if denied"},
 	{"check", "<source-pod> <destination>", "alias of explain"},
 	{"analyze", "<dir>", "check a directory of YAML with the control plane's translation; exit 2 on errors"},
+	{"status", "[--cp-admin ADDR | -f FILE]", "each connected proxy's xDS sync state per type, from the control plane"},
+}
+
+// subcommands are the commands that parse their own flags.
+var subcommands = map[string]func(args []string, out io.Writer) error{
+	"status": runStatus,
 }
 
 func usage(w io.Writer) {
@@ -82,6 +91,9 @@ func run(args []string, out, errOut io.Writer) error {
 	if synopsis == "" {
 		usage(errOut)
 		return fmt.Errorf("unknown command %q", name)
+	}
+	if f := subcommands[name]; f != nil {
+		return f(args[1:], out)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(out)

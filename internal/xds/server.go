@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -312,6 +313,7 @@ func (a adsService) DeltaAggregatedResources(gs discovery.AggregatedDiscoverySer
 		subs:  map[string]*subscription{},
 		dirty: map[string]map[string]struct{}{},
 	}
+	st.status.connected = time.Now()
 	if p, ok := peer.FromContext(gs.Context()); ok && p.Addr != nil {
 		st.peer = p.Addr.String()
 	}
@@ -337,6 +339,8 @@ type stream struct {
 	nodeID atomic.Pointer[string]
 
 	wake chan struct{} // cap 1: pending names were marked
+
+	status streamStatus // what Server.Status reports; its own lock
 
 	mu    sync.Mutex
 	dirty map[string]map[string]struct{} // type URL → names to reconsider; guarded by mu
@@ -437,6 +441,11 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 	if st.nodeID.Load() == nil && req.GetNode().GetId() != "" {
 		id := req.GetNode().GetId()
 		st.nodeID.Store(&id)
+		md := map[string]string{}
+		for k, v := range req.GetNode().GetMetadata().GetFields() {
+			md[k] = v.GetStringValue()
+		}
+		st.status.noteNode(md)
 		st.s.log.Debug("stream opened", st.fields()...)
 	}
 	sub := st.subs[typeURL]
@@ -450,6 +459,7 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 		sub.wildcard = len(req.GetResourceNamesSubscribe()) == 0
 		st.subs[typeURL] = sub
 		st.updateNames(sub, req)
+		st.status.noteSubscription(typeURL, sub)
 		// A wildcard client is compared with every resource; a client
 		// that subscribed to names only with those (an on-demand node
 		// holds ~1 % of a large mesh).
@@ -473,6 +483,7 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 	}
 	if nonce := req.GetResponseNonce(); nonce != "" && nonce == sub.inflight {
 		sub.inflight = ""
+		st.status.noteReply(typeURL, nonce, req.GetErrorDetail() != nil, req.GetErrorDetail().GetMessage(), time.Now())
 		if d := req.GetErrorDetail(); d != nil {
 			st.s.metrics.nacks.WithLabelValues(typeURL).Inc()
 			st.s.log.Warn("client rejected resources (NACK)", st.fields(
@@ -482,6 +493,7 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 	if added := st.updateNames(sub, req); len(added) > 0 {
 		st.markPending(typeURL, added)
 	}
+	st.status.noteSubscription(typeURL, sub)
 	return nil
 }
 
@@ -586,6 +598,7 @@ func (st *stream) respond(typeURL string, sub *subscription, names []string, alw
 	if err := st.gs.Send(resp); err != nil {
 		return err
 	}
+	st.status.noteSent(typeURL, resp.Nonce, sub, time.Now())
 	st.s.metrics.pushes.WithLabelValues(typeURL).Inc()
 	st.s.metrics.pushed.WithLabelValues(typeURL).Add(float64(len(resp.Resources) + len(resp.RemovedResources)))
 	return nil

@@ -10,11 +10,13 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
-type fakeDump struct{}
+type fakeDump struct{ xds *xds.Server }
 
 func (fakeDump) ConfigDump() controlplane.ConfigDump { return controlplane.ConfigDump{Generation: 7} }
+func (f fakeDump) XDS() *xds.Server                  { return f.xds }
 
 // TestServersSplitDebugFromPublic: the config dump, /logging and pprof are
 // only on the Debug server; the public ones serve metrics or readiness and
@@ -25,7 +27,7 @@ func TestServersSplitDebugFromPublic(t *testing.T) {
 	c.Inc()
 	reg.MustRegister(c)
 	o := Options{AdminAddr: DefaultAdminAddr, MetricsAddr: DefaultMetricsAddr, ReadinessAddr: DefaultReadinessAddr}
-	specs := Servers(o, fakeDump{}, reg, zap.NewAtomicLevel(), daemon.NewReadiness())
+	specs := Servers(o, fakeDump{xds.NewServer(xds.ServerConfig{})}, reg, zap.NewAtomicLevel(), daemon.NewReadiness())
 	by := map[string]daemon.Spec{}
 	for _, s := range specs {
 		by[s.Name] = s
@@ -45,11 +47,13 @@ func TestServersSplitDebugFromPublic(t *testing.T) {
 	}{
 		{"admin", "/config_dump", 200, `"generation": 7`},
 		{"admin", "/metrics", 200, "test_total 1"},
+		{"admin", "/debug/syncz", 200, `"streams": []`},
 		{"admin", "/logging", 200, "current log level"},
 		{"admin", "/debug/pprof/", 200, "goroutine"},
 		{"metrics", "/metrics", 200, "test_total 1"},
 		{"metrics", "/config_dump", 404, ""},
 		{"metrics", "/debug/pprof/", 404, ""},
+		{"metrics", "/debug/syncz", 404, ""},
 		{"metrics", "/logging", 404, ""},
 		{"readiness", "/healthz/ready", 200, "ready\n"},
 		{"readiness", "/config_dump", 404, ""},

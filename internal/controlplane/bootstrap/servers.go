@@ -10,19 +10,28 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
-// ConfigDumper is what the debug server's /config_dump shows
-// (*controlplane.ControlPlane).
+// SyncStatus is the body of the debug server's /debug/syncz: every
+// connected xDS stream (node proxies and waypoints) and its sync state.
+type SyncStatus struct {
+	Streams []xds.StreamStatus `json:"streams"`
+}
+
+// ConfigDumper is what the debug server's /config_dump and /debug/syncz
+// show (*controlplane.ControlPlane).
 type ConfigDumper interface {
 	ConfigDump() controlplane.ConfigDump
+	XDS() *xds.Server
 }
 
 // Servers are the control plane's HTTP servers at o's addresses:
 //
 //   - admin (daemon.Debug, loopback only): /config_dump (translation,
-//     warnings, allocations: nothing the network may read), /metrics,
-//     /logging and /debug/pprof/;
+//     warnings, allocations: nothing the network may read), /debug/syncz
+//     (each connected proxy's xDS sync state per type, what zctl status
+//     prints), /metrics, /logging and /debug/pprof/;
 //   - metrics (daemon.Public): /metrics only;
 //   - readiness (daemon.Public): /healthz/ready only.
 func Servers(o Options, cp ConfigDumper, g prometheus.Gatherer, level zap.AtomicLevel, ready *daemon.Readiness) []daemon.Spec {
@@ -33,6 +42,12 @@ func Servers(o Options, cp ConfigDumper, g prometheus.Gatherer, level zap.Atomic
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(cp.ConfigDump())
+	})
+	admin.HandleFunc("GET /debug/syncz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(SyncStatus{Streams: cp.XDS().Status()})
 	})
 	admin.Handle("GET /metrics", metrics)
 	daemon.DebugHandlers(admin, level)
