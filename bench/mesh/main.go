@@ -39,6 +39,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -60,12 +62,18 @@ func main() {
 	flag.Parse()
 
 	prog := testkit.NewProgram("bench-mesh", os.Stderr)
+	// One teardown, whoever asks first; the other caller waits for it (an
+	// interrupt also makes the running measurement fail, and main must not
+	// exit while the signal's teardown still deletes namespaces).
+	teardown := sync.OnceFunc(prog.Close)
+	var interrupted atomic.Bool
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-sigc
+		interrupted.Store(true)
 		logf("interrupted: tearing down")
-		prog.Close()
+		teardown()
 		os.Exit(130)
 	}()
 
@@ -73,8 +81,11 @@ func main() {
 	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, latencyRounds: *latencyRounds, withPeer: *withPeer,
 		profileDir: *profileDir, only: *only}
 	err := b.run(*binDir, *fortioBin, *fortioVersion)
-	prog.Close()
+	teardown()
 	logf("total %v (teardown included)", time.Since(start).Round(100*time.Millisecond))
+	if interrupted.Load() {
+		os.Exit(130)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench/mesh:", err)
 		os.Exit(1)
