@@ -20,7 +20,7 @@ FORTIO_VERSION := v1.68.2
 APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset haproxy
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh demo clean k8s-bins deploy-check images images-test
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak demo clean k8s-bins deploy-check images images-test
 
 all: build
 
@@ -145,6 +145,11 @@ bench-dns:
 ## bench-mesh: mesh vs direct traffic on a two-node namespace cluster (root; iperf3, fortio).
 bench-mesh: deps tools build
 	$(GO) run ./bench/mesh -bin-dir bin -fortio-version $(FORTIO_VERSION)
+
+## bench-soak: 10,000 concurrent tunnels through the two-node mesh, opened and closed in waves for SOAK (default
+## 10m, e.g. `SOAK=3m make bench-soak`): errors, node proxy RSS slope and goroutines (root; run under flock /tmp/e2e.lock).
+bench-soak: deps tools build
+	$(GO) run ./bench/soak -bin-dir bin $(if $(SOAK),-duration $(SOAK))
 
 bench: bench-hbone bench-xds bench-dns bench-mesh
 

@@ -6,6 +6,7 @@
 //	zctl check ...   (an alias of explain)
 //	zctl analyze [-o table|json|yaml] <dir>
 //	zctl status [--cp-admin ADDR | -f FILE] [-o table|json|yaml]
+//	zctl connections [--admin ADDR | -f FILE] [--workload W] [--direction in|out] [-o ...]
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
 // offline and runs the data path's own routing decision (route.Outbound,
@@ -16,7 +17,8 @@
 // YAML as local mode does, runs the control plane's translation on it and
 // lists what will not work (codes ZTG0001…); it exits 2 on an error finding.
 // status lists the proxies connected to the control plane and their xDS
-// sync state (its /debug/syncz), as istioctl proxy-status does.
+// sync state (its /debug/syncz), as istioctl proxy-status does; connections
+// a node proxy's open connections (its /connections).
 //
 // zctl, zctl -h and zctl <command> -h print usage and contact nothing. It
 // only reads; it never changes the proxy.
@@ -55,11 +57,13 @@ var commands = []struct{ name, args, summary string }{
 	{"check", "<source-pod> <destination>", "alias of explain"},
 	{"analyze", "<dir>", "check a directory of YAML with the control plane's translation; exit 2 on errors"},
 	{"status", "[--cp-admin ADDR | -f FILE]", "each connected proxy's xDS sync state per type, from the control plane"},
+	{"connections", "[--workload W] [--direction in|out]", "the node proxy's open connections: peers, identities, bytes, age"},
 }
 
 // subcommands are the commands that parse their own flags.
 var subcommands = map[string]func(args []string, out io.Writer) error{
-	"status": runStatus,
+	"status":      runStatus,
+	"connections": runConnections,
 }
 
 func usage(w io.Writer) {

@@ -1,6 +1,6 @@
 // Package admin is the node proxy's operator surface, three HTTP servers as
 // Istio's ztunnel has them (docs/protocol.md#ports): the admin server on
-// localhost only (/config_dump, /logging, /quitquitquit, /debug/pprof/, an
+// localhost only (/config_dump, /connections, /logging, /quitquitquit, /debug/pprof/, an
 // HTML index), Prometheus metrics (/metrics and /stats/prometheus) from an
 // injected registry, and readiness (/healthz/ready, daemon.Readiness) gated
 // on named tasks. The servers, /logging and the profiles are internal/daemon's,
@@ -54,6 +54,9 @@ type Deps struct {
 	// Shutdown is called (once, asynchronously) by POST /quitquitquit. nil
 	// disables the endpoint (501).
 	Shutdown func()
+	// Connections lists the open connections for GET /connections
+	// (proxy.Metrics.Connections). nil disables the endpoint (501).
+	Connections func() any
 }
 
 // Server is the three HTTP servers. Create with Listen (which binds, so

@@ -100,6 +100,18 @@ func AdminHandler(deps Deps) http.Handler {
 			deps.logger().Warn("writing config dump", zap.Error(err))
 		}
 	})
+	mux.HandleFunc("GET /connections", func(w http.ResponseWriter, r *http.Request) {
+		if deps.Connections == nil {
+			http.Error(w, "connections not available", http.StatusNotImplemented)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(map[string]any{"connections": deps.Connections()}); err != nil {
+			deps.logger().Warn("writing connections", zap.Error(err))
+		}
+	})
 	daemon.DebugHandlers(mux, deps.Level)
 	var once sync.Once
 	mux.HandleFunc("/quitquitquit", func(w http.ResponseWriter, r *http.Request) {
@@ -142,6 +154,7 @@ func StatsHandler(g prometheus.Gatherer, log *zap.Logger) http.Handler {
 func index(w http.ResponseWriter, _ *http.Request) {
 	links := [...][2]string{
 		{"config_dump", "workloads, services, policies, certificates and pod proxies"},
+		{"connections", "open connections: peers, identities, bytes so far"},
 		{"logging", "log level (POST ?level=debug to change)"},
 		{"debug/pprof/", "profiles"},
 		{"quitquitquit", "graceful shutdown (POST)"},
