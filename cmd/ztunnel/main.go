@@ -163,6 +163,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	}
 	adm, err := admin.Listen(admin.Config{AdminAddr: cfg.AdminAddr, StatsAddr: cfg.StatsAddr, ReadinessAddr: cfg.ReadinessAddr}, admin.Deps{
 		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: stop,
+		Connections: func() any { return factory.Proxy.Metrics.Connections() }, // GET /connections (zctl connections)
 		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
 			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }}},
 		Readiness: daemon.NewReadiness(daemon.Task{Name: admin.TaskStateManager, Ready: daemon.Closed(xc.Synced())},
