@@ -363,7 +363,7 @@ func ztunnelConfig(t *testing.T, w *workload) *config.Config {
 		}
 		environ = append(environ, name+"="+v)
 	}
-	cfg, err := config.Parse(func(k string) (string, bool) { v, ok := w.env[k]; return v, ok }, "", environ)
+	cfg, err := config.Parse(func(k string) (string, bool) { v, ok := w.env[k]; return v, ok }, environ)
 	if err != nil {
 		t.Errorf("%s: the manifest's environment: %v", w.c.Name, err)
 		return &config.Config{}

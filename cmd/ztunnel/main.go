@@ -1,8 +1,15 @@
 // Command ztunnel is ztunnel-go's node proxy: it takes the pods the node
 // agent hands it over ZDS and runs their in-pod listeners, with state from
 // xDS and certificates from the CA. Configuration comes from Istio's
-// ztunnel environment variables (internal/node/config); --local-config DIR embeds
-// the control plane over a directory of YAML instead.
+// ztunnel environment variables (internal/node/config).
+//
+// It embeds no control plane (and links none of it: no Kubernetes or
+// Istio API types). For a mesh without Kubernetes, run ztunnel-cp in local
+// mode beside it, as `make demo` does:
+//
+//	ztunnel-cp --config-dir DIR --node-tokens FILE --state-dir S   # FILE: "<node> <token>" lines
+//	NODE_NAME=n1 XDS_ADDRESS=127.0.0.1:15012 XDS_ROOT_CA=S/root-cert.pem \
+//	  CA_ROOT_CA=S/root-cert.pem AUTH_TOKEN=<file holding n1's token> ztunnel
 //
 // Wiring only; the logic lives in the packages it connects.
 package main
@@ -15,7 +22,6 @@ import (
 	"os"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
@@ -47,7 +53,7 @@ func main() {
 func parseConfig(args []string, lookup config.Lookup, environ []string, stderr io.Writer) (*config.Config, error) {
 	fs := flag.NewFlagSet("ztunnel", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	localDir := fs.String("local-config", "", "embed the control plane over this directory of Kubernetes/Istio YAML instead of dialling XDS_ADDRESS")
+	localDir := fs.String(removedLocalConfig, "", "removed: run `ztunnel-cp --config-dir DIR` beside the node proxy and point XDS_ADDRESS at it")
 	var logFlags daemon.LogFlags
 	logFlags.Register(fs, "", "")
 	if err := fs.Parse(args); err != nil {
@@ -55,6 +61,9 @@ func parseConfig(args []string, lookup config.Lookup, environ []string, stderr i
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *localDir != "" {
+		return nil, localConfigRemoved(*localDir)
 	}
 	if _, err := logFlags.Config(); err != nil {
 		return nil, err
@@ -73,7 +82,21 @@ func parseConfig(args []string, lookup config.Lookup, environ []string, stderr i
 			return v, true
 		}
 		return lookup(k)
-	}, *localDir, environ)
+	}, environ)
+}
+
+// removedLocalConfig is the flag that once embedded the control plane in
+// the node proxy. It is still parsed so that old command lines fail with
+// directions rather than "flag provided but not defined".
+const removedLocalConfig = "local-config"
+
+// localConfigRemoved tells a --local-config user how to get the same mesh
+// with two processes.
+func localConfigRemoved(dir string) error {
+	return fmt.Errorf("--%s was removed: the node proxy no longer embeds the control plane. Run it beside ztunnel: "+
+		"`ztunnel-cp --config-dir %s --node-tokens FILE --state-dir STATE` (FILE holds \"<node-name> <token>\" lines), "+
+		"then start ztunnel with XDS_ADDRESS=127.0.0.1:15012, XDS_ROOT_CA=STATE/root-cert.pem, "+
+		"CA_ROOT_CA=STATE/root-cert.pem and AUTH_TOKEN=<file holding this node's token>", removedLocalConfig, dir)
 }
 
 // run serves until ctx is done (SIGTERM) or /quitquitquit, then drains the
@@ -83,8 +106,8 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	reg := admin.NewRegistry()
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	// svcCtx keeps xDS, certificates, the control plane and the admin
-	// servers alive while the pods' connections drain.
+	// svcCtx keeps xDS, certificates and the admin servers alive while the
+	// pods' connections drain.
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	var (
 		wg        sync.WaitGroup
@@ -103,12 +126,9 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	}
 	defer func() { stopServices(); wg.Wait() }()
 
-	up, err := remoteOrLocal(cfg, log, reg)
+	up, err := remoteUpstream(cfg, log.Named("roots"))
 	if err != nil {
 		return err
-	}
-	if up.run != nil {
-		goRun("embedded control plane", up.run, svcCtx)
 	}
 	if up.watch != nil {
 		goRun("root certificate watcher", up.watch, svcCtx)
@@ -189,13 +209,4 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	stopServices()
 	wg.Wait()
 	return fatal
-}
-
-// remoteOrLocal picks the upstream: the embedded control plane with
-// --local-config, else XDS_ADDRESS/CA_ADDRESS.
-func remoteOrLocal(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) (*upstream, error) {
-	if cfg.LocalConfigDir != "" {
-		return localUpstream(cfg, log.Named("controlplane"), reg)
-	}
-	return remoteUpstream(cfg, log.Named("roots"))
 }

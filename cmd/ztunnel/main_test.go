@@ -17,10 +17,13 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/bootstrap"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 func TestWantedIdentities(t *testing.T) {
@@ -72,12 +75,13 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// The whole binary in-process in local mode: the embedded control plane
-// serves xDS and the CA over loopback TLS with a node token, the state
-// syncs, certificates for this node's HBONE workloads are fetched, readiness
-// waits only for the (absent) node agent, and /quitquitquit stops it
-// cleanly.
-func TestRunLocalMode(t *testing.T) {
+// The whole node proxy in-process against ztunnel-cp's local mode (the
+// same bootstrap.Run, in-process too, as the harnesses run beside it): xDS
+// and the CA over loopback TLS with this node's token from AUTH_TOKEN and
+// the root from the control plane's state directory, the state syncs,
+// certificates for this node's HBONE workloads are fetched, readiness waits
+// only for the (absent) node agent, and /quitquitquit stops it cleanly.
+func TestRunAgainstLocalControlPlane(t *testing.T) {
 	dir := t.TempDir()
 	yaml := `apiVersion: v1
 kind: Namespace
@@ -95,16 +99,51 @@ metadata: {name: server, namespace: demo, labels: {app: server}}
 spec: {nodeName: node1, serviceAccountName: server, containers: [{name: app, image: app}]}
 status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.0.1.10, podIPs: [{ip: 10.0.1.10}]}
 `
-	if err := os.WriteFile(filepath.Join(dir, "mesh.yaml"), []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
+	meshDir, stateDir := filepath.Join(dir, "mesh"), filepath.Join(dir, "cp-state")
+	tokens, token := filepath.Join(dir, "node-tokens"), filepath.Join(dir, "istio-token")
+	for path, data := range map[string]string{filepath.Join(meshDir, "mesh.yaml"): yaml,
+		tokens: "node0 node0-secret\n", token: "node0-secret\n"} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
+	cpAddr := freePort(t)
+	cpCtx, stopCP := context.WithCancel(context.Background())
+	cpDone := make(chan error, 1)
+	go func() {
+		cpDone <- bootstrap.Run(cpCtx, bootstrap.Options{
+			ConfigDir: meshDir, Listen: cpAddr, StateDir: stateDir, NodeTokens: tokens,
+			TrustDomain: translate.DefaultTrustDomain, ClusterID: translate.DefaultClusterID,
+			RootNamespace: translate.DefaultRootNamespace, EnrollmentFromLabels: true,
+		}, zaptest.NewLogger(t).Named("cp"), zap.NewAtomicLevel())
+	}()
+	t.Cleanup(func() {
+		stopCP()
+		if err := <-cpDone; err != nil {
+			t.Errorf("control plane: %v", err)
+		}
+	})
+	// It writes root-cert.pem before it listens.
+	testkit.Eventually(t, 30*time.Second, "control plane listening", func() bool {
+		c, err := net.Dial("tcp", cpAddr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+
 	adminAddr, readyAddr := freePort(t), freePort(t)
+	root := filepath.Join(stateDir, "root-cert.pem")
 	env := map[string]string{
 		config.EnvNodeName: "node0", config.EnvInpodUDS: filepath.Join(dir, "no-agent.sock"),
+		config.EnvXDSAddress: cpAddr, config.EnvXDSRootCA: root, config.EnvCARootCA: root, config.EnvAuthToken: token,
 		config.EnvAdminAddr: adminAddr, config.EnvStatsAddr: freePort(t), config.EnvReadinessAddr: readyAddr,
 		config.EnvDNSProxy: "false",
 	}
-	cfg, err := config.Parse(func(k string) (string, bool) { v, ok := env[k]; return v, ok }, dir, nil)
+	cfg, err := config.Parse(func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,12 +213,13 @@ func TestParseConfigLogFlagsWinOverEnvironment(t *testing.T) {
 		level, format string
 		wantErr       string
 	}{
-		{[]string{"--local-config=/d"}, "warn", "console", ""},
-		{[]string{"--local-config=/d", "--log-level=debug"}, "debug", "console", ""},
-		{[]string{"--local-config=/d", "--log-format=json"}, "warn", "json", ""},
-		{[]string{"--local-config=/d", "--log-level=loud"}, "", "", "--log-level"},
-		{[]string{"--local-config=/d", "stray"}, "", "", "unexpected arguments"},
 		{nil, "warn", "console", ""}, // XDS_ADDRESS defaults to istiod
+		{[]string{"--log-level=debug"}, "debug", "console", ""},
+		{[]string{"--log-format=json"}, "warn", "json", ""},
+		{[]string{"--log-level=loud"}, "", "", "--log-level"},
+		{[]string{"stray"}, "", "", "unexpected arguments"},
+		// The removed local mode names its replacement.
+		{[]string{"--local-config=/d"}, "", "", "ztunnel-cp --config-dir /d"},
 	} {
 		cfg, err := parseConfig(tc.args, lookup, nil, io.Discard)
 		switch {

@@ -2,31 +2,23 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/x509"
-	"encoding/hex"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
 	"strings"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
-	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
-	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
-	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
-	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 // upstream is where the node proxy gets its state and certificates: the
-// configured control plane, or the embedded one.
+// control plane at XDS_ADDRESS / CA_ADDRESS. The node proxy embeds none; a
+// local mesh runs ztunnel-cp beside it (see cmd/ztunnel's doc).
 type upstream struct {
 	xdsAddr, caAddr string
 	// xdsRoots / caRoots return the roots in force (XDS_ROOT_CA,
@@ -36,14 +28,11 @@ type upstream struct {
 	// xdsServerName / caServerName: the names the server certificates
 	// must carry; "" means the host of the address.
 	xdsServerName, caServerName string
-	// xdsTokenFile / xdsToken: the xDS bearer token (file wins).
-	xdsTokenFile, xdsToken string
-	caToken                certmanager.TokenSource
-	// run serves the embedded control plane until ctx is done; nil when
-	// remote. It is started before anything dials.
-	run func(ctx context.Context) error
+	// xdsTokenFile / caToken: the bearer token (AUTH_TOKEN, re-read on use).
+	xdsTokenFile string
+	caToken      certmanager.TokenSource
 	// watch re-reads the root files until ctx is done; nil when there are
-	// none to watch (embedded control plane).
+	// none to watch (inline PEM or the system pool).
 	watch func(ctx context.Context) error
 }
 
@@ -110,57 +99,13 @@ func rootSource(v string, log *zap.Logger) (func() *x509.CertPool, *certmanager.
 	}
 }
 
-// localUpstream embeds the control plane over cfg.LocalConfigDir: a fresh
-// in-memory root CA, one random bearer token for this node only, and the
-// xDS+CA gRPC server on a loopback port. The node proxy then talks to it
-// exactly as to a remote one (TLS, token, node impersonation rule), so
-// local mode runs the production path end to end.
-func localUpstream(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) (*upstream, error) {
-	authority, err := ca.New(ca.Options{TrustDomain: cfg.TrustDomain})
-	if err != nil {
-		return nil, err
-	}
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return nil, err
-	}
-	token := hex.EncodeToString(raw[:])
-	auth, err := caserver.NewNodeTokens(map[string]string{cfg.NodeName: token})
-	if err != nil {
-		return nil, err
-	}
-	src := local.New(cfg.LocalConfigDir, log.Named("source"), 0)
-	tcfg := translate.LocalDefaults()
-	tcfg.TrustDomain, tcfg.ClusterID = cfg.TrustDomain, cfg.ClusterID
-	cp, err := controlplane.New(controlplane.Config{
-		Source: src, SourceErrors: src.Errors, Translate: tcfg,
-		CA: authority, Auth: auth, Log: log, Registerer: reg,
-	})
-	if err != nil {
-		return nil, err
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("embedded control plane: %w", err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(authority.Root())
-	addr := lis.Addr().String()
-	log.Info("embedded control plane", zap.String("dir", cfg.LocalConfigDir), zap.String("addr", addr))
-	return &upstream{
-		xdsAddr: addr, caAddr: addr, xdsRoots: func() *x509.CertPool { return roots }, caRoots: func() *x509.CertPool { return roots },
-		xdsToken: token, caToken: certmanager.StaticToken(token),
-		run: func(ctx context.Context) error { return cp.Run(ctx, lis) },
-	}, nil
-}
-
 // xdsConfig is the xDS client's configuration against up: roots, server
 // name, token, XDS_HEADER_* metadata and the node. Log and Registerer are
 // left to the caller.
 func (up *upstream) xdsConfig(cfg *config.Config, sink xds.Sink) xds.ClientConfig {
 	return xds.ClientConfig{
 		Address: up.xdsAddr, Roots: up.xdsRoots, ServerName: up.xdsServerName,
-		TokenFile: up.xdsTokenFile, Token: up.xdsToken,
+		TokenFile: up.xdsTokenFile,
 		ClusterID: cfg.ClusterID, Headers: cfg.XDSHeaders, Node: nodeInfo(cfg), Sink: sink,
 	}
 }
@@ -176,7 +121,7 @@ func (up *upstream) caConfig(cfg *config.Config) certmanager.GRPCConfig {
 
 // nodeInfo describes this proxy to the control plane: the ISTIO_META_*
 // metadata (with ISTIO_VERSION), CLUSTER_ID and NETWORK from the config. Outside a pod
-// (local mode, tests) POD_NAME, POD_NAMESPACE and INSTANCE_IP may be unset;
+// (a local mesh, tests) POD_NAME, POD_NAMESPACE and INSTANCE_IP may be unset;
 // the xDS node id needs them, so they default to ztunnel-<node>,
 // istio-system and 127.0.0.1.
 func nodeInfo(cfg *config.Config) xds.NodeInfo {

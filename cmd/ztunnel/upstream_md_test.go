@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -67,11 +69,15 @@ func TestHeadersAndNodeMetadataReachTheControlPlane(t *testing.T) {
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
+	token := filepath.Join(t.TempDir(), "istio-token")
+	if err := os.WriteFile(token, []byte("tok\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	env := map[string]string{"NODE_NAME": "n1", "XDS_ADDRESS": lis.Addr().String(), "XDS_ROOT_CA": string(rootPEM),
 		"CA_ROOT_CA": string(rootPEM), "ALT_XDS_HOSTNAME": "istiod.istio-system.svc", "ALT_CA_HOSTNAME": "istiod.istio-system.svc",
-		"ISTIO_VERSION": "1.24.2", "CLUSTER_ID": "c1"}
+		"ISTIO_VERSION": "1.24.2", "CLUSTER_ID": "c1", "AUTH_TOKEN": token}
 	environ := []string{"XDS_HEADER_x-xds-tenant=t1", "CA_HEADER_x-ca-tenant=t2", "ISTIO_META_DNS_CAPTURE=true"}
-	cfg, err := config.Parse(func(k string) (string, bool) { v, ok := env[k]; return v, ok }, "", environ)
+	cfg, err := config.Parse(func(k string) (string, bool) { v, ok := env[k]; return v, ok }, environ)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,9 +85,6 @@ func TestHeadersAndNodeMetadataReachTheControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	up.xdsTokenFile, up.caToken = "", certmanager.StaticToken("tok")
-	up.xdsToken = "tok"
-
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	xc, err := xds.NewClient(up.xdsConfig(cfg, state.NewStore()))
@@ -114,6 +117,11 @@ func TestHeadersAndNodeMetadataReachTheControlPlane(t *testing.T) {
 	for method, kv := range map[string][2]string{ads: {"x-xds-tenant", "t1"}, caMethod: {"x-ca-tenant", "t2"}} {
 		if got := s.md[method].Get(kv[0]); len(got) != 1 || got[0] != kv[1] {
 			t.Errorf("%s: metadata %s = %v, want [%s]", method, kv[0], got, kv[1])
+		}
+	}
+	for _, method := range []string{ads, caMethod} { // AUTH_TOKEN's file, re-read per call
+		if got := s.md[method].Get("authorization"); len(got) != 1 || got[0] != "Bearer tok" {
+			t.Errorf("%s: authorization = %q, want [Bearer tok]", method, got)
 		}
 	}
 	if got := s.md[ads].Get("x-ca-tenant"); len(got) != 0 {

@@ -101,7 +101,7 @@ func TestAltHostnameAcceptsDNSOnlyCertAtIP(t *testing.T) {
 			for k, v := range tc.env {
 				m[k] = v
 			}
-			cfg, err := config.Parse(func(k string) (string, bool) { v, ok := m[k]; return v, ok }, "", nil)
+			cfg, err := config.Parse(func(k string) (string, bool) { v, ok := m[k]; return v, ok }, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -57,12 +58,22 @@ func TestFailClosedAdminLocalhost(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		args, env []string
+		// files are written into {dir} first; beside, when set, runs in
+		// the same namespace before the binary, until its log says ready.
+		files     map[string]string
+		beside    *sideProcess
 		endpoints []endpoint
 	}{
 		{
-			name: "ztunnel",
-			args: []string{"--local-config", mesh},
-			env:  []string{"NODE_NAME=n1", "INPOD_UDS={dir}/zds.sock", "DNS_PROXY=false"},
+			// The node proxy against ztunnel-cp (local mode, its default
+			// listener 127.0.0.1:15012) with this node's token.
+			name:  "ztunnel",
+			files: map[string]string{"node-tokens": "n1 n1-secret\n", "istio-token": "n1-secret\n"},
+			beside: &sideProcess{bin: "ztunnel-cp", ready: "root certificate written", args: []string{
+				"--config-dir", mesh, "--state-dir", "{dir}/cp-state", "--node-tokens", "{dir}/node-tokens",
+				"--admin", "", "--metrics-addr", "", "--readiness-addr", ""}},
+			env: []string{"NODE_NAME=n1", "INPOD_UDS={dir}/zds.sock", "DNS_PROXY=false", "XDS_ADDRESS=127.0.0.1:15012",
+				"XDS_ROOT_CA={dir}/cp-state/root-cert.pem", "CA_ROOT_CA={dir}/cp-state/root-cert.pem", "AUTH_TOKEN={dir}/istio-token"},
 			endpoints: []endpoint{
 				{15000, "/config_dump", true}, {15000, "/logging", true}, {15000, "/debug/pprof/", true},
 				{15020, "/metrics", false}, {15021, daemon.ReadyPath, false},
@@ -96,6 +107,15 @@ func TestFailClosedAdminLocalhost(t *testing.T) {
 					out[i] = string(bytes.ReplaceAll([]byte(s), []byte("{dir}"), []byte(dir)))
 				}
 				return out
+			}
+			for name, data := range tc.files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if b := tc.beside; b != nil {
+				sideLogs := start(t, srv.Name, filepath.Join(bin, b.bin), expand(b.args), nil)
+				testkit.Eventually(t, 60*time.Second, b.bin+" ready", func() bool { return strings.Contains(sideLogs(), b.ready) })
 			}
 			logs := start(t, srv.Name, filepath.Join(bin, tc.name), expand(tc.args), expand(tc.env))
 			inside, outside := client(srv), client(peer)
@@ -133,6 +153,13 @@ func TestFailClosedAdminLocalhost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sideProcess is a daemon the binary under test needs beside it.
+type sideProcess struct {
+	bin   string
+	args  []string
+	ready string // the log line that says it serves
 }
 
 // start runs bin in namespace ns (ip netns exec) with only env and stops it

@@ -137,20 +137,15 @@ type Config struct {
 	// ISTIO_VERSION is always set: ISTIO_META_ISTIO_VERSION, else the
 	// ISTIO_VERSION variable, else this binary's version.
 	NodeMetadata map[string]string
-
-	// LocalConfigDir, when set (flag --local-config), embeds the control
-	// plane in-process over that directory of YAML instead of dialling
-	// XDSAddress/CAAddress.
-	LocalConfigDir string
 }
 
 // Lookup reads one variable; os.LookupEnv in production, a map in tests.
 type Lookup func(key string) (string, bool)
 
-// Parse builds a Config from env (nil means os.LookupEnv) and the given
-// local config directory. Every malformed value is reported, naming its
-// variable.
-func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error) {
+// Parse builds a Config from env (nil means os.LookupEnv); environ (KEY=value
+// entries) supplies the prefixed variables (XDS_HEADER_*, CA_HEADER_*,
+// ISTIO_META_*). Every malformed value is reported, naming its variable.
+func Parse(env Lookup, environ []string) (*Config, error) {
 	if env == nil {
 		env = os.LookupEnv
 	}
@@ -186,7 +181,6 @@ func Parse(env Lookup, localConfigDir string, environ []string) (*Config, error)
 
 		AuthzPolicyInfoLogging:    p.boolean(EnvAuthzPolicyInfoLogging, false),
 		PreferredServiceNamespace: p.str(EnvPreferredServiceNamespace, ""),
-		LocalConfigDir:            localConfigDir,
 	}
 	c.ClusterID = p.str(EnvMetaClusterID, "")
 	if c.ClusterID == "" {

@@ -14,7 +14,7 @@ func env(m map[string]string) config.Lookup {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1"}), "/cfg", nil)
+	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1"}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestValuesAndHeaders(t *testing.T) {
 	c, err := config.Parse(env(map[string]string{
 		"NODE_NAME": "n1", "XDS_ADDRESS": "cp:15012", "ISTIO_META_CLUSTER_ID": "c2", "CLUSTER_ID": "ignored",
 		"PACKET_MARK": "4242", "SECRET_TTL": "3600", "TERMINATION_GRACE_PERIOD_SECONDS": "30", "LOG_LEVEL": "debug",
-	}), "", []string{"XDS_HEADER_x-a=1", "CA_HEADER_x-b=2", "OTHER=3"})
+	}), []string{"XDS_HEADER_x-a=1", "CA_HEADER_x-b=2", "OTHER=3"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestErrorsNameTheVariable(t *testing.T) {
 	_, err := config.Parse(env(map[string]string{
 		"PACKET_MARK": "x", "IPV6_ENABLED": "maybe", "SECRET_TTL": "soon", "LOG_LEVEL": "loud", "INSTANCE_IP": "1.2.3",
 		"XDS_ADDRESS": "http://cp:15010",
-	}), "", nil)
+	}), nil)
 	if err == nil {
 		t.Fatal("bad environment accepted")
 	}
@@ -72,7 +72,7 @@ func TestLogLevelAndFormat(t *testing.T) {
 		{map[string]string{"LOG_FORMAT": "console"}, "info", "console"},
 	} {
 		tc.env["NODE_NAME"] = "n1"
-		c, err := config.Parse(env(tc.env), "/cfg", nil)
+		c, err := config.Parse(env(tc.env), nil)
 		if err != nil {
 			t.Errorf("%v: %v", tc.env, err)
 			continue
@@ -81,7 +81,7 @@ func TestLogLevelAndFormat(t *testing.T) {
 			t.Errorf("%v: level %s format %s, want %s %s", tc.env, c.LogLevel, c.LogFormat, tc.level, tc.format)
 		}
 	}
-	_, err := config.Parse(env(map[string]string{"NODE_NAME": "n1", "RUST_LOG": "chatty", "LOG_FORMAT": "xml"}), "/cfg", nil)
+	_, err := config.Parse(env(map[string]string{"NODE_NAME": "n1", "RUST_LOG": "chatty", "LOG_FORMAT": "xml"}), nil)
 	if err == nil || !strings.Contains(err.Error(), "RUST_LOG") || !strings.Contains(err.Error(), "LOG_FORMAT") {
 		t.Errorf("bad RUST_LOG and LOG_FORMAT: %v", err)
 	}
@@ -89,7 +89,7 @@ func TestLogLevelAndFormat(t *testing.T) {
 
 func TestPreferredServiceNamespace(t *testing.T) {
 	// Istio's variable is spelt PREFERED_ (sic); the Go field is not.
-	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvPreferredServiceNamespace: "apps"}), "/cfg", nil)
+	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvPreferredServiceNamespace: "apps"}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestAddresses(t *testing.T) {
 			for k, v := range tc.env {
 				m[k] = v
 			}
-			c, err := config.Parse(env(m), "", nil)
+			c, err := config.Parse(env(m), nil)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one naming %s", err, tc.wantErr)
@@ -164,7 +164,7 @@ func TestNodeMetadata(t *testing.T) {
 			for k, v := range tc.env {
 				m[k] = v
 			}
-			c, err := config.Parse(env(m), "", tc.environ)
+			c, err := config.Parse(env(m), tc.environ)
 			if err != nil {
 				t.Fatal(err)
 			}

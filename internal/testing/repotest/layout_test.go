@@ -156,10 +156,10 @@ var layoutRules = []layoutRule{
 	{
 		from:      []string{""},
 		forbidden: []string{"internal/controlplane"},
-		except:    []string{"internal/controlplane", "cmd/ztunnel-cp", "internal/testing", "e2e", "bench", "cmd/ztunnel-demo", "cmd/ztunnel", "cmd/zctl"},
-		why: "only ztunnel-cp links the control plane (cmd/ztunnel still embeds it for --local-config; " +
-			"removing that mode from the node binary removes the exception; cmd/zctl's analyze runs the control " +
-			"plane's own translation offline, as explain runs the node's routing)",
+		except:    []string{"internal/controlplane", "cmd/ztunnel-cp", "internal/testing", "e2e", "bench", "cmd/ztunnel-demo", "cmd/zctl"},
+		why: "only ztunnel-cp links the control plane (the node proxy embeds none: a local mesh runs ztunnel-cp " +
+			"beside it; cmd/zctl's analyze runs the control plane's own translation offline, as explain runs the " +
+			"node's routing)",
 	},
 	{
 		from:      []string{"hbone"},
