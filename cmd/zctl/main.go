@@ -7,6 +7,7 @@
 //	zctl analyze [-o table|json|yaml] <dir>
 //	zctl status [--cp-admin ADDR | -f FILE] [-o table|json|yaml]
 //	zctl connections [--admin ADDR | -f FILE] [--workload W] [--direction in|out] [-o ...]
+//	zctl log [--admin ADDR] [--level [default:]LEVEL | --reset]
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
 // offline and runs the data path's own routing decision (route.Outbound,
@@ -18,10 +19,11 @@
 // lists what will not work (codes ZTG0001…); it exits 2 on an error finding.
 // status lists the proxies connected to the control plane and their xDS
 // sync state (its /debug/syncz), as istioctl proxy-status does; connections
-// a node proxy's open connections (its /connections).
+// a node proxy's open connections (its /connections); log reads or sets a
+// proxy's log level (its /logging).
 //
 // zctl, zctl -h and zctl <command> -h print usage and contact nothing. It
-// only reads; it never changes the proxy.
+// only reads, except log --level and --reset, which change the level.
 package main
 
 import (
@@ -58,12 +60,14 @@ var commands = []struct{ name, args, summary string }{
 	{"analyze", "<dir>", "check a directory of YAML with the control plane's translation; exit 2 on errors"},
 	{"status", "[--cp-admin ADDR | -f FILE]", "each connected proxy's xDS sync state per type, from the control plane"},
 	{"connections", "[--workload W] [--direction in|out]", "the node proxy's open connections: peers, identities, bytes, age"},
+	{"log", "[--level [default:]LEVEL | --reset]", "read or set the node proxy's log level (one per process)"},
 }
 
 // subcommands are the commands that parse their own flags.
 var subcommands = map[string]func(args []string, out io.Writer) error{
 	"status":      runStatus,
 	"connections": runConnections,
+	"log":         runLog,
 }
 
 func usage(w io.Writer) {
