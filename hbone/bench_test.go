@@ -1,9 +1,13 @@
 package hbone
 
 import (
+	"context"
 	"io"
 	"net"
+	"runtime"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // BenchmarkTunnelThroughput pushes 64 KiB writes through pool → server →
@@ -62,4 +66,69 @@ func BenchmarkHandshake(b *testing.B) {
 		}
 		cc.Close()
 	}
+}
+
+// BenchmarkSpliceRR1K is a 1 KiB request/response through the whole
+// in-process chain the node proxies run: app → TCP → Splice (client side)
+// → HBONE → server → Splice → TCP → echo app and back. It reports the
+// process's CPU time per round trip (cpu-ns/op) besides wall time, as the
+// figure to compare on a shared machine.
+func BenchmarkSpliceRR1K(b *testing.B) {
+	m := newMesh(b)
+	up := startUpstream(b, func(c *net.TCPConn) {
+		buf := make([]byte, 1<<10)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	srv := startServer(b, m, dialHandler())
+	p := newPool(b, m)
+	front := startUpstream(b, func(c *net.TCPConn) {
+		tun, err := p.Connect(context.Background(), connectReq(srv, up.addr))
+		if err != nil {
+			return
+		}
+		Splice(tun, c)
+	})
+	app, err := net.Dial("tcp", front.addr.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer app.Close()
+	buf := make([]byte, 1<<10)
+	rr := func() {
+		if _, err := app.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(app, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 100 {
+		rr()
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	cpu0 := processCPU()
+	b.ResetTimer()
+	for range b.N {
+		rr()
+	}
+	b.StopTimer()
+	cpu := processCPU() - cpu0
+	runtime.ReadMemStats(&ms1)
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/float64(b.N), "mallocs/op")
+}
+
+// processCPU is this process's user+system CPU time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -98,6 +98,13 @@ func (q *chunkQueue) pushChunk(bp *[]byte) {
 	q.chunks = append(q.chunks, queuedChunk{buf: bp})
 }
 
+// pushChunkFrom appends a filled pooled buffer of which the first off bytes
+// were consumed already; the queue owns it from now on.
+func (q *chunkQueue) pushChunkFrom(bp *[]byte, off int) {
+	q.n += len(*bp) - off
+	q.chunks = append(q.chunks, queuedChunk{buf: bp, off: off})
+}
+
 // maxChunk is the largest receive chunk.
 const maxChunk = 16 << 10
 

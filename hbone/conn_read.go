@@ -170,9 +170,13 @@ func (c *conn) readData(length uint32, flags uint8, sid uint32) error {
 	if padding := int64(length) - int64(rem); padding > 0 {
 		c.creditConn(padding)
 	}
+	// A frame of one chunk (request/response traffic) may be written to a
+	// spliced socket right here; bulk frames keep the drain goroutine, so
+	// decrypting the next frame overlaps writing this one.
+	through := rem <= maxChunk
 	for rem > 0 {
 		k := min(rem, maxChunk)
-		if err := c.readChunk(t, k); err != nil {
+		if err := c.readChunk(t, k, through); err != nil {
 			return err
 		}
 		rem -= k
@@ -190,8 +194,10 @@ func (c *conn) readData(length uint32, flags uint8, sid uint32) error {
 // queues them on t. A chunk of 4 KiB or more is read straight into a pooled
 // buffer that the queue then owns; a smaller one goes through the scratch
 // buffer and is copied onto the queue's tail. If the stream went away while
-// we read, the bytes are dropped and their window returned.
-func (c *conn) readChunk(t *Tunnel, k int) error {
+// we read, the bytes are dropped and their window returned. With through,
+// a spliced tunnel whose queue is empty gets the bytes written to its
+// socket at once instead (see writeThrough).
+func (c *conn) readChunk(t *Tunnel, k int, through bool) error {
 	var bp *[]byte
 	var b []byte
 	if k >= 4<<10 {
@@ -218,6 +224,10 @@ func (c *conn) readChunk(t *Tunnel, k int) error {
 		c.creditConn(int64(k))
 		return nil
 	}
+	if through && t.through != nil && !t.draining && t.q.n == 0 && t.drainDone != nil {
+		c.writeThrough(t, bp, b)
+		return nil
+	}
 	if bp != nil {
 		t.q.pushChunk(bp)
 	} else {
@@ -226,6 +236,50 @@ func (c *conn) readChunk(t *Tunnel, k int) error {
 	c.mu.Unlock()
 	t.wakeRead()
 	return nil
+}
+
+// writeThrough writes b (held in bp when bp is not nil) to t's spliced
+// socket from the read loop, without blocking, and queues for the drain
+// goroutine whatever the socket did not take. This saves the hand-off to
+// that goroutine (its start and the wake-up of another thread) and a copy
+// for the common small write into a socket with room. The caller holds
+// c.mu; it is released. draining marks the sink as being written, so no
+// drain starts meanwhile and the bytes keep their order.
+func (c *conn) writeThrough(t *Tunnel, bp *[]byte, b []byte) {
+	t.draining = true
+	w := t.through
+	c.mu.Unlock()
+	n := w.write(b)
+	c.mu.Lock()
+	t.draining = false
+	var sInc, cInc, dropped int64
+	switch {
+	case n == len(b):
+		if bp != nil {
+			putBuf(bp)
+		}
+	case t.closed || t.err != nil:
+		dropped = int64(len(b) - n) // Close reset the queue meanwhile
+		if bp != nil {
+			putBuf(bp)
+		}
+	case bp != nil:
+		t.q.pushChunkFrom(bp, n)
+	default:
+		t.q.push(b[n:])
+	}
+	if n > 0 {
+		sInc, cInc = t.consumedLocked(int64(n))
+	}
+	c.mu.Unlock()
+	if n > 0 {
+		t.recvd.Add(int64(n))
+		c.writeWindowUpdates(t.id, sInc, cInc)
+	}
+	c.creditConn(dropped)
+	// Bytes left over, or an end, error or Close that arrived while the
+	// sink was ours: the drain goroutine takes it from here.
+	t.kickDrain()
 }
 
 // endRemote records the peer's END_STREAM on t, removes the stream if this

@@ -29,11 +29,13 @@ const (
 // no goroutine: socket reads take their pooled buffer only once the socket
 // is readable (pollReader), and received tunnel bytes are written to c
 // straight from the receive chunks by a goroutine that runs only while
-// there is something to write.
+// there is something to write. A small frame for a TCP c whose socket has
+// room is written by the connection's read loop itself, without that
+// goroutine (see writeThrough).
 func Splice(t *Tunnel, c net.Conn) error {
 	done := make(chan struct{})
 	t.c.mu.Lock()
-	t.sink, t.drainDone = c, done
+	t.sink, t.through, t.drainDone = c, newSinkWriter(c), done
 	t.c.mu.Unlock()
 	t.spliced.Store(true)
 	t.kickDrain() // bytes may have arrived before the splice began

@@ -2,6 +2,7 @@ package hbone
 
 import (
 	"io"
+	"net"
 	"os"
 	"syscall"
 
@@ -70,4 +71,56 @@ func (p *pollReader) read(size int) (*[]byte, int, error) {
 	bp, n, err := p.bp, p.n, p.err
 	p.bp = nil
 	return bp, n, err
+}
+
+// sinkWriter writes received tunnel bytes straight to a spliced socket
+// from the read loop, without blocking: one write(2) attempt per call
+// (repeated only while it makes progress). What the socket does not take
+// at once goes to the queue and the drain goroutine (see readChunk).
+type sinkWriter struct {
+	rc syscall.RawConn
+	fn func(uintptr) bool // w.try, bound once
+	p  []byte
+	n  int
+}
+
+// newSinkWriter returns a writer for a TCP sink; nil for anything else
+// (a Tunnel, a TLS connection, a test pipe), which keeps the drain path.
+func newSinkWriter(c any) *sinkWriter {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	w := &sinkWriter{rc: rc}
+	w.fn = w.try
+	return w
+}
+
+func (w *sinkWriter) try(fd uintptr) bool {
+	for w.n < len(w.p) {
+		k, err := unix.Write(int(fd), w.p[w.n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || k <= 0 {
+			break // EAGAIN (full) or an error the drain goroutine will meet
+		}
+		w.n += k
+	}
+	return true // never wait for writability: the read loop must not block
+}
+
+// write writes as much of p as the socket takes now and returns how much.
+func (w *sinkWriter) write(p []byte) int {
+	w.p, w.n = p, 0
+	if err := w.rc.Write(w.fn); err != nil {
+		w.n = 0
+	}
+	n := w.n
+	w.p = nil
+	return n
 }

@@ -8,3 +8,11 @@ type pollReader struct{}
 func newPollReader(any) *pollReader { return nil }
 
 func (*pollReader) read(int) (*[]byte, int, error) { panic("unreachable") }
+
+// sinkWriter is Linux-only; elsewhere received bytes go through the drain
+// goroutine.
+type sinkWriter struct{}
+
+func newSinkWriter(any) *sinkWriter { return nil }
+
+func (*sinkWriter) write([]byte) int { panic("unreachable") }

@@ -46,6 +46,7 @@ type Tunnel struct {
 	// spliced tunnel parks no goroutine for it.
 	spliced   atomic.Bool
 	sink      net.Conn      // under c.mu
+	through   *sinkWriter   // under c.mu; non-nil: small frames go to sink from the read loop
 	draining  bool          // under c.mu; a drain goroutine runs
 	drainDone chan struct{} // under c.mu; closed when t→sink has ended; nil after
 	drainErr  error         // under c.mu

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestTunnelEcho(t *testing.T) {
@@ -167,5 +168,56 @@ func TestByteCounters(t *testing.T) {
 	// The server sees the mirror image.
 	if got := <-stats; got != (TunnelStats{BytesSent: 777, BytesReceived: 12345}) {
 		t.Errorf("server stats = %+v, want sent 777 received 12345", got)
+	}
+}
+
+// TestSpliceSmallFramesSlowSink sends small frames (which the server's read
+// loop writes straight to the spliced socket while it has room) to an app
+// that first does not read, so the socket fills, writes come up short and
+// the rest queues for the drain goroutine; every byte must come back in
+// order.
+func TestSpliceSmallFramesSlowSink(t *testing.T) {
+	m := newMesh(t)
+	up := startUpstream(t, func(c *net.TCPConn) {
+		c.SetReadBuffer(64 << 10)
+		time.Sleep(300 * time.Millisecond)
+		echo(c)
+	})
+	srv := startServer(t, m, HandlerFunc(func(ctx context.Context, req *Request) Reply {
+		var d net.Dialer
+		up, err := d.DialContext(ctx, "tcp", req.Authority.String())
+		if err != nil {
+			return Reply{Status: 503}
+		}
+		up.(*net.TCPConn).SetWriteBuffer(32 << 10) // fills while the app sleeps
+		return Reply{Upstream: up}
+	}))
+	p := newPool(t, m)
+	tun := mustConnect(t, p, connectReq(srv, up.addr))
+	defer tun.Close()
+	data := make([]byte, 3<<20)
+	rand.Read(data)
+	errc := make(chan error, 1)
+	go func() {
+		rest := data
+		for i := 0; len(rest) > 0; i++ {
+			n := min(len(rest), 1+(i*7919)%(16<<10))
+			if _, err := tun.Write(rest[:n]); err != nil {
+				errc <- err
+				return
+			}
+			rest = rest[n:]
+		}
+		errc <- tun.CloseWrite()
+	}()
+	got, err := io.ReadAll(tun)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("echoed %d bytes, want the %d sent, in order", len(got), len(data))
 	}
 }
