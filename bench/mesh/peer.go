@@ -31,8 +31,13 @@ import (
 // reaches the peer path by swapping the server's address for node0's
 // gateway. Both sides verify the other's chain against our CA's root; both
 // certificates are ECDSA P-256 leaves from internal/controlplane/ca, as the
-// node proxies' HBONE certificates are. HAProxy 2.6 cannot match a URI SAN,
-// so it checks the chain but not the SPIFFE ID (our inbound checks both).
+// node proxies' HBONE certificates are. As in HBONE (and bench/hbone's
+// HAProxy pair): TLS 1.3 only, AES-128-GCM (the suite Go negotiates on a CPU
+// with AES instructions; OpenSSL would pick AES-256 first), no session
+// tickets or resumption, so every connection through the peer pays a full
+// handshake, as every new HBONE pool connection does. HAProxy 2.6 cannot
+// match a URI SAN, so it checks the chain but not the SPIFFE ID (our inbound
+// checks both).
 type peer struct {
 	procs [2]*testcluster.Proc
 	// addr is what a client dials instead of the server's address.
@@ -51,9 +56,9 @@ var peerPorts = []struct {
 	port int
 }{{"iperf3", iperfPort}, {"fortio", fortioPort}, {"greeter", greeterPort}}
 
-// peerCiphers prefers AES-128-GCM, which Go's crypto/tls picks for our
-// HBONE on a CPU with AES instructions (OpenSSL's default is AES-256 first).
-const peerCiphers = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+// peerCiphers is AES-128-GCM, what Go's crypto/tls picks for our HBONE on a
+// CPU with AES instructions.
+const peerCiphers = "TLS_AES_128_GCM_SHA256"
 
 // startPeer writes certificates and configs into a temp dir and starts one
 // HAProxy per node (inside the node's namespace, stopped by the cluster's
@@ -91,12 +96,12 @@ func (b *bench) startPeer(ctx context.Context) error {
 	var cfg [2]strings.Builder
 	for i := range cfg {
 		fmt.Fprintf(&cfg[i], "global\n    maxconn 4096\n")
-		fmt.Fprintf(&cfg[i], "    ssl-default-bind-ciphersuites %s\n    ssl-default-bind-options ssl-min-ver TLSv1.3\n", peerCiphers)
-		fmt.Fprintf(&cfg[i], "    ssl-default-server-ciphersuites %s\n    ssl-default-server-options ssl-min-ver TLSv1.3\n", peerCiphers)
+		fmt.Fprintf(&cfg[i], "    ssl-default-bind-ciphersuites %s\n    ssl-default-bind-options ssl-min-ver TLSv1.3 no-tls-tickets\n", peerCiphers)
+		fmt.Fprintf(&cfg[i], "    ssl-default-server-ciphersuites %s\n    ssl-default-server-options ssl-min-ver TLSv1.3 no-tls-tickets\n", peerCiphers)
 		fmt.Fprintf(&cfg[i], "defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 5m\n    timeout server 5m\n")
 	}
 	for _, pp := range peerPorts {
-		fmt.Fprintf(&cfg[0], "listen %s\n    bind %s:%d\n    server node1 %s:%d ssl crt %s ca-file %s verify required\n",
+		fmt.Fprintf(&cfg[0], "listen %s\n    bind %s:%d\n    server node1 %s:%d ssl crt %s ca-file %s verify required no-ssl-reuse\n",
 			pp.name, p.addr, pp.port, p.node1Addr, pp.port, filepath.Join(dir, "client.pem"), rootPath)
 		fmt.Fprintf(&cfg[1], "listen %s\n    bind %s:%d ssl crt %s ca-file %s verify required\n    server app %s:%d\n",
 			pp.name, p.node1Addr, pp.port, filepath.Join(dir, "server.pem"), rootPath, b.directServer.IP, pp.port)
