@@ -8,6 +8,7 @@
 //	zctl status [--cp-admin ADDR | -f FILE] [-o table|json|yaml]
 //	zctl connections [--admin ADDR | -f FILE] [--workload W] [--direction in|out] [-o ...]
 //	zctl log [--admin ADDR] [--level [default:]LEVEL | --reset]
+//	zctl precheck [--cni-conf-dir DIR] [--kubeconfig FILE] [-o table|json|yaml]
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
 // offline and runs the data path's own routing decision (route.Outbound,
@@ -20,7 +21,8 @@
 // status lists the proxies connected to the control plane and their xDS
 // sync state (its /debug/syncz), as istioctl proxy-status does; connections
 // a node proxy's open connections (its /connections); log reads or sets a
-// proxy's log level (its /logging).
+// proxy's log level (its /logging); precheck checks that the node (and the
+// cluster) can run ztunnel-go.
 //
 // zctl, zctl -h and zctl <command> -h print usage and contact nothing. It
 // only reads, except log --level and --reset, which change the level.
@@ -61,6 +63,7 @@ var commands = []struct{ name, args, summary string }{
 	{"status", "[--cp-admin ADDR | -f FILE]", "each connected proxy's xDS sync state per type, from the control plane"},
 	{"connections", "[--workload W] [--direction in|out]", "the node proxy's open connections: peers, identities, bytes, age"},
 	{"log", "[--level [default:]LEVEL | --reset]", "read or set the node proxy's log level (one per process)"},
+	{"precheck", "[--cni-conf-dir DIR] [--kubeconfig FILE]", "can this node (and cluster) run ztunnel-go; exit 2 on a FAIL"},
 }
 
 // subcommands are the commands that parse their own flags.
@@ -68,6 +71,7 @@ var subcommands = map[string]func(args []string, out io.Writer) error{
 	"status":      runStatus,
 	"connections": runConnections,
 	"log":         runLog,
+	"precheck":    runPrecheck,
 }
 
 func usage(w io.Writer) {
