@@ -81,7 +81,7 @@ func analyzeDir(dir string) ([]finding, error) {
 	cfg := translate.LocalDefaults()
 	res := translate.Translate(cfg, objs, nil)
 	// The waypoint pass rewrites the status of policies a waypoint enforces.
-	_, statuses := translate.WaypointConfigs(cfg, objs, nil, res)
+	_, statuses := translate.WaypointConfigs(cfg, objs, res)
 	out = append(out, policyFindings(statuses)...)
 	out = append(out, warningFindings(res)...)
 	out = append(out, selectorFindings(cfg, objs)...)

@@ -46,6 +46,10 @@ type Objects struct {
 	PeerAuthentications   []*securityv1.PeerAuthentication
 	Gateways              []*gatewayv1.Gateway
 	GatewayClasses        []*gatewayv1.GatewayClass
+	// HTTPRoutes and GRPCRoutes attached to a Service or ServiceEntry
+	// (parentRefs) route the requests a waypoint of ours handles for it.
+	HTTPRoutes []*gatewayv1.HTTPRoute
+	GRPCRoutes []*gatewayv1.GRPCRoute
 	// Nodes give pods their locality (topology labels). Only the control
 	// plane reads them; the node agent's source leaves this empty.
 	Nodes []*corev1.Node

@@ -38,8 +38,6 @@ var ignoredKinds = map[string]bool{
 	"security.istio.io/RequestAuthentication":  true,
 	"telemetry.istio.io/Telemetry":             true,
 	"extensions.istio.io/WasmPlugin":           true,
-	"gateway.networking.k8s.io/HTTPRoute":      true,
-	"gateway.networking.k8s.io/GRPCRoute":      true,
 	"gateway.networking.k8s.io/TCPRoute":       true,
 	"gateway.networking.k8s.io/TLSRoute":       true,
 	"gateway.networking.k8s.io/ReferenceGrant": true,

@@ -72,6 +72,10 @@ var kinds = []Kind{
 		func(o *Objects) *[]*gatewayv1.Gateway { return &o.Gateways }, strictAs),
 	kindOf(gatewayv1.SchemeGroupVersion, "GatewayClass", "gatewayclasses", clusterScoped,
 		func(o *Objects) *[]*gatewayv1.GatewayClass { return &o.GatewayClasses }, strictAs),
+	kindOf(gatewayv1.SchemeGroupVersion, "HTTPRoute", "httproutes", namespaced,
+		func(o *Objects) *[]*gatewayv1.HTTPRoute { return &o.HTTPRoutes }, strictAs),
+	kindOf(gatewayv1.SchemeGroupVersion, "GRPCRoute", "grpcroutes", namespaced,
+		func(o *Objects) *[]*gatewayv1.GRPCRoute { return &o.GRPCRoutes }, strictAs),
 	kindOf(corev1.SchemeGroupVersion, "Node", "nodes", clusterScoped,
 		func(o *Objects) *[]*corev1.Node { return &o.Nodes }, strictAs),
 }

@@ -344,9 +344,9 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	// them (only when a waypoint Gateway exists); the xDS server pushes
 	// only changed ones. WaypointConfigs scans every address per waypoint,
 	// so a pod change that binds nothing to a waypoint reuses the last ones.
-	wpsChanged := ch.Full || !c.wpsDone || touchesWaypoint(before, ch)
+	wpsChanged := ch.Full || ch.Routes || !c.wpsDone || touchesWaypoint(before, ch)
 	if wpsChanged {
-		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, nil, res)
+		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
 		c.wpsDone = true
 	}
 	if wpStatus := c.wpsPolicies; wpStatus != nil {

@@ -39,7 +39,7 @@ type ignoredSet struct {
 }
 
 // discoverIgnored finds which ignored kinds the API server serves, and at
-// which version (the group's preferred one).
+// which version (the group's preferred one when it serves the kind).
 func (s *Source) discoverIgnored() ([]schema.GroupVersionResource, []schema.GroupVersionKind, error) {
 	want := map[string][]string{} // group → kinds
 	for _, gk := range cluster.IgnoredKinds() {
@@ -54,22 +54,38 @@ func (s *Source) discoverIgnored() ([]schema.GroupVersionResource, []schema.Grou
 	var gvks []schema.GroupVersionKind
 	for _, g := range groups.Groups {
 		kinds := want[g.Name]
-		if len(kinds) == 0 || g.PreferredVersion.GroupVersion == "" {
+		if len(kinds) == 0 {
 			continue
 		}
-		res, err := disc.ServerResourcesForGroupVersion(g.PreferredVersion.GroupVersion)
-		if apierrors.IsNotFound(err) {
-			continue // removed between the two calls
+		// The preferred version first, then the others: a kind may be
+		// served only at an older version of its group (ReferenceGrant
+		// in v1beta1 while the group prefers v1).
+		versions := []metav1.GroupVersionForDiscovery{g.PreferredVersion}
+		for _, v := range g.Versions {
+			if v.GroupVersion != g.PreferredVersion.GroupVersion {
+				versions = append(versions, v)
+			}
 		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("kube: discovery of %s: %w", g.PreferredVersion.GroupVersion, err)
-		}
-		for _, r := range res.APIResources {
-			if !slices.Contains(kinds, r.Kind) || r.Name == "" || strings.Contains(r.Name, "/") { // "/": a subresource
+		found := map[string]bool{}
+		for _, v := range versions {
+			if v.GroupVersion == "" {
 				continue
 			}
-			gvrs = append(gvrs, schema.GroupVersionResource{Group: g.Name, Version: g.PreferredVersion.Version, Resource: r.Name})
-			gvks = append(gvks, schema.GroupVersionKind{Group: g.Name, Version: g.PreferredVersion.Version, Kind: r.Kind})
+			res, err := disc.ServerResourcesForGroupVersion(v.GroupVersion)
+			if apierrors.IsNotFound(err) {
+				continue // removed between the two calls
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("kube: discovery of %s: %w", v.GroupVersion, err)
+			}
+			for _, r := range res.APIResources {
+				if !slices.Contains(kinds, r.Kind) || found[r.Kind] || r.Name == "" || strings.Contains(r.Name, "/") { // "/": a subresource
+					continue
+				}
+				found[r.Kind] = true
+				gvrs = append(gvrs, schema.GroupVersionResource{Group: g.Name, Version: v.Version, Resource: r.Name})
+				gvks = append(gvks, schema.GroupVersionKind{Group: g.Name, Version: v.Version, Kind: r.Kind})
+			}
 		}
 	}
 	return gvrs, gvks, nil

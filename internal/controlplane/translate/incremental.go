@@ -96,6 +96,10 @@ type Changes struct {
 	// PodChanges lists the pods that changed (Old nil: added; New nil:
 	// removed), only when not Full.
 	PodChanges []PodChange
+	// Routes is true when an HTTPRoute or GRPCRoute changed (not when
+	// Full). Routes are not translated into addresses; only waypoint
+	// configs (WaypointConfigs) read them.
+	Routes bool
 }
 
 // PodChange is one pod's change between two sets.
@@ -134,6 +138,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	sliceCh := diff(tr.objs.EndpointSlices, objs.EndpointSlices)
 	podCh := diff(tr.objs.Pods, objs.Pods)
 	nodeCh := diff(tr.objs.Nodes, objs.Nodes)
+	routesCh := changed(tr.objs.HTTPRoutes, objs.HTTPRoutes) || changed(tr.objs.GRPCRoutes, objs.GRPCRoutes)
 
 	t, x := tr.t, &tr.t.idx
 	t.objs, tr.objs = objs, objs
@@ -195,6 +200,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		}
 	}
 	ch := &Changes{Addresses: map[string]*workloadapi.Address{}}
+	ch.Routes = routesCh
 	// A Node change redoes the pods on that node, and only when the
 	// locality its labels give changed (status updates change nothing).
 	for _, c := range nodeCh {

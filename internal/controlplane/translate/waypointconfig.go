@@ -1,11 +1,9 @@
 package translate
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -28,14 +26,15 @@ const EnforcedByWaypoint = "enforced by waypoint "
 // services and workloads res binds to the waypoint, the AuthorizationPolicies
 // attached to it (targetRefs to the Gateway, to GatewayClass istio-waypoint
 // from the root namespace, or to a Service or ServiceEntry bound to it) and
-// the HTTPRoutes (parentRefs kind Service) of its services.
+// the HTTPRoutes and GRPCRoutes (parentRefs kind Service or ServiceEntry)
+// of its services.
 //
 // It also returns res.Policies with the status of every policy that a
 // config carries rewritten to say which waypoints enforce it (node proxies
 // still never get it). Policy values a waypoint cannot enforce fail closed as
 // for node proxies: an ALLOW rule is dropped, a DENY rule matches every
 // request; each is named in the status. Pure, like Translate.
-func WaypointConfigs(cfg Config, objs *cluster.Objects, routes []*gatewayv1.HTTPRoute, res *Result) (map[string]*waypointapi.Config, []PolicyStatus) {
+func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string]*waypointapi.Config, []PolicyStatus) {
 	cfg = cfg.withDefaults()
 	out := map[string]*waypointapi.Config{}
 	if objs == nil || res == nil || !slices.ContainsFunc(objs.Gateways, func(g *gatewayv1.Gateway) bool {
@@ -65,7 +64,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, routes []*gatewayv1.HTTP
 		if a := w.addr.GetAddress(); a != nil {
 			c.Addresses = [][]byte{a.GetAddress()}
 		}
-		bound := t.boundTo(w, res, c, routes)
+		bound := t.boundTo(w, res, c)
 		attach := func(pkey string, services []string, target string) {
 			ap := policies[pkey]
 			if ap == nil {
@@ -122,7 +121,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, routes []*gatewayv1.HTTP
 // boundTo fills c's services and workloads from res (those whose waypoint is
 // w's address) with the routes attached to each service, and returns the
 // hostnames of each bound "Service ns/name" and "ServiceEntry ns/name".
-func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, routes []*gatewayv1.HTTPRoute) map[string][]string {
+func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config) map[string][]string {
 	bound := map[string][]string{}
 	for _, a := range res.Addresses.All() {
 		switch {
@@ -139,7 +138,7 @@ func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, ro
 			for _, p := range s.GetPorts() {
 				ws.Ports = append(ws.Ports, t.waypointPort(kind, s, p))
 			}
-			ws.Routes = t.routesFor(kind, s, routes)
+			ws.Routes = t.routesFor(kind, s)
 			c.Services = append(c.Services, ws)
 			bk := kind + " " + s.GetNamespace() + "/" + s.GetName()
 			bound[bk] = append(bound[bk], s.GetHostname())
@@ -184,178 +183,6 @@ func (t *translator) waypointPort(kind string, s *workloadapi.Service, p *worklo
 		}
 	}
 	return wp
-}
-
-// routesFor returns the HTTPRoutes with a parentRef to the service (kind
-// Service, or ServiceEntry of group networking.istio.io), oldest first then
-// by name, as Gateway API orders conflicting routes.
-func (t *translator) routesFor(kind string, s *workloadapi.Service, routes []*gatewayv1.HTTPRoute) []*waypointapi.Route {
-	var picked []*gatewayv1.HTTPRoute
-	for _, r := range routes {
-		for _, pr := range r.Spec.ParentRefs {
-			ns := r.Namespace
-			if pr.Namespace != nil {
-				ns = string(*pr.Namespace)
-			}
-			group, k := "", ""
-			if pr.Group != nil {
-				group = string(*pr.Group)
-			}
-			if pr.Kind != nil {
-				k = string(*pr.Kind)
-			}
-			want := group == "" && k == "Service"
-			if kind == "ServiceEntry" {
-				want = group == "networking.istio.io" && k == "ServiceEntry"
-			}
-			if want && ns == s.GetNamespace() && string(pr.Name) == s.GetName() {
-				picked = append(picked, r)
-				break
-			}
-		}
-	}
-	sort.SliceStable(picked, func(i, j int) bool {
-		if olderMeta(&picked[i].ObjectMeta, &picked[j].ObjectMeta) != olderMeta(&picked[j].ObjectMeta, &picked[i].ObjectMeta) {
-			return olderMeta(&picked[i].ObjectMeta, &picked[j].ObjectMeta)
-		}
-		return picked[i].Namespace+"/"+picked[i].Name < picked[j].Namespace+"/"+picked[j].Name
-	})
-	var out []*waypointapi.Route
-	for _, r := range picked {
-		out = append(out, t.convertRoute(r))
-	}
-	return out
-}
-
-func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
-	wr := &waypointapi.Route{Name: r.Name, Namespace: r.Namespace}
-	for _, rule := range r.Spec.Rules {
-		rr := &waypointapi.RouteRule{}
-		for _, m := range rule.Matches {
-			rm := &waypointapi.RouteMatch{}
-			if m.Path != nil {
-				pm := &waypointapi.PathMatch{Value: "/"}
-				if m.Path.Value != nil {
-					pm.Value = *m.Path.Value
-				}
-				if m.Path.Type != nil {
-					switch *m.Path.Type {
-					case gatewayv1.PathMatchExact:
-						pm.Type = waypointapi.PathMatch_EXACT
-					case gatewayv1.PathMatchRegularExpression:
-						pm.Type = waypointapi.PathMatch_REGULAR_EXPRESSION
-					}
-				}
-				rm.Path = pm
-			}
-			for _, h := range m.Headers {
-				rm.Headers = append(rm.Headers, &waypointapi.HeaderMatch{
-					Name: string(h.Name), Value: h.Value,
-					Regex: h.Type != nil && *h.Type == gatewayv1.HeaderMatchRegularExpression,
-				})
-			}
-			for _, q := range m.QueryParams {
-				rm.QueryParams = append(rm.QueryParams, &waypointapi.HeaderMatch{
-					Name: string(q.Name), Value: q.Value,
-					Regex: q.Type != nil && *q.Type == gatewayv1.QueryParamMatchRegularExpression,
-				})
-			}
-			if m.Method != nil {
-				rm.Method = string(*m.Method)
-			}
-			rr.Matches = append(rr.Matches, rm)
-		}
-		for _, f := range rule.Filters {
-			if f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil {
-				hm := &waypointapi.HeaderModifier{Remove: f.RequestHeaderModifier.Remove}
-				for _, h := range f.RequestHeaderModifier.Set {
-					if hm.Set == nil {
-						hm.Set = map[string]string{}
-					}
-					hm.Set[string(h.Name)] = h.Value
-				}
-				for _, h := range f.RequestHeaderModifier.Add {
-					if hm.Add == nil {
-						hm.Add = map[string]string{}
-					}
-					hm.Add[string(h.Name)] = h.Value
-				}
-				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, hm)
-			}
-		}
-		for _, b := range rule.BackendRefs {
-			ns := r.Namespace
-			if b.Namespace != nil {
-				ns = string(*b.Namespace)
-			}
-			weight := uint32(1)
-			if b.Weight != nil {
-				weight = uint32(max(*b.Weight, 0))
-			}
-			be := &waypointapi.Backend{Namespace: ns, Weight: weight}
-			if b.Port != nil {
-				be.Port = uint32(*b.Port)
-			}
-			if b.Kind == nil || *b.Kind == "Service" {
-				be.Hostname = string(b.Name) + "." + ns + ".svc." + t.cfg.DomainSuffix
-			} else {
-				be.Hostname = string(b.Name) // ServiceEntry/Hostname backends name the host
-			}
-			rr.Backends = append(rr.Backends, be)
-		}
-		if rule.Timeouts != nil && rule.Timeouts.Request != nil {
-			if d, err := parseGatewayDuration(string(*rule.Timeouts.Request)); err == nil {
-				rr.TimeoutMs = d
-			}
-		}
-		if rule.Retry != nil {
-			rt := &waypointapi.Retry{}
-			if rule.Retry.Attempts != nil {
-				rt.Attempts = uint32(max(*rule.Retry.Attempts, 0))
-			}
-			for _, c := range rule.Retry.Codes {
-				rt.Codes = append(rt.Codes, uint32(c))
-			}
-			if rule.Retry.Backoff != nil {
-				if d, err := parseGatewayDuration(string(*rule.Retry.Backoff)); err == nil {
-					rt.PerTryTimeoutMs = d
-				}
-			}
-			rr.Retry = rt
-		}
-		wr.Rules = append(wr.Rules, rr)
-	}
-	return wr
-}
-
-// parseGatewayDuration parses a Gateway API duration ("1h2m3s4ms") into
-// milliseconds.
-func parseGatewayDuration(s string) (uint32, error) {
-	var total uint64
-	rest := s
-	for rest != "" {
-		i := 0
-		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
-			i++
-		}
-		if i == 0 {
-			return 0, fmt.Errorf("duration %q: no number", s)
-		}
-		n, _ := strconv.ParseUint(rest[:i], 10, 32)
-		rest = rest[i:]
-		unit := map[string]uint64{"ms": 1, "h": 3600000, "m": 60000, "s": 1000}
-		switch {
-		case strings.HasPrefix(rest, "ms"):
-			total += n * unit["ms"]
-			rest = rest[2:]
-		case rest != "" && unit[rest[:1]] != 0:
-			total += n * unit[rest[:1]]
-			rest = rest[1:]
-		default:
-			return 0, fmt.Errorf("duration %q: bad unit", s)
-		}
-	}
-	return uint32(min(total, 1<<31)), nil
 }
 
 // convertWaypointPolicy converts an AuthorizationPolicy for a waypoint, L7

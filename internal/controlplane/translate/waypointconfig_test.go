@@ -133,7 +133,11 @@ func TestWaypointConfigs(t *testing.T) {
 	res := Translate(cfg, objs, nil)
 	other := testRoute("other", 200)
 	other.Spec.ParentRefs[0].Name = "unbound"
-	cfgs, statuses := WaypointConfigs(cfg, objs, []*gatewayv1.HTTPRoute{testRoute("newer", 100), testRoute("older", 50), other}, res)
+	withRoutes := *objs
+	withRoutes.HTTPRoutes = []*gatewayv1.HTTPRoute{testRoute("newer", 100), testRoute("older", 50), other}
+	objs = &withRoutes
+	objs.Sort()
+	cfgs, statuses := WaypointConfigs(cfg, objs, res)
 
 	if got := slices.Sorted(func(y func(string) bool) {
 		for k := range cfgs {
@@ -247,5 +251,67 @@ func TestParseGatewayDuration(t *testing.T) {
 		if _, err := parseGatewayDuration(in); err == nil && in != "" {
 			t.Errorf("parseGatewayDuration(%q) accepted", in)
 		}
+	}
+}
+
+// TestWaypointGRPCRoutes: a GRPCRoute attached to a bound service becomes a
+// route whose method matches are path matches ("/service/method"), ordered
+// with the HTTPRoutes by age; a rule with a filter the waypoint does not
+// implement answers 500 (no backends) rather than skipping the filter.
+func TestWaypointGRPCRoutes(t *testing.T) {
+	objs := waypointObjects(t)
+	cfg := LocalDefaults()
+	res := Translate(cfg, objs, nil)
+	parent := gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{
+		Group: ptr(gatewayv1.Group("")), Kind: ptr(gatewayv1.Kind("Service")), Name: "server",
+	}}}
+	backend := func(name string, w int32) gatewayv1.GRPCBackendRef {
+		return gatewayv1.GRPCBackendRef{BackendRef: gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{Name: gatewayv1.ObjectName(name), Port: ptr(gatewayv1.PortNumber(81))}, Weight: ptr(w)}}
+	}
+	grpc := &gatewayv1.GRPCRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo-grpc", Namespace: "demo", CreationTimestamp: metav1.Unix(10, 0)},
+		Spec: gatewayv1.GRPCRouteSpec{CommonRouteSpec: parent, Rules: []gatewayv1.GRPCRouteRule{
+			{
+				Matches:     []gatewayv1.GRPCRouteMatch{{Method: &gatewayv1.GRPCMethodMatch{Service: ptr("echo.v1.Echo"), Method: ptr("Say")}}},
+				BackendRefs: []gatewayv1.GRPCBackendRef{backend("v2", 1)},
+			},
+			{
+				Matches: []gatewayv1.GRPCRouteMatch{
+					{Method: &gatewayv1.GRPCMethodMatch{Service: ptr("echo.v1.Echo")}},
+					{Method: &gatewayv1.GRPCMethodMatch{Type: ptr(gatewayv1.GRPCMethodMatchRegularExpression), Method: ptr("Get.*")},
+						Headers: []gatewayv1.GRPCHeaderMatch{{Name: "x-tenant", Value: "a"}}},
+				},
+				BackendRefs: []gatewayv1.GRPCBackendRef{backend("v1", 1)},
+			},
+		}},
+	}
+	mirror := testRoute("mirror", 20)
+	mirror.Spec.Rules[0].Filters = append(mirror.Spec.Rules[0].Filters, gatewayv1.HTTPRouteFilter{
+		Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Name: "v2"}},
+	})
+	withRoutes := *objs
+	withRoutes.GRPCRoutes = []*gatewayv1.GRPCRoute{grpc}
+	withRoutes.HTTPRoutes = []*gatewayv1.HTTPRoute{mirror}
+	cfgs, _ := WaypointConfigs(cfg, &withRoutes, res)
+	routes := cfgs["demo/waypoint"].GetServices()[0].GetRoutes()
+	if len(routes) != 2 || routes[0].GetName() != "echo-grpc" || routes[1].GetName() != "mirror" {
+		t.Fatalf("routes = %v, want echo-grpc (older) then mirror", routes)
+	}
+	rules := routes[0].GetRules()
+	if p := rules[0].GetMatches()[0].GetPath(); p.GetType() != waypointapi.PathMatch_EXACT || p.GetValue() != "/echo.v1.Echo/Say" {
+		t.Errorf("exact method match = %v", p)
+	}
+	if p := rules[1].GetMatches()[0].GetPath(); p.GetType() != waypointapi.PathMatch_REGULAR_EXPRESSION || p.GetValue() != `/echo\.v1\.Echo/[^/]+` {
+		t.Errorf("service-only match = %v", p)
+	}
+	m := rules[1].GetMatches()[1]
+	if p := m.GetPath(); p.GetValue() != "/[^/]+/(?:Get.*)" || len(m.GetHeaders()) != 1 || m.GetHeaders()[0].GetName() != "x-tenant" {
+		t.Errorf("regex method + header match = %v", m)
+	}
+	if b := rules[1].GetBackends(); len(b) != 1 || b[0].GetHostname() != "v1.demo.svc.cluster.local" || b[0].GetPort() != 81 {
+		t.Errorf("backends = %v", b)
+	}
+	if b := routes[1].GetRules()[0].GetBackends(); len(b) != 0 {
+		t.Errorf("a rule with an unimplemented filter (RequestMirror) kept backends %v; it must answer 500", b)
 	}
 }
