@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -52,10 +53,10 @@ func (c *Counters) Live() (sent, recv int64) {
 // Bidirectional copies down→up and up→down until both directions end. When
 // one side reaches EOF the other side's write half is closed (CloseWrite), so
 // half-close passes through; the call returns when both directions are done,
-// or both connections are closed when force is closed. Between two TCP
-// sockets the kernel splices (no user-space copy). The first error other
+// or both connections are closed when force ends (nil: never). Between two
+// TCP sockets the kernel splices (no user-space copy). The first error other
 // than a normal close is returned.
-func Bidirectional(down, up net.Conn, c *Counters, force <-chan struct{}) error {
+func Bidirectional(down, up net.Conn, c *Counters, force context.Context) error {
 	if dt, ok := down.(*net.TCPConn); ok {
 		if ut, ok := up.(*net.TCPConn); ok {
 			// Spliced both ways: the sockets' own counts of what was read
@@ -64,26 +65,23 @@ func Bidirectional(down, up net.Conn, c *Counters, force <-chan struct{}) error 
 		}
 	}
 	errc := make(chan error, 1)
-	stop := make(chan struct{})
 	go func() {
 		errc <- copyHalf(up, down, &c.Sent)
 	}()
+	// A callback, not a watcher goroutine: nothing to start (and no thread
+	// to wake) per connection.
 	var forced atomic.Bool
+	stop := func() bool { return false }
 	if force != nil {
-		go func() {
-			select {
-			case <-force:
-				forced.Store(true)
-				down.Close()
-				up.Close()
-			case <-stop:
-			}
-		}()
+		stop = context.AfterFunc(force, func() {
+			forced.Store(true)
+			down.Close()
+			up.Close()
+		})
 	}
 	err1 := copyHalf(down, up, &c.Received)
 	err2 := <-errc
-	close(stop)
-	if forced.Load() {
+	if !stop() && forced.Load() {
 		return ErrForced
 	}
 	if err1 != nil {

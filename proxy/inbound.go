@@ -92,7 +92,6 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	// end the tunnel early.
 	var forced atomic.Bool
 	var once sync.Once
-	ended := make(chan struct{})
 	t := &tracked{conn: conn, kill: func() { once.Do(func() { up.Close() }) }}
 	p.track(t, snap)
 	if tc, ok := up.(*net.TCPConn); ok {
@@ -101,19 +100,17 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 		res.Counters.SetProbe(func() (int64, int64) { return tcpAcked(tc), tcpConsumed(tc) })
 	}
 	res.Opened()
-	go func() {
-		select {
-		case <-p.group.Force():
-			forced.Store(true)
-			t.kill()
-		case <-ended:
-		}
-	}()
+	// p.ctx ends with the drain's force (or Close): a callback, not a
+	// watcher goroutine per tunnel.
+	stopForce := context.AfterFunc(p.ctx, func() {
+		forced.Store(true)
+		t.kill()
+	})
 	return hbone.Reply{
 		Status:   200,
 		Upstream: up,
 		Done: func(st hbone.TunnelStats, err error) {
-			close(ended)
+			stopForce()
 			p.inbound.remove(t)
 			res.Counters.Sent.Add(st.BytesReceived) // client → app
 			res.Counters.Received.Add(st.BytesSent) // app → client

@@ -61,6 +61,6 @@ func (p *WorkloadProxy) servePlaintext(c net.Conn, done func()) {
 	p.track(t, snap)
 	defer p.inbound.remove(t)
 	res.Opened()
-	cerr := Bidirectional(c, up, &res.Counters, p.group.Force())
+	cerr := Bidirectional(c, up, &res.Counters, p.ctx)
 	err = t.endErr(cerr, errors.Is(cerr, ErrForced))
 }

@@ -62,7 +62,7 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn, done func()) {
 	}
 	defer up.Close()
 	res.Opened()
-	err = Bidirectional(c, up, &res.Counters, p.group.Force())
+	err = Bidirectional(c, up, &res.Counters, p.ctx)
 }
 
 // outboundHBONE opens the tunnel and splices it with the client's
@@ -102,23 +102,20 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 	}
 	res.Counters.SetProbe(func() (int64, int64) { return t.BytesSent(), t.BytesReceived() })
 	res.Opened()
+	// p.ctx ends with the drain's force (or Close): a callback, not a
+	// watcher goroutine per connection.
 	var forced atomic.Bool
-	stop := make(chan struct{})
-	go func() {
-		select {
-		case <-p.group.Force():
-			forced.Store(true)
-			t.Close()
-			c.Close()
-		case <-stop:
-		}
-	}()
+	stop := context.AfterFunc(p.ctx, func() {
+		forced.Store(true)
+		t.Close()
+		c.Close()
+	})
 	err = hbone.Splice(t, c)
-	close(stop)
+	stopped := stop()
 	st := t.Stats()
 	res.Counters.Sent.Add(st.BytesSent)
 	res.Counters.Received.Add(st.BytesReceived)
-	if forced.Load() {
+	if !stopped && forced.Load() {
 		return ErrForced
 	}
 	return normalClose(err)
