@@ -132,3 +132,45 @@ func processCPU() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkSpliceConnect is one new connection through the in-process
+// chain on a warm pool: app connect → client-side Splice → CONNECT on the
+// pooled HBONE connection → server dials the app, which speaks first →
+// the first byte back; then close. It reports CPU per connection.
+func BenchmarkSpliceConnect(b *testing.B) {
+	m := newMesh(b)
+	up := startUpstream(b, func(c *net.TCPConn) {
+		c.Write([]byte{1})
+		io.Copy(io.Discard, c)
+	})
+	srv := startServer(b, m, dialHandler())
+	p := newPool(b, m)
+	front := startUpstream(b, func(c *net.TCPConn) {
+		tun, err := p.Connect(context.Background(), connectReq(srv, up.addr))
+		if err != nil {
+			return
+		}
+		Splice(tun, c)
+	})
+	one := make([]byte, 1)
+	conn := func() {
+		c, err := net.Dial("tcp", front.addr.String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, one); err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
+	for range 20 {
+		conn()
+	}
+	cpu0 := processCPU()
+	b.ResetTimer()
+	for range b.N {
+		conn()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}

@@ -220,28 +220,42 @@ func processCPU() time.Duration {
 }
 
 // TestBidirectionalGoroutines: an open spliced connection parks the
-// caller's goroutine and one for the other direction, nothing per
-// connection for the force (idle connections hold stacks, nothing else).
+// caller's goroutine and one for the other direction, both copying, and
+// nothing per connection for the force (idle connections hold stacks).
 func TestBidirectionalGoroutines(t *testing.T) {
 	const conns = 50
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	before := runtime.NumGoroutine()
 	done := make(chan error, conns)
 	for range conns {
 		_, down := tcpPair(t)
 		up, _ := tcpPair(t)
 		go func() { done <- Bidirectional(down, up, &Counters{}, ctx) }()
 	}
-	var got int
-	for range 100 {
-		if got = runtime.NumGoroutine() - before; got == 2*conns {
+	// Goroutines of this test's Bidirectional calls, and how many of them
+	// are in a copy (the rest would be watchers).
+	count := func() (all, copying int) {
+		buf := make([]byte, 4<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "proxy.Bidirectional") {
+				all++
+				if strings.Contains(g, "proxy.copyHalf") {
+					copying++
+				}
+			}
+		}
+		return all, copying
+	}
+	var all, copying int
+	for range 200 {
+		if all, copying = count(); copying == 2*conns {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got != 2*conns {
-		t.Errorf("%d goroutines for %d open connections, want %d", got, conns, 2*conns)
+	if all != 2*conns || copying != 2*conns {
+		t.Errorf("%d goroutines (%d copying) for %d open connections, want %d, all copying", all, copying, conns, 2*conns)
 	}
 	cancel()
 	for range conns {
