@@ -219,6 +219,80 @@ spec:
 			t.Errorf("HTTP port under the TCP-port DENY = %d, want 200", code)
 		}
 	})
+
+	t.Run("HTTPRoute from the YAML directory splits 90/10 and routes by path", func(t *testing.T) {
+		ctx := ctxT(t, 60*time.Second)
+		web2, err := m.AddPod(ctx, 1, testcluster.PodSpec{Name: "web2", Namespace: "l7", ServiceAccount: "web", Labels: map[string]string{"app": "web2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.ServeHTTP(web2, 8080, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "web2 path=%s", r.URL.Path)
+		})); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []testcluster.ServiceSpec{
+			{Name: "web-v1", Namespace: "l7", Selector: map[string]string{"app": "web"}, Ports: []kube.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}},
+			{Name: "web-v2", Namespace: "l7", Selector: map[string]string{"app": "web2"}, Ports: []kube.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}},
+		} {
+			if _, err := m.AddService(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.SyncKubeProxy(); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.WaitForWorkloads(ctx, web2.IP); err != nil {
+			t.Fatal(err)
+		}
+		apply(t, m, "e2e-wp-route", `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web-split, namespace: l7}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /v2}}]
+    backendRefs: [{name: web-v2, port: 80}]
+  - backendRefs:
+    - {name: web-v1, port: 80, weight: 90}
+    - {name: web-v2, port: 80, weight: 10}
+`)
+		// The route arrives with a push: /v2 answers from web2 then.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if code, body := get(t, "/v2/x"); code == http.StatusOK && strings.HasPrefix(body, "web2 ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("/v2/x never answered from web-v2: the HTTPRoute did not reach the waypoint")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		const n = 300
+		v2 := 0
+		for range n {
+			code, body := get(t, "/split")
+			switch {
+			case code != http.StatusOK:
+				t.Fatalf("GET /split = %d %q", code, body)
+			case strings.HasPrefix(body, "web2 "):
+				v2++
+			case !strings.HasPrefix(body, "web path=/split"):
+				t.Fatalf("GET /split answered %q", body)
+			}
+		}
+		// Binomial(300, 0.1): mean 30, sd 5.2; 12..48 is about ±3.5 sd.
+		if v2 < 12 || v2 > 48 {
+			t.Errorf("web-v2 answered %d of %d requests, want about 10%%", v2, n)
+		}
+		t.Logf("web-v2 answered %d of %d (weight 10 of 100)", v2, n)
+		if _, err := wp.WaitAccessLog(ctx, func(a meshlab.AccessLog) bool {
+			return a.Str("path") == "/split" && a.Str("code") == "200" && a.Str("route") == "l7/web-split"
+		}); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 func apply(t *testing.T, m *meshlab.Mesh, name, yaml string) {
