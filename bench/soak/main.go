@@ -25,6 +25,8 @@
 //	                            wave, the larger of the two node proxies
 //	soak_goroutines_baseline    both proxies' goroutines before the first wave
 //	soak_goroutines_end         the same after the last wave and a settle
+//	soak_live_heap_growth_kb    Go heap in use after a forced GC, end minus
+//	                            baseline, the larger of the two proxies
 //	soak_waves                  waves run
 //	soak_peak_tunnels           tunnels open at once at the highest peak, as
 //	                            both proxies' istio_tcp_sockets_open agree
@@ -234,6 +236,11 @@ func (s *soak) run() error {
 	emit("soak_rss_slope_kb_per_min", slope, "KiB/min")
 	emit("soak_goroutines_baseline", float64(base.total()), "count")
 	emit("soak_goroutines_end", float64(end.total()), "count")
+	growth := end.liveKB[0] - base.liveKB[0]
+	if g := end.liveKB[1] - base.liveKB[1]; g > growth {
+		growth = g
+	}
+	emit("soak_live_heap_growth_kb", float64(growth), "KiB")
 	emit("soak_waves", float64(waves), "count")
 	emit("soak_peak_tunnels", float64(peak), "count")
 	return nil

@@ -51,6 +51,10 @@ type sample struct {
 type counts struct {
 	goroutines [2]int
 	rssKB      [2]int64
+	// liveKB is the Go heap in use right after a forced GC (HeapAlloc):
+	// what the proxy still references, free of the runtime's retained
+	// memory that makes VmRSS swing from wave to wave.
+	liveKB [2]int64
 }
 
 func (c counts) total() int { return c.goroutines[0] + c.goroutines[1] }
@@ -176,6 +180,7 @@ func (w *watcher) baseline() (counts, error) {
 		time.Sleep(time.Second)
 	}
 	var c counts
+	var err error
 	for i := range 2 {
 		g := []int{rs[0].goroutines[i], rs[1].goroutines[i], rs[2].goroutines[i]}
 		r := []int64{rs[0].rssKB[i], rs[1].rssKB[i], rs[2].rssKB[i]}
@@ -185,6 +190,9 @@ func (w *watcher) baseline() (counts, error) {
 	}
 	for i := range 2 {
 		w.base[i] = w.stacks(i)
+		if c.liveKB[i], err = w.liveHeap(i); err != nil {
+			return counts{}, err
+		}
 	}
 	if w.cfg.profile != "" {
 		w.profiles("baseline")
@@ -249,7 +257,14 @@ func (w *watcher) settle(base counts, timeout time.Duration) (counts, error) {
 	if w.cfg.profile != "" {
 		w.profiles("end")
 	}
-	return counts{goroutines: s.goroutines, rssKB: s.rssKB}, nil
+	end := counts{goroutines: s.goroutines, rssKB: s.rssKB}
+	for i := range 2 {
+		if end.liveKB[i], err = w.liveHeap(i); err != nil {
+			return counts{}, err
+		}
+		logf("node%d proxy: live heap after GC %d KiB at the baseline, %d KiB at the end", i, base.liveKB[i], end.liveKB[i])
+	}
+	return end, nil
 }
 
 // rssSlope is the least-squares slope of each proxy's VmRSS samples after
@@ -319,6 +334,25 @@ func (w *watcher) admin(i int, path string) ([]byte, error) {
 		err = fmt.Errorf("GET %s on node%d: status %d", path, i, code)
 	}
 	return body, err
+}
+
+// liveHeap forces a GC in node i's proxy (its heap profile with gc=1) and
+// returns HeapAlloc right after it, in KiB.
+func (w *watcher) liveHeap(i int) (int64, error) {
+	body, err := w.admin(i, "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0, fmt.Errorf("node%d proxy heap: %w", i, err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("node%d proxy heap: %q: %w", i, line, err)
+			}
+			return n / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("node%d proxy heap: no HeapAlloc line", i)
 }
 
 // setLogLevel POSTs /logging?level= to the proxy admin endpoint of node n.
