@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -196,6 +197,21 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		return vs[0], true
 	}
 	sw := &statusWriter{ResponseWriter: rw}
+	body := &countingBody{ReadCloser: r.Body}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = body
+	}
+	sizes := func() byteSizes {
+		// Request line "METHOD target HTTP/x.y\r\n" and the Host header.
+		req := int64(len(r.Method)+len(r.URL.RequestURI())+len(r.Proto)+4) + int64(len("Host: \r\n")+len(r.Host)) + headerBytes(r.Header) + body.n.Load()
+		code := sw.code
+		if code == 0 {
+			code = http.StatusOK
+		}
+		// Status line "HTTP/1.1 200 OK\r\n".
+		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + headerBytes(sw.Header()) + sw.n
+		return byteSizes{request: req, response: resp}
+	}
 	if err := w.decide(ex); err != nil {
 		var nr *errNoRoute
 		code := http.StatusServiceUnavailable
@@ -210,7 +226,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		} else {
 			http.Error(sw, http.StatusText(code), code)
 		}
-		w.record(ex, code, flagFor(code), time.Since(start))
+		w.record(ex, code, flagFor(code), time.Since(start), sizes())
 		return
 	}
 	ctx := context.WithValue(r.Context(), exKey{}, ex)
@@ -228,13 +244,14 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	if ex.err != nil {
 		flags = flagFor(code)
 	}
-	w.record(ex, code, flags, time.Since(start))
+	w.record(ex, code, flags, time.Since(start), sizes())
 }
 
-// statusWriter remembers the status for stats.
+// statusWriter remembers the status and counts the body bytes for stats.
 type statusWriter struct {
 	http.ResponseWriter
 	code int
+	n    int64
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -248,7 +265,23 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 	if s.code == 0 {
 		s.code = http.StatusOK
 	}
-	return s.ResponseWriter.Write(b)
+	n, err := s.ResponseWriter.Write(b)
+	s.n += int64(n)
+	return n, err
+}
+
+// countingBody counts the request body bytes the proxy read.
+// The transport may still be reading it when the handler returns (an
+// HTTP/2 response can come before the request body ends): n is atomic.
+type countingBody struct {
+	io.ReadCloser
+	n atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
 }
 
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

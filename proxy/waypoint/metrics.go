@@ -1,6 +1,7 @@
 package waypoint
 
 import (
+	"net/http"
 	"strconv"
 	"time"
 
@@ -20,10 +21,15 @@ var requestLabels = []string{
 }
 
 type metrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	tcpOpen  *prometheus.CounterVec
+	requests  *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	reqBytes  *prometheus.HistogramVec
+	respBytes *prometheus.HistogramVec
+	tcpOpen   *prometheus.CounterVec
 }
+
+// byteBuckets are powers of ten from 1 B to 100 MB, Istio's size buckets.
+var byteBuckets = prometheus.ExponentialBuckets(1, 10, 9)
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -34,12 +40,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "istio_request_duration_milliseconds", Help: "Request duration at the waypoint.",
 			Buckets: []float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000},
 		}, requestLabels),
+		reqBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "istio_request_bytes", Help: "Request size at the waypoint: request line and headers as HTTP/1.1 text, plus the body.",
+			Buckets: byteBuckets,
+		}, requestLabels),
+		respBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "istio_response_bytes", Help: "Response size at the waypoint: status line and headers as HTTP/1.1 text, plus the body.",
+			Buckets: byteBuckets,
+		}, requestLabels),
 		tcpOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "istio_tcp_connections_opened_total", Help: "TCP connections the waypoint accepted.",
 		}, requestLabels),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.duration, m.tcpOpen} {
+		for _, c := range []prometheus.Collector{m.requests, m.duration, m.reqBytes, m.respBytes, m.tcpOpen} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -50,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // record is the stats step: one metric sample and one access-log line per
 // request (per connection for TCP).
-func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration) {
+func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration, sizes byteSizes) {
 	proto := "http"
 	switch {
 	case !ex.attrs.HTTP:
@@ -77,6 +91,8 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration)
 	if ex.attrs.HTTP {
 		w.metrics.requests.WithLabelValues(lv...).Inc()
 		w.metrics.duration.WithLabelValues(lv...).Observe(float64(d.Microseconds()) / 1000)
+		w.metrics.reqBytes.WithLabelValues(lv...).Observe(float64(sizes.request))
+		w.metrics.respBytes.WithLabelValues(lv...).Observe(float64(sizes.response))
 	} else {
 		w.metrics.tcpOpen.WithLabelValues(lv...).Inc()
 	}
@@ -90,7 +106,8 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration)
 	}
 	if ex.attrs.HTTP {
 		fields = append(fields, zap.String("method", ex.attrs.Method), zap.String("path", ex.attrs.Path),
-			zap.String("host", ex.attrs.Host), zap.String("route", ex.route))
+			zap.String("host", ex.attrs.Host), zap.String("route", ex.route),
+			zap.Int64("bytes.request", sizes.request), zap.Int64("bytes.response", sizes.response))
 	}
 	if ex.verdict.Policy != "" || !ex.verdict.Allow {
 		fields = append(fields, zap.String("authz.policy", ex.verdict.Policy), zap.Bool("authz.allow", ex.verdict.Allow))
@@ -115,3 +132,19 @@ func orUnknown(s string) string {
 }
 
 func isGRPC(ct string) bool { return len(ct) >= 16 && ct[:16] == "application/grpc" }
+
+// byteSizes are one request's and its response's sizes for the byte
+// histograms (zero for TCP).
+type byteSizes struct{ request, response int64 }
+
+// headerBytes is the size of a header block written as HTTP/1.1 text:
+// "Name: value\r\n" per value and the blank line that ends it.
+func headerBytes(h http.Header) int64 {
+	n := int64(2)
+	for k, vs := range h {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 4)
+		}
+	}
+	return n
+}

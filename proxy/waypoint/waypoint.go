@@ -284,7 +284,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		p, ok := svc.ports[req.Authority.Port()]
 		if !ok {
 			ex.err = fmt.Errorf("port %d is not a port of service %s", req.Authority.Port(), svc.hostname)
-			w.record(ex, http.StatusServiceUnavailable, "NR", time.Since(start))
+			w.record(ex, http.StatusServiceUnavailable, "NR", time.Since(start), byteSizes{})
 			return hbone.Reply{Status: http.StatusServiceUnavailable}
 		}
 		ex.svc, ex.protocol = svc, p
@@ -292,7 +292,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		// Not bound here: refusing is what keeps the waypoint from being an
 		// open relay.
 		ex.err = fmt.Errorf("%s is not bound to waypoint %s", req.Authority, w.opts.Name)
-		w.record(ex, http.StatusForbidden, "NR", time.Since(start))
+		w.record(ex, http.StatusForbidden, "NR", time.Since(start), byteSizes{})
 		return hbone.Reply{Status: http.StatusForbidden}
 	}
 	if ex.protocol == waypointapi.Protocol_TCP {
@@ -301,7 +301,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 	a, b, err := socketPair()
 	if err != nil {
 		ex.err = err
-		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start))
+		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), byteSizes{})
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
 	}
 	tc := &tunnelConn{Conn: a, meta: &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}}
@@ -323,16 +323,16 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 			code = nr.code
 		}
 		ex.err = err
-		w.record(ex, code, flagFor(code), time.Since(start))
+		w.record(ex, code, flagFor(code), time.Since(start), byteSizes{})
 		return hbone.Reply{Status: code}
 	}
 	up, err := w.dial(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service))
 	if err != nil {
 		ex.err = err
-		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start))
+		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), byteSizes{})
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
 	}
-	w.record(ex, http.StatusOK, "", time.Since(start))
+	w.record(ex, http.StatusOK, "", time.Since(start), byteSizes{})
 	return hbone.Reply{Status: http.StatusOK, Upstream: up}
 }
 

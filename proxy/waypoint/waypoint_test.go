@@ -451,3 +451,45 @@ func TestFilterOrder(t *testing.T) {
 		t.Errorf("routed path under a dry-run deny-all = %d, want 200", code)
 	}
 }
+
+// TestRequestResponseBytes: istio_request_bytes and istio_response_bytes
+// hold each request's size (request line, headers, body) and its
+// response's, and the access log carries both.
+func TestRequestResponseBytes(t *testing.T) {
+	l := newLab(t, baseConfig())
+	c := l.client(clientID, clientIP)
+	body := strings.Repeat("x", 5000)
+	req, _ := http.NewRequest(http.MethodPost, "http://server.demo.svc.cluster.local/ok", strings.NewReader(body))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST /ok = %d %q", resp.StatusCode, answer)
+	}
+	sum := func(name string) (float64, uint64) {
+		mfs, _ := l.reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == "response_code" && lp.GetValue() == "200" {
+						return m.GetHistogram().GetSampleSum(), m.GetHistogram().GetSampleCount()
+					}
+				}
+			}
+		}
+		return 0, 0
+	}
+	testkit.Eventually(t, 2*time.Second, "one istio_request_bytes sample", func() bool { _, n := sum("istio_request_bytes"); return n == 1 })
+	if s, _ := sum("istio_request_bytes"); s < 5000 || s > 5000+1024 {
+		t.Errorf("istio_request_bytes sum = %v, want the 5000-byte body plus its request line and headers", s)
+	}
+	if s, n := sum("istio_response_bytes"); n != 1 || s < float64(len(answer)) || s > float64(len(answer))+1024 {
+		t.Errorf("istio_response_bytes = %v over %d samples, want the %d-byte body plus its status line and headers", s, n, len(answer))
+	}
+}
