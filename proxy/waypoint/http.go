@@ -292,15 +292,17 @@ func (s *statusWriter) Flush() {
 	}
 }
 
-// retrier sends a request upstream over HTTP/1.1 or h2c (as the client
-// spoke to us), retrying per the route rule: on a retryable status or a
+// retrier sends a request upstream over HTTP/1.1 or h2c, retrying per the route rule: on a retryable status or a
 // connect failure, while attempts remain and the body can be replayed.
 type retrier struct{ w *Waypoint }
 
 func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 	ex := r.Context().Value(exKey{}).(*exchange)
+	// HTTP/2 upstream for an HTTP2 (grpc, http2) port, and for an HTTP port
+	// when the client spoke HTTP/2: the downstream protocol is kept, as
+	// Envoy does for sniffed ports, or gRPC (trailers) could not pass.
 	base := rt.w.h1
-	if ex.protocol == waypointapi.Protocol_HTTP2 {
+	if ex.protocol == waypointapi.Protocol_HTTP2 || ex.h2 {
 		base = rt.w.h2
 	}
 	attempts := 1

@@ -18,6 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
@@ -79,7 +85,20 @@ func listen(t *testing.T, ap string) net.Listener {
 // :9000 and an HBONE server on :15008 that connects CONNECTs to them.
 func (l *lab) startBackend(ip string, id identity.Identity, n int) {
 	t := l.t
+	// A gRPC server on the same port (h2c), with the health service: each
+	// backend reports SERVING for its own name ("v1", "v2") only, so a
+	// caller can tell which one answered.
+	gs := grpc.NewServer()
+	hs := health.NewServer()
+	hs.SetServingStatus(fmt.Sprintf("v%d", n+1), healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
+	t.Cleanup(gs.Stop)
 	app := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && isGRPC(r.Header.Get("content-type")) {
+			l.hits[n].Add(1)
+			gs.ServeHTTP(rw, r)
+			return
+		}
 		if n == 0 && l.fail503.Add(-1) >= 0 {
 			http.Error(rw, "try again", http.StatusServiceUnavailable)
 			return
@@ -492,4 +511,68 @@ func TestRequestResponseBytes(t *testing.T) {
 	if s, n := sum("istio_response_bytes"); n != 1 || s < float64(len(answer)) || s > float64(len(answer))+1024 {
 		t.Errorf("istio_response_bytes = %v over %d samples, want the %d-byte body plus its status line and headers", s, n, len(answer))
 	}
+}
+
+// TestGRPC: a real gRPC client (grpc-go, h2c in the tunnel) through the
+// waypoint to a real gRPC server: a route on the method path (as a
+// GRPCRoute method match is translated) sends Check to v2, a DENY on the
+// Watch method answers PERMISSION_DENIED, and the request is counted with
+// request_protocol="grpc".
+func TestGRPC(t *testing.T) {
+	cfg := baseConfig(&waypointapi.Policy{
+		Name: "deny-watch", Namespace: "demo", Action: waypointapi.Action_DENY,
+		Rules: []*waypointapi.Rule{{To: []*waypointapi.Operation{{Paths: []*waypointapi.StringMatch{exact("/grpc.health.v1.Health/Watch")}}}}},
+	})
+	cfg.Services[0].Routes = []*waypointapi.Route{{Name: "health", Namespace: "demo", Rules: []*waypointapi.RouteRule{
+		{
+			Matches:  []*waypointapi.RouteMatch{{Path: &waypointapi.PathMatch{Type: waypointapi.PathMatch_EXACT, Value: "/grpc.health.v1.Health/Check"}}},
+			Backends: []*waypointapi.Backend{{Hostname: proxytest.Hostname("demo", "server-v2"), Namespace: "demo", Port: 80, Weight: 1}},
+		},
+		{Backends: []*waypointapi.Backend{{Hostname: proxytest.Hostname("demo", "server-v1"), Namespace: "demo", Port: 80, Weight: 1}}},
+	}}}
+	l := newLab(t, cfg)
+	cc, err := grpc.NewClient("passthrough:///server.demo.svc.cluster.local:80",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			return l.tunnel(ctx, clientID, clientIP, svcVIP+":80")
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	hc := healthpb.NewHealthClient(cc)
+	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "v2"})
+	if err != nil {
+		t.Fatalf("Check(v2) through the waypoint: %v", err)
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING || l.hits[1].Load() != 1 {
+		t.Errorf("Check(v2) = %v with %d v2 hits: the method route did not pick v2", resp.GetStatus(), l.hits[1].Load())
+	}
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: "v1"})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("Watch under a DENY on its method: %v, want PermissionDenied", err)
+	}
+	grpcRequests := func() float64 {
+		got := 0.0
+		mfs, _ := l.reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != "istio_requests_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == "request_protocol" && lp.GetValue() == "grpc" {
+						got += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return got
+	}
+	testkit.Eventually(t, 2*time.Second, `istio_requests_total{request_protocol="grpc"} = 2`, func() bool { return grpcRequests() == 2 })
 }
