@@ -73,10 +73,16 @@ func BenchmarkHandshake(b *testing.B) {
 // → HBONE → server → Splice → TCP → echo app and back. It reports the
 // process's CPU time per round trip (cpu-ns/op) besides wall time, as the
 // figure to compare on a shared machine.
-func BenchmarkSpliceRR1K(b *testing.B) {
+func BenchmarkSpliceRR1K(b *testing.B) { spliceRR(b, 1<<10) }
+
+// BenchmarkSpliceRR1200 is the same with 1200-byte messages, an HTTP
+// request or response with a 1 KiB body and its headers.
+func BenchmarkSpliceRR1200(b *testing.B) { spliceRR(b, 1200) }
+
+func spliceRR(b *testing.B, size int) {
 	m := newMesh(b)
 	up := startUpstream(b, func(c *net.TCPConn) {
-		buf := make([]byte, 1<<10)
+		buf := make([]byte, size)
 		for {
 			if _, err := io.ReadFull(c, buf); err != nil {
 				return
@@ -100,7 +106,7 @@ func BenchmarkSpliceRR1K(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer app.Close()
-	buf := make([]byte, 1<<10)
+	buf := make([]byte, size)
 	rr := func() {
 		if _, err := app.Write(buf); err != nil {
 			b.Fatal(err)
