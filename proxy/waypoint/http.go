@@ -229,6 +229,9 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		w.record(ex, code, flagFor(code), time.Since(start), sizes())
 		return
 	}
+	if ex.rule != nil && len(ex.rule.mirrors) > 0 {
+		ex.mirror = w.startMirrors(ex, r)
+	}
 	ctx := context.WithValue(r.Context(), exKey{}, ex)
 	if ex.rule != nil && ex.rule.timeout > 0 {
 		var cancel context.CancelFunc

@@ -41,7 +41,15 @@ type routeMatch struct {
 	invalid  bool // a regex that does not compile: never matches
 }
 
+// mirror is one RequestMirror of a rule: a backend and the percent of
+// requests copied to it.
+type mirror struct {
+	backend backend
+	percent uint64
+}
+
 type routeRule struct {
+	mirrors  []mirror
 	route    string // ns/name
 	matches  []routeMatch
 	modifers []*waypointapi.HeaderModifier
@@ -94,6 +102,13 @@ func compileRoutes(routes []*waypointapi.Route) *routeTable {
 			for _, b := range rr.GetBackends() {
 				cr.backends = append(cr.backends, backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), weight: b.GetWeight()})
 				cr.total += uint64(b.GetWeight())
+			}
+			for _, m := range rr.GetMirrors() {
+				b := m.GetBackend()
+				cr.mirrors = append(cr.mirrors, mirror{
+					backend: backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort())},
+					percent: uint64(min(m.GetPercent(), 100)),
+				})
 			}
 			cr.timeout = time.Duration(rr.GetTimeoutMs()) * time.Millisecond
 			if rt := rr.GetRetry(); rt != nil {

@@ -139,6 +139,7 @@ type exchange struct {
 	srcWorkload  string
 	svc          *boundService // nil when a workload was addressed
 	protocol     waypointapi.Protocol
+	mirror       string // what request mirroring did ("": no mirror)
 	attrs        Attrs
 	h2           bool
 	req          *http.Request
@@ -217,21 +218,9 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 			port = b.port
 		}
 	}
-	addr := ex.dst
-	if host != "" {
-		s := ex.snap.ServiceByNamespacedHostname(ns, host)
-		if s == nil || len(s.VIPs) == 0 {
-			return &errNoRoute{code: http.StatusServiceUnavailable, msg: "backend " + host + " unknown or headless"}
-		}
-		addr = netip.AddrPortFrom(s.VIPs[0].Prefix.Addr(), port)
-	}
-	self := ex.snap.WorkloadByIP("", w.opts.IP)
-	d, err := route.OutboundWith(ex.snap, self, addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
+	d, err := w.resolve(ex.snap, ex.dst, host, ns, port)
 	if err != nil {
-		return &errNoRoute{code: http.StatusServiceUnavailable, msg: err.Error()}
-	}
-	if d.Kind == route.Passthrough {
-		return &errNoRoute{code: http.StatusServiceUnavailable, msg: "destination " + addr.String() + " is not in the mesh"}
+		return err
 	}
 	if d.DstWorkload != nil {
 		ex.dstWorkload, ex.dstNamespace = d.DstWorkload.Name, d.DstWorkload.Namespace
@@ -240,12 +229,41 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 		}
 		ex.dstPrincipal = strings.TrimPrefix(d.UpstreamIdentity.String(), "spiffe://")
 	}
-	ex.target = d.NextHop
-	if d.Kind == route.HBONE {
-		ex.target = d.Authority
-	}
+	ex.target = target(d)
 	ex.upstream = fmt.Sprintf("%s %s", d.Kind, ex.target)
 	return nil
+}
+
+// resolve picks the endpoint for a backend service (host in namespace ns,
+// at port; host "" means the addressed destination dst itself) with the
+// same routing decision the node proxy makes.
+func (w *Waypoint) resolve(snap *state.Snapshot, dst netip.AddrPort, host, ns string, port uint16) (route.Decision, error) {
+	addr := dst
+	if host != "" {
+		s := snap.ServiceByNamespacedHostname(ns, host)
+		if s == nil || len(s.VIPs) == 0 {
+			return route.Decision{}, &errNoRoute{code: http.StatusServiceUnavailable, msg: "backend " + host + " unknown or headless"}
+		}
+		addr = netip.AddrPortFrom(s.VIPs[0].Prefix.Addr(), port)
+	}
+	self := snap.WorkloadByIP("", w.opts.IP)
+	d, err := route.OutboundWith(snap, self, addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
+	if err != nil {
+		return route.Decision{}, &errNoRoute{code: http.StatusServiceUnavailable, msg: err.Error()}
+	}
+	if d.Kind == route.Passthrough {
+		return route.Decision{}, &errNoRoute{code: http.StatusServiceUnavailable, msg: "destination " + addr.String() + " is not in the mesh"}
+	}
+	return d, nil
+}
+
+// target is where a decision sends bytes: the endpoint, or for HBONE the
+// authority the tunnel is opened for.
+func target(d route.Decision) netip.AddrPort {
+	if d.Kind == route.HBONE {
+		return d.Authority
+	}
+	return d.NextHop
 }
 
 // dial opens a connection to an endpoint address (podIP:port) the routing

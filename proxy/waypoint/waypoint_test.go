@@ -62,6 +62,7 @@ type lab struct {
 	pools   map[identity.Identity]*hbone.Pool
 	fail503 atomic.Int64 // backend v1 answers 503 this many more times
 	hits    [2]atomic.Int64
+	last    [2]atomic.Pointer[string] // each backend's last HTTP request: "host body"
 }
 
 func dialFrom(src netip.Addr) hbone.DialFunc {
@@ -104,6 +105,9 @@ func (l *lab) startBackend(ip string, id identity.Identity, n int) {
 			return
 		}
 		l.hits[n].Add(1)
+		reqBody, _ := io.ReadAll(r.Body)
+		last := r.Host + " " + string(reqBody)
+		l.last[n].Store(&last)
 		rw.Header().Set("x-backend", fmt.Sprintf("v%d", n+1))
 		fmt.Fprintf(rw, "v%d %s %s xff=%s route=%s drop=%q proto=%d", n+1, r.Method, r.URL.Path,
 			r.Header.Get("X-Forwarded-For"), r.Header.Get("x-route"), r.Header.Get("x-drop"), r.ProtoMajor)
@@ -575,4 +579,54 @@ func TestGRPC(t *testing.T) {
 		return got
 	}
 	testkit.Eventually(t, 2*time.Second, `istio_requests_total{request_protocol="grpc"} = 2`, func() bool { return grpcRequests() == 2 })
+}
+
+// TestMirror: a rule's RequestMirror sends a copy of each request (body
+// included, Host with "-shadow") to the mirror backend and the client gets
+// the routed backend's answer; a body of unknown length is not mirrored.
+func TestMirror(t *testing.T) {
+	cfg := baseConfig()
+	cfg.Services[0].Routes = []*waypointapi.Route{{Name: "mirrored", Namespace: "demo", Rules: []*waypointapi.RouteRule{{
+		Backends: []*waypointapi.Backend{{Hostname: proxytest.Hostname("demo", "server-v1"), Namespace: "demo", Port: 80, Weight: 1}},
+		Mirrors:  []*waypointapi.Mirror{{Backend: &waypointapi.Backend{Hostname: proxytest.Hostname("demo", "server-v2"), Namespace: "demo", Port: 80}, Percent: 100}},
+	}}}}
+	l := newLab(t, cfg)
+	c := l.client(clientID, clientIP)
+	req, _ := http.NewRequest(http.MethodPost, "http://server.demo.svc.cluster.local/orders", strings.NewReader("order-42"))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(string(answer), "v1 POST /orders") {
+		t.Fatalf("POST /orders = %d %q, want v1's answer", resp.StatusCode, answer)
+	}
+	if got := *l.last[0].Load(); got != "server.demo.svc.cluster.local order-42" {
+		t.Errorf("v1 got %q", got)
+	}
+	testkit.Eventually(t, 3*time.Second, "the mirror at v2", func() bool { return l.hits[1].Load() == 1 })
+	if got := *l.last[1].Load(); got != "server.demo.svc.cluster.local-shadow order-42" {
+		t.Errorf("mirror at v2 got %q, want the shadow host and the same body", got)
+	}
+	// Unknown length (chunked): routed, not mirrored.
+	req, _ = http.NewRequest(http.MethodPost, "http://server.demo.svc.cluster.local/orders", io.MultiReader(strings.NewReader("chunked")))
+	if code, body := do(t, c, req); code != 200 || !strings.HasPrefix(body, "v1 POST") {
+		t.Fatalf("chunked POST = %d %q", code, body)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := l.hits[1].Load(); n != 1 {
+		t.Errorf("v2 hits = %d after a body of unknown length, want no mirror", n)
+	}
+}
+
+func do(t *testing.T, c *http.Client, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -182,7 +182,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{14, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -1201,8 +1201,11 @@ type RouteRule struct {
 	// backends with weights; empty or all weights 0: 500 as Gateway API says.
 	Backends []*Backend `protobuf:"bytes,3,rep,name=backends,proto3" json:"backends,omitempty"`
 	// timeout_ms bounds the whole request (0: none).
-	TimeoutMs     uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	Retry         *Retry `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	Retry     *Retry `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	// mirrors get a copy of each request the rule routes (RequestMirror
+	// filters); their responses are discarded.
+	Mirrors       []*Mirror `protobuf:"bytes,6,rep,name=mirrors,proto3" json:"mirrors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1272,6 +1275,68 @@ func (x *RouteRule) GetRetry() *Retry {
 	return nil
 }
 
+func (x *RouteRule) GetMirrors() []*Mirror {
+	if x != nil {
+		return x.Mirrors
+	}
+	return nil
+}
+
+// Mirror is a RequestMirror filter resolved to a service.
+type Mirror struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// backend: weight unused; port 0 is the port the client addressed.
+	Backend *Backend `protobuf:"bytes,1,opt,name=backend,proto3" json:"backend,omitempty"`
+	// percent of requests mirrored, 1..100 (Gateway API percent/fraction).
+	Percent       uint32 `protobuf:"varint,2,opt,name=percent,proto3" json:"percent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Mirror) Reset() {
+	*x = Mirror{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mirror) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mirror) ProtoMessage() {}
+
+func (x *Mirror) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mirror.ProtoReflect.Descriptor instead.
+func (*Mirror) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Mirror) GetBackend() *Backend {
+	if x != nil {
+		return x.Backend
+	}
+	return nil
+}
+
+func (x *Mirror) GetPercent() uint32 {
+	if x != nil {
+		return x.Percent
+	}
+	return 0
+}
+
 // RouteMatch: every populated field must hold.
 type RouteMatch struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -1286,7 +1351,7 @@ type RouteMatch struct {
 
 func (x *RouteMatch) Reset() {
 	*x = RouteMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1363,7 @@ func (x *RouteMatch) String() string {
 func (*RouteMatch) ProtoMessage() {}
 
 func (x *RouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1376,7 @@ func (x *RouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteMatch.ProtoReflect.Descriptor instead.
 func (*RouteMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{13}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RouteMatch) GetPath() *PathMatch {
@@ -1353,7 +1418,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1430,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1443,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{14}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -1408,7 +1473,7 @@ type HeaderMatch struct {
 
 func (x *HeaderMatch) Reset() {
 	*x = HeaderMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1485,7 @@ func (x *HeaderMatch) String() string {
 func (*HeaderMatch) ProtoMessage() {}
 
 func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1498,7 @@ func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderMatch.ProtoReflect.Descriptor instead.
 func (*HeaderMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HeaderMatch) GetName() string {
@@ -1469,7 +1534,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1546,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1559,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{16}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HeaderModifier) GetSet() map[string]string {
@@ -1532,7 +1597,7 @@ type Backend struct {
 
 func (x *Backend) Reset() {
 	*x = Backend{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1609,7 @@ func (x *Backend) String() string {
 func (*Backend) ProtoMessage() {}
 
 func (x *Backend) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1622,7 @@ func (x *Backend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backend.ProtoReflect.Descriptor instead.
 func (*Backend) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{17}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Backend) GetHostname() string {
@@ -1603,7 +1668,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1680,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1693,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -1736,14 +1801,18 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05Route\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x123\n" +
-	"\x05rules\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.RouteRuleR\x05rules\"\xac\x02\n" +
+	"\x05rules\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.RouteRuleR\x05rules\"\xe2\x02\n" +
 	"\tRouteRule\x128\n" +
 	"\amatches\x18\x01 \x03(\v2\x1e.ztunnelgo.waypoint.RouteMatchR\amatches\x12\\\n" +
 	"\x18request_header_modifiers\x18\x02 \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x16requestHeaderModifiers\x127\n" +
 	"\bbackends\x18\x03 \x03(\v2\x1b.ztunnelgo.waypoint.BackendR\bbackends\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x12/\n" +
-	"\x05retry\x18\x05 \x01(\v2\x19.ztunnelgo.waypoint.RetryR\x05retry\"\xd6\x01\n" +
+	"\x05retry\x18\x05 \x01(\v2\x19.ztunnelgo.waypoint.RetryR\x05retry\x124\n" +
+	"\amirrors\x18\x06 \x03(\v2\x1a.ztunnelgo.waypoint.MirrorR\amirrors\"Y\n" +
+	"\x06Mirror\x125\n" +
+	"\abackend\x18\x01 \x01(\v2\x1b.ztunnelgo.waypoint.BackendR\abackend\x12\x18\n" +
+	"\apercent\x18\x02 \x01(\rR\apercent\"\xd6\x01\n" +
 	"\n" +
 	"RouteMatch\x121\n" +
 	"\x04path\x18\x01 \x01(\v2\x1d.ztunnelgo.waypoint.PathMatchR\x04path\x129\n" +
@@ -1802,7 +1871,7 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 }
 
 var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_waypointapi_waypoint_proto_goTypes = []any{
 	(Protocol)(0),          // 0: ztunnelgo.waypoint.Protocol
 	(Action)(0),            // 1: ztunnelgo.waypoint.Action
@@ -1820,14 +1889,15 @@ var file_waypointapi_waypoint_proto_goTypes = []any{
 	(*StringMatch)(nil),    // 13: ztunnelgo.waypoint.StringMatch
 	(*Route)(nil),          // 14: ztunnelgo.waypoint.Route
 	(*RouteRule)(nil),      // 15: ztunnelgo.waypoint.RouteRule
-	(*RouteMatch)(nil),     // 16: ztunnelgo.waypoint.RouteMatch
-	(*PathMatch)(nil),      // 17: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),    // 18: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil), // 19: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),        // 20: ztunnelgo.waypoint.Backend
-	(*Retry)(nil),          // 21: ztunnelgo.waypoint.Retry
-	nil,                    // 22: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                    // 23: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	(*Mirror)(nil),         // 16: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),     // 17: ztunnelgo.waypoint.RouteMatch
+	(*PathMatch)(nil),      // 18: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),    // 19: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil), // 20: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),        // 21: ztunnelgo.waypoint.Backend
+	(*Retry)(nil),          // 22: ztunnelgo.waypoint.Retry
+	nil,                    // 23: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                    // 24: ztunnelgo.waypoint.HeaderModifier.AddEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	4,  // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
@@ -1858,21 +1928,23 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	13, // 25: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
 	13, // 26: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
 	15, // 27: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	16, // 28: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	19, // 29: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	20, // 30: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	21, // 31: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	17, // 32: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	18, // 33: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	18, // 34: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	2,  // 35: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	22, // 36: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	23, // 37: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	38, // [38:38] is the sub-list for method output_type
-	38, // [38:38] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	17, // 28: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	20, // 29: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	21, // 30: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	22, // 31: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	16, // 32: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	21, // 33: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	18, // 34: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	19, // 35: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	19, // 36: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	2,  // 37: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	23, // 38: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	24, // 39: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	40, // [40:40] is the sub-list for method output_type
+	40, // [40:40] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -1892,7 +1964,7 @@ func file_waypointapi_waypoint_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -73,7 +73,8 @@ func (t *translator) routesFor(kind string, s *workloadapi.Service) []*waypointa
 }
 
 // unsupportedFilter makes a rule that uses a filter the waypoint does not
-// implement answer 500 (no backends), as Gateway API requires of a filter
+// implement (anything but RequestHeaderModifier and, for HTTPRoute,
+// RequestMirror) answer 500 (no backends), as Gateway API requires of a filter
 // that cannot be applied: it must not be skipped.
 func unsupportedFilter(rr *waypointapi.RouteRule) { rr.Backends = nil }
 
@@ -123,6 +124,8 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 			switch {
 			case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
 				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
+			case f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil:
+				rr.Mirrors = append(rr.Mirrors, t.mirror(r.Namespace, f.RequestMirror))
 			default:
 				unsupported = true
 			}
@@ -244,6 +247,26 @@ func (t *translator) backend(ns string, b gatewayv1.BackendRef) *waypointapi.Bac
 		be.Hostname = string(b.Name)
 	}
 	return be
+}
+
+// mirror resolves a RequestMirror filter: its backend as for backendRefs,
+// and the share of requests (percent, or fraction over its denominator,
+// default 100 %).
+func (t *translator) mirror(ns string, f *gatewayv1.HTTPRequestMirrorFilter) *waypointapi.Mirror {
+	b := t.backend(ns, gatewayv1.BackendRef{BackendObjectReference: f.BackendRef})
+	b.Weight = 0
+	percent := uint32(100)
+	switch {
+	case f.Percent != nil:
+		percent = uint32(min(max(*f.Percent, 0), 100))
+	case f.Fraction != nil:
+		den := int32(100)
+		if f.Fraction.Denominator != nil && *f.Fraction.Denominator > 0 {
+			den = *f.Fraction.Denominator
+		}
+		percent = uint32(min(max(int64(f.Fraction.Numerator)*100/int64(den), 0), 100))
+	}
+	return &waypointapi.Mirror{Backend: b, Percent: percent}
 }
 
 func headerModifier(f *gatewayv1.HTTPHeaderFilter) *waypointapi.HeaderModifier {

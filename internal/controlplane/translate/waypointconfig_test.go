@@ -256,8 +256,9 @@ func TestParseGatewayDuration(t *testing.T) {
 
 // TestWaypointGRPCRoutes: a GRPCRoute attached to a bound service becomes a
 // route whose method matches are path matches ("/service/method"), ordered
-// with the HTTPRoutes by age; a rule with a filter the waypoint does not
-// implement answers 500 (no backends) rather than skipping the filter.
+// with the HTTPRoutes by age; a RequestMirror filter becomes a mirror with
+// its share; a rule with a filter the waypoint does not implement answers
+// 500 (no backends) rather than skipping the filter.
 func TestWaypointGRPCRoutes(t *testing.T) {
 	objs := waypointObjects(t)
 	cfg := LocalDefaults()
@@ -287,7 +288,13 @@ func TestWaypointGRPCRoutes(t *testing.T) {
 	}
 	mirror := testRoute("mirror", 20)
 	mirror.Spec.Rules[0].Filters = append(mirror.Spec.Rules[0].Filters, gatewayv1.HTTPRouteFilter{
-		Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Name: "v2"}},
+		Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{
+			BackendRef: gatewayv1.BackendObjectReference{Name: "v2", Port: ptr(gatewayv1.PortNumber(80))}, Fraction: &gatewayv1.Fraction{Numerator: 1, Denominator: ptr(int32(4))}},
+	})
+	// A rule with an unimplemented filter.
+	mirror.Spec.Rules = append(mirror.Spec.Rules, gatewayv1.HTTPRouteRule{
+		Filters:     []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterURLRewrite, URLRewrite: &gatewayv1.HTTPURLRewriteFilter{}}},
+		BackendRefs: mirror.Spec.Rules[0].BackendRefs,
 	})
 	withRoutes := *objs
 	withRoutes.GRPCRoutes = []*gatewayv1.GRPCRoute{grpc}
@@ -311,7 +318,14 @@ func TestWaypointGRPCRoutes(t *testing.T) {
 	if b := rules[1].GetBackends(); len(b) != 1 || b[0].GetHostname() != "v1.demo.svc.cluster.local" || b[0].GetPort() != 81 {
 		t.Errorf("backends = %v", b)
 	}
-	if b := routes[1].GetRules()[0].GetBackends(); len(b) != 0 {
-		t.Errorf("a rule with an unimplemented filter (RequestMirror) kept backends %v; it must answer 500", b)
+	mr := routes[1].GetRules()[0]
+	if m := mr.GetMirrors(); len(m) != 1 || m[0].GetBackend().GetHostname() != "v2.demo.svc.cluster.local" || m[0].GetBackend().GetPort() != 80 || m[0].GetPercent() != 25 {
+		t.Errorf("mirrors = %v, want v2:80 at 25 %%", m)
+	}
+	if len(mr.GetBackends()) != 2 {
+		t.Errorf("the mirroring rule's backends = %v", mr.GetBackends())
+	}
+	if b := routes[1].GetRules()[1].GetBackends(); len(b) != 0 {
+		t.Errorf("a rule with an unimplemented filter (URLRewrite) kept backends %v; it must answer 500", b)
 	}
 }
