@@ -17,10 +17,10 @@ CNITOOL_VERSION := v1.3.1
 # fortio for bench-mesh; v1.69+ need a module the proxy here refuses.
 FORTIO_VERSION := v1.68.2
 
-APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset haproxy
+APT_PACKAGES := iptables iproute2 tcpdump iperf3 ipset haproxy containerd runc
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak demo clean k8s-bins deploy-check images images-test
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak demo clean k8s-bins deploy-check images images-test test-node
 
 all: build
 
@@ -100,6 +100,18 @@ deploy-check: k8s-bins
 IMAGE_REGISTRY ?= ghcr.io/ztunnel-go
 images:
 	cd hack/images && $(GO) run . -repo $(CURDIR) -out $(CURDIR)/bin/images -registry $(IMAGE_REGISTRY)
+
+## test-node: a real single-node cluster on this machine (internal/testing/realnode: etcd, kube-apiserver,
+## controller manager, scheduler, kube-proxy and kubelet v1.37.2 from hack/k8s/build.sh; containerd and runc from
+## apt; bridge + host-local CNI), the chart installed with helm from the images of `make images`, the TestNode*
+## tests of e2e/node, teardown (root; under the e2e lock). RUN=regexp picks tests.
+NODE_TEST_IMAGES := $(CURDIR)/bin/test-images
+test-node: deps tools images
+	cd hack/images && $(GO) run ./testimage -repo $(CURDIR) -out $(NODE_TEST_IMAGES) >/dev/null
+	@dirs=$$(hack/k8s/build.sh k8s helm node) && \
+	flock /tmp/e2e.lock env ZTG_REQUIRE_NODE=1 ZTG_K8S_BIN=$$(sed -n 1p <<<"$$dirs") ZTG_HELM_BIN=$$(sed -n 2p <<<"$$dirs") \
+		ZTG_NODE_BIN=$$(sed -n 3p <<<"$$dirs") ZTG_CNI_BIN=$(CNI_BIN) ZTG_IMAGES=$(CURDIR)/bin/images \
+		ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) $(GO) test -count=1 -v -timeout 20m ./e2e/node/ $(if $(RUN),-run '$(RUN)')
 
 ## images-test: the image builder's vet and tests (two full builds give the same digests; root runs its iptables).
 images-test:

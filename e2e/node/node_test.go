@@ -1,0 +1,223 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/realnode"
+)
+
+// TestNodeDaemonSetsReady: the agent and node proxy DaemonSets (and the
+// control plane) become Ready on the kubelet, and the agent chained our
+// plugin into the CNI configuration the container runtime reads.
+func TestNodeDaemonSetsReady(t *testing.T) {
+	e := mesh(t)
+	start := time.Now()
+	e.waitMeshReady(t)
+	t.Logf("mesh ready %v after the test started", time.Since(start).Round(time.Millisecond))
+
+	path := filepath.Join(realnode.CNIConfDir, "10-"+realnode.NetworkName+".conflist")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("runtime's CNI config: %v", err)
+	}
+	var conf struct {
+		Name    string `json:"name"`
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &conf); err != nil {
+		t.Fatalf("%s: %v\n%s", path, err, data)
+	}
+	var types []string
+	for _, p := range conf.Plugins {
+		types = append(types, p.Type)
+	}
+	if len(types) < 2 || types[0] != "bridge" || types[len(types)-1] != "ztunnel-cni" {
+		t.Fatalf("%s plugins %v, want bridge first and ztunnel-cni chained last", path, types)
+	}
+	if st, err := os.Stat(filepath.Join(realnode.CNIBinDir, "ztunnel-cni")); err != nil || st.Mode()&0o111 == 0 {
+		t.Fatalf("plugin binary in %s: %v", realnode.CNIBinDir, err)
+	}
+}
+
+// TestNodeNewPodCaptured: a pod created in an ambient namespace gets the
+// in-pod capture rules from the chain the runtime invokes (bridge, then our
+// plugin, which hands the pod to the agent) before its app starts.
+func TestNodeNewPodCaptured(t *testing.T) {
+	e := mesh(t)
+	e.waitMeshReady(t)
+	e.namespace(t, "capture-amb", true)
+	e.namespace(t, "capture-plain", false)
+	amb := e.pod(t, "capture-amb", "app", nil, "pause")
+	plain := e.pod(t, "capture-plain", "app", nil, "pause")
+
+	rules := e.podIptables(t, amb)
+	for _, want := range []string{"ISTIO_PRERT", "ISTIO_OUTPUT", "15001", "15006"} {
+		if !strings.Contains(rules, want) {
+			t.Errorf("ambient pod %s: no %q in its netns rules:\n%s", amb.Status.PodIP, want, rules)
+		}
+	}
+	if r := e.podIptables(t, plain); strings.Contains(r, "ISTIO_") {
+		t.Errorf("pod in a non-ambient namespace has capture rules:\n%s", r)
+	}
+}
+
+// TestNodePodToPodHBONE: an ambient client reaches an ambient server
+// through its ClusterIP Service, and a capture on the node's bridge sees the
+// two pods talk only TLS on 15008: no plaintext, nothing on the app's port.
+func TestNodePodToPodHBONE(t *testing.T) {
+	e := mesh(t)
+	e.waitMeshReady(t)
+	const ns = "hbone"
+	e.namespace(t, ns, true)
+	srv := e.pod(t, ns, "srv", map[string]string{"app": "srv"}, "serve")
+	cli := e.pod(t, ns, "cli", nil, "pause")
+	ctx := testCtx(t, 3*time.Minute)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "srv", Namespace: ns},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "srv"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	svc, err := e.node.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pcap := filepath.Join(t.TempDir(), "bridge.pcap")
+	filter := fmt.Sprintf("tcp and host %s and host %s", cli.Status.PodIP, srv.Status.PodIP)
+	dump := exec.Command("tcpdump", "-i", realnode.Bridge, "-n", "-U", "-s", "0", "-w", pcap, filter)
+	stderr, err := dump.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dump.Start(); err != nil {
+		t.Fatalf("tcpdump: %v", err)
+	}
+	listening := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		once := false
+		for sc.Scan() {
+			if !once && strings.Contains(sc.Text(), "listening on") {
+				close(listening)
+				once = true
+			}
+		}
+	}()
+	select {
+	case <-listening:
+	case <-time.After(10 * time.Second):
+		_ = dump.Process.Kill()
+		t.Fatal("tcpdump did not start listening")
+	}
+
+	// The node proxy learns the new pods and Service through xDS; retry
+	// until it routes.
+	url := "http://" + svc.Spec.ClusterIP + "/"
+	var body string
+	waitUntil(t, 60*time.Second, func() error {
+		var err error
+		body, err = e.exec(ctx, ns, "cli", "/testapp", "get", "-timeout", "3s", url)
+		return err
+	})
+	if !strings.Contains(body, "pod=srv ns=hbone") {
+		t.Errorf("GET %s answered %q, want the server pod", url, body)
+	}
+	// By name, through the DNS the node proxy captures.
+	name := "http://srv." + ns + ".svc.cluster.local/"
+	if out, err := e.exec(ctx, ns, "cli", "/testapp", "get", "-timeout", "5s", name); err != nil || !strings.Contains(out, "pod=srv") {
+		t.Errorf("GET %s: %v %q", name, err, out)
+	}
+	time.Sleep(500 * time.Millisecond)
+	_ = dump.Process.Signal(syscall.SIGINT)
+	_ = dump.Wait()
+
+	data, err := os.ReadFile(pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, plain := range []string{"pod=srv", "GET / HTTP"} {
+		if bytes.Contains(data, []byte(plain)) {
+			t.Errorf("plaintext %q between the pods on %s", plain, realnode.Bridge)
+		}
+	}
+	count := func(f string) int {
+		out, err := exec.Command("tcpdump", "-r", pcap, "-n", f).Output()
+		if err != nil {
+			t.Fatalf("tcpdump -r %s: %v", f, err)
+		}
+		return len(strings.Split(strings.TrimSpace(string(out)), "\n")) - boolInt(strings.TrimSpace(string(out)) == "")
+	}
+	all, hbone := count("tcp"), count("tcp port 15008")
+	hello := count("tcp dst port 15008 and tcp[((tcp[12:1] & 0xf0) >> 2):1] = 0x16")
+	t.Logf("bridge capture: %d packets between the pods, %d on 15008, %d TLS handshake records to 15008", all, hbone, hello)
+	if hbone == 0 || all != hbone {
+		t.Errorf("%d of %d packets between the pods on 15008, want all and some", hbone, all)
+	}
+	if hello == 0 {
+		t.Errorf("no TLS handshake to 15008 seen")
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestNodeHelmUninstall runs last: after `helm uninstall` the agent has
+// removed our plugin from the chain and the ambient pods' rules, and pods in
+// kube-system and in a non-ambient namespace still start.
+func TestNodeHelmUninstall(t *testing.T) {
+	e := mesh(t)
+	e.waitMeshReady(t)
+	e.namespace(t, "uninst-amb", true)
+	amb := e.pod(t, "uninst-amb", "app", nil, "pause")
+	if !strings.Contains(e.podIptables(t, amb), "ISTIO_") {
+		t.Fatalf("ambient pod not captured before the uninstall")
+	}
+	ctx := testCtx(t, 4*time.Minute)
+	if out, err := e.helmCmd(ctx, "uninstall", release, "--namespace", systemNS, "--wait", "--timeout", "2m"); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	waitUntil(t, 90*time.Second, func() error {
+		pods, err := e.node.Client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		if len(pods.Items) > 0 {
+			return fmt.Errorf("%d pods left in %s", len(pods.Items), systemNS)
+		}
+		return nil
+	})
+	path := filepath.Join(realnode.CNIConfDir, "10-"+realnode.NetworkName+".conflist")
+	if data, err := os.ReadFile(path); err != nil || strings.Contains(string(data), "ztunnel-cni") {
+		t.Errorf("after uninstall the runtime's CNI config still chains our plugin (%v):\n%s", err, data)
+	}
+	if r := e.podIptables(t, amb); strings.Contains(r, "ISTIO_") {
+		t.Errorf("ambient pod keeps capture rules after the uninstall:\n%s", r)
+	}
+	e.namespace(t, "uninst-plain", false)
+	e.pod(t, "uninst-plain", "app", nil, "pause")
+	e.pod(t, "kube-system", "after-uninstall", nil, "pause")
+	t.Cleanup(func() {
+		_ = e.node.Client.CoreV1().Pods("kube-system").Delete(context.Background(), "after-uninstall", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	})
+}

@@ -1,0 +1,121 @@
+// Command testapp is the one static binary of the real node's test images
+// (hack/images/testimage): the pod sandbox's pause process and the test
+// workloads.
+//
+//	testapp pause            block until SIGTERM/SIGINT, reaping orphans (the sandbox image)
+//	testapp serve [-listen :8080]
+//	                         HTTP server answering "pod=<POD_NAME> ns=<POD_NAMESPACE> from=<client addr>"
+//	testapp get [-timeout 5s] URL
+//	                         GET URL once, print the body; exit 1 on any failure
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: testapp pause|serve|get ...")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "pause":
+		pause()
+	case "serve":
+		err = serve(os.Args[2:])
+	case "get":
+		err = get(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testapp:", err)
+		os.Exit(1)
+	}
+}
+
+// pause is what the Kubernetes pause container does: hold the sandbox's
+// namespaces, reap zombies (it is PID 1 of a shared PID namespace) and exit
+// on SIGTERM or SIGINT.
+func pause() {
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
+	for s := range sig {
+		if s != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	listen := fs.String("listen", ":8080", "address to listen on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	name, ns := os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "pod=%s ns=%s from=%s\n", name, ns, r.RemoteAddr)
+	})
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", *listen, err)
+	}
+	fmt.Printf("testapp: serving on %s\n", l.Addr())
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(l); err != nil && err != http.ErrServerClosed {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+func get(args []string) error {
+	fs := flag.NewFlagSet("get", flag.ContinueOnError)
+	timeout := fs.Duration("timeout", 5*time.Second, "whole request timeout")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("get: want one URL, got %d arguments", fs.NArg())
+	}
+	c := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(fs.Arg(0))
+	if err != nil {
+		return fmt.Errorf("get %s: %w", fs.Arg(0), err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("get %s: body: %w", fs.Arg(0), err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("get %s: %s: %s", fs.Arg(0), resp.Status, body)
+	}
+	os.Stdout.Write(body)
+	return nil
+}
