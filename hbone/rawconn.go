@@ -22,6 +22,7 @@ import (
 type rawConn struct {
 	net.Conn
 	pr *pollReader // nil: plain blocking reads (not a socket)
+	fw *fdWriter   // nil: writes through Conn.Write (not a socket)
 
 	batching atomic.Bool
 	wmu      sync.Mutex // guards wbuf (tls may write an alert from Close)
@@ -39,7 +40,15 @@ const (
 var writeBatchPool = sync.Pool{New: func() any { b := make([]byte, 0, writeBatch); return &b }}
 
 func newRawConn(c net.Conn) *rawConn {
-	return &rawConn{Conn: c, pr: newPollReader(c)}
+	return &rawConn{Conn: c, pr: newPollReader(c), fw: newFdWriter(c)}
+}
+
+// write writes b to the socket.
+func (r *rawConn) write(b []byte) (int, error) {
+	if r.fw != nil {
+		return r.fw.write(b)
+	}
+	return r.Conn.Write(b)
 }
 
 func (r *rawConn) Read(p []byte) (int, error) {
@@ -80,7 +89,7 @@ func (r *rawConn) startBatch() { r.batching.Store(true) }
 
 func (r *rawConn) Write(p []byte) (int, error) {
 	if !r.batching.Load() {
-		return r.Conn.Write(p)
+		return r.write(p)
 	}
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
@@ -90,7 +99,7 @@ func (r *rawConn) Write(p []byte) (int, error) {
 	b := *r.wbuf
 	if len(b)+len(p) > cap(b) {
 		if len(b) > 0 {
-			if _, err := r.Conn.Write(b); err != nil {
+			if _, err := r.write(b); err != nil {
 				*r.wbuf = b[:0]
 				return 0, err
 			}
@@ -98,7 +107,7 @@ func (r *rawConn) Write(p []byte) (int, error) {
 		}
 		if len(p) > cap(b) {
 			*r.wbuf = b
-			return r.Conn.Write(p)
+			return r.write(p)
 		}
 	}
 	*r.wbuf = append(b, p...)
@@ -116,7 +125,7 @@ func (r *rawConn) flush() error {
 	b := *r.wbuf
 	var err error
 	if len(b) > 0 {
-		_, err = r.Conn.Write(b)
+		_, err = r.write(b)
 	}
 	*r.wbuf = b[:0]
 	writeBatchPool.Put(r.wbuf)

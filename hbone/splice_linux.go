@@ -4,7 +4,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,7 +41,7 @@ func newPollReader(c any) *pollReader {
 func (p *pollReader) try(fd uintptr) bool {
 	bp := getBuf(p.size)
 	for {
-		n, err := unix.Read(int(fd), *bp)
+		n, err := rawRead(int(fd), *bp)
 		if err == unix.EINTR {
 			continue
 		}
@@ -102,7 +104,7 @@ func newSinkWriter(c any) *sinkWriter {
 
 func (w *sinkWriter) try(fd uintptr) bool {
 	for w.n < len(w.p) {
-		k, err := unix.Write(int(fd), w.p[w.n:])
+		k, err := rawWrite(int(fd), w.p[w.n:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -123,4 +125,87 @@ func (w *sinkWriter) write(p []byte) int {
 	n := w.n
 	w.p = nil
 	return n
+}
+
+// rawRead and rawWrite are read(2) and write(2) on a non-blocking socket
+// without the runtime's syscall bookkeeping (unix.Read would call
+// entersyscall, whose first call after the process was idle wakes the
+// sysmon thread: one futex wake and context switch per request at low
+// load). They never block: the socket is non-blocking and EAGAIN is
+// answered by waiting in the poller, so the bookkeeping buys nothing.
+func rawRead(fd int, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+func rawWrite(fd int, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// fdWriter writes all of p to a socket with rawWrite, waiting in the poller
+// while the socket is full; the write deadline applies as to Write.
+type fdWriter struct {
+	rc  syscall.RawConn
+	fn  func(uintptr) bool // w.try, bound once
+	mu  sync.Mutex         // one write at a time (TLS serialises them already)
+	p   []byte
+	n   int
+	err error
+}
+
+func newFdWriter(c any) *fdWriter {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	w := &fdWriter{rc: rc}
+	w.fn = w.try
+	return w
+}
+
+func (w *fdWriter) try(fd uintptr) bool {
+	for w.n < len(w.p) {
+		k, err := rawWrite(int(fd), w.p[w.n:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false // wait until the socket has room
+		case err != nil:
+			w.err = os.NewSyscallError("write", err)
+			return true
+		}
+		w.n += k
+	}
+	return true
+}
+
+func (w *fdWriter) write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.p, w.n, w.err = p, 0, nil
+	err := w.rc.Write(w.fn)
+	n := w.n
+	if err == nil {
+		err = w.err
+	}
+	w.p, w.err = nil, nil
+	return n, err
 }

@@ -16,3 +16,10 @@ type sinkWriter struct{}
 func newSinkWriter(any) *sinkWriter { return nil }
 
 func (*sinkWriter) write([]byte) int { panic("unreachable") }
+
+// fdWriter is Linux-only; elsewhere socket writes go through net.Conn.
+type fdWriter struct{}
+
+func newFdWriter(any) *fdWriter { return nil }
+
+func (*fdWriter) write([]byte) (int, error) { panic("unreachable") }
