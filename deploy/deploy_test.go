@@ -92,7 +92,16 @@ func TestDryRunApply(t *testing.T) {
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Resource: "configmaps", Namespace: systemNamespace}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "update", Resource: "configmaps", Name: "other", Namespace: systemNamespace}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "configmaps", Namespace: systemNamespace}, false},
-		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Resource: "configmaps", Namespace: "app"}, false},
+		// The waypoint controller writes the root ConfigMap into waypoint
+		// namespaces (by name; create cannot be limited by name), and
+		// deploys waypoints; nothing else there.
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Resource: "configmaps", Namespace: "app"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "configmaps", Name: "istio-ca-root-cert", Namespace: "app"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "configmaps", Name: "app-config", Namespace: "app"}, false},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "apps", Resource: "deployments", Namespace: "app"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "delete", Group: "apps", Resource: "deployments", Namespace: "app"}, false},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "gateway.networking.k8s.io", Resource: "gateways", Subresource: "status", Namespace: "app"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "gateway.networking.k8s.io", Resource: "gateways", Namespace: "app"}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods", Namespace: "app"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: systemNamespace}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "app"}, false},

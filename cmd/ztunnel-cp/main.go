@@ -100,6 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.RootKey, "root-key", "", "root CA private key PEM")
 	fs.BoolVar(&o.EnrollmentFromLabels, "enrollment-from-labels", true, "treat pods matching the ambient enrollment labels as HBONE-enrolled (default false in Kubernetes mode, where the node agent annotates them)")
 	fs.StringVar(&o.WebhookAddr, "webhook-addr", "", "Kubernetes mode: address of the validating admission webhook (HTTPS, "+webhook.Path+"; the chart uses "+webhook.DefaultAddr+"); it keeps ValidatingWebhookConfiguration "+webhook.ConfigurationName+"'s caBundle set (\"\": none)")
+	fs.StringVar(&o.WaypointImage, "waypoint-image", "", "Kubernetes mode: deploy a waypoint of this image (ServiceAccount, Service, Deployment, Gateway status) for every Gateway of class istio-waypoint while leading (\"\": none)")
 	fs.BoolVar(&o.ExternalNameAlias, "external-name-alias", true, "serve ExternalName Services that point at mesh services as DNS aliases")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
@@ -142,6 +143,7 @@ type summary struct {
 	TrustedNodeAccounts []string `json:"trusted_node_accounts,omitempty"`
 	Lease               string   `json:"lease,omitempty"` // namespace/name
 	WebhookAddr         string   `json:"webhook_addr,omitempty"`
+	WaypointImage       string   `json:"waypoint_image,omitempty"`
 }
 
 func (o options) summary() summary {
@@ -158,6 +160,7 @@ func (o options) summary() summary {
 		s.TrustedNodeAccounts, _ = kubeauth.ParseAccounts(o.TrustedNodeAccounts)
 		s.Lease = o.LeaseNamespace + "/" + o.LeaseName
 		s.WebhookAddr = o.WebhookAddr
+		s.WaypointImage = o.WaypointImage
 	}
 	return s
 }

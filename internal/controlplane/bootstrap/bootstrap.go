@@ -66,6 +66,10 @@ type Options struct {
 	// WebhookAddr serves the validating admission webhook (HTTPS) in
 	// Kubernetes mode; "" disables it.
 	WebhookAddr string
+	// WaypointImage, in Kubernetes mode, deploys a waypoint of that image
+	// for every Gateway of class istio-waypoint (waypointctl); "" leaves
+	// waypoints to someone else.
+	WaypointImage string
 }
 
 // KubeMode: the cluster comes from the API server.
@@ -166,6 +170,13 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
 		k.root.RootPEM = authority.RootPEM()
 		background = append(background, k.status.Run, func(ctx context.Context) error { k.root.Run(ctx); return nil })
+		if o.WaypointImage != "" {
+			wc, err := waypointController(o, k, authority.RootPEM(), log)
+			if err != nil {
+				return err
+			}
+			background = append(background, wc.Run)
+		}
 		if o.WebhookAddr != "" {
 			ws, err := webhookServer(o, authority, k.kube, log)
 			if err != nil {

@@ -1,13 +1,18 @@
 package bootstrap
 
 import (
+	"fmt"
+	"net"
+
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/waypointctl"
 )
 
 // kubeParts are Kubernetes mode's source, authenticator, live placement,
@@ -21,6 +26,7 @@ type kubeParts struct {
 	status    *kubestatus.Writer
 	root      *RootPublisher
 	kube      kubernetes.Interface
+	gateway   gatewayclient.Interface
 }
 
 func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
@@ -59,8 +65,23 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 		return nil, err
 	}
 	return &kubeParts{
-		src: src, auth: auth, alloc: alloc, status: status, kube: clients.Kube,
+		src: src, auth: auth, alloc: alloc, status: status, kube: clients.Kube, gateway: clients.Gateway,
 		placement: &kubeauth.Placement{Client: clients.Kube, Log: log.Named("placement")},
 		root:      &RootPublisher{Client: clients.Kube, Namespace: o.SystemNamespace, Log: log.Named("root-configmap")},
 	}, nil
+}
+
+// waypointController deploys waypoints for Gateways of class istio-waypoint
+// while this replica leads (the ServiceEntry status lease); they reach the
+// control plane through its Service.
+func waypointController(o Options, k *kubeParts, rootPEM []byte, log *zap.Logger) (*waypointctl.Controller, error) {
+	_, port, err := net.SplitHostPort(o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen: %w", err)
+	}
+	return waypointctl.New(waypointctl.Config{
+		Kube: k.kube, Gateway: k.gateway, Source: k.src, Leading: k.status.Leading,
+		Image: o.WaypointImage, XDSAddress: net.JoinHostPort(ServiceName+"."+o.SystemNamespace+".svc", port),
+		TrustDomain: o.TrustDomain, RootPEM: func() []byte { return rootPEM }, Log: log.Named("waypoints"),
+	})
 }

@@ -1,0 +1,300 @@
+// Package waypointctl is the Kubernetes-mode waypoint controller, what
+// istiod's does for Gateways of class istio-waypoint: for each such Gateway
+// it applies (server-side, owned by the Gateway so they go with it) a
+// ServiceAccount, a Service (HBONE 15008, status 15021) and a Deployment of
+// ztunnel-go's waypoint, copies the mesh root into the namespace's
+// istio-ca-root-cert ConfigMap the waypoint verifies the control plane
+// with, and writes the Gateway's status: the Service's cluster IP in
+// status.addresses (which the translation reads as the waypoint's address)
+// and the Accepted and Programmed conditions (Programmed once a replica is
+// available).
+//
+// Only the replica holding the control plane's lease reconciles (Leading).
+// A Gateway annotated gateway.istio.io/managed: "false" (or one that names
+// its own address in spec.addresses) is left to its owner, as istiod does.
+// It does not translate anything (internal/controlplane/translate) and
+// reads the cluster through a cluster.Source.
+package waypointctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gatewayac "sigs.k8s.io/gateway-api/applyconfiguration/apis/v1"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+)
+
+// Names and defaults.
+const (
+	// WaypointClass is the GatewayClass of waypoints.
+	WaypointClass = "istio-waypoint"
+	// FieldManager names the controller in managedFields.
+	FieldManager = "ztunnel-go-waypoint"
+	// ManagedAnnotation "false" leaves a Gateway's deployment to its owner.
+	ManagedAnnotation = "gateway.istio.io/managed"
+	// GatewayNameLabel marks the objects of one waypoint (Gateway API's
+	// label, which istiod also sets).
+	GatewayNameLabel = "gateway.networking.k8s.io/gateway-name"
+	// RootConfigMap is the root certificate ConfigMap in each waypoint's
+	// namespace (key root-cert.pem), as istiod publishes it.
+	RootConfigMap = "istio-ca-root-cert"
+	// DefaultResync is how often everything is re-applied even without a
+	// change (a deleted Service comes back).
+	DefaultResync = time.Minute
+)
+
+// Config configures New.
+type Config struct {
+	Kube    kubernetes.Interface
+	Gateway gatewayclient.Interface
+	Source  cluster.Source
+	// Leading reports whether this replica may write (nil: always).
+	Leading func() bool
+	// Image of the waypoint container (registry/waypoint:tag). Required.
+	Image string
+	// PullPolicy of the image ("": IfNotPresent).
+	PullPolicy corev1.PullPolicy
+	// XDSAddress and CAAddress the waypoint connects to (host:port).
+	XDSAddress, CAAddress string
+	// TrustDomain of the waypoint's identity.
+	TrustDomain string
+	// RootPEM returns the mesh root the waypoint verifies the control
+	// plane with (nil: not yet known; the ConfigMap waits).
+	RootPEM func() []byte
+	// Resync: 0 means DefaultResync.
+	Resync time.Duration
+	Log    *zap.Logger
+}
+
+// Controller reconciles waypoint Gateways. Create it with New, then Run.
+type Controller struct {
+	cfg Config
+	log *zap.Logger
+}
+
+// New validates cfg.
+func New(cfg Config) (*Controller, error) {
+	switch {
+	case cfg.Kube == nil || cfg.Gateway == nil:
+		return nil, errors.New("waypointctl: Config.Kube and Config.Gateway are required")
+	case cfg.Source == nil:
+		return nil, errors.New("waypointctl: Config.Source is required")
+	case cfg.Image == "":
+		return nil, errors.New("waypointctl: Config.Image is required")
+	case cfg.XDSAddress == "":
+		return nil, errors.New("waypointctl: Config.XDSAddress is required")
+	}
+	if cfg.CAAddress == "" {
+		cfg.CAAddress = cfg.XDSAddress
+	}
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = "cluster.local"
+	}
+	if cfg.PullPolicy == "" {
+		cfg.PullPolicy = corev1.PullIfNotPresent
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
+	}
+	if cfg.Leading == nil {
+		cfg.Leading = func() bool { return true }
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Controller{cfg: cfg, log: log}, nil
+}
+
+// Run reconciles after every change of the source and every Resync, until
+// ctx is done.
+func (c *Controller) Run(ctx context.Context) error {
+	tick := time.NewTicker(c.cfg.Resync)
+	defer tick.Stop()
+	for {
+		objs, changed := c.cfg.Source.Current()
+		if objs != nil && c.cfg.Leading() {
+			c.Reconcile(ctx, objs)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+// Managed reports whether the controller deploys gw.
+func Managed(gw *gatewayv1.Gateway) bool {
+	return string(gw.Spec.GatewayClassName) == WaypointClass && gw.Annotations[ManagedAnnotation] != "false" && len(gw.Spec.Addresses) == 0
+}
+
+// Reconcile applies every managed waypoint of objs once and returns how
+// many failed (each failure is logged with the Gateway it concerns).
+func (c *Controller) Reconcile(ctx context.Context, objs *cluster.Objects) (failed int) {
+	roots := map[string]bool{}
+	for _, gw := range objs.Gateways {
+		if !Managed(gw) {
+			continue
+		}
+		if !roots[gw.Namespace] {
+			if err := c.applyRoot(ctx, gw.Namespace); err != nil {
+				c.log.Warn("waypoint root ConfigMap not written", zap.String("namespace", gw.Namespace), zap.Error(err))
+			}
+			roots[gw.Namespace] = true
+		}
+		if err := c.apply(ctx, gw); err != nil {
+			failed++
+			c.log.Warn("waypoint not reconciled", zap.String("gateway", gw.Namespace+"/"+gw.Name), zap.Error(err))
+		}
+	}
+	return failed
+}
+
+func (c *Controller) applyRoot(ctx context.Context, ns string) error {
+	if c.cfg.RootPEM == nil {
+		return nil
+	}
+	pem := c.cfg.RootPEM()
+	if len(pem) == 0 {
+		return errors.New("mesh root not known yet")
+	}
+	cm := corev1ac.ConfigMap(RootConfigMap, ns).WithData(map[string]string{"root-cert.pem": string(pem)})
+	_, err := c.cfg.Kube.CoreV1().ConfigMaps(ns).Apply(ctx, cm, apply())
+	return err
+}
+
+func apply() metav1.ApplyOptions { return metav1.ApplyOptions{FieldManager: FieldManager, Force: true} }
+
+// apply is one waypoint: its objects, then its status.
+func (c *Controller) apply(ctx context.Context, gw *gatewayv1.Gateway) error {
+	owner := metav1ac.OwnerReference().WithAPIVersion(gatewayv1.GroupVersion.String()).WithKind("Gateway").
+		WithName(gw.Name).WithUID(gw.UID).WithController(true).WithBlockOwnerDeletion(true)
+	labels := map[string]string{GatewayNameLabel: gw.Name, "istio.io/gateway-name": gw.Name}
+
+	sa := corev1ac.ServiceAccount(gw.Name, gw.Namespace).WithLabels(labels).WithOwnerReferences(owner)
+	if _, err := c.cfg.Kube.CoreV1().ServiceAccounts(gw.Namespace).Apply(ctx, sa, apply()); err != nil {
+		return fmt.Errorf("service account: %w", err)
+	}
+	svc := corev1ac.Service(gw.Name, gw.Namespace).WithLabels(labels).WithOwnerReferences(owner).
+		WithSpec(corev1ac.ServiceSpec().WithSelector(map[string]string{GatewayNameLabel: gw.Name}).WithPorts(
+			corev1ac.ServicePort().WithName("mesh").WithPort(15008).WithAppProtocol("all").WithTargetPort(intstr.FromInt32(15008)),
+			corev1ac.ServicePort().WithName("status-port").WithPort(15021).WithTargetPort(intstr.FromInt32(15021)),
+		))
+	applied, err := c.cfg.Kube.CoreV1().Services(gw.Namespace).Apply(ctx, svc, apply())
+	if err != nil {
+		return fmt.Errorf("service: %w", err)
+	}
+	dep := c.deployment(gw, labels, owner)
+	d, err := c.cfg.Kube.AppsV1().Deployments(gw.Namespace).Apply(ctx, dep, apply())
+	if err != nil {
+		return fmt.Errorf("deployment: %w", err)
+	}
+	return c.writeStatus(ctx, gw, applied, d)
+}
+
+func (c *Controller) deployment(gw *gatewayv1.Gateway, labels map[string]string, owner *metav1ac.OwnerReferenceApplyConfiguration) *appsv1ac.DeploymentApplyConfiguration {
+	fieldEnv := func(name, path string) *corev1ac.EnvVarApplyConfiguration {
+		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(path)))
+	}
+	container := corev1ac.Container().WithName("waypoint").WithImage(c.cfg.Image).WithImagePullPolicy(c.cfg.PullPolicy).
+		WithEnv(
+			corev1ac.EnvVar().WithName("GATEWAY_NAME").WithValue(gw.Name),
+			fieldEnv("POD_NAMESPACE", "metadata.namespace"),
+			fieldEnv("POD_NAME", "metadata.name"),
+			fieldEnv("NODE_NAME", "spec.nodeName"),
+			fieldEnv("INSTANCE_IP", "status.podIP"),
+			fieldEnv("SERVICE_ACCOUNT", "spec.serviceAccountName"),
+			corev1ac.EnvVar().WithName("XDS_ADDRESS").WithValue(c.cfg.XDSAddress),
+			corev1ac.EnvVar().WithName("CA_ADDRESS").WithValue(c.cfg.CAAddress),
+			corev1ac.EnvVar().WithName("TRUST_DOMAIN").WithValue(c.cfg.TrustDomain),
+		).
+		WithPorts(
+			corev1ac.ContainerPort().WithName("mesh").WithContainerPort(15008),
+			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(15020),
+			corev1ac.ContainerPort().WithName("status-port").WithContainerPort(15021),
+		).
+		WithReadinessProbe(corev1ac.Probe().WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz/ready").WithPort(intstr.FromInt32(15021))).
+			WithPeriodSeconds(2)).
+		WithVolumeMounts(
+			corev1ac.VolumeMount().WithName("istio-token").WithMountPath("/var/run/secrets/tokens").WithReadOnly(true),
+			corev1ac.VolumeMount().WithName("istio-ca-root-cert").WithMountPath("/var/run/secrets/istio").WithReadOnly(true),
+		).
+		WithSecurityContext(corev1ac.SecurityContext().WithRunAsNonRoot(true).WithRunAsUser(1337).WithRunAsGroup(1337).
+			WithAllowPrivilegeEscalation(false).WithReadOnlyRootFilesystem(true).
+			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")))
+	pod := corev1ac.PodTemplateSpec().
+		WithLabels(labels).
+		// The waypoint's own traffic is not captured (it is the mesh).
+		WithLabels(map[string]string{"istio.io/dataplane-mode": "none"}).
+		WithSpec(corev1ac.PodSpec().WithServiceAccountName(gw.Name).WithTerminationGracePeriodSeconds(30).
+			WithContainers(container).
+			WithVolumes(
+				corev1ac.Volume().WithName("istio-token").WithProjected(corev1ac.ProjectedVolumeSource().WithSources(
+					corev1ac.VolumeProjection().WithServiceAccountToken(corev1ac.ServiceAccountTokenProjection().
+						WithAudience("istio-ca").WithExpirationSeconds(43200).WithPath("istio-token")))),
+				corev1ac.Volume().WithName("istio-ca-root-cert").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(RootConfigMap)),
+			))
+	return appsv1ac.Deployment(gw.Name, gw.Namespace).WithLabels(labels).WithOwnerReferences(owner).
+		WithSpec(appsv1ac.DeploymentSpec().WithReplicas(1).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{GatewayNameLabel: gw.Name})).
+			WithTemplate(pod))
+}
+
+// writeStatus sets status.addresses to the Service's cluster IP and the
+// Accepted and Programmed conditions.
+func (c *Controller) writeStatus(ctx context.Context, gw *gatewayv1.Gateway, svc *corev1.Service, d *appsv1.Deployment) error {
+	now := metav1.Now()
+	cond := func(t gatewayv1.GatewayConditionType, ok bool, reason gatewayv1.GatewayConditionReason, msg string) *metav1ac.ConditionApplyConfiguration {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		// Keep the transition time while the status holds.
+		at := now
+		for _, old := range gw.Status.Conditions {
+			if old.Type == string(t) && old.Status == s {
+				at = old.LastTransitionTime
+			}
+		}
+		return metav1ac.Condition().WithType(string(t)).WithStatus(s).WithReason(string(reason)).WithMessage(msg).
+			WithObservedGeneration(gw.Generation).WithLastTransitionTime(at)
+	}
+	st := gatewayac.GatewayStatus().WithConditions(cond(gatewayv1.GatewayConditionAccepted, true, gatewayv1.GatewayReasonAccepted, "deployed by ztunnel-go"))
+	ip := svc.Spec.ClusterIP
+	if ip != "" && ip != corev1.ClusterIPNone {
+		st.WithAddresses(gatewayac.GatewayStatusAddress().WithType(gatewayv1.IPAddressType).WithValue(ip))
+	}
+	switch {
+	case ip == "" || ip == corev1.ClusterIPNone:
+		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonAddressNotAssigned, "the waypoint Service has no cluster IP"))
+	case d.Status.AvailableReplicas > 0:
+		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, true, gatewayv1.GatewayReasonProgrammed, fmt.Sprintf("%d waypoint replica(s) available", d.Status.AvailableReplicas)))
+	default:
+		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonPending, "no waypoint replica is available yet"))
+	}
+	_, err := c.cfg.Gateway.GatewayV1().Gateways(gw.Namespace).ApplyStatus(ctx, gatewayac.Gateway(gw.Name, gw.Namespace).WithStatus(st), apply())
+	if apierrors.IsNotFound(err) {
+		return nil // deleted meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	return nil
+}
