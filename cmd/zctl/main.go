@@ -9,6 +9,7 @@
 //	zctl connections [--admin ADDR | -f FILE] [--workload W] [--direction in|out] [-o ...]
 //	zctl log [--admin ADDR] [--level [default:]LEVEL | --reset]
 //	zctl precheck [--cni-conf-dir DIR] [--kubeconfig FILE] [-o table|json|yaml]
+//	zctl waypoint apply|list|status|delete [-n NS] [--enroll-namespace] [--for ...]
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
 // offline and runs the data path's own routing decision (route.Outbound,
@@ -22,10 +23,12 @@
 // sync state (its /debug/syncz), as istioctl proxy-status does; connections
 // a node proxy's open connections (its /connections); log reads or sets a
 // proxy's log level (its /logging); precheck checks that the node (and the
-// cluster) can run ztunnel-go.
+// cluster) can run ztunnel-go; waypoint applies, lists and deletes waypoint
+// Gateways (the control plane deploys them).
 //
 // zctl, zctl -h and zctl <command> -h print usage and contact nothing. It
-// only reads, except log --level and --reset, which change the level.
+// only reads, except log --level and --reset, which change the level, and
+// waypoint apply and delete.
 package main
 
 import (
@@ -64,6 +67,7 @@ var commands = []struct{ name, args, summary string }{
 	{"connections", "[--workload W] [--direction in|out]", "the node proxy's open connections: peers, identities, bytes, age"},
 	{"log", "[--level [default:]LEVEL | --reset]", "read or set the node proxy's log level (one per process)"},
 	{"precheck", "[--cni-conf-dir DIR] [--kubeconfig FILE]", "can this node (and cluster) run ztunnel-go; exit 2 on a FAIL"},
+	{"waypoint", "apply|list|status|delete [-n NS] [--enroll-namespace] [--for service|workload|all]", "manage waypoint Gateways, as istioctl waypoint"},
 }
 
 // subcommands are the commands that parse their own flags.
@@ -72,6 +76,7 @@ var subcommands = map[string]func(args []string, out io.Writer) error{
 	"connections": runConnections,
 	"log":         runLog,
 	"precheck":    runPrecheck,
+	"waypoint":    runWaypoint,
 }
 
 func usage(w io.Writer) {
