@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
@@ -281,5 +282,30 @@ func TestListenAdminLoopbackOnly(t *testing.T) {
 		if !strings.HasPrefix(a.String(), "127.0.0.1:") && !strings.HasPrefix(a.String(), "[::1]:") {
 			t.Errorf("localhost bound %s", a)
 		}
+	}
+}
+
+// TestStatsGzip: /metrics is gzip-compressed when the scraper asks for it
+// (Accept-Encoding: gzip, as Prometheus sends), plain otherwise.
+func TestStatsGzip(t *testing.T) {
+	deps, _ := testDeps(t)
+	h := StatsHandler(deps.Gatherer, zap.NewNop())
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.Header.Set("Accept-Encoding", "gzip")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 200 || rec.Header().Get("Content-Encoding") != "gzip" {
+		t.Fatalf("GET /metrics with Accept-Encoding gzip = %d, Content-Encoding %q", rec.Code, rec.Header().Get("Content-Encoding"))
+	}
+	zr, err := gzip.NewReader(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(zr)
+	if err != nil || !strings.Contains(string(body), "test_things_total 7") {
+		t.Errorf("gunzipped body %.200q, %v", body, err)
+	}
+	if code, body := do(t, h, "GET", "/metrics"); code != 200 || !strings.Contains(body, "test_things_total 7") {
+		t.Errorf("plain GET /metrics = %d %.100q", code, body)
 	}
 }
