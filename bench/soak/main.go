@@ -25,7 +25,7 @@
 //	                            wave, the larger of the two node proxies
 //	soak_goroutines_baseline    both proxies' goroutines before the first wave
 //	soak_goroutines_end         the same after the last wave and a settle
-//	soak_live_heap_growth_kb    Go heap in use after a forced GC, end minus
+//	soak_live_heap_growth_kb    Go heap in use after two forced GCs, end minus
 //	                            baseline, the larger of the two proxies
 //	soak_waves                  waves run
 //	soak_peak_tunnels           tunnels open at once at the highest peak, as

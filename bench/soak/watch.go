@@ -51,7 +51,7 @@ type sample struct {
 type counts struct {
 	goroutines [2]int
 	rssKB      [2]int64
-	// liveKB is the Go heap in use right after a forced GC (HeapAlloc):
+	// liveKB is the Go heap in use right after two forced GCs (HeapAlloc):
 	// what the proxy still references, free of the runtime's retained
 	// memory that makes VmRSS swing from wave to wave.
 	liveKB [2]int64
@@ -190,9 +190,11 @@ func (w *watcher) baseline() (counts, error) {
 	}
 	for i := range 2 {
 		w.base[i] = w.stacks(i)
-		if c.liveKB[i], err = w.liveHeap(i); err != nil {
+		var one int64
+		if one, c.liveKB[i], err = w.liveHeap(i); err != nil {
 			return counts{}, err
 		}
+		logf("node%d proxy: baseline live heap %d KiB after one GC, %d KiB after two", i, one, c.liveKB[i])
 	}
 	if w.cfg.profile != "" {
 		w.profiles("baseline")
@@ -254,15 +256,17 @@ func (w *watcher) settle(base counts, timeout time.Duration) (counts, error) {
 	logf("end: goroutines %d / %d (baseline %d / %d), VmRSS %d / %d KiB (baseline %d / %d), after %v of settling",
 		s.goroutines[0], s.goroutines[1], base.goroutines[0], base.goroutines[1],
 		s.rssKB[0], s.rssKB[1], base.rssKB[0], base.rssKB[1], time.Since(start).Round(time.Second))
-	if w.cfg.profile != "" {
-		w.profiles("end")
-	}
 	end := counts{goroutines: s.goroutines, rssKB: s.rssKB}
 	for i := range 2 {
-		if end.liveKB[i], err = w.liveHeap(i); err != nil {
+		var one int64
+		if one, end.liveKB[i], err = w.liveHeap(i); err != nil {
 			return counts{}, err
 		}
-		logf("node%d proxy: live heap after GC %d KiB at the baseline, %d KiB at the end", i, base.liveKB[i], end.liveKB[i])
+		logf("node%d proxy: live heap %d KiB at the baseline; at the end %d KiB after one GC, %d KiB after two",
+			i, base.liveKB[i], one, end.liveKB[i])
+	}
+	if w.cfg.profile != "" {
+		w.profiles("end")
 	}
 	return end, nil
 }
@@ -336,23 +340,33 @@ func (w *watcher) admin(i int, path string) ([]byte, error) {
 	return body, err
 }
 
-// liveHeap forces a GC in node i's proxy (its heap profile with gc=1) and
-// returns HeapAlloc right after it, in KiB.
-func (w *watcher) liveHeap(i int) (int64, error) {
-	body, err := w.admin(i, "/debug/pprof/heap?gc=1&debug=1")
-	if err != nil {
-		return 0, fmt.Errorf("node%d proxy heap: %w", i, err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("node%d proxy heap: %q: %w", i, line, err)
+// liveHeap forces two GCs in node i's proxy (its heap profile with gc=1,
+// twice: a sync.Pool's items survive the first, in its victim cache) and
+// returns HeapAlloc after the first and after the second, in KiB.
+func (w *watcher) liveHeap(i int) (afterOne, afterTwo int64, err error) {
+	for round := range 2 {
+		body, err := w.admin(i, "/debug/pprof/heap?gc=1&debug=1")
+		if err != nil {
+			return 0, 0, fmt.Errorf("node%d proxy heap: %w", i, err)
+		}
+		n := int64(-1)
+		for _, line := range strings.Split(string(body), "\n") {
+			if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+				if n, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64); err != nil {
+					return 0, 0, fmt.Errorf("node%d proxy heap: %q: %w", i, line, err)
+				}
 			}
-			return n / 1024, nil
+		}
+		if n < 0 {
+			return 0, 0, fmt.Errorf("node%d proxy heap: no HeapAlloc line", i)
+		}
+		if round == 0 {
+			afterOne = n / 1024
+		} else {
+			afterTwo = n / 1024
 		}
 	}
-	return 0, fmt.Errorf("node%d proxy heap: no HeapAlloc line", i)
+	return afterOne, afterTwo, nil
 }
 
 // setLogLevel POSTs /logging?level= to the proxy admin endpoint of node n.
