@@ -107,7 +107,7 @@ func Clean(logf func(string, ...any)) error {
 	removeCreatedHostDirs()
 	if links, _ := filepath.Glob("/var/log/containers/*.log"); len(links) > 0 {
 		for _, l := range links {
-			if dst, err := os.Readlink(l); err == nil && strings.HasPrefix(dst, BaseDir+"/") {
+			if dst, err := os.Readlink(l); err == nil && strings.HasPrefix(dst, podLogsDir+"/") {
 				_ = os.Remove(l)
 			}
 		}

@@ -50,7 +50,7 @@ var (
 	CNIConfDir      = BaseDir + "/cni/net.d"
 	cniIPAMDir      = BaseDir + "/cni/ipam"
 	kubeletDir      = BaseDir + "/kubelet"
-	podLogsDir      = BaseDir + "/pod-logs"
+	podLogsDir      = "/tmp/ztg-node-logs/pods" // kept with logDir
 	pkiDir          = BaseDir + "/pki"
 	logDir          = "/tmp/ztg-node-logs" // kept after teardown; emptied by the next Start
 	etcdDir         = BaseDir + "/etcd"
