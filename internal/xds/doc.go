@@ -1,5 +1,5 @@
 // Package xds is ztunnel-go's delta ADS transport: the node proxy's client and
-// the embedded control plane's server for Istio's workload discovery
+// ztunnel-cp's server for Istio's workload discovery
 // (type.googleapis.com/istio.workload.Address) and L4 authorization
 // (type.googleapis.com/istio.security.Authorization) resources.
 //
