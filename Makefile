@@ -30,8 +30,10 @@ build:
 	$(GO) build -o bin/ ./cmd/...
 
 ## demo: a two-node mesh in network namespaces on this machine, a scripted tour, then teardown (KEEP=1 keeps it).
+# The demo runs from its built binary, not `go run`: with KEEP=1, Ctrl-C
+# reaches it directly and its clean teardown's exit status is make's.
 demo: deps tools build
-	BIN_DIR=$(CURDIR)/bin KEEP=$(KEEP) $(GO) run ./cmd/ztunnel-demo
+	BIN_DIR=$(CURDIR)/bin KEEP=$(KEEP) bin/ztunnel-demo
 
 ## deps: install the OS packages the root tests need (Debian/Ubuntu, as root).
 deps:

@@ -95,6 +95,10 @@ func run(examples, binDir string, keep, verbose bool) int {
 		}
 		fmt.Printf("  ✔ %-42s %s\n", s.name, detail)
 	}
+	if err := d.explain(ctx, binDir); err != nil {
+		failed++
+		fmt.Printf("  ✘ zctl explain: %v\n", err)
+	}
 	fmt.Printf("\n%d of %d scenarios passed in %v\n", len(d.scenarios())-failed, len(d.scenarios()), time.Since(start).Round(100*time.Millisecond))
 	if keep {
 		printKeep(m)
