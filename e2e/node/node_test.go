@@ -114,10 +114,14 @@ func TestNodePodToPodHBONE(t *testing.T) {
 		t.Fatalf("tcpdump: %v", err)
 	}
 	listening := make(chan struct{})
+	var dumpLog strings.Builder // tcpdump's stderr, read only after Wait
+	stderrDone := make(chan struct{})
 	go func() {
+		defer close(stderrDone)
 		sc := bufio.NewScanner(stderr)
 		once := false
 		for sc.Scan() {
+			dumpLog.WriteString(sc.Text() + "\n")
 			if !once && strings.Contains(sc.Text(), "listening on") {
 				close(listening)
 				once = true
@@ -131,6 +135,8 @@ func TestNodePodToPodHBONE(t *testing.T) {
 		t.Fatal("tcpdump did not start listening")
 	}
 
+	// The filter may be attached a moment after tcpdump says it listens.
+	time.Sleep(time.Second)
 	// The node proxy learns the new pods and Service through xDS; retry
 	// until it routes.
 	url := "http://" + svc.Spec.ClusterIP + "/"
@@ -149,8 +155,9 @@ func TestNodePodToPodHBONE(t *testing.T) {
 	if out, err := e.exec(ctx, ns, "cli", "/testapp", "get", "-timeout", "5s", name); err != nil || !strings.Contains(out, "pod=srv") {
 		t.Errorf("GET %s: %v %q", name, err, out)
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(time.Second)
 	_ = dump.Process.Signal(syscall.SIGINT)
+	<-stderrDone
 	_ = dump.Wait()
 
 	data, err := os.ReadFile(pcap)
@@ -181,7 +188,7 @@ func TestNodePodToPodHBONE(t *testing.T) {
 	}
 	if t.Failed() {
 		out, _ := exec.Command("tcpdump", "-r", pcap, "-n").CombinedOutput()
-		t.Logf("capture:\n%s", out)
+		t.Logf("tcpdump -i any %s:\n%s\ncapture:\n%s", filter, dumpLog.String(), out)
 		logs, _ := e.node.Kubectl(ctx, "logs", "-n", systemNS, "-l", "app=ztunnel", "--tail=40")
 		t.Logf("node proxy log:\n%s", logs)
 		logs, _ = e.node.Kubectl(ctx, "logs", "-n", ns, "srv")
