@@ -60,4 +60,4 @@ if ! diff -u "$RENDERED" "$tmp/rendered.yaml"; then
 fi
 
 echo "--- server-side dry-run apply; the binaries on the manifests' arguments" >&2
-ZTG_K8S_BIN=$k8s_bin go test -count=1 -run 'TestDryRunApply|TestManifestMatchesBinaries' ./deploy/
+ZTG_K8S_BIN=$k8s_bin ZTG_HELM_BIN=$helm go test -count=1 -run 'TestDryRunApply|TestManifestMatchesBinaries|TestChart' ./deploy/

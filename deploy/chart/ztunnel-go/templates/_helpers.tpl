@@ -20,3 +20,24 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "ztunnel-go.rootNamespace" -}}
 {{ default .Release.Namespace .Values.rootNamespace }}
 {{- end }}
+
+{{/* DNS capture and the node proxy's DNS proxy: cni.dnsCapture when set,
+else what compatibilityVersion's Istio release did (off before 1.25), else
+on. compatibilityVersion must be a quoted "MAJOR.MINOR": as a YAML number
+1.30 would read as 1.3. */}}
+{{- define "ztunnel-go.dnsCapture" -}}
+{{- $cv := .Values.compatibilityVersion -}}
+{{- if and $cv (not (kindIs "string" $cv)) -}}
+{{- fail (printf "compatibilityVersion %v: quote it (\"1.24\"): a YAML number loses trailing zeros (1.30 reads as 1.3); use --set-string" $cv) -}}
+{{- end -}}
+{{- if and $cv (not (regexMatch "^[0-9]+\\.[0-9]+$" $cv)) -}}
+{{- fail (printf "compatibilityVersion %q: want an Istio release as MAJOR.MINOR, e.g. \"1.24\"" $cv) -}}
+{{- end -}}
+{{- if not (kindIs "invalid" .Values.cni.dnsCapture) -}}
+{{ .Values.cni.dnsCapture }}
+{{- else if $cv -}}
+{{ semverCompare ">=1.25" (printf "%s.0" $cv) }}
+{{- else -}}
+true
+{{- end -}}
+{{- end }}
