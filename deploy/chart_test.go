@@ -67,3 +67,35 @@ func TestChartCompatibilityVersion(t *testing.T) {
 		})
 	}
 }
+
+// TestChartNodeComponentsOnly: controlPlane.enabled=false renders only the
+// node agent and the node proxy (no control plane Deployment, Service,
+// webhook, ServiceAccount or RBAC), pointed at the given control plane
+// (istiod's address by default) and verifying it with the istio-ca-root-cert
+// ConfigMap istiod publishes.
+func TestChartNodeComponentsOnly(t *testing.T) {
+	out, err := helmTemplate(t, "--set", "controlPlane.enabled=false")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	for _, want := range []string{`{name: XDS_ADDRESS, value: "istiod.istio-system.svc:15012"}`, `{name: CA_ADDRESS, value: "istiod.istio-system.svc:15012"}`,
+		"kind: DaemonSet\nmetadata:\n  name: ztunnel\n", "kind: DaemonSet\nmetadata:\n  name: ztunnel-cni\n", "name: istio-ca-root-cert"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("node-only render lacks %q", want)
+		}
+	}
+	for _, unwanted := range []string{"kind: Deployment", "kind: ValidatingWebhookConfiguration", "kind: PodDisruptionBudget", "name: ztunnel-cp\n"} {
+		if strings.Contains(out, unwanted) {
+			t.Errorf("node-only render has %q", unwanted)
+		}
+	}
+	out, err = helmTemplate(t, "--set", "controlPlane.enabled=false", "--set", "ztunnel.xdsAddress=cp.example.net:15012", "--set", "ztunnel.caAddress=ca.example.net:15012")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	for _, want := range []string{`{name: XDS_ADDRESS, value: "cp.example.net:15012"}`, `{name: CA_ADDRESS, value: "ca.example.net:15012"}`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("render with addresses lacks %q", want)
+		}
+	}
+}

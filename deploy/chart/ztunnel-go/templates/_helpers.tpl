@@ -17,6 +17,24 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ printf "ztunnel-cp.%s.svc:15012" .Release.Namespace }}
 {{- end }}
 
+{{/* The node proxy's xDS address: ztunnel.xdsAddress, else this chart's
+control plane, else (node components only) istiod's, as Istio's ztunnel
+chart defaults it. */}}
+{{- define "ztunnel-go.xdsAddress" -}}
+{{- if .Values.ztunnel.xdsAddress -}}
+{{ .Values.ztunnel.xdsAddress }}
+{{- else if .Values.controlPlane.enabled -}}
+{{ include "ztunnel-go.cpAddress" . }}
+{{- else -}}
+istiod.istio-system.svc:15012
+{{- end -}}
+{{- end }}
+
+{{/* The node proxy's CA address: ztunnel.caAddress, else the xDS one. */}}
+{{- define "ztunnel-go.caAddress" -}}
+{{ default (include "ztunnel-go.xdsAddress" .) .Values.ztunnel.caAddress }}
+{{- end }}
+
 {{- define "ztunnel-go.rootNamespace" -}}
 {{ default .Release.Namespace .Values.rootNamespace }}
 {{- end }}
