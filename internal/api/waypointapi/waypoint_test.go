@@ -37,7 +37,8 @@ var contract = apitest.Contract{
 		"Cidr":           {"address": 1, "length": 2},
 		"StringMatch":    {"exact": 1, "prefix": 2, "suffix": 3, "presence": 4},
 		"Route":          {"name": 1, "namespace": 2, "rules": 3},
-		"RouteRule":      {"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5},
+		"RouteRule":      {"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5, "mirrors": 6},
+		"Mirror":         {"backend": 1, "percent": 2},
 		"RouteMatch":     {"path": 1, "headers": 2, "method": 3, "query_params": 4},
 		"PathMatch":      {"type": 1, "value": 2},
 		"HeaderMatch":    {"name": 1, "value": 2, "regex": 3},
@@ -104,6 +105,7 @@ func fullRouteRule() *RouteRule {
 		Backends:               []*Backend{{Hostname: "h", Namespace: "default", Port: 80, Weight: 90}},
 		TimeoutMs:              1000,
 		Retry:                  &Retry{Attempts: 2, PerTryTimeoutMs: 100, Codes: []uint32{503}},
+		Mirrors:                []*Mirror{{Backend: &Backend{Hostname: "m", Namespace: "default", Port: 80, Weight: 1}, Percent: 25}},
 	}
 }
 
