@@ -83,6 +83,11 @@ func TestUpstreamRootsFollowTheFile(t *testing.T) {
 		return u.xds.Roots().Equal(poolB) && u.ca.Roots().Equal(poolB)
 	})
 
+	// Stop the watcher first: a file's content is parsed once, so if the
+	// watcher read the broken bundle first, this Reload would see it as
+	// already refused and report nothing.
+	cancel()
+	wg.Wait()
 	replaceFile(t, path, []byte("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"))
 	if _, err := u.roots.Reload(); err == nil || !strings.Contains(err.Error(), path) {
 		t.Fatalf("Reload of a broken bundle = %v, want a refusal naming the file", err)
