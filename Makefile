@@ -156,7 +156,7 @@ bench-cp-scale:
 bench-dns:
 	$(GO) run ./bench/dns
 
-## bench-mesh: mesh vs direct traffic on a two-node namespace cluster (root; iperf3, fortio).
+## bench-mesh: mesh vs direct traffic on a two-node namespace cluster, beside HAProxy 2.6 as the peer (root; iperf3, fortio, haproxy).
 bench-mesh: deps tools build
 	$(GO) run ./bench/mesh -bin-dir bin -fortio-version $(FORTIO_VERSION)
 
