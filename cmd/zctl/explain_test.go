@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"google.golang.org/protobuf/types/known/anypb"
@@ -249,23 +247,7 @@ func TestExplainFormats(t *testing.T) {
 // TestUsageContactsNothing: zctl, -h and <command> -h print usage, succeed
 // (exit 0) and never dial the admin address.
 func TestUsageContactsNothing(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var dialled atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			dialled.Add(1)
-			c.Close()
-		}
-	}()
-	admin := ln.Addr().String()
+	admin, dialled := countDials(t)
 	for _, args := range [][]string{
 		nil, {"-h"}, {"--help"}, {"help"},
 		{"explain", "-h"}, {"check", "--admin", admin, "-h"}, {"config-dump", "-h", "--admin", admin}, {"explain", "--admin", admin, "demo/a", "-h"},
