@@ -16,14 +16,16 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 )
 
-// Waypoint names, as istioctl waypoint writes them (the control plane's
-// translate.WaypointClass, LabelWaypointFor and LabelUseWaypoint).
+// Waypoint names, as istioctl waypoint writes them: the ones the control
+// plane's translation reads.
 const (
-	waypointClass    = "istio-waypoint"
-	labelWaypointFor = "istio.io/waypoint-for"
-	labelUseWaypoint = "istio.io/use-waypoint"
+	waypointClass    = translate.WaypointClass
+	labelWaypointFor = translate.LabelWaypointFor
+	labelUseWaypoint = translate.LabelUseWaypoint
 )
 
 const waypointAbout = `Manages waypoints as istioctl waypoint does, through the API server:

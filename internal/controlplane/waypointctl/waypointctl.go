@@ -37,12 +37,13 @@ import (
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 )
 
 // Names and defaults.
 const (
-	// WaypointClass is the GatewayClass of waypoints.
-	WaypointClass = "istio-waypoint"
+	// WaypointClass is the GatewayClass of waypoints (the translation's).
+	WaypointClass = translate.WaypointClass
 	// FieldManager names the controller in managedFields.
 	FieldManager = "ztunnel-go-waypoint"
 	// ManagedAnnotation "false" leaves a Gateway's deployment to its owner.
