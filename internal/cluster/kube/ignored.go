@@ -31,16 +31,23 @@ type ignoredWatch struct {
 	informer cache.SharedIndexInformer
 }
 
-// ignoredSet holds the ignored-kind informers started so far.
+// ignoredSet holds the ignored-kind informers started so far (appended by
+// watchIgnored, read by publish).
 type ignoredSet struct {
 	mu      sync.Mutex
 	watches []ignoredWatch
-	started map[schema.GroupKind]bool
+}
+
+// servedKind is an ignored kind the API server serves: its resource and its
+// kind at that version.
+type servedKind struct {
+	gvr schema.GroupVersionResource
+	gvk schema.GroupVersionKind
 }
 
 // discoverIgnored finds which ignored kinds the API server serves, and at
 // which version (the group's preferred one when it serves the kind).
-func (s *Source) discoverIgnored() ([]schema.GroupVersionResource, []schema.GroupVersionKind, error) {
+func (s *Source) discoverIgnored() ([]servedKind, error) {
 	want := map[string][]string{} // group → kinds
 	for _, gk := range cluster.IgnoredKinds() {
 		want[gk.Group] = append(want[gk.Group], gk.Kind)
@@ -48,10 +55,9 @@ func (s *Source) discoverIgnored() ([]schema.GroupVersionResource, []schema.Grou
 	disc := s.cfg.Clients.Kube.Discovery()
 	groups, err := disc.ServerGroups()
 	if err != nil {
-		return nil, nil, fmt.Errorf("kube: discovery of API groups: %w", err)
+		return nil, fmt.Errorf("kube: discovery of API groups: %w", err)
 	}
-	var gvrs []schema.GroupVersionResource
-	var gvks []schema.GroupVersionKind
+	var served []servedKind
 	for _, g := range groups.Groups {
 		kinds := want[g.Name]
 		if len(kinds) == 0 {
@@ -76,19 +82,21 @@ func (s *Source) discoverIgnored() ([]schema.GroupVersionResource, []schema.Grou
 				continue // removed between the two calls
 			}
 			if err != nil {
-				return nil, nil, fmt.Errorf("kube: discovery of %s: %w", v.GroupVersion, err)
+				return nil, fmt.Errorf("kube: discovery of %s: %w", v.GroupVersion, err)
 			}
 			for _, r := range res.APIResources {
 				if !slices.Contains(kinds, r.Kind) || found[r.Kind] || r.Name == "" || strings.Contains(r.Name, "/") { // "/": a subresource
 					continue
 				}
 				found[r.Kind] = true
-				gvrs = append(gvrs, schema.GroupVersionResource{Group: g.Name, Version: v.Version, Resource: r.Name})
-				gvks = append(gvks, schema.GroupVersionKind{Group: g.Name, Version: v.Version, Kind: r.Kind})
+				served = append(served, servedKind{
+					gvr: schema.GroupVersionResource{Group: g.Name, Version: v.Version, Resource: r.Name},
+					gvk: schema.GroupVersionKind{Group: g.Name, Version: v.Version, Kind: r.Kind},
+				})
 			}
 		}
 	}
-	return gvrs, gvks, nil
+	return served, nil
 }
 
 // watchIgnored starts a metadata informer for every ignored kind the API
@@ -110,8 +118,9 @@ func (s *Source) watchIgnored(ctx context.Context) {
 	tick := time.NewTicker(ignoredRediscover)
 	defer tick.Stop()
 	logged := false
+	watching := map[schema.GroupKind]bool{} // this goroutine's own record
 	for {
-		gvrs, gvks, err := s.discoverIgnored()
+		served, err := s.discoverIgnored()
 		if err != nil && !logged {
 			// Reported once; the ticker retries. Until then ignored objects
 			// are not listed (nothing is translated from them either way).
@@ -119,25 +128,19 @@ func (s *Source) watchIgnored(ctx context.Context) {
 			logged = true
 		}
 		started := 0
-		for i, gvr := range gvrs {
-			gk := gvks[i].GroupKind()
-			s.ignored.mu.Lock()
-			done := s.ignored.started[gk]
-			s.ignored.mu.Unlock()
-			if done {
+		for _, k := range served {
+			gk := k.gvk.GroupKind()
+			if watching[gk] {
 				continue
 			}
-			inf := factory.ForResource(gvr).Informer()
+			inf := factory.ForResource(k.gvr).Informer()
 			if _, err := inf.AddEventHandler(handler); err != nil {
 				s.log.Warn("ignored kind not watched", zap.String("kind", gk.String()), zap.Error(err))
 				continue
 			}
+			watching[gk] = true
 			s.ignored.mu.Lock()
-			if s.ignored.started == nil {
-				s.ignored.started = map[schema.GroupKind]bool{}
-			}
-			s.ignored.started[gk] = true
-			s.ignored.watches = append(s.ignored.watches, ignoredWatch{gvk: gvks[i], informer: inf})
+			s.ignored.watches = append(s.ignored.watches, ignoredWatch{gvk: k.gvk, informer: inf})
 			s.ignored.mu.Unlock()
 			started++
 		}
