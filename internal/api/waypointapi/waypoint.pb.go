@@ -136,6 +136,60 @@ func (Action) EnumDescriptor() ([]byte, []int) {
 	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{1}
 }
 
+// LoadBalancer is DestinationRule loadBalancer.simple.
+type LoadBalancer int32
+
+const (
+	// LB_DEFAULT: the waypoint's default (weighted random over healthy endpoints).
+	LoadBalancer_LB_DEFAULT    LoadBalancer = 0
+	LoadBalancer_ROUND_ROBIN   LoadBalancer = 1
+	LoadBalancer_RANDOM        LoadBalancer = 2
+	LoadBalancer_LEAST_REQUEST LoadBalancer = 3
+)
+
+// Enum value maps for LoadBalancer.
+var (
+	LoadBalancer_name = map[int32]string{
+		0: "LB_DEFAULT",
+		1: "ROUND_ROBIN",
+		2: "RANDOM",
+		3: "LEAST_REQUEST",
+	}
+	LoadBalancer_value = map[string]int32{
+		"LB_DEFAULT":    0,
+		"ROUND_ROBIN":   1,
+		"RANDOM":        2,
+		"LEAST_REQUEST": 3,
+	}
+)
+
+func (x LoadBalancer) Enum() *LoadBalancer {
+	p := new(LoadBalancer)
+	*p = x
+	return p
+}
+
+func (x LoadBalancer) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LoadBalancer) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[2].Descriptor()
+}
+
+func (LoadBalancer) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[2]
+}
+
+func (x LoadBalancer) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LoadBalancer.Descriptor instead.
+func (LoadBalancer) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{2}
+}
+
 type PathMatch_Type int32
 
 const (
@@ -169,11 +223,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[2].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[3].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[2]
+	return &file_waypointapi_waypoint_proto_enumTypes[3]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -182,7 +236,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -206,9 +260,12 @@ type Config struct {
 	Workloads []*Workload `protobuf:"bytes,7,rep,name=workloads,proto3" json:"workloads,omitempty"`
 	// policies that apply at this waypoint, in any order (evaluation order is
 	// fixed by action: DENY before ALLOW).
-	Policies      []*Policy `protobuf:"bytes,8,rep,name=policies,proto3" json:"policies,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Policies []*Policy `protobuf:"bytes,8,rep,name=policies,proto3" json:"policies,omitempty"`
+	// authentications are the RequestAuthentications that apply at this
+	// waypoint (JWT validation before authorization).
+	Authentications []*RequestAuthn `protobuf:"bytes,9,rep,name=authentications,proto3" json:"authentications,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Config) Reset() {
@@ -297,6 +354,305 @@ func (x *Config) GetPolicies() []*Policy {
 	return nil
 }
 
+func (x *Config) GetAuthentications() []*RequestAuthn {
+	if x != nil {
+		return x.Authentications
+	}
+	return nil
+}
+
+// RequestAuthn is one RequestAuthentication attached to the waypoint (its
+// targetRefs name the Gateway, the GatewayClass or a Service).
+type RequestAuthn struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// services restricts it to requests for these hostnames, as Policy.services.
+	Services []string   `protobuf:"bytes,3,rep,name=services,proto3" json:"services,omitempty"`
+	Rules    []*JwtRule `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
+	// target says how it attached, for logs.
+	Target        string `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestAuthn) Reset() {
+	*x = RequestAuthn{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestAuthn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestAuthn) ProtoMessage() {}
+
+func (x *RequestAuthn) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestAuthn.ProtoReflect.Descriptor instead.
+func (*RequestAuthn) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RequestAuthn) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RequestAuthn) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RequestAuthn) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *RequestAuthn) GetRules() []*JwtRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *RequestAuthn) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+// JwtRule is one jwtRules entry.
+type JwtRule struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Issuer string                 `protobuf:"bytes,1,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	// audiences: empty accepts any audience.
+	Audiences []string `protobuf:"bytes,2,rep,name=audiences,proto3" json:"audiences,omitempty"`
+	// jwks is the inline JSON Web Key Set.
+	Jwks string `protobuf:"bytes,3,opt,name=jwks,proto3" json:"jwks,omitempty"`
+	// from_headers: empty means Authorization with prefix "Bearer ".
+	FromHeaders          []*JwtHeader     `protobuf:"bytes,4,rep,name=from_headers,json=fromHeaders,proto3" json:"from_headers,omitempty"`
+	FromParams           []string         `protobuf:"bytes,5,rep,name=from_params,json=fromParams,proto3" json:"from_params,omitempty"`
+	ForwardOriginalToken bool             `protobuf:"varint,6,opt,name=forward_original_token,json=forwardOriginalToken,proto3" json:"forward_original_token,omitempty"`
+	OutputClaimToHeaders []*ClaimToHeader `protobuf:"bytes,7,rep,name=output_claim_to_headers,json=outputClaimToHeaders,proto3" json:"output_claim_to_headers,omitempty"`
+	// error is why the control plane could not resolve this rule (jwksUri
+	// only, unparsable jwks); a token from this issuer is then rejected (401).
+	Error         string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JwtRule) Reset() {
+	*x = JwtRule{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JwtRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JwtRule) ProtoMessage() {}
+
+func (x *JwtRule) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JwtRule.ProtoReflect.Descriptor instead.
+func (*JwtRule) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *JwtRule) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
+func (x *JwtRule) GetAudiences() []string {
+	if x != nil {
+		return x.Audiences
+	}
+	return nil
+}
+
+func (x *JwtRule) GetJwks() string {
+	if x != nil {
+		return x.Jwks
+	}
+	return ""
+}
+
+func (x *JwtRule) GetFromHeaders() []*JwtHeader {
+	if x != nil {
+		return x.FromHeaders
+	}
+	return nil
+}
+
+func (x *JwtRule) GetFromParams() []string {
+	if x != nil {
+		return x.FromParams
+	}
+	return nil
+}
+
+func (x *JwtRule) GetForwardOriginalToken() bool {
+	if x != nil {
+		return x.ForwardOriginalToken
+	}
+	return false
+}
+
+func (x *JwtRule) GetOutputClaimToHeaders() []*ClaimToHeader {
+	if x != nil {
+		return x.OutputClaimToHeaders
+	}
+	return nil
+}
+
+func (x *JwtRule) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// JwtHeader is a header a token is read from, with the prefix to strip.
+type JwtHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Prefix        string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JwtHeader) Reset() {
+	*x = JwtHeader{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JwtHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JwtHeader) ProtoMessage() {}
+
+func (x *JwtHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JwtHeader.ProtoReflect.Descriptor instead.
+func (*JwtHeader) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *JwtHeader) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *JwtHeader) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+// ClaimToHeader copies a claim of a valid token into a request header.
+type ClaimToHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        string                 `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Claim         string                 `protobuf:"bytes,2,opt,name=claim,proto3" json:"claim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimToHeader) Reset() {
+	*x = ClaimToHeader{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimToHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimToHeader) ProtoMessage() {}
+
+func (x *ClaimToHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimToHeader.ProtoReflect.Descriptor instead.
+func (*ClaimToHeader) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ClaimToHeader) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *ClaimToHeader) GetClaim() string {
+	if x != nil {
+		return x.Claim
+	}
+	return ""
+}
+
 // Service is one service bound to the waypoint.
 type Service struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -318,7 +674,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[1]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +686,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[1]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +699,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{1}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Service) GetName() string {
@@ -409,7 +765,7 @@ type Port struct {
 
 func (x *Port) Reset() {
 	*x = Port{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[2]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +777,7 @@ func (x *Port) String() string {
 func (*Port) ProtoMessage() {}
 
 func (x *Port) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[2]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +790,7 @@ func (x *Port) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Port.ProtoReflect.Descriptor instead.
 func (*Port) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{2}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Port) GetPort() uint32 {
@@ -471,7 +827,7 @@ type Workload struct {
 
 func (x *Workload) Reset() {
 	*x = Workload{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[3]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +839,7 @@ func (x *Workload) String() string {
 func (*Workload) ProtoMessage() {}
 
 func (x *Workload) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[3]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +852,7 @@ func (x *Workload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workload.ProtoReflect.Descriptor instead.
 func (*Workload) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{3}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Workload) GetUid() string {
@@ -552,7 +908,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[4]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +920,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[4]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +933,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{4}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Policy) GetName() string {
@@ -642,7 +998,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[5]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +1010,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[5]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +1023,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{5}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Rule) GetFrom() []*Source {
@@ -707,13 +1063,16 @@ type Source struct {
 	// trust is configured).
 	RemoteIpBlocks    []*Cidr `protobuf:"bytes,7,rep,name=remote_ip_blocks,json=remoteIpBlocks,proto3" json:"remote_ip_blocks,omitempty"`
 	NotRemoteIpBlocks []*Cidr `protobuf:"bytes,8,rep,name=not_remote_ip_blocks,json=notRemoteIpBlocks,proto3" json:"not_remote_ip_blocks,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// request_principals: "<iss>/<sub>" of a valid JWT (RequestAuthentication).
+	RequestPrincipals    []*StringMatch `protobuf:"bytes,9,rep,name=request_principals,json=requestPrincipals,proto3" json:"request_principals,omitempty"`
+	NotRequestPrincipals []*StringMatch `protobuf:"bytes,10,rep,name=not_request_principals,json=notRequestPrincipals,proto3" json:"not_request_principals,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Source) Reset() {
 	*x = Source{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[6]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +1084,7 @@ func (x *Source) String() string {
 func (*Source) ProtoMessage() {}
 
 func (x *Source) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[6]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +1097,7 @@ func (x *Source) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Source.ProtoReflect.Descriptor instead.
 func (*Source) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{6}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Source) GetPrincipals() []*StringMatch {
@@ -797,6 +1156,20 @@ func (x *Source) GetNotRemoteIpBlocks() []*Cidr {
 	return nil
 }
 
+func (x *Source) GetRequestPrincipals() []*StringMatch {
+	if x != nil {
+		return x.RequestPrincipals
+	}
+	return nil
+}
+
+func (x *Source) GetNotRequestPrincipals() []*StringMatch {
+	if x != nil {
+		return x.NotRequestPrincipals
+	}
+	return nil
+}
+
 // Operation: every populated field must hold. HTTP fields never match a TCP
 // connection (a rule using them does not match plain TCP).
 type Operation struct {
@@ -815,7 +1188,7 @@ type Operation struct {
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[7]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +1200,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[7]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +1213,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{7}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Operation) GetHosts() []*StringMatch {
@@ -913,7 +1286,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[8]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1298,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[8]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1311,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{8}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Condition) GetKey() string {
@@ -973,7 +1346,7 @@ type Cidr struct {
 
 func (x *Cidr) Reset() {
 	*x = Cidr{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[9]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1358,7 @@ func (x *Cidr) String() string {
 func (*Cidr) ProtoMessage() {}
 
 func (x *Cidr) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[9]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1371,7 @@ func (x *Cidr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cidr.ProtoReflect.Descriptor instead.
 func (*Cidr) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{9}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Cidr) GetAddress() []byte {
@@ -1031,7 +1404,7 @@ type StringMatch struct {
 
 func (x *StringMatch) Reset() {
 	*x = StringMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[10]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1416,7 @@ func (x *StringMatch) String() string {
 func (*StringMatch) ProtoMessage() {}
 
 func (x *StringMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[10]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1429,7 @@ func (x *StringMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringMatch.ProtoReflect.Descriptor instead.
 func (*StringMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{10}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StringMatch) GetMatchType() isStringMatch_MatchType {
@@ -1133,17 +1506,19 @@ func (*StringMatch_Presence) isStringMatch_MatchType() {}
 
 // Route is one HTTPRoute attached to the service.
 type Route struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Namespace     string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Rules         []*RouteRule           `protobuf:"bytes,3,rep,name=rules,proto3" json:"rules,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Rules     []*RouteRule           `protobuf:"bytes,3,rep,name=rules,proto3" json:"rules,omitempty"`
+	// kind: "HTTPRoute", "GRPCRoute" or "VirtualService".
+	Kind          string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1530,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1543,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{11}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Route) GetName() string {
@@ -1192,6 +1567,13 @@ func (x *Route) GetRules() []*RouteRule {
 	return nil
 }
 
+func (x *Route) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
 // RouteRule is one HTTPRoute rule.
 type RouteRule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1205,14 +1587,16 @@ type RouteRule struct {
 	Retry     *Retry `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
 	// mirrors get a copy of each request the rule routes (RequestMirror
 	// filters); their responses are discarded.
-	Mirrors       []*Mirror `protobuf:"bytes,6,rep,name=mirrors,proto3" json:"mirrors,omitempty"`
+	Mirrors []*Mirror `protobuf:"bytes,6,rep,name=mirrors,proto3" json:"mirrors,omitempty"`
+	// fault is VirtualService fault injection (nil: none).
+	Fault         *Fault `protobuf:"bytes,7,opt,name=fault,proto3" json:"fault,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteRule) Reset() {
 	*x = RouteRule{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1608,7 @@ func (x *RouteRule) String() string {
 func (*RouteRule) ProtoMessage() {}
 
 func (x *RouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1621,7 @@ func (x *RouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteRule.ProtoReflect.Descriptor instead.
 func (*RouteRule) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{12}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RouteRule) GetMatches() []*RouteMatch {
@@ -1282,6 +1666,84 @@ func (x *RouteRule) GetMirrors() []*Mirror {
 	return nil
 }
 
+func (x *RouteRule) GetFault() *Fault {
+	if x != nil {
+		return x.Fault
+	}
+	return nil
+}
+
+// Fault is a VirtualService http fault: a delay and/or an abort, each for a
+// percentage of requests (0..100).
+type Fault struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	DelayMs      uint32                 `protobuf:"varint,1,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	DelayPercent float64                `protobuf:"fixed64,2,opt,name=delay_percent,json=delayPercent,proto3" json:"delay_percent,omitempty"`
+	// abort_status: the HTTP status answered (0: no abort).
+	AbortStatus   uint32  `protobuf:"varint,3,opt,name=abort_status,json=abortStatus,proto3" json:"abort_status,omitempty"`
+	AbortPercent  float64 `protobuf:"fixed64,4,opt,name=abort_percent,json=abortPercent,proto3" json:"abort_percent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fault) Reset() {
+	*x = Fault{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fault) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fault) ProtoMessage() {}
+
+func (x *Fault) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fault.ProtoReflect.Descriptor instead.
+func (*Fault) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Fault) GetDelayMs() uint32 {
+	if x != nil {
+		return x.DelayMs
+	}
+	return 0
+}
+
+func (x *Fault) GetDelayPercent() float64 {
+	if x != nil {
+		return x.DelayPercent
+	}
+	return 0
+}
+
+func (x *Fault) GetAbortStatus() uint32 {
+	if x != nil {
+		return x.AbortStatus
+	}
+	return 0
+}
+
+func (x *Fault) GetAbortPercent() float64 {
+	if x != nil {
+		return x.AbortPercent
+	}
+	return 0
+}
+
 // Mirror is a RequestMirror filter resolved to a service.
 type Mirror struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1295,7 +1757,7 @@ type Mirror struct {
 
 func (x *Mirror) Reset() {
 	*x = Mirror{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1769,7 @@ func (x *Mirror) String() string {
 func (*Mirror) ProtoMessage() {}
 
 func (x *Mirror) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1782,7 @@ func (x *Mirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mirror.ProtoReflect.Descriptor instead.
 func (*Mirror) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{13}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Mirror) GetBackend() *Backend {
@@ -1351,7 +1813,7 @@ type RouteMatch struct {
 
 func (x *RouteMatch) Reset() {
 	*x = RouteMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1825,7 @@ func (x *RouteMatch) String() string {
 func (*RouteMatch) ProtoMessage() {}
 
 func (x *RouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1838,7 @@ func (x *RouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteMatch.ProtoReflect.Descriptor instead.
 func (*RouteMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{14}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RouteMatch) GetPath() *PathMatch {
@@ -1418,7 +1880,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1892,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1905,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -1473,7 +1935,7 @@ type HeaderMatch struct {
 
 func (x *HeaderMatch) Reset() {
 	*x = HeaderMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1947,7 @@ func (x *HeaderMatch) String() string {
 func (*HeaderMatch) ProtoMessage() {}
 
 func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1960,7 @@ func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderMatch.ProtoReflect.Descriptor instead.
 func (*HeaderMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{16}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HeaderMatch) GetName() string {
@@ -1534,7 +1996,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +2008,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +2021,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{17}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HeaderModifier) GetSet() map[string]string {
@@ -1587,17 +2049,26 @@ func (x *HeaderModifier) GetRemove() []string {
 type Backend struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// hostname of the service (name.namespace.svc.<domain>).
-	Hostname      string `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Port          uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
-	Weight        uint32 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	Hostname  string `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Port      uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	Weight    uint32 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	// subset is a DestinationRule subset name ("" for none); subset_labels
+	// select its endpoints by pod labels.
+	Subset       string            `protobuf:"bytes,5,opt,name=subset,proto3" json:"subset,omitempty"`
+	SubsetLabels map[string]string `protobuf:"bytes,6,rep,name=subset_labels,json=subsetLabels,proto3" json:"subset_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// missing_subset: the subset is referenced but not defined, the request
+	// is answered 503 (as Istio does).
+	MissingSubset bool `protobuf:"varint,7,opt,name=missing_subset,json=missingSubset,proto3" json:"missing_subset,omitempty"`
+	// traffic_policy from the DestinationRule (subset's over the rule's).
+	TrafficPolicy *TrafficPolicy `protobuf:"bytes,8,opt,name=traffic_policy,json=trafficPolicy,proto3" json:"traffic_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
 	*x = Backend{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +2080,7 @@ func (x *Backend) String() string {
 func (*Backend) ProtoMessage() {}
 
 func (x *Backend) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +2093,7 @@ func (x *Backend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backend.ProtoReflect.Descriptor instead.
 func (*Backend) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Backend) GetHostname() string {
@@ -1653,6 +2124,166 @@ func (x *Backend) GetWeight() uint32 {
 	return 0
 }
 
+func (x *Backend) GetSubset() string {
+	if x != nil {
+		return x.Subset
+	}
+	return ""
+}
+
+func (x *Backend) GetSubsetLabels() map[string]string {
+	if x != nil {
+		return x.SubsetLabels
+	}
+	return nil
+}
+
+func (x *Backend) GetMissingSubset() bool {
+	if x != nil {
+		return x.MissingSubset
+	}
+	return false
+}
+
+func (x *Backend) GetTrafficPolicy() *TrafficPolicy {
+	if x != nil {
+		return x.TrafficPolicy
+	}
+	return nil
+}
+
+// TrafficPolicy is the part of a DestinationRule trafficPolicy a waypoint
+// enforces.
+type TrafficPolicy struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	LoadBalancer     LoadBalancer           `protobuf:"varint,1,opt,name=load_balancer,json=loadBalancer,proto3,enum=ztunnelgo.waypoint.LoadBalancer" json:"load_balancer,omitempty"`
+	OutlierDetection *OutlierDetection      `protobuf:"bytes,2,opt,name=outlier_detection,json=outlierDetection,proto3" json:"outlier_detection,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *TrafficPolicy) Reset() {
+	*x = TrafficPolicy{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficPolicy) ProtoMessage() {}
+
+func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficPolicy.ProtoReflect.Descriptor instead.
+func (*TrafficPolicy) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TrafficPolicy) GetLoadBalancer() LoadBalancer {
+	if x != nil {
+		return x.LoadBalancer
+	}
+	return LoadBalancer_LB_DEFAULT
+}
+
+func (x *TrafficPolicy) GetOutlierDetection() *OutlierDetection {
+	if x != nil {
+		return x.OutlierDetection
+	}
+	return nil
+}
+
+// OutlierDetection ejects an endpoint after consecutive errors.
+type OutlierDetection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// consecutive_server_errors is Istio's consecutive5xxErrors.
+	ConsecutiveServerErrors  uint32 `protobuf:"varint,1,opt,name=consecutive_server_errors,json=consecutiveServerErrors,proto3" json:"consecutive_server_errors,omitempty"`
+	ConsecutiveGatewayErrors uint32 `protobuf:"varint,2,opt,name=consecutive_gateway_errors,json=consecutiveGatewayErrors,proto3" json:"consecutive_gateway_errors,omitempty"`
+	IntervalMs               uint32 `protobuf:"varint,3,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	BaseEjectionTimeMs       uint32 `protobuf:"varint,4,opt,name=base_ejection_time_ms,json=baseEjectionTimeMs,proto3" json:"base_ejection_time_ms,omitempty"`
+	MaxEjectionPercent       uint32 `protobuf:"varint,5,opt,name=max_ejection_percent,json=maxEjectionPercent,proto3" json:"max_ejection_percent,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
+}
+
+func (x *OutlierDetection) Reset() {
+	*x = OutlierDetection{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutlierDetection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutlierDetection) ProtoMessage() {}
+
+func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
+func (*OutlierDetection) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
+	if x != nil {
+		return x.ConsecutiveServerErrors
+	}
+	return 0
+}
+
+func (x *OutlierDetection) GetConsecutiveGatewayErrors() uint32 {
+	if x != nil {
+		return x.ConsecutiveGatewayErrors
+	}
+	return 0
+}
+
+func (x *OutlierDetection) GetIntervalMs() uint32 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+func (x *OutlierDetection) GetBaseEjectionTimeMs() uint32 {
+	if x != nil {
+		return x.BaseEjectionTimeMs
+	}
+	return 0
+}
+
+func (x *OutlierDetection) GetMaxEjectionPercent() uint32 {
+	if x != nil {
+		return x.MaxEjectionPercent
+	}
+	return 0
+}
+
 // Retry is the HTTPRoute retry (Gateway API experimental / Istio's default).
 type Retry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1668,7 +2299,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1680,7 +2311,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1693,7 +2324,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -1721,7 +2352,7 @@ var File_waypointapi_waypoint_proto protoreflect.FileDescriptor
 
 const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\n" +
-	"\x1awaypointapi/waypoint.proto\x12\x12ztunnelgo.waypoint\"\xc4\x02\n" +
+	"\x1awaypointapi/waypoint.proto\x12\x12ztunnelgo.waypoint\"\x90\x03\n" +
 	"\x06Config\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -1730,7 +2361,30 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\ftraffic_type\x18\x05 \x01(\tR\vtrafficType\x127\n" +
 	"\bservices\x18\x06 \x03(\v2\x1b.ztunnelgo.waypoint.ServiceR\bservices\x12:\n" +
 	"\tworkloads\x18\a \x03(\v2\x1c.ztunnelgo.waypoint.WorkloadR\tworkloads\x126\n" +
-	"\bpolicies\x18\b \x03(\v2\x1a.ztunnelgo.waypoint.PolicyR\bpolicies\"\xec\x01\n" +
+	"\bpolicies\x18\b \x03(\v2\x1a.ztunnelgo.waypoint.PolicyR\bpolicies\x12J\n" +
+	"\x0fauthentications\x18\t \x03(\v2 .ztunnelgo.waypoint.RequestAuthnR\x0fauthentications\"\xa7\x01\n" +
+	"\fRequestAuthn\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
+	"\bservices\x18\x03 \x03(\tR\bservices\x121\n" +
+	"\x05rules\x18\x04 \x03(\v2\x1b.ztunnelgo.waypoint.JwtRuleR\x05rules\x12\x16\n" +
+	"\x06target\x18\x05 \x01(\tR\x06target\"\xdc\x02\n" +
+	"\aJwtRule\x12\x16\n" +
+	"\x06issuer\x18\x01 \x01(\tR\x06issuer\x12\x1c\n" +
+	"\taudiences\x18\x02 \x03(\tR\taudiences\x12\x12\n" +
+	"\x04jwks\x18\x03 \x01(\tR\x04jwks\x12@\n" +
+	"\ffrom_headers\x18\x04 \x03(\v2\x1d.ztunnelgo.waypoint.JwtHeaderR\vfromHeaders\x12\x1f\n" +
+	"\vfrom_params\x18\x05 \x03(\tR\n" +
+	"fromParams\x124\n" +
+	"\x16forward_original_token\x18\x06 \x01(\bR\x14forwardOriginalToken\x12X\n" +
+	"\x17output_claim_to_headers\x18\a \x03(\v2!.ztunnelgo.waypoint.ClaimToHeaderR\x14outputClaimToHeaders\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\"7\n" +
+	"\tJwtHeader\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06prefix\x18\x02 \x01(\tR\x06prefix\"=\n" +
+	"\rClaimToHeader\x12\x16\n" +
+	"\x06header\x18\x01 \x01(\tR\x06header\x12\x14\n" +
+	"\x05claim\x18\x02 \x01(\tR\x05claim\"\xec\x01\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -1759,7 +2413,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x04Rule\x12.\n" +
 	"\x04from\x18\x01 \x03(\v2\x1a.ztunnelgo.waypoint.SourceR\x04from\x12-\n" +
 	"\x02to\x18\x02 \x03(\v2\x1d.ztunnelgo.waypoint.OperationR\x02to\x121\n" +
-	"\x04when\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.ConditionR\x04when\"\x9e\x04\n" +
+	"\x04when\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.ConditionR\x04when\"\xc5\x05\n" +
 	"\x06Source\x12?\n" +
 	"\n" +
 	"principals\x18\x01 \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\n" +
@@ -1772,7 +2426,10 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\tip_blocks\x18\x05 \x03(\v2\x18.ztunnelgo.waypoint.CidrR\bipBlocks\x12<\n" +
 	"\rnot_ip_blocks\x18\x06 \x03(\v2\x18.ztunnelgo.waypoint.CidrR\vnotIpBlocks\x12B\n" +
 	"\x10remote_ip_blocks\x18\a \x03(\v2\x18.ztunnelgo.waypoint.CidrR\x0eremoteIpBlocks\x12I\n" +
-	"\x14not_remote_ip_blocks\x18\b \x03(\v2\x18.ztunnelgo.waypoint.CidrR\x11notRemoteIpBlocks\"\xa5\x03\n" +
+	"\x14not_remote_ip_blocks\x18\b \x03(\v2\x18.ztunnelgo.waypoint.CidrR\x11notRemoteIpBlocks\x12N\n" +
+	"\x12request_principals\x18\t \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x11requestPrincipals\x12U\n" +
+	"\x16not_request_principals\x18\n" +
+	" \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x14notRequestPrincipals\"\xa5\x03\n" +
 	"\tOperation\x125\n" +
 	"\x05hosts\x18\x01 \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x05hosts\x12<\n" +
 	"\tnot_hosts\x18\x02 \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\bnotHosts\x12\x14\n" +
@@ -1797,11 +2454,12 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x06suffix\x18\x03 \x01(\tH\x00R\x06suffix\x12\x1c\n" +
 	"\bpresence\x18\x04 \x01(\bH\x00R\bpresenceB\f\n" +
 	"\n" +
-	"match_type\"n\n" +
+	"match_type\"\x82\x01\n" +
 	"\x05Route\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x123\n" +
-	"\x05rules\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.RouteRuleR\x05rules\"\xe2\x02\n" +
+	"\x05rules\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.RouteRuleR\x05rules\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\"\x93\x03\n" +
 	"\tRouteRule\x128\n" +
 	"\amatches\x18\x01 \x03(\v2\x1e.ztunnelgo.waypoint.RouteMatchR\amatches\x12\\\n" +
 	"\x18request_header_modifiers\x18\x02 \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x16requestHeaderModifiers\x127\n" +
@@ -1809,7 +2467,13 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x12/\n" +
 	"\x05retry\x18\x05 \x01(\v2\x19.ztunnelgo.waypoint.RetryR\x05retry\x124\n" +
-	"\amirrors\x18\x06 \x03(\v2\x1a.ztunnelgo.waypoint.MirrorR\amirrors\"Y\n" +
+	"\amirrors\x18\x06 \x03(\v2\x1a.ztunnelgo.waypoint.MirrorR\amirrors\x12/\n" +
+	"\x05fault\x18\a \x01(\v2\x19.ztunnelgo.waypoint.FaultR\x05fault\"\x8f\x01\n" +
+	"\x05Fault\x12\x19\n" +
+	"\bdelay_ms\x18\x01 \x01(\rR\adelayMs\x12#\n" +
+	"\rdelay_percent\x18\x02 \x01(\x01R\fdelayPercent\x12!\n" +
+	"\fabort_status\x18\x03 \x01(\rR\vabortStatus\x12#\n" +
+	"\rabort_percent\x18\x04 \x01(\x01R\fabortPercent\"Y\n" +
 	"\x06Mirror\x125\n" +
 	"\abackend\x18\x01 \x01(\v2\x1b.ztunnelgo.waypoint.BackendR\abackend\x12\x18\n" +
 	"\apercent\x18\x02 \x01(\rR\apercent\"\xd6\x01\n" +
@@ -1839,12 +2503,29 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bAddEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8d\x03\n" +
 	"\aBackend\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\rR\x04port\x12\x16\n" +
-	"\x06weight\x18\x04 \x01(\rR\x06weight\"f\n" +
+	"\x06weight\x18\x04 \x01(\rR\x06weight\x12\x16\n" +
+	"\x06subset\x18\x05 \x01(\tR\x06subset\x12R\n" +
+	"\rsubset_labels\x18\x06 \x03(\v2-.ztunnelgo.waypoint.Backend.SubsetLabelsEntryR\fsubsetLabels\x12%\n" +
+	"\x0emissing_subset\x18\a \x01(\bR\rmissingSubset\x12H\n" +
+	"\x0etraffic_policy\x18\b \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\rtrafficPolicy\x1a?\n" +
+	"\x11SubsetLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
+	"\rTrafficPolicy\x12E\n" +
+	"\rload_balancer\x18\x01 \x01(\x0e2 .ztunnelgo.waypoint.LoadBalancerR\floadBalancer\x12Q\n" +
+	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\"\x92\x02\n" +
+	"\x10OutlierDetection\x12:\n" +
+	"\x19consecutive_server_errors\x18\x01 \x01(\rR\x17consecutiveServerErrors\x12<\n" +
+	"\x1aconsecutive_gateway_errors\x18\x02 \x01(\rR\x18consecutiveGatewayErrors\x12\x1f\n" +
+	"\vinterval_ms\x18\x03 \x01(\rR\n" +
+	"intervalMs\x121\n" +
+	"\x15base_ejection_time_ms\x18\x04 \x01(\rR\x12baseEjectionTimeMs\x120\n" +
+	"\x14max_ejection_percent\x18\x05 \x01(\rR\x12maxEjectionPercent\"f\n" +
 	"\x05Retry\x12\x1a\n" +
 	"\battempts\x18\x01 \x01(\rR\battempts\x12+\n" +
 	"\x12per_try_timeout_ms\x18\x02 \x01(\rR\x0fperTryTimeoutMs\x12\x14\n" +
@@ -1856,7 +2537,14 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x06Action\x12\t\n" +
 	"\x05ALLOW\x10\x00\x12\b\n" +
 	"\x04DENY\x10\x01\x12\t\n" +
-	"\x05AUDIT\x10\x02BGZEgithub.com/ztunnel-go/ztunnel-go/internal/api/waypointapi;waypointapib\x06proto3"
+	"\x05AUDIT\x10\x02*N\n" +
+	"\fLoadBalancer\x12\x0e\n" +
+	"\n" +
+	"LB_DEFAULT\x10\x00\x12\x0f\n" +
+	"\vROUND_ROBIN\x10\x01\x12\n" +
+	"\n" +
+	"\x06RANDOM\x10\x02\x12\x11\n" +
+	"\rLEAST_REQUEST\x10\x03BGZEgithub.com/ztunnel-go/ztunnel-go/internal/api/waypointapi;waypointapib\x06proto3"
 
 var (
 	file_waypointapi_waypoint_proto_rawDescOnce sync.Once
@@ -1870,81 +2558,101 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 	return file_waypointapi_waypoint_proto_rawDescData
 }
 
-var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_waypointapi_waypoint_proto_goTypes = []any{
-	(Protocol)(0),          // 0: ztunnelgo.waypoint.Protocol
-	(Action)(0),            // 1: ztunnelgo.waypoint.Action
-	(PathMatch_Type)(0),    // 2: ztunnelgo.waypoint.PathMatch.Type
-	(*Config)(nil),         // 3: ztunnelgo.waypoint.Config
-	(*Service)(nil),        // 4: ztunnelgo.waypoint.Service
-	(*Port)(nil),           // 5: ztunnelgo.waypoint.Port
-	(*Workload)(nil),       // 6: ztunnelgo.waypoint.Workload
-	(*Policy)(nil),         // 7: ztunnelgo.waypoint.Policy
-	(*Rule)(nil),           // 8: ztunnelgo.waypoint.Rule
-	(*Source)(nil),         // 9: ztunnelgo.waypoint.Source
-	(*Operation)(nil),      // 10: ztunnelgo.waypoint.Operation
-	(*Condition)(nil),      // 11: ztunnelgo.waypoint.Condition
-	(*Cidr)(nil),           // 12: ztunnelgo.waypoint.Cidr
-	(*StringMatch)(nil),    // 13: ztunnelgo.waypoint.StringMatch
-	(*Route)(nil),          // 14: ztunnelgo.waypoint.Route
-	(*RouteRule)(nil),      // 15: ztunnelgo.waypoint.RouteRule
-	(*Mirror)(nil),         // 16: ztunnelgo.waypoint.Mirror
-	(*RouteMatch)(nil),     // 17: ztunnelgo.waypoint.RouteMatch
-	(*PathMatch)(nil),      // 18: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),    // 19: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil), // 20: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),        // 21: ztunnelgo.waypoint.Backend
-	(*Retry)(nil),          // 22: ztunnelgo.waypoint.Retry
-	nil,                    // 23: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                    // 24: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	(Protocol)(0),            // 0: ztunnelgo.waypoint.Protocol
+	(Action)(0),              // 1: ztunnelgo.waypoint.Action
+	(LoadBalancer)(0),        // 2: ztunnelgo.waypoint.LoadBalancer
+	(PathMatch_Type)(0),      // 3: ztunnelgo.waypoint.PathMatch.Type
+	(*Config)(nil),           // 4: ztunnelgo.waypoint.Config
+	(*RequestAuthn)(nil),     // 5: ztunnelgo.waypoint.RequestAuthn
+	(*JwtRule)(nil),          // 6: ztunnelgo.waypoint.JwtRule
+	(*JwtHeader)(nil),        // 7: ztunnelgo.waypoint.JwtHeader
+	(*ClaimToHeader)(nil),    // 8: ztunnelgo.waypoint.ClaimToHeader
+	(*Service)(nil),          // 9: ztunnelgo.waypoint.Service
+	(*Port)(nil),             // 10: ztunnelgo.waypoint.Port
+	(*Workload)(nil),         // 11: ztunnelgo.waypoint.Workload
+	(*Policy)(nil),           // 12: ztunnelgo.waypoint.Policy
+	(*Rule)(nil),             // 13: ztunnelgo.waypoint.Rule
+	(*Source)(nil),           // 14: ztunnelgo.waypoint.Source
+	(*Operation)(nil),        // 15: ztunnelgo.waypoint.Operation
+	(*Condition)(nil),        // 16: ztunnelgo.waypoint.Condition
+	(*Cidr)(nil),             // 17: ztunnelgo.waypoint.Cidr
+	(*StringMatch)(nil),      // 18: ztunnelgo.waypoint.StringMatch
+	(*Route)(nil),            // 19: ztunnelgo.waypoint.Route
+	(*RouteRule)(nil),        // 20: ztunnelgo.waypoint.RouteRule
+	(*Fault)(nil),            // 21: ztunnelgo.waypoint.Fault
+	(*Mirror)(nil),           // 22: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),       // 23: ztunnelgo.waypoint.RouteMatch
+	(*PathMatch)(nil),        // 24: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),      // 25: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),   // 26: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),          // 27: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),    // 28: ztunnelgo.waypoint.TrafficPolicy
+	(*OutlierDetection)(nil), // 29: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),            // 30: ztunnelgo.waypoint.Retry
+	nil,                      // 31: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                      // 32: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                      // 33: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
-	4,  // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
-	6,  // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
-	7,  // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
-	5,  // 3: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
-	14, // 4: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
-	0,  // 5: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
-	1,  // 6: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	8,  // 7: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	9,  // 8: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	10, // 9: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	11, // 10: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	13, // 11: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 12: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 13: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 14: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	12, // 15: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	12, // 16: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	12, // 17: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	12, // 18: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	13, // 19: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 20: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 21: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 22: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 23: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 24: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 25: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	13, // 26: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	15, // 27: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	17, // 28: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	20, // 29: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	21, // 30: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	22, // 31: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	16, // 32: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	21, // 33: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	18, // 34: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	19, // 35: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	19, // 36: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	2,  // 37: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	23, // 38: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	24, // 39: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	40, // [40:40] is the sub-list for method output_type
-	40, // [40:40] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	9,  // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
+	11, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
+	12, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
+	5,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
+	6,  // 4: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
+	7,  // 5: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
+	8,  // 6: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
+	10, // 7: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
+	19, // 8: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
+	0,  // 9: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
+	1,  // 10: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
+	13, // 11: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	14, // 12: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	15, // 13: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	16, // 14: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	18, // 15: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 16: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 17: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 18: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	17, // 19: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	17, // 20: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	17, // 21: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	17, // 22: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	18, // 23: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 24: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 25: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 26: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 27: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 28: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 29: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 30: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 31: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	18, // 32: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 33: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	23, // 34: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	26, // 35: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	27, // 36: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	30, // 37: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	22, // 38: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	21, // 39: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	27, // 40: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	24, // 41: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	25, // 42: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	25, // 43: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	3,  // 44: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	31, // 45: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	32, // 46: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	33, // 47: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	28, // 48: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	2,  // 49: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	29, // 50: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	51, // [51:51] is the sub-list for method output_type
+	51, // [51:51] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -1952,7 +2660,7 @@ func file_waypointapi_waypoint_proto_init() {
 	if File_waypointapi_waypoint_proto != nil {
 		return
 	}
-	file_waypointapi_waypoint_proto_msgTypes[10].OneofWrappers = []any{
+	file_waypointapi_waypoint_proto_msgTypes[14].OneofWrappers = []any{
 		(*StringMatch_Exact)(nil),
 		(*StringMatch_Prefix)(nil),
 		(*StringMatch_Suffix)(nil),
@@ -1963,8 +2671,8 @@ func file_waypointapi_waypoint_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   22,
+			NumEnums:      4,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -16,11 +16,18 @@ var contract = apitest.Contract{
 	Messages: map[string]map[string]protoreflect.FieldNumber{
 		"Config": {
 			"name": 1, "namespace": 2, "identity": 3, "addresses": 4, "traffic_type": 5,
-			"services": 6, "workloads": 7, "policies": 8,
+			"services": 6, "workloads": 7, "policies": 8, "authentications": 9,
 		},
-		"Service":  {"name": 1, "namespace": 2, "hostname": 3, "addresses": 4, "ports": 5, "routes": 6, "kind": 7},
-		"Port":     {"port": 1, "name": 2, "protocol": 3},
-		"Workload": {"uid": 1, "name": 2, "namespace": 3, "addresses": 4},
+		"RequestAuthn": {"name": 1, "namespace": 2, "services": 3, "rules": 4, "target": 5},
+		"JwtRule": {
+			"issuer": 1, "audiences": 2, "jwks": 3, "from_headers": 4, "from_params": 5,
+			"forward_original_token": 6, "output_claim_to_headers": 7, "error": 8,
+		},
+		"JwtHeader":     {"name": 1, "prefix": 2},
+		"ClaimToHeader": {"header": 1, "claim": 2},
+		"Service":       {"name": 1, "namespace": 2, "hostname": 3, "addresses": 4, "ports": 5, "routes": 6, "kind": 7},
+		"Port":          {"port": 1, "name": 2, "protocol": 3},
+		"Workload":      {"uid": 1, "name": 2, "namespace": 3, "addresses": 4},
 		"Policy": {
 			"name": 1, "namespace": 2, "action": 3, "dry_run": 4, "rules": 5, "services": 6, "target": 7,
 		},
@@ -28,6 +35,7 @@ var contract = apitest.Contract{
 		"Source": {
 			"principals": 1, "not_principals": 2, "namespaces": 3, "not_namespaces": 4,
 			"ip_blocks": 5, "not_ip_blocks": 6, "remote_ip_blocks": 7, "not_remote_ip_blocks": 8,
+			"request_principals": 9, "not_request_principals": 10,
 		},
 		"Operation": {
 			"hosts": 1, "not_hosts": 2, "ports": 3, "not_ports": 4,
@@ -36,20 +44,30 @@ var contract = apitest.Contract{
 		"Condition":      {"key": 1, "values": 2, "not_values": 3},
 		"Cidr":           {"address": 1, "length": 2},
 		"StringMatch":    {"exact": 1, "prefix": 2, "suffix": 3, "presence": 4},
-		"Route":          {"name": 1, "namespace": 2, "rules": 3},
-		"RouteRule":      {"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5, "mirrors": 6},
+		"Route":          {"name": 1, "namespace": 2, "rules": 3, "kind": 4},
+		"RouteRule":      {"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5, "mirrors": 6, "fault": 7},
+		"Fault":          {"delay_ms": 1, "delay_percent": 2, "abort_status": 3, "abort_percent": 4},
 		"Mirror":         {"backend": 1, "percent": 2},
 		"RouteMatch":     {"path": 1, "headers": 2, "method": 3, "query_params": 4},
 		"PathMatch":      {"type": 1, "value": 2},
 		"HeaderMatch":    {"name": 1, "value": 2, "regex": 3},
 		"HeaderModifier": {"set": 1, "add": 2, "remove": 3},
-		"Backend":        {"hostname": 1, "namespace": 2, "port": 3, "weight": 4},
-		"Retry":          {"attempts": 1, "per_try_timeout_ms": 2, "codes": 3},
+		"Backend": {
+			"hostname": 1, "namespace": 2, "port": 3, "weight": 4, "subset": 5, "subset_labels": 6,
+			"missing_subset": 7, "traffic_policy": 8,
+		},
+		"TrafficPolicy": {"load_balancer": 1, "outlier_detection": 2},
+		"OutlierDetection": {
+			"consecutive_server_errors": 1, "consecutive_gateway_errors": 2, "interval_ms": 3,
+			"base_ejection_time_ms": 4, "max_ejection_percent": 5,
+		},
+		"Retry": {"attempts": 1, "per_try_timeout_ms": 2, "codes": 3},
 	},
 	Enums: map[string]map[string]protoreflect.EnumNumber{
 		"Protocol":       {"TCP": 0, "HTTP": 1, "HTTP2": 2},
 		"Action":         {"ALLOW": 0, "DENY": 1, "AUDIT": 2},
 		"PathMatch.Type": {"PATH_PREFIX": 0, "EXACT": 1, "REGULAR_EXPRESSION": 2},
+		"LoadBalancer":   {"LB_DEFAULT": 0, "ROUND_ROBIN": 1, "RANDOM": 2, "LEAST_REQUEST": 3},
 	},
 }
 
@@ -67,12 +85,21 @@ func fullConfig() *Config {
 		Services: []*Service{{
 			Name: "reviews", Namespace: "default", Hostname: "reviews.default.svc.cluster.local", Kind: "Service",
 			Addresses: [][]byte{ip}, Ports: []*Port{{Port: 80, Name: "http", Protocol: Protocol_HTTP}},
-			Routes: []*Route{{Name: "r", Namespace: "default", Rules: []*RouteRule{fullRouteRule()}}},
+			Routes: []*Route{{Name: "r", Namespace: "default", Kind: "HTTPRoute", Rules: []*RouteRule{fullRouteRule()}}},
 		}},
 		Workloads: []*Workload{{Uid: "u", Name: "n", Namespace: "default", Addresses: [][]byte{ip}}},
 		Policies: []*Policy{{
 			Name: "p", Namespace: "default", Action: Action_AUDIT, DryRun: true, Services: []string{"h"},
 			Target: "Gateway default/waypoint", Rules: []*Rule{fullRule()},
+		}},
+		Authentications: []*RequestAuthn{{
+			Name: "jwt", Namespace: "default", Services: []string{"h"}, Target: "Service default/reviews",
+			Rules: []*JwtRule{{
+				Issuer: "iss", Audiences: []string{"aud"}, Jwks: `{"keys":[]}`,
+				FromHeaders: []*JwtHeader{{Name: "x-jwt", Prefix: "Bearer "}}, FromParams: []string{"token"},
+				ForwardOriginalToken: true, OutputClaimToHeaders: []*ClaimToHeader{{Header: "x-sub", Claim: "sub"}},
+				Error: "jwksUri is not fetched",
+			}},
 		}},
 	}
 }
@@ -84,6 +111,7 @@ func fullRule() *Rule {
 			Principals: []*StringMatch{sm("a")}, NotPrincipals: []*StringMatch{sm("b")},
 			Namespaces: []*StringMatch{sm("c")}, NotNamespaces: []*StringMatch{sm("d")},
 			IpBlocks: cidr, NotIpBlocks: cidr, RemoteIpBlocks: cidr, NotRemoteIpBlocks: cidr,
+			RequestPrincipals: []*StringMatch{sm("iss/sub")}, NotRequestPrincipals: []*StringMatch{sm("iss/bad")},
 		}},
 		To: []*Operation{{
 			Hosts: []*StringMatch{sm("h")}, NotHosts: []*StringMatch{sm("i")}, Ports: []uint32{80}, NotPorts: []uint32{81},
@@ -102,10 +130,20 @@ func fullRouteRule() *RouteRule {
 			QueryParams: []*HeaderMatch{{Name: "q", Value: "1"}},
 		}},
 		RequestHeaderModifiers: []*HeaderModifier{{Set: map[string]string{"a": "1"}, Add: map[string]string{"b": "2"}, Remove: []string{"c"}}},
-		Backends:               []*Backend{{Hostname: "h", Namespace: "default", Port: 80, Weight: 90}},
-		TimeoutMs:              1000,
-		Retry:                  &Retry{Attempts: 2, PerTryTimeoutMs: 100, Codes: []uint32{503}},
-		Mirrors:                []*Mirror{{Backend: &Backend{Hostname: "m", Namespace: "default", Port: 80, Weight: 1}, Percent: 25}},
+		Backends: []*Backend{{
+			Hostname: "h", Namespace: "default", Port: 80, Weight: 90, Subset: "v1",
+			SubsetLabels: map[string]string{"version": "v1"}, MissingSubset: true,
+			TrafficPolicy: &TrafficPolicy{
+				LoadBalancer: LoadBalancer_LEAST_REQUEST,
+				OutlierDetection: &OutlierDetection{
+					ConsecutiveServerErrors: 5, ConsecutiveGatewayErrors: 3, IntervalMs: 1000, BaseEjectionTimeMs: 30000, MaxEjectionPercent: 50,
+				},
+			},
+		}},
+		TimeoutMs: 1000,
+		Retry:     &Retry{Attempts: 2, PerTryTimeoutMs: 100, Codes: []uint32{503}},
+		Mirrors:   []*Mirror{{Backend: &Backend{Hostname: "m", Namespace: "default", Port: 80, Weight: 1}, Percent: 25}},
+		Fault:     &Fault{DelayMs: 100, DelayPercent: 10, AbortStatus: 503, AbortPercent: 5.5},
 	}
 }
 
