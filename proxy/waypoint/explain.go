@@ -1,0 +1,78 @@
+package waypoint
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+)
+
+// What zctl explain needs to run this waypoint's own decisions on a
+// dumped Config (the waypoint's /config_dump compiled with Compile): the
+// binding check ServeHBONE makes and the authorization every request runs.
+
+// Binding is what the waypoint accepts a CONNECT to an address as.
+type Binding struct {
+	// Service is "namespace/name" and Hostname the hostname of the bound
+	// service; both empty when a bound workload was addressed.
+	Service, Hostname string
+	// Protocol is the service port's protocol (TCP for a workload): HTTP
+	// and HTTP2 are served as HTTP, TCP gets L4 policy only.
+	Protocol waypointapi.Protocol
+}
+
+// Bind reports how the waypoint treats a CONNECT to dst, as ServeHBONE
+// does: a bound service's port, a bound workload, or an error saying why it
+// is refused (not bound: the waypoint is never an open relay).
+func (c *Config) Bind(dst netip.AddrPort) (Binding, error) {
+	ip := dst.Addr().Unmap()
+	if svc := c.services[ip]; svc != nil {
+		p, ok := svc.ports[dst.Port()]
+		if !ok {
+			return Binding{}, fmt.Errorf("port %d is not a port of service %s", dst.Port(), svc.hostname)
+		}
+		return Binding{Service: svc.namespace + "/" + svc.name, Hostname: svc.hostname, Protocol: p}, nil
+	}
+	if c.workloads[ip] != nil {
+		return Binding{Protocol: waypointapi.Protocol_TCP}, nil
+	}
+	return Binding{}, fmt.Errorf("%s is not bound to this waypoint", dst)
+}
+
+// Authorize runs the waypoint's authorization on a: the very function the
+// data path runs for each request and TCP tunnel.
+func (c *Config) Authorize(a *Attrs) Verdict { return authorize(c.policies, a) }
+
+// PolicyInfo is one policy that selects requests for a service here.
+type PolicyInfo struct {
+	Key    string // ns/name
+	Action waypointapi.Action
+	DryRun bool
+	// HTTP is true when a rule reads request fields (host, method, path,
+	// request headers): its match then depends on the request, not only on
+	// the connection.
+	HTTP bool
+}
+
+// PoliciesFor lists, in evaluation order, the policies that select
+// requests for hostname ("" for a workload) at this waypoint.
+func (c *Config) PoliciesFor(hostname string) []PolicyInfo {
+	var out []PolicyInfo
+	for _, p := range c.policies {
+		if !p.applies(hostname) {
+			continue
+		}
+		info := PolicyInfo{Key: p.key, Action: p.action, DryRun: p.dryRun}
+		for _, r := range p.rules {
+			for i := range r.to {
+				info.HTTP = info.HTTP || r.to[i].usesHTTP()
+			}
+			for _, w := range r.when {
+				info.HTTP = info.HTTP || strings.HasPrefix(w.key, "request.")
+			}
+		}
+		out = append(out, info)
+	}
+	return out
+}
