@@ -3,6 +3,7 @@ package route
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
@@ -135,7 +136,9 @@ func (r *Decision) UpstreamIdentities() []identity.Identity {
 //  1. Loopback to one of the proxy's ports: ErrIllegalPort.
 //  2. A service VIP (on src's network, preferring src's namespace) whose
 //     service has a waypoint that is not src: HBONE to the waypoint,
-//     authority origDst.
+//     authority origDst. With weighted waypoints one is drawn per
+//     connection by weight (see serviceWaypoint); src being any of them
+//     counts as src.
 //  3. A service VIP otherwise: a PASSTHROUGH service (a ServiceEntry with
 //     resolution NONE) gets Passthrough to origDst with the service named;
 //     else an endpoint is load-balanced; none means ErrNoHealthyUpstream.
@@ -165,7 +168,7 @@ func OutboundWith(snap *state.Snapshot, src *state.Workload, origDst netip.AddrP
 	}
 
 	if svc := snap.ServiceByVIP(network, dst.Addr(), ns); svc != nil {
-		if g := svc.Waypoint; g != nil {
+		if g := serviceWaypoint(svc, rnd); g != nil && !isServiceWaypoint(snap, src, svc) {
 			wp, wsvc, err := resolveGateway(snap, src, g, rnd)
 			if err != nil {
 				return Decision{}, fmt.Errorf("proxy: route to %s (service %s): %w", dst, svc.Hostname, err)
@@ -324,6 +327,102 @@ func resolveGateway(snap *state.Snapshot, src *state.Workload, g *state.GatewayA
 		return nil, nil, fmt.Errorf("%w: service %s: %w", ErrUnknownWaypoint, svc.Hostname, err)
 	}
 	return w, svc, nil
+}
+
+// serviceWaypoint picks the waypoint of one connection to svc. With
+// WeightedWaypoints (Istio 1.31 canary waypoints) it draws one entry with
+// probability weight/sum(weights), so weight 0 never wins; when the list is
+// empty or every weight is 0 it is the primary Waypoint, as Istio's ztunnel
+// falls back. nil means the service has no waypoint. The draw is per
+// connection, not sticky: a client's connections spread over the set.
+//
+// A drawn waypoint that the snapshot cannot resolve fails the connection
+// (ErrUnknownWaypoint from resolveGateway) rather than trying another entry
+// or the endpoints directly: the weights are the operator's statement of
+// where this traffic's L7 policy runs, and bypassing the waypoint would skip
+// it (fail closed, as upstream does).
+func serviceWaypoint(svc *state.Service, rnd func(int) int) *state.GatewayAddress {
+	ww := svc.WeightedWaypoints
+	if len(ww) == 0 {
+		return svc.Waypoint
+	}
+	var total uint64
+	for i := range ww {
+		total += uint64(ww[i].Weight)
+	}
+	if total == 0 {
+		return svc.Waypoint
+	}
+	// total is at most 2^32 * len(ww); it fits an int on 64-bit platforms,
+	// the only ones this proxy builds for (netns, splice).
+	n := uint64(intn(rnd, int(total)))
+	for i := range ww {
+		w := uint64(ww[i].Weight)
+		if n < w {
+			return &ww[i].Destination
+		}
+		n -= w
+	}
+	return &ww[len(ww)-1].Destination // unreachable: n < total
+}
+
+func intn(rnd func(int) int, n int) int {
+	if rnd == nil {
+		return rand.IntN(n)
+	}
+	return rnd(n)
+}
+
+// isServiceWaypoint reports whether src is one of svc's waypoints (the
+// primary or any weighted entry, weight 0 included): a sandwiched waypoint
+// forwarding to the service must reach the endpoints, never a sibling
+// waypoint of the canary set (a loop through the other revision).
+func isServiceWaypoint(snap *state.Snapshot, src *state.Workload, svc *state.Service) bool {
+	if src == nil {
+		return false
+	}
+	if designates(snap, svc.Waypoint, src) {
+		return true
+	}
+	for i := range svc.WeightedWaypoints {
+		if designates(snap, &svc.WeightedWaypoints[i].Destination, src) {
+			return true
+		}
+	}
+	return false
+}
+
+// designates reports whether the gateway address g names w: w is an
+// endpoint of g's service, owns g's IP, or is an endpoint of the service
+// with g's IP as VIP.
+func designates(snap *state.Snapshot, g *state.GatewayAddress, w *state.Workload) bool {
+	if g == nil {
+		return false
+	}
+	if g.IsHostname() {
+		return inService(w, g.Hostname.Namespace, g.Hostname.Hostname)
+	}
+	for _, a := range w.Addresses {
+		if a == g.Address.IP {
+			return true
+		}
+	}
+	if svc := snap.ServiceByVIP(g.Address.Network, g.Address.IP, ""); svc != nil {
+		return w.PortsFor(svc.Key) != nil
+	}
+	return false
+}
+
+// inService reports whether w is an endpoint of the service with key
+// "ns/host", without building the key (the route does not allocate).
+func inService(w *state.Workload, ns, host string) bool {
+	for i := range w.Services {
+		k := w.Services[i].Service
+		if len(k) == len(ns)+1+len(host) && k[len(ns)] == '/' && k[:len(ns)] == ns && k[len(ns)+1:] == host {
+			return true
+		}
+	}
+	return false
 }
 
 // isSelf reports whether the source is the waypoint itself (a sandwiched
