@@ -2062,8 +2062,12 @@ type Backend struct {
 	MissingSubset bool `protobuf:"varint,7,opt,name=missing_subset,json=missingSubset,proto3" json:"missing_subset,omitempty"`
 	// traffic_policy from the DestinationRule (subset's over the rule's).
 	TrafficPolicy *TrafficPolicy `protobuf:"bytes,8,opt,name=traffic_policy,json=trafficPolicy,proto3" json:"traffic_policy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// subset_workloads are the uids (as in the workload API) of the service's
+	// workloads whose labels match subset_labels, resolved by the control plane:
+	// the workload API carries no labels. With a subset, only these are picked.
+	SubsetWorkloads []string `protobuf:"bytes,9,rep,name=subset_workloads,json=subsetWorkloads,proto3" json:"subset_workloads,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
@@ -2148,6 +2152,13 @@ func (x *Backend) GetMissingSubset() bool {
 func (x *Backend) GetTrafficPolicy() *TrafficPolicy {
 	if x != nil {
 		return x.TrafficPolicy
+	}
+	return nil
+}
+
+func (x *Backend) GetSubsetWorkloads() []string {
+	if x != nil {
+		return x.SubsetWorkloads
 	}
 	return nil
 }
@@ -2503,7 +2514,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bAddEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8d\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x03\n" +
 	"\aBackend\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2512,7 +2523,8 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x06subset\x18\x05 \x01(\tR\x06subset\x12R\n" +
 	"\rsubset_labels\x18\x06 \x03(\v2-.ztunnelgo.waypoint.Backend.SubsetLabelsEntryR\fsubsetLabels\x12%\n" +
 	"\x0emissing_subset\x18\a \x01(\bR\rmissingSubset\x12H\n" +
-	"\x0etraffic_policy\x18\b \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\rtrafficPolicy\x1a?\n" +
+	"\x0etraffic_policy\x18\b \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\rtrafficPolicy\x12)\n" +
+	"\x10subset_workloads\x18\t \x03(\tR\x0fsubsetWorkloads\x1a?\n" +
 	"\x11SubsetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +

@@ -54,7 +54,7 @@ var contract = apitest.Contract{
 		"HeaderModifier": {"set": 1, "add": 2, "remove": 3},
 		"Backend": {
 			"hostname": 1, "namespace": 2, "port": 3, "weight": 4, "subset": 5, "subset_labels": 6,
-			"missing_subset": 7, "traffic_policy": 8,
+			"missing_subset": 7, "traffic_policy": 8, "subset_workloads": 9,
 		},
 		"TrafficPolicy": {"load_balancer": 1, "outlier_detection": 2},
 		"OutlierDetection": {
@@ -132,7 +132,7 @@ func fullRouteRule() *RouteRule {
 		RequestHeaderModifiers: []*HeaderModifier{{Set: map[string]string{"a": "1"}, Add: map[string]string{"b": "2"}, Remove: []string{"c"}}},
 		Backends: []*Backend{{
 			Hostname: "h", Namespace: "default", Port: 80, Weight: 90, Subset: "v1",
-			SubsetLabels: map[string]string{"version": "v1"}, MissingSubset: true,
+			SubsetLabels: map[string]string{"version": "v1"}, MissingSubset: true, SubsetWorkloads: []string{"uid-1"},
 			TrafficPolicy: &TrafficPolicy{
 				LoadBalancer: LoadBalancer_LEAST_REQUEST,
 				OutlierDetection: &OutlierDetection{
