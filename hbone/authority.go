@@ -33,6 +33,71 @@ func ParseAuthority(s string) (netip.AddrPort, error) {
 	return ap, nil
 }
 
+// ErrBadHostAuthority is wrapped by ParseHostAuthority failures.
+var ErrBadHostAuthority = errors.New("authority is not hostname:port")
+
+// maxHostnameLen is DNS's limit on a name's text form (RFC 1035 2.3.4).
+const maxHostnameLen = 253
+
+// ParseHostAuthority parses a CONNECT :authority that names a service by
+// hostname ("reviews.default.svc.cluster.local:9080"), as Istio 1.26 lets
+// clients and gateways address a service without picking an endpoint. The
+// host must be a DNS name of letters, digits and hyphens (RFC 1123 labels
+// of 1-63 characters, 253 in all, no trailing dot) whose last label is not
+// all digits, so no IP address in any spelling is taken for a name; it is
+// returned in lower case, as service hostnames are. The port is decimal
+// without leading zeros, 1-65535.
+func ParseHostAuthority(s string) (host string, port uint16, err error) {
+	bad := func(why string) (string, uint16, error) {
+		return "", 0, fmt.Errorf("hbone: %q: %w (%s)", s, ErrBadHostAuthority, why)
+	}
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return bad("no port")
+	}
+	host, ps := s[:i], s[i+1:]
+	if len(ps) == 0 || len(ps) > 5 || ps[0] == '0' {
+		return bad("port not 1-65535 without leading zeros")
+	}
+	n := 0
+	for j := 0; j < len(ps); j++ {
+		if ps[j] < '0' || ps[j] > '9' {
+			return bad("port not decimal")
+		}
+		n = n*10 + int(ps[j]-'0')
+	}
+	if n > 65535 {
+		return bad("port not 1-65535 without leading zeros")
+	}
+	if len(host) == 0 || len(host) > maxHostnameLen {
+		return bad("host empty or longer than 253")
+	}
+	lower := true
+	for label := range strings.SplitSeq(host, ".") {
+		if len(label) == 0 || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return bad("empty, long or hyphen-edged label")
+		}
+		for j := 0; j < len(label); j++ {
+			c := label[j]
+			switch {
+			case c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-':
+			case c >= 'A' && c <= 'Z':
+				lower = false
+			default:
+				return bad(fmt.Sprintf("character %q", c))
+			}
+		}
+	}
+	last := host[strings.LastIndexByte(host, '.')+1:]
+	if strings.Trim(last, "0123456789") == "" {
+		return bad("all-digit last label (an IP address, not a name)")
+	}
+	if !lower {
+		host = strings.ToLower(host)
+	}
+	return host, uint16(n), nil
+}
+
 // FormatAuthority renders ap as a CONNECT :authority ("10.0.0.1:80",
 // "[fd00::1]:80").
 func FormatAuthority(ap netip.AddrPort) string { return ap.String() }

@@ -1,8 +1,11 @@
 package hbone
 
 import (
+	"context"
 	"errors"
+	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -218,4 +221,135 @@ func FuzzTraceparent(f *testing.F) {
 			t.Fatalf("valid %q was replaced", s)
 		}
 	})
+}
+
+func TestParseHostAuthority(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		host string // "" means an error
+		port uint16
+	}{
+		{"reviews.default.svc.cluster.local:9080", "reviews.default.svc.cluster.local", 9080},
+		{"Reviews.Default.SVC.cluster.local:1", "reviews.default.svc.cluster.local", 1},
+		{"a:65535", "a", 65535},
+		{"api-v2.example.com:443", "api-v2.example.com", 443},
+		{"1a.example.com:80", "1a.example.com", 80},
+		{strings.Repeat("a", 63) + ".com:80", strings.Repeat("a", 63) + ".com", 80},
+		{strings.Repeat("a", 64) + ".com:80", "", 0}, // label over 63
+		{strings.Repeat("a.", 126) + "ab:80", "", 0}, // 254 characters
+		{"reviews:0", "", 0},
+		{"reviews:65536", "", 0},
+		{"reviews:080", "", 0},
+		{"reviews:", "", 0},
+		{"reviews", "", 0},
+		{"reviews:8o", "", 0},
+		{":80", "", 0},
+		{"example.com.:80", "", 0}, // trailing dot
+		{"a..b:80", "", 0},
+		{"-a.com:80", "", 0},
+		{"a-.com:80", "", 0},
+		{"a_b.com:80", "", 0},
+		{"*.example.com:80", "", 0},
+		{"10.0.0.1:80", "", 0},    // an IP, not a name
+		{"010.0.0.1:80", "", 0},   // nor in a non-canonical spelling
+		{"4294967295:80", "", 0},  // nor as one number
+		{"[fd00::1]:80", "", 0},   // nor in brackets
+		{"host name:80", "", 0},   // no spaces
+		{"reviews:80\x00", "", 0}, // nothing after the port
+		{"ex\u00e4mple.com:80", "", 0},
+	} {
+		host, port, err := ParseHostAuthority(tc.in)
+		if tc.host == "" {
+			if !errors.Is(err, ErrBadHostAuthority) {
+				t.Errorf("ParseHostAuthority(%q) = %q, %d, %v; want ErrBadHostAuthority", tc.in, host, port, err)
+			} else {
+				checkErrText(t, err)
+			}
+			continue
+		}
+		if err != nil || host != tc.host || port != tc.port {
+			t.Errorf("ParseHostAuthority(%q) = %q, %d, %v; want %q, %d", tc.in, host, port, err, tc.host, tc.port)
+		}
+	}
+}
+
+func FuzzParseHostAuthority(f *testing.F) {
+	for _, s := range []string{"reviews.default.svc.cluster.local:9080", "a:1", "10.0.0.1:80", "[::1]:80", "a..b:1", "A-b.C:65535"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		host, port, err := ParseHostAuthority(s)
+		if err != nil {
+			return
+		}
+		// What parses is a lower-case name that no IP parser accepts and
+		// that parses again to itself.
+		if _, err := netip.ParseAddr(host); err == nil {
+			t.Fatalf("%q: host %q is an IP", s, host)
+		}
+		if _, err := ParseAuthority(s); err == nil {
+			t.Fatalf("%q parses as both ip:port and hostname:port", s)
+		}
+		if host != strings.ToLower(host) || port == 0 {
+			t.Fatalf("%q: %q, %d", s, host, port)
+		}
+		h2, p2, err := ParseHostAuthority(host + ":" + strconv.Itoa(int(port)))
+		if err != nil || h2 != host || p2 != port {
+			t.Fatalf("%q: round trip %q, %d, %v", s, h2, p2, err)
+		}
+	})
+}
+
+// TestServerHostnameAuthority: with AcceptHostnames a hostname:port
+// CONNECT reaches the handler with Host set and only the port in
+// Authority; without it the same request is refused with 400 before the
+// handler (TestBadInputRequests covers the default), and a malformed name
+// is refused either way.
+func TestServerHostnameAuthority(t *testing.T) {
+	m := newMesh(t)
+	up := startUpstream(t, echo)
+	got := make(chan *Request, 1)
+	srv := startServer(t, m, HandlerFunc(func(ctx context.Context, req *Request) Reply {
+		got <- req
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", up.addr.String())
+		if err != nil {
+			return Reply{Status: 503}
+		}
+		return Reply{Upstream: c}
+	}), func(c *ServerConfig) { c.AcceptHostnames = true })
+	p := newPool(t, m)
+
+	req := connectReq(srv, netip.AddrPortFrom(netip.Addr{}, 9080))
+	req.Host = "reviews.default.svc.cluster.local"
+	tun := mustConnect(t, p, req)
+	defer tun.Close()
+	roundTrip(t, tun, "by name")
+	r := <-got
+	if r.Host != req.Host || r.Authority.Port() != 9080 || r.Authority.Addr().IsValid() {
+		t.Fatalf("handler saw Host %q Authority %v; want %q and port 9080 without an address", r.Host, r.Authority, req.Host)
+	}
+
+	// An ip:port authority still arrives as before.
+	tun2 := mustConnect(t, p, connectReq(srv, up.addr))
+	defer tun2.Close()
+	if r := <-got; r.Host != "" || r.Authority != up.addr {
+		t.Fatalf("handler saw Host %q Authority %v; want %v", r.Host, r.Authority, up.addr)
+	}
+
+	bad := connectReq(srv, netip.AddrPortFrom(netip.Addr{}, 80))
+	bad.Host = "bad_name.example.com"
+	var se *StatusError
+	if _, err := p.Connect(testCtx(t), bad); !errors.As(err, &se) || se.Code != 400 {
+		t.Fatalf("malformed hostname: err %v, want status 400", err)
+	}
+	waitFor(t, "the rejection log", func() bool { return logsContaining(srv.logs, "rejected CONNECT") == 1 })
+	if reason := srv.logs.FilterMessage("hbone: rejected CONNECT").All()[0].ContextMap()["reason"].(string); !strings.Contains(reason, "not hostname:port (character") {
+		t.Errorf("rejection reason %q", reason)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("handler called for a malformed authority: %+v", r)
+	default:
+	}
 }

@@ -438,7 +438,7 @@ func TestBadInputRequestParse(t *testing.T) {
 		{"dup authority", f(":method", "CONNECT", ":authority", "10.0.0.1:80", ":authority", "10.0.0.2:80"), "duplicate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, status, reason := parseRequest(tc.fields)
+			req, status, reason := parseRequest(tc.fields, false)
 			if tc.want == "" {
 				if status != 0 || req.Authority != netip.MustParseAddrPort("10.0.0.1:80") || req.Baggage != "k=v" || req.Traceparent != "t" {
 					t.Fatalf("got %+v, %d %q", req, status, reason)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"golang.org/x/net/http2/hpack"
@@ -52,10 +53,14 @@ type Key struct {
 // generated when empty.
 type ConnectRequest struct {
 	Key
-	Authority   netip.AddrPort // :authority, the inner target ip:port
-	Baggage     string         // "baggage" header (see Baggage.String)
-	Forwarded   string         // "forwarded" header (see BuildForwarded)
-	Traceparent string         // "traceparent" header; "" means a new random one
+	Authority netip.AddrPort // :authority, the inner target ip:port
+	// Host, when set, names the target service by hostname instead: the
+	// :authority is Host:<Authority's port> (Authority's address unused),
+	// for a server with ServerConfig.AcceptHostnames.
+	Host        string
+	Baggage     string // "baggage" header (see Baggage.String)
+	Forwarded   string // "forwarded" header (see BuildForwarded)
+	Traceparent string // "traceparent" header; "" means a new random one
 }
 
 // ClientConfig is what an outbound HBONE connection needs.
@@ -183,6 +188,14 @@ func connectErr(ctx context.Context, hop netip.AddrPort, timeout time.Duration, 
 	return fmt.Errorf("hbone: connect %s: %w", hop, err)
 }
 
+// authority is the :authority value the request sends.
+func (req *ConnectRequest) authority() string {
+	if req.Host != "" {
+		return req.Host + ":" + strconv.Itoa(int(req.Authority.Port()))
+	}
+	return req.Authority.String()
+}
+
 // connect sends a CONNECT on a connection where the caller reserved a slot
 // and waits for the answer.
 func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error) {
@@ -193,7 +206,7 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 	var fa [5]hpack.HeaderField
 	fields := append(fa[:0],
 		hpack.HeaderField{Name: ":method", Value: "CONNECT"},
-		hpack.HeaderField{Name: ":authority", Value: req.Authority.String()},
+		hpack.HeaderField{Name: ":authority", Value: req.authority()},
 	)
 	if req.Baggage != "" {
 		fields = append(fields, hpack.HeaderField{Name: "baggage", Value: req.Baggage})
@@ -242,7 +255,7 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 		case <-t.rnotify:
 		case <-ctx.Done():
 			t.Close()
-			return nil, fmt.Errorf("hbone: CONNECT %s via %s: %w", req.Authority, c.nc.RemoteAddr(), ctx.Err())
+			return nil, fmt.Errorf("hbone: CONNECT %s via %s: %w", req.authority(), c.nc.RemoteAddr(), ctx.Err())
 		}
 		c.mu.Lock()
 	}

@@ -52,7 +52,7 @@ func FuzzServerFrames(f *testing.F) {
 		c := newConn(a, false, H2Settings{KeepaliveInterval: -1}, clientID, context.Background())
 		c.advMaxStreams = 4
 		c.onStream = func(t *Tunnel, fields []hpack.HeaderField) {
-			if _, status, _ := parseRequest(fields); status != 0 {
+			if _, status, _ := parseRequest(fields, false); status != 0 {
 				t.respond(status, "")
 				c.releaseSlot()
 				return
@@ -95,7 +95,7 @@ func FuzzParseRequest(f *testing.F) {
 			name, value, _ := strings.Cut(line, ": ")
 			fields = append(fields, hpack.HeaderField{Name: name, Value: value})
 		}
-		req, status, reason := parseRequest(fields)
+		req, status, reason := parseRequest(fields, false)
 		switch {
 		case status == 0 && (req == nil || !req.Authority.IsValid() || reason != ""):
 			t.Fatalf("accepted %q with %+v", s, req)

@@ -25,7 +25,13 @@ type Request struct {
 	// Peer is the client's verified identity (same trust domain as ours).
 	Peer identity.Identity
 	// Authority is the parsed :authority, the target the client asks for.
+	// When Host is set only its port is meaningful (the Addr is zero).
 	Authority netip.AddrPort
+	// Host is the service hostname the :authority named instead of an IP
+	// ("reviews.default.svc.cluster.local"), lower case; "" for ip:port.
+	// Only a server with ServerConfig.AcceptHostnames passes such requests
+	// on; the handler resolves the name.
+	Host string
 	// Baggage, Forwarded and Traceparent are the request headers of those
 	// names, verbatim ("" when absent). See ParseBaggage, ForwardedHost and
 	// TraceparentOrNew.
@@ -83,6 +89,10 @@ type ServerConfig struct {
 	MaxConcurrentStreams uint32
 	// HandshakeTimeout bounds the TLS handshake; 0 means 10 s.
 	HandshakeTimeout time.Duration
+	// AcceptHostnames passes CONNECTs whose :authority is hostname:port
+	// (ParseHostAuthority) to the Handler with Request.Host set; without it
+	// they are refused with 400, as for any authority that is not ip:port.
+	AcceptHostnames bool
 }
 
 // Server serves HBONE on the listeners given to Serve.
@@ -317,7 +327,7 @@ func peerInTrustDomain(cs tls.ConnectionState, td string) identity.Identity {
 // onStream runs on the connection's read loop for each new stream: bad
 // requests are answered right here; good ones get a goroutine.
 func (s *Server) onStream(c *conn, t *Tunnel, fields []hpack.HeaderField) {
-	req, status, reason := parseRequest(fields)
+	req, status, reason := parseRequest(fields, s.cfg.AcceptHostnames)
 	if status != 0 {
 		s.log.Info("hbone: rejected CONNECT", zap.Int("status", status), zap.String("reason", reason),
 			zap.Stringer("remote", c.nc.RemoteAddr()), zap.Stringer("peer", c.peer))
@@ -335,8 +345,9 @@ func (s *Server) onStream(c *conn, t *Tunnel, fields []hpack.HeaderField) {
 }
 
 // parseRequest validates a request header list; status is 0 for a good
-// CONNECT and 400 otherwise, with a reason for the log.
-func parseRequest(fields []hpack.HeaderField) (req *Request, status int, reason string) {
+// CONNECT and 400 otherwise, with a reason for the log. hostnames accepts
+// a hostname:port authority (ServerConfig.AcceptHostnames).
+func parseRequest(fields []hpack.HeaderField, hostnames bool) (req *Request, status int, reason string) {
 	req = &Request{}
 	var method, authority string
 	var sawAuthority, sawRegular, extended bool
@@ -391,6 +402,14 @@ func parseRequest(fields []hpack.HeaderField) (req *Request, status int, reason 
 		return nil, 400, "CONNECT with :scheme, :path or :protocol (extended CONNECT) is not HBONE"
 	}
 	ap, err := ParseAuthority(authority)
+	if err != nil && hostnames {
+		host, port, herr := ParseHostAuthority(authority)
+		if herr != nil {
+			return nil, 400, herr.Error()
+		}
+		req.Host, req.Authority = host, netip.AddrPortFrom(netip.Addr{}, port)
+		return req, 0, ""
+	}
 	if err != nil {
 		return nil, 400, err.Error()
 	}
