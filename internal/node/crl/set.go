@@ -1,0 +1,230 @@
+package crl
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+)
+
+// ErrRevoked is wrapped by every error that refuses or ends a connection
+// because of a revoked certificate (errors.Is(err, ErrRevoked)).
+var ErrRevoked = errors.New("certificate revoked")
+
+// RevokedError names the revoked certificate of a peer chain and the CRL
+// that revoked it.
+type RevokedError struct {
+	// Serial is the revoked certificate's serial number.
+	Serial *big.Int
+	// Subject is that certificate's subject (the peer's leaf at Position 0).
+	Subject string
+	// Position in the chain the peer presented: 0 is the leaf.
+	Position int
+	// Issuer is the CRL's issuer, a mesh trust root.
+	Issuer string
+	// RevokedAt is the revocation date the CRL gives.
+	RevokedAt time.Time
+}
+
+func (e *RevokedError) Error() string {
+	what := "certificate"
+	if e.Position > 0 {
+		what = fmt.Sprintf("intermediate certificate (chain position %d)", e.Position)
+	}
+	return fmt.Sprintf("crl: peer %s serial %s (%s) revoked by the CRL of %q: %s",
+		what, SerialHex(e.Serial), e.Subject, e.Issuer, ErrRevoked)
+}
+
+// Unwrap makes errors.Is(err, ErrRevoked) hold.
+func (e *RevokedError) Unwrap() error { return ErrRevoked }
+
+// SerialHex formats a serial number as the config dump does (lower-case
+// hex, no separators), so a serial in a log line can be found in
+// /config_dump's certificates.
+func SerialHex(n *big.Int) string {
+	if n == nil {
+		return ""
+	}
+	return n.Text(16)
+}
+
+// Set is one verified CRL bundle. It is immutable; the zero Set (and a nil
+// *Set) revokes nothing.
+type Set struct {
+	lists    []*list
+	byIssuer map[string][]*list // by the CRL's raw issuer DN
+	// Sum is the SHA-256 of the file the Set was loaded from.
+	Sum [sha256.Size]byte
+}
+
+type list struct {
+	rl      *x509.RevocationList
+	root    *x509.Certificate // the trust root whose key signed it
+	issuer  string
+	revoked map[string]time.Time // serialKey → revocation time
+}
+
+// serialKey is a serial number as a map key: its sign and magnitude.
+func serialKey(n *big.Int) string {
+	if n == nil {
+		return ""
+	}
+	if n.Sign() < 0 {
+		return "-" + string(n.Bytes())
+	}
+	return string(n.Bytes())
+}
+
+// Parse reads a CRL bundle: PEM holding one or more "X509 CRL" blocks, or
+// a single DER CRL. A file that is empty (or only whitespace) holds no CRL
+// and revokes nothing, as in Istio's ztunnel. A PEM block of any other type,
+// text outside PEM blocks, or a CRL that does not parse is an error naming
+// the CRL's position (1-based).
+func Parse(data []byte) ([]*x509.RevocationList, error) {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 {
+		return nil, nil
+	}
+	if !bytes.HasPrefix(trimmed, []byte("-----BEGIN")) {
+		rl, err := x509.ParseRevocationList(data)
+		if err != nil {
+			return nil, fmt.Errorf("crl: DER CRL: %w", err)
+		}
+		return []*x509.RevocationList{rl}, nil
+	}
+	var out []*x509.RevocationList
+	rest := trimmed
+	for len(rest) > 0 {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			return nil, fmt.Errorf("crl: text after PEM block %d is not a PEM block", len(out))
+		}
+		if b.Type != "X509 CRL" {
+			return nil, fmt.Errorf("crl: PEM block %d is %q, want \"X509 CRL\"", len(out)+1, b.Type)
+		}
+		rl, err := x509.ParseRevocationList(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("crl: CRL %d: %w", len(out)+1, err)
+		}
+		out = append(out, rl)
+		rest = bytes.TrimSpace(rest)
+	}
+	return out, nil
+}
+
+// Verify builds a Set from parsed CRLs: each must be issued by one of roots
+// (subject equal to the CRL's issuer, subject key id equal to its authority
+// key id when both are present) and carry that root's signature. The first
+// CRL that fails refuses them all, with an error naming it.
+func Verify(lists []*x509.RevocationList, roots []*x509.Certificate) (*Set, error) {
+	s := &Set{byIssuer: make(map[string][]*list)}
+	for i, rl := range lists {
+		root, err := issuerRoot(rl, roots)
+		if err != nil {
+			return nil, fmt.Errorf("crl: CRL %d (issuer %q): %w", i+1, rl.Issuer.String(), err)
+		}
+		l := &list{rl: rl, root: root, issuer: rl.Issuer.String(), revoked: make(map[string]time.Time, len(rl.RevokedCertificateEntries))}
+		for _, e := range rl.RevokedCertificateEntries {
+			l.revoked[serialKey(e.SerialNumber)] = e.RevocationTime
+		}
+		s.lists = append(s.lists, l)
+		s.byIssuer[string(rl.RawIssuer)] = append(s.byIssuer[string(rl.RawIssuer)], l)
+	}
+	return s, nil
+}
+
+func issuerRoot(rl *x509.RevocationList, roots []*x509.Certificate) (*x509.Certificate, error) {
+	var sigErr error
+	named := false
+	for _, r := range roots {
+		if !bytes.Equal(r.RawSubject, rl.RawIssuer) {
+			continue
+		}
+		named = true
+		if len(rl.AuthorityKeyId) > 0 && len(r.SubjectKeyId) > 0 && !bytes.Equal(rl.AuthorityKeyId, r.SubjectKeyId) {
+			sigErr = errors.New("authority key id matches no mesh trust root of that name")
+			continue
+		}
+		if err := rl.CheckSignatureFrom(r); err != nil {
+			sigErr = fmt.Errorf("signature does not verify against the mesh trust root: %w", err)
+			continue
+		}
+		return r, nil
+	}
+	if !named {
+		return nil, fmt.Errorf("issuer is not one of the %d mesh trust roots (CRLs of intermediate CAs are not supported)", len(roots))
+	}
+	return nil, sigErr
+}
+
+// Revoked returns the first certificate of chain (leaf first, as the peer
+// presented it) that a CRL of s lists: a CRL applies to the certificates
+// its root issued (issuer DN equal, and authority key id equal to the
+// root's subject key id when both are present). Nil when none is.
+func (s *Set) Revoked(chain []*x509.Certificate) *RevokedError {
+	if s == nil || len(s.byIssuer) == 0 {
+		return nil
+	}
+	for i, c := range chain {
+		for _, l := range s.byIssuer[string(c.RawIssuer)] {
+			if len(c.AuthorityKeyId) > 0 && len(l.root.SubjectKeyId) > 0 && !bytes.Equal(c.AuthorityKeyId, l.root.SubjectKeyId) {
+				continue
+			}
+			if at, ok := l.revoked[serialKey(c.SerialNumber)]; ok {
+				return &RevokedError{Serial: c.SerialNumber, Subject: subjectOf(c), Position: i, Issuer: l.issuer, RevokedAt: at}
+			}
+		}
+	}
+	return nil
+}
+
+// subjectOf names a certificate: its URI SANs (the SPIFFE id of a workload
+// certificate), else its subject DN.
+func subjectOf(c *x509.Certificate) string {
+	if len(c.URIs) > 0 {
+		s := c.URIs[0].String()
+		for _, u := range c.URIs[1:] {
+			s += " " + u.String()
+		}
+		return s
+	}
+	return c.Subject.String()
+}
+
+// Len is the number of CRLs in s.
+func (s *Set) Len() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.lists)
+}
+
+// Info describes one CRL of a Set for the config dump.
+type Info struct {
+	Issuer     string    `json:"issuer"`
+	Number     string    `json:"number,omitempty"`
+	ThisUpdate time.Time `json:"thisUpdate"`
+	NextUpdate time.Time `json:"nextUpdate,omitzero"`
+	Revoked    int       `json:"revokedCertificates"`
+}
+
+// Infos describes the CRLs of s, in file order.
+func (s *Set) Infos() []Info {
+	if s == nil {
+		return nil
+	}
+	out := make([]Info, 0, len(s.lists))
+	for _, l := range s.lists {
+		in := Info{Issuer: l.issuer, ThisUpdate: l.rl.ThisUpdate, NextUpdate: l.rl.NextUpdate, Revoked: len(l.revoked)}
+		if l.rl.Number != nil {
+			in.Number = l.rl.Number.String()
+		}
+		out = append(out, in)
+	}
+	return out
+}
