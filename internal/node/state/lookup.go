@@ -2,6 +2,7 @@ package state
 
 import (
 	"cmp"
+	"encoding/binary"
 	"iter"
 	"net/netip"
 	"slices"
@@ -24,43 +25,203 @@ func (snap *Snapshot) WorkloadByIP(network string, ip netip.Addr) *Workload {
 	return w
 }
 
-// ServiceByVIP returns the service with VIP ip on network, or nil. When
-// several services share the VIP, one in preferNamespace wins ("" = no
-// preference), else the one with the smallest key. CIDR VIPs are consulted
-// (longest prefix first) when no service has the exact IP.
+// ServiceByVIP returns the service with VIP ip on network, or nil. An exact
+// VIP comes first; among several services sharing it, one in
+// preferNamespace wins ("" = no preference), else a canonical one, else the
+// one with the smallest key. Only when no service has the exact IP are CIDR
+// VIPs consulted, ranked as upstream ztunnel ranks them: a service in
+// preferNamespace, then the longest prefix, then canonical, then the
+// smallest key (so a wider CIDR of the client's namespace beats a narrower
+// one of another namespace). It does not allocate.
 func (snap *Snapshot) ServiceByVIP(network string, ip netip.Addr, preferNamespace string) *Service {
 	ip = ip.Unmap()
 	if svcs, ok := snap.serviceVIP.get(netAddr{network, ip}); ok {
 		return pickService(svcs, preferNamespace)
 	}
-	var best *Service
-	bits := 0
-	for _, p := range snap.servicePfx {
-		if best != nil && p.prefix.Bits() < bits {
-			break // sorted longest first: only equally long prefixes can still win
-		}
-		if p.network != network || !p.prefix.Contains(ip) {
-			continue
-		}
-		if best == nil {
-			best, bits = p.svc, p.prefix.Bits()
-		} else if p.svc.Namespace == preferNamespace && best.Namespace != preferNamespace {
-			best = p.svc
-		}
-	}
-	return best
+	return snap.servicePfx.lookup(network, ip, preferNamespace)
 }
 
-// pickService picks from services sorted by key.
+// pickService picks from services sorted by key: preferNamespace, then
+// canonical, then the first.
 func pickService(svcs []*Service, preferNamespace string) *Service {
-	if preferNamespace != "" {
-		for _, s := range svcs {
-			if s.Namespace == preferNamespace {
-				return s
+	var canonical *Service
+	for _, s := range svcs {
+		if preferNamespace != "" && s.Namespace == preferNamespace {
+			return s
+		}
+		if canonical == nil && s.Canonical {
+			canonical = s
+		}
+	}
+	if canonical != nil {
+		return canonical
+	}
+	return svcs[0]
+}
+
+// prefixVIP is a service VIP that is a CIDR rather than one IP.
+type prefixVIP struct {
+	network string
+	prefix  netip.Prefix // masked
+	svc     *Service
+}
+
+// prefixTable indexes the CIDR VIPs of one snapshot for longest-prefix
+// lookups. entries is sorted by family, prefix length (longest first),
+// network, address, then service key; groups holds one run of entries per
+// (family, length). A lookup masks the IP once per length present and
+// binary-searches that run on the address as two integers:
+// O(lengths × log n), no allocation. It is built by finish when the CIDR
+// set changed and never modified afterwards.
+type prefixTable struct {
+	entries []prefixEntry
+	groups  []prefixGroup
+}
+
+type prefixEntry struct {
+	prefixVIP
+	hi, lo uint64 // the masked address as 16 bytes (IPv4 mapped), big-endian
+}
+
+type prefixGroup struct {
+	is6    bool
+	bits   int // as 128-bit address (IPv4 /n is 96+n)
+	lo, hi int // entries[lo:hi]
+}
+
+// addr128 is a as 16 bytes (IPv4 mapped) in two big-endian halves.
+func addr128(a netip.Addr) (hi, lo uint64) {
+	b := a.As16()
+	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+}
+
+// mask128 keeps the first bits bits of (hi, lo).
+func mask128(hi, lo uint64, bits int) (uint64, uint64) {
+	switch {
+	case bits >= 128:
+		return hi, lo
+	case bits > 64:
+		return hi, lo &^ (^uint64(0) >> (bits - 64))
+	case bits == 64:
+		return hi, 0
+	}
+	return hi &^ (^uint64(0) >> bits), 0
+}
+
+func bits128(p netip.Prefix) int {
+	if p.Addr().Is4() {
+		return 96 + p.Bits()
+	}
+	return p.Bits()
+}
+
+func compareEntry(x, y *prefixEntry) int {
+	if c := cmp.Compare(boolIdx(x.prefix.Addr().Is6()), boolIdx(y.prefix.Addr().Is6())); c != 0 {
+		return c
+	}
+	if c := y.prefix.Bits() - x.prefix.Bits(); c != 0 {
+		return c
+	}
+	if c := strings.Compare(x.network, y.network); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(x.hi, y.hi); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(x.lo, y.lo); c != 0 {
+		return c
+	}
+	return strings.Compare(x.svc.Key, y.svc.Key)
+}
+
+func boolIdx(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// newPrefixTable sorts and groups the CIDR VIPs.
+func newPrefixTable(vips []prefixVIP) prefixTable {
+	if len(vips) == 0 {
+		return prefixTable{}
+	}
+	t := prefixTable{entries: make([]prefixEntry, len(vips))}
+	for i, v := range vips {
+		e := &t.entries[i]
+		e.prefixVIP = v
+		e.hi, e.lo = addr128(v.prefix.Addr())
+	}
+	slices.SortFunc(t.entries, func(x, y prefixEntry) int { return compareEntry(&x, &y) })
+	for i := range t.entries {
+		e := &t.entries[i]
+		is6, bits := e.prefix.Addr().Is6(), bits128(e.prefix)
+		if n := len(t.groups); n > 0 && t.groups[n-1].is6 == is6 && t.groups[n-1].bits == bits {
+			t.groups[n-1].hi = i + 1
+			continue
+		}
+		t.groups = append(t.groups, prefixGroup{is6: is6, bits: bits, lo: i, hi: i + 1})
+	}
+	return t
+}
+
+// vips returns the table's CIDR VIPs (a new slice, for a builder to edit).
+func (t *prefixTable) vips() []prefixVIP {
+	out := make([]prefixVIP, len(t.entries))
+	for i := range t.entries {
+		out[i] = t.entries[i].prefixVIP
+	}
+	return out
+}
+
+// lookup returns the best CIDR VIP service containing ip (see ServiceByVIP).
+func (t *prefixTable) lookup(network string, ip netip.Addr, preferNamespace string) *Service {
+	if len(t.groups) == 0 {
+		return nil
+	}
+	var best *Service
+	bestInNs, bestBits := false, 0
+	is6 := ip.Is6()
+	iphi, iplo := addr128(ip)
+	for _, g := range t.groups {
+		if g.is6 != is6 {
+			continue
+		}
+		if best != nil && (bestInNs || preferNamespace == "") {
+			// Longest first: a shorter prefix can only win by namespace.
+			break
+		}
+		khi, klo := mask128(iphi, iplo, g.bits)
+		// First entry of the run at or after (network, key).
+		lo, hi := g.lo, g.hi
+		for lo < hi {
+			mid := int(uint(lo+hi) >> 1)
+			e := &t.entries[mid]
+			var less bool
+			if e.network != network {
+				less = e.network < network
+			} else {
+				less = e.hi < khi || e.hi == khi && e.lo < klo
+			}
+			if less {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		for i := lo; i < g.hi; i++ {
+			e := &t.entries[i]
+			if e.hi != khi || e.lo != klo || e.network != network {
+				break
+			}
+			inNs := preferNamespace != "" && e.svc.Namespace == preferNamespace
+			if best == nil || inNs && !bestInNs ||
+				inNs == bestInNs && bestBits == g.bits && e.svc.Canonical && !best.Canonical {
+				best, bestInNs, bestBits = e.svc, inNs, g.bits
 			}
 		}
 	}
-	return svcs[0]
+	return best
 }
 
 // ServiceByHost returns the service with key "namespace/hostname", or nil.

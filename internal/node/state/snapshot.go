@@ -25,20 +25,13 @@ type Snapshot struct {
 
 	services   *shardMap[string, *Service]    // by key "ns/hostname"
 	serviceVIP *shardMap[netAddr, []*Service] // single-IP VIPs
-	servicePfx []prefixVIP                    // CIDR VIPs, longest prefix first (rare)
+	servicePfx prefixTable                    // CIDR VIPs (rare)
 	serviceHst *shardMap[string, []*Service]  // by hostname
 
 	policies   *shardMap[string, *rbac.Policy]   // by key "ns/name"
 	policiesNS *shardMap[string, []*rbac.Policy] // NAMESPACE scope by ns; GLOBAL under ""
 
 	policyCache sync.Map // *Workload → *[]*rbac.Policy, filled lazily by PoliciesFor
-}
-
-// prefixVIP is a service VIP that is a CIDR rather than one IP.
-type prefixVIP struct {
-	network string
-	prefix  netip.Prefix
-	svc     *Service
 }
 
 func emptySnapshot() *Snapshot {
@@ -80,14 +73,14 @@ type builder struct {
 	services   shardEditor[string, *Service]
 	serviceVIP listEditor[netAddr, *Service]
 	serviceHst listEditor[string, *Service]
-	servicePfx []prefixVIP
+	servicePfx []prefixVIP // the CIDR VIPs being edited, once pfxDirty
 	pfxDirty   bool
 	policies   shardEditor[string, *rbac.Policy]
 	policiesNS listEditor[string, *rbac.Policy]
 }
 
 func newBuilder(old *Snapshot) *builder {
-	b := &builder{old: old, servicePfx: old.servicePfx}
+	b := &builder{old: old}
 	b.workloads.init(old.workloads)
 	b.workloadIP.init(old.workloadIP)
 	b.byNode.init(old.byNode, workloadID, true)
@@ -101,10 +94,9 @@ func newBuilder(old *Snapshot) *builder {
 }
 
 func (b *builder) finish() *Snapshot {
-	pfx := b.servicePfx
+	pfx := b.old.servicePfx
 	if b.pfxDirty {
-		pfx = slices.Clip(pfx)
-		slices.SortStableFunc(pfx, func(x, y prefixVIP) int { return y.prefix.Bits() - x.prefix.Bits() })
+		pfx = newPrefixTable(b.servicePfx)
 	}
 	return &Snapshot{
 		Generation: b.old.Generation + 1,
@@ -213,7 +205,7 @@ func (b *builder) unindexService(old *Service) {
 // clonePfx makes the CIDR VIP list private to this builder.
 func (b *builder) clonePfx() {
 	if !b.pfxDirty {
-		b.servicePfx = slices.Clone(b.servicePfx)
+		b.servicePfx = b.old.servicePfx.vips()
 		b.pfxDirty = true
 	}
 }

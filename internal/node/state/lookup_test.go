@@ -1,0 +1,165 @@
+package state
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+)
+
+// cidrSvc is a ServiceEntry-like service host.example in ns whose VIPs are
+// the given addresses or CIDRs ("10.0.0.0/8", "fd00::/16", "10.1.2.3").
+func cidrSvc(ns, host string, vips []string, opts ...sopt) *workloadapi.Address {
+	s := &workloadapi.Service{Name: host, Namespace: ns, Hostname: host}
+	for _, v := range vips {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			a := netip.MustParseAddr(v)
+			s.Addresses = append(s.Addresses, &workloadapi.NetworkAddress{Address: a.AsSlice()})
+			continue
+		}
+		s.Addresses = append(s.Addresses, &workloadapi.NetworkAddress{Address: p.Addr().AsSlice(), Length: new(uint32(p.Bits()))})
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return &workloadapi.Address{Type: &workloadapi.Address_Service{Service: s}}
+}
+
+func canonical() sopt { return func(s *workloadapi.Service) { s.Canonical = true } }
+
+func onNetwork(n string) sopt {
+	return func(s *workloadapi.Service) {
+		for _, a := range s.Addresses {
+			a.Network = n
+		}
+	}
+}
+
+// TestServiceByVIPPrefixes is the route table for CIDR VIPs: exact VIPs
+// beat prefixes, the longest prefix wins, IPv4 and IPv6 do not mix,
+// networks are separate, and upstream ztunnel's ranking (client namespace,
+// then length, then canonical, then key) picks among overlaps.
+func TestServiceByVIPPrefixes(t *testing.T) {
+	s := NewStore()
+	mustApply(t, s,
+		cidrSvc("egress", "wide.example", []string{"10.0.0.0/8", "fd00::/16"}),
+		cidrSvc("egress", "mid.example", []string{"10.20.0.0/16"}),
+		cidrSvc("egress", "narrow.example", []string{"10.20.30.0/24", "fd00:1:2::/48"}),
+		cidrSvc("egress", "exact.example", []string{"10.20.30.40", "fd00:1:2::40"}),
+		// Same /16 in two more namespaces: canonical beats the smaller key,
+		// the client's namespace beats both (and a longer prefix elsewhere).
+		cidrSvc("team-a", "a.example", []string{"10.20.0.0/16"}),
+		cidrSvc("team-b", "b.example", []string{"10.20.0.0/16"}, canonical()),
+		cidrSvc("team-c", "c.example", []string{"10.0.0.0/8"}),
+		cidrSvc("egress", "other-net.example", []string{"10.20.30.0/25"}, onNetwork("net2")),
+		// A whole-family default route and a /0 of IPv6.
+		cidrSvc("egress", "any4.example", []string{"0.0.0.0/0"}),
+	)
+	snap := s.Load()
+	for _, tc := range []struct {
+		network, ip, ns string
+		want            string // hostname; "" = none
+	}{
+		{"", "10.20.30.40", "", "exact.example"},         // exact beats every prefix
+		{"", "10.20.30.41", "", "narrow.example"},        // /24 over /16 and /8
+		{"", "10.20.31.1", "", "b.example"},              // /16: canonical b over egress/mid and team-a
+		{"", "10.21.0.1", "", "wide.example"},            // /8: egress/wide and team-c/c tie; neither canonical: smallest key
+		{"", "10.21.0.1", "team-c", "c.example"},         // the client's namespace
+		{"", "10.20.30.41", "team-c", "c.example"},       // a /8 of the client's namespace beats a /24 elsewhere
+		{"", "10.20.30.41", "team-a", "a.example"},       // ...and so does a /16
+		{"", "10.20.30.41", "nobody", "narrow.example"},  // no service in the namespace: longest
+		{"", "10.20.30.40", "team-a", "exact.example"},   // exact still first
+		{"", "11.0.0.1", "", "any4.example"},             // /0
+		{"net2", "10.20.30.1", "", "other-net.example"},  // its own network only
+		{"net2", "10.20.30.200", "", ""},                 // outside the /25, nothing else on net2
+		{"", "fd00:1:2::41", "", "narrow.example"},       // IPv6 /48 over /16
+		{"", "fd00:1:2::40", "", "exact.example"},        // IPv6 exact
+		{"", "fd00:9::1", "", "wide.example"},            // IPv6 /16
+		{"", "fe80::1", "", ""},                          // the IPv4 /0 does not match IPv6
+		{"", "::ffff:10.20.30.41", "", "narrow.example"}, // 4-in-6 is IPv4
+	} {
+		got := snap.ServiceByVIP(tc.network, netip.MustParseAddr(tc.ip), tc.ns)
+		gotHost := ""
+		if got != nil {
+			gotHost = got.Hostname
+		}
+		if gotHost != tc.want {
+			t.Errorf("ServiceByVIP(%q, %s, ns %q) = %q, want %q", tc.network, tc.ip, tc.ns, gotHost, tc.want)
+		}
+	}
+
+	// The table follows updates: narrowing mid to a /24 of its own,
+	// removing narrow, and dropping the /0.
+	if err := s.ApplyAddresses(addrs(cidrSvc("egress", "mid.example", []string{"10.20.31.0/24"})),
+		[]string{"egress/narrow.example", "egress/any4.example"}); err != nil {
+		t.Fatal(err)
+	}
+	snap2 := s.Load()
+	for ip, want := range map[string]string{"10.20.30.41": "b.example", "10.20.31.1": "mid.example", "11.0.0.1": ""} {
+		got := snap2.ServiceByVIP("", netip.MustParseAddr(ip), "")
+		if (got == nil) != (want == "") || got != nil && got.Hostname != want {
+			t.Errorf("after update: ServiceByVIP(%s) = %v, want %q", ip, got, want)
+		}
+	}
+	// The old snapshot is unchanged.
+	if got := snap.ServiceByVIP("", netip.MustParseAddr("10.20.30.41"), ""); got == nil || got.Hostname != "narrow.example" {
+		t.Errorf("old snapshot changed: %v", got)
+	}
+	// A snapshot that did not touch CIDR services shares the table.
+	mustApply(t, s, svc("ns", "plain", "10.96.0.9", 80, 8080))
+	if snap3 := s.Load(); &snap3.servicePfx.entries[0] != &snap2.servicePfx.entries[0] {
+		t.Errorf("the prefix table was rebuilt for a change without CIDR VIPs")
+	}
+
+	if n := testing.AllocsPerRun(100, func() {
+		snap.ServiceByVIP("", netip.MustParseAddr("10.20.30.41"), "nobody")
+		snap.ServiceByVIP("", netip.MustParseAddr("fd00:9::1"), "egress")
+	}); n != 0 {
+		t.Errorf("CIDR lookups allocate %v times", n)
+	}
+}
+
+// TestServiceByVIPCanonical: among services sharing an exact VIP, the
+// client's namespace wins, then a canonical one, then the smallest key.
+func TestServiceByVIPCanonical(t *testing.T) {
+	s := NewStore()
+	mustApply(t, s,
+		cidrSvc("a", "shared.example", []string{"10.9.0.1"}),
+		cidrSvc("b", "shared.example", []string{"10.9.0.1"}, canonical()),
+		cidrSvc("c", "shared.example", []string{"10.9.0.1"}),
+	)
+	snap := s.Load()
+	for ns, want := range map[string]string{"": "b", "c": "c", "a": "a", "z": "b"} {
+		if got := snap.ServiceByVIP("", ip("10.9.0.1"), ns); got == nil || got.Namespace != want {
+			t.Errorf("ServiceByVIP(ns %q) = %v, want namespace %s", ns, got, want)
+		}
+	}
+	mustApply(t, s, cidrSvc("b", "shared.example", []string{"10.9.0.1"}))
+	if got := s.Load().ServiceByVIP("", ip("10.9.0.1"), ""); got == nil || got.Namespace != "a" {
+		t.Errorf("without canonical: %v, want the smallest key (namespace a)", got)
+	}
+}
+
+// BenchmarkServiceByVIPCIDR: a miss on the exact VIPs and a
+// longest-prefix match among 1,000 CIDR services of 8 lengths.
+func BenchmarkServiceByVIPCIDR(b *testing.B) {
+	s := NewStore()
+	var as []*workloadapi.Address
+	for i := range 1000 {
+		bits := 16 + (i%8)*2
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i / 4), byte(i%4) * 64, 0}), bits).Masked()
+		as = append(as, cidrSvc(fmt.Sprintf("ns%d", i%10), fmt.Sprintf("h%d.example", i), []string{p.String()}))
+	}
+	mustApply(b, s, as...)
+	snap := s.Load()
+	dst := netip.MustParseAddr("10.100.70.5")
+	if snap.ServiceByVIP("", dst, "ns3") == nil {
+		b.Fatal("no match")
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		snap.ServiceByVIP("", dst, "ns3")
+	}
+}
