@@ -23,6 +23,15 @@ type Attrs struct {
 	HTTP               bool
 	Host, Method, Path string
 	Header             func(name string) (string, bool)
+	// Auth is what a valid JWT said (authentication); nil: anonymous.
+	Auth *RequestAuth
+}
+
+func (a *Attrs) requestPrincipal() string {
+	if a.Auth == nil {
+		return ""
+	}
+	return a.Auth.Principal
 }
 
 // Verdict is the outcome of authorization.
@@ -112,6 +121,7 @@ func inAny(ps []netip.Prefix, a netip.Addr) bool {
 
 type source struct {
 	principals, notPrincipals, namespaces, notNamespaces []stringMatch
+	requestPrincipals, notRequestPrincipals              []stringMatch
 	ips, notIPs, remoteIPs, notRemoteIPs                 []netip.Prefix
 }
 
@@ -128,6 +138,7 @@ type condition struct {
 	key               string
 	values, notValues []stringMatch
 	cidrs, notCidrs   []netip.Prefix // for source.ip, remote.ip, destination.ip
+	claim             []string       // for request.auth.claims[a][b]: [a b]
 }
 
 type rule struct {
@@ -161,6 +172,8 @@ func compilePolicy(p *waypointapi.Policy) *policy {
 				namespaces: compileStrings(s.GetNamespaces(), false), notNamespaces: compileStrings(s.GetNotNamespaces(), false),
 				ips: compileCidrs(s.GetIpBlocks()), notIPs: compileCidrs(s.GetNotIpBlocks()),
 				remoteIPs: compileCidrs(s.GetRemoteIpBlocks()), notRemoteIPs: compileCidrs(s.GetNotRemoteIpBlocks()),
+				requestPrincipals:    compileStrings(s.GetRequestPrincipals(), false),
+				notRequestPrincipals: compileStrings(s.GetNotRequestPrincipals(), false),
 			})
 		}
 		for _, o := range r.GetTo() {
@@ -176,6 +189,7 @@ func compilePolicy(p *waypointapi.Policy) *policy {
 			if ipKey(cc.key) {
 				cc.cidrs, cc.notCidrs = stringCidrs(c.GetValues()), stringCidrs(c.GetNotValues())
 			}
+			cc.claim = claimPath(cc.key)
 			cr.when = append(cr.when, cc)
 		}
 		cp.rules = append(cp.rules, cr)
@@ -184,6 +198,24 @@ func compilePolicy(p *waypointapi.Policy) *policy {
 }
 
 func ipKey(k string) bool { return k == "source.ip" || k == "remote.ip" || k == "destination.ip" }
+
+const claimsKey = "request.auth.claims["
+
+// claimPath splits Istio's request.auth.claims[a][b] into [a b]; nil for
+// another key or a malformed one (which then matches nothing as ALLOW and
+// everything as DENY: see condition.matches).
+func claimPath(k string) []string {
+	if !strings.HasPrefix(k, claimsKey) || !strings.HasSuffix(k, "]") {
+		return nil
+	}
+	parts := strings.Split(k[len(claimsKey):len(k)-1], "][")
+	for _, p := range parts {
+		if p == "" || strings.ContainsAny(p, "[]") {
+			return nil
+		}
+	}
+	return parts
+}
 
 func stringCidrs(in []*waypointapi.StringMatch) []netip.Prefix {
 	var out []netip.Prefix
@@ -217,7 +249,7 @@ func (r *rule) matches(a *Attrs, deny bool) bool {
 	if len(r.from) > 0 {
 		ok := false
 		for i := range r.from {
-			if r.from[i].matches(a) {
+			if r.from[i].matches(a, deny) {
 				ok = true
 				break
 			}
@@ -246,7 +278,18 @@ func (r *rule) matches(a *Attrs, deny bool) bool {
 	return true
 }
 
-func (s *source) matches(a *Attrs) bool {
+// matches evaluates one source. deny: request principals on a TCP
+// connection (no JWT can be read) match instead of not matching.
+func (s *source) matches(a *Attrs, deny bool) bool {
+	if len(s.requestPrincipals)+len(s.notRequestPrincipals) > 0 {
+		if !a.HTTP {
+			return deny
+		}
+		rp := a.requestPrincipal()
+		if len(s.requestPrincipals) > 0 && !anyMatch(s.requestPrincipals, rp) || anyMatch(s.notRequestPrincipals, rp) {
+			return false
+		}
+	}
 	if len(s.principals) > 0 && !anyMatch(s.principals, a.Principal) || anyMatch(s.notPrincipals, a.Principal) {
 		return false
 	}
@@ -322,10 +365,59 @@ func (c *condition) matches(a *Attrs, deny bool) bool {
 			return deny
 		}
 		v, _ = a.Header(c.key[len("request.headers[") : len(c.key)-1])
+	case strings.HasPrefix(c.key, "request.auth."):
+		if !a.HTTP {
+			return deny // no JWT on plain TCP
+		}
+		vs, ok := authValues(c, a.Auth)
+		if !ok {
+			return deny // malformed or unknown key: fail closed
+		}
+		return matchAny(c.values, vs) && !matchSome(c.notValues, vs)
 	default:
 		return deny // unknown keys never reach here (the control plane drops them); fail closed
 	}
 	return (len(c.values) == 0 || anyMatch(c.values, v)) && !anyMatch(c.notValues, v)
+}
+
+// authValues are the values of a request.auth.* key for an authenticated
+// request (none for an anonymous one); ok false for an unknown key.
+func authValues(c *condition, auth *RequestAuth) (vs []string, ok bool) {
+	switch c.key {
+	case "request.auth.principal":
+		if auth != nil {
+			vs = []string{auth.Principal}
+		}
+	case "request.auth.audiences":
+		if auth != nil {
+			vs = auth.Audiences
+		}
+	case "request.auth.presenter":
+		if auth != nil && auth.Presenter != "" {
+			vs = []string{auth.Presenter}
+		}
+	default:
+		if c.claim == nil {
+			return nil, false
+		}
+		vs = claimValues(auth, c.claim)
+	}
+	return vs, true
+}
+
+// matchAny: no values, or one of vs matches one of them (a claim with
+// several values matches when any does, as Istio's list matcher).
+func matchAny(ms []stringMatch, vs []string) bool {
+	return len(ms) == 0 || matchSome(ms, vs)
+}
+
+func matchSome(ms []stringMatch, vs []string) bool {
+	for _, v := range vs {
+		if anyMatch(ms, v) {
+			return true
+		}
+	}
+	return false
 }
 
 // authorize applies Istio's order: dry-run and AUDIT policies are evaluated

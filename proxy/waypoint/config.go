@@ -26,6 +26,7 @@ type Config struct {
 	services  map[netip.Addr]*boundService // by VIP
 	workloads map[netip.Addr]*waypointapi.Workload
 	policies  []*policy
+	authn     []*authnPolicy // RequestAuthentications, keys parsed
 }
 
 // Compile checks and compiles c. A nil c compiles to the empty config
@@ -61,6 +62,7 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 	for _, p := range c.GetPolicies() {
 		out.policies = append(out.policies, compilePolicy(p))
 	}
+	out.authn = compileAuthn(c.GetAuthentications())
 	return out, nil
 }
 

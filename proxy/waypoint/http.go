@@ -223,6 +223,12 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 			sw.Header().Set("Content-Type", "text/plain")
 			sw.WriteHeader(code)
 			_, _ = io.WriteString(sw, DeniedBody)
+		} else if code == http.StatusUnauthorized && nr != nil {
+			// As Envoy's jwt_authn answers an invalid token.
+			sw.Header().Set("Content-Type", "text/plain")
+			sw.Header().Set("WWW-Authenticate", `Bearer realm="http://`+r.Host+r.URL.Path+`", error="invalid_token"`)
+			sw.WriteHeader(code)
+			_, _ = io.WriteString(sw, nr.body)
 		} else {
 			http.Error(sw, http.StatusText(code), code)
 		}

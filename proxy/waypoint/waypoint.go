@@ -160,6 +160,7 @@ type exchange struct {
 type errNoRoute struct {
 	code int
 	msg  string
+	body string // answered instead of the status text ("": the status text)
 }
 
 func (e *errNoRoute) Error() string { return e.msg }
@@ -185,10 +186,16 @@ func (w *Waypoint) decide(ex *exchange) error {
 	if ex.svc != nil {
 		ex.attrs.Service = ex.svc.hostname
 	}
-	// 2. authentication: the peer is authenticated by mTLS (hbone.Server
-	// verified its certificate). No RequestAuthentication yet: there is no
-	// request principal, so policies that need one were made to fail
-	// closed by the control plane.
+	// 2. authentication: the peer by mTLS (hbone.Server verified its
+	// certificate); the request by its JWT (RequestAuthentication): none
+	// is anonymous, an invalid one is a 401. Plain TCP has no request.
+	if ex.attrs.HTTP {
+		auth, err := authenticate(ex.cfg.authn, ex.attrs.Service, ex.req, time.Now())
+		if err != nil {
+			return &errNoRoute{code: http.StatusUnauthorized, msg: err.Error(), body: err.(*authnError).msg}
+		}
+		ex.attrs.Auth = auth
+	}
 
 	// 3. authorization.
 	ex.verdict = authorize(ex.cfg.policies, &ex.attrs)
