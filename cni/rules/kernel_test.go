@@ -31,6 +31,34 @@ func modes(t *testing.T) []Mode {
 	return []Mode{ModeLegacy, ModeNFT}
 }
 
+// backend is one way of putting a RuleSet into the kernel.
+type backend struct {
+	name string
+	new  func(ns *netns.Handle) Applier
+}
+
+// backends are both iptables variants and native nftables: the capture
+// cases run against each.
+func backends(t *testing.T) []backend {
+	var out []backend
+	for _, m := range modes(t) {
+		out = append(out, backend{"iptables-" + m.String(), func(ns *netns.Handle) Applier {
+			return NewKernelApplier(KernelConfig{Netns: ns, Mode: m})
+		}})
+	}
+	requireNFT(t)
+	return append(out, backend{"nftables", func(ns *netns.Handle) Applier {
+		return NewNFTApplier(NFTConfig{Netns: ns})
+	}})
+}
+
+func requireNFT(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Fatalf("nft not found (apt package nftables, make deps): %v", err)
+	}
+}
+
 // topology: a "pod" namespace and a "peer" namespace joined by a veth.
 //
 //	pod  eth0 10.77.0.1/24 fd77::1/64
@@ -134,8 +162,8 @@ func exchange(ns *netnstest.NS, network, addr string, mark uint32) string {
 
 func TestKernelCapture(t *testing.T) {
 	roottest.Require(t)
-	for _, mode := range modes(t) {
-		t.Run(mode.String(), func(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
 			pod, peer := topology(t)
 			// ztunnel's stand-ins in the pod.
 			serveTCP(t, pod, "127.0.0.1:15001", "outbound")
@@ -153,7 +181,7 @@ func TestKernelCapture(t *testing.T) {
 			serveUDP(t, peer, "10.77.0.3:53", "peer-dns")
 			serveUDP(t, peer, "10.77.0.2:5353", "peer-udp")
 
-			a := NewKernelApplier(KernelConfig{Netns: pod.Handle, Mode: mode})
+			a := be.new(pod.Handle)
 			apply := func(s PodSettings) {
 				t.Helper()
 				if err := a.Apply(mustInPod(t, s)); err != nil {

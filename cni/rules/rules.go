@@ -6,8 +6,11 @@
 // iptables rules in canonical `iptables -S` form, plus ip rules and routes),
 // tested against golden files. ParseAnnotations turns pod annotations into
 // PodSettings. Doing is behind the Applier interface: NewKernelApplier runs
-// iptables (go-iptables) and netlink inside a network namespace, and Fake keeps
-// the same state in memory, keyed by table and chain, for unit tests.
+// iptables (go-iptables) and netlink inside a network namespace;
+// NewNFTApplier keeps the same rules as native nftables inet tables (NFTables
+// translates them; one `nft -f -` transaction per change) and migrates a pod
+// off the iptables chains an earlier agent left; Fake keeps the iptables
+// state in memory, keyed by table and chain, for unit tests.
 //
 // It does not decide whether a pod is enrolled, talk to Kubernetes or ztunnel,
 // or manage ipsets (the host probe rule only references the ipset by name).
@@ -79,7 +82,12 @@ type ChainRef struct {
 	Chain  string
 }
 
-func (c ChainRef) String() string { return fmt.Sprintf("%s -t %s %s", c.Family, c.Table, c.Chain) }
+func (c ChainRef) String() string {
+	if strings.HasPrefix(c.Table, "inet ") { // nftables (see diffNFT)
+		return strings.TrimSpace("nft " + c.Table + " " + c.Chain)
+	}
+	return fmt.Sprintf("%s -t %s %s", c.Family, c.Table, c.Chain)
+}
 
 // Rule is one iptables rule. Args are in the canonical form `iptables -S`
 // prints (e.g. "-d 127.0.0.1/32", "-p tcp -m tcp --dport 53"), so the rules
@@ -100,6 +108,9 @@ func (r Rule) Ref() ChainRef { return ChainRef{r.Family, r.Table, r.Chain} }
 func (r Rule) Spec() string { return strings.Join(r.Args, " ") }
 
 func (r Rule) String() string {
+	if strings.HasPrefix(r.Table, "inet ") { // nftables (see diffNFT)
+		return fmt.Sprintf("nft %s %s %s", r.Table, r.Chain, r.Spec())
+	}
 	return fmt.Sprintf("%s -t %s -A %s %s", r.Family, r.Table, r.Chain, r.Spec())
 }
 
