@@ -76,6 +76,9 @@ type ClientConfig struct {
 	// OnHandshake, if set, is called before every TLS handshake (tests and
 	// metrics count them).
 	OnHandshake func(Key)
+	// Revocation refuses servers with a revoked certificate and closes
+	// connections whose server it revokes later; nil means none.
+	Revocation Revocation
 }
 
 // ClientConn is one outbound HBONE connection. Most callers use a Pool;
@@ -145,7 +148,7 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, 
 	}
 	var peer identity.Identity
 	rc := newRawConn(raw)
-	tc := tls.Client(rc, clientTLSConfig(wc, key.Dst, &peer, cache))
+	tc := tls.Client(rc, clientTLSConfig(wc, key.Dst, &peer, cache, cfg.Revocation))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		if ctx.Err() != nil {
@@ -171,6 +174,7 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, 
 	// on the first stream.
 	select {
 	case <-c.ready:
+		context.AfterFunc(c.ctx, watchRevoked(cfg.Revocation, c, tc.ConnectionState().PeerCertificates, false))
 		return c, nil
 	case <-c.done:
 		return nil, fmt.Errorf("hbone: connect %s: %w: server closed the connection before its SETTINGS: %w",

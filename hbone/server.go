@@ -93,6 +93,9 @@ type ServerConfig struct {
 	// (ParseHostAuthority) to the Handler with Request.Host set; without it
 	// they are refused with 400, as for any authority that is not ip:port.
 	AcceptHostnames bool
+	// Revocation refuses clients with a revoked certificate and closes
+	// connections whose client it revokes later; nil means none.
+	Revocation Revocation
 }
 
 // Server serves HBONE on the listeners given to Serve.
@@ -130,7 +133,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg:       cfg,
 		log:       cfg.Logger,
-		tlsConf:   serverTLSConfig(cfg.Identity, cfg.Certs, newVerifyCache()),
+		tlsConf:   serverTLSConfig(cfg.Identity, cfg.Certs, newVerifyCache(), cfg.Revocation),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*conn]struct{}),
 		drained:   make(chan struct{}),
@@ -272,7 +275,9 @@ func (s *Server) serveConn(nc net.Conn) {
 	if down {
 		c.goAway()
 	}
+	stopWatch := watchRevoked(s.cfg.Revocation, c, cs.PeerCertificates, true)
 	err = <-ended
+	stopWatch()
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()

@@ -21,8 +21,9 @@ const alpnH2 = "h2"
 // h2, the certificate of the local workload (fetched per handshake, so
 // rotation applies to new connections), and a client certificate that must
 // chain to that workload's trust bundle and carry a SPIFFE id in its trust
-// domain. Authorization of the peer identity is the Handler's job.
-func serverTLSConfig(local identity.Identity, certs identity.CertSource, cache *verifyCache) *tls.Config {
+// domain. Authorization of the peer identity is the Handler's job. rev,
+// when set, refuses a client whose chain holds a revoked certificate.
+func serverTLSConfig(local identity.Identity, certs identity.CertSource, cache *verifyCache, rev Revocation) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		MaxVersion: tls.VersionTLS13,
@@ -41,8 +42,10 @@ func serverTLSConfig(local identity.Identity, certs identity.CertSource, cache *
 				SessionTicketsDisabled:      true,
 				DynamicRecordSizingDisabled: true,
 				VerifyConnection: func(cs tls.ConnectionState) error {
-					_, err := verifyClient(cs, wc, local.TrustDomain, cache)
-					return err
+					if _, err := verifyClient(cs, wc, local.TrustDomain, cache); err != nil {
+						return err
+					}
+					return checkRevoked(rev, cs.PeerCertificates, true)
 				},
 			}, nil
 		},
@@ -71,8 +74,9 @@ func verifyClient(cs tls.ConnectionState, wc *identity.WorkloadCertificate, td s
 // source workload's certificate, no SNI, no session resumption, TLS 1.3,
 // ALPN h2, and a server that chains to the source workload's trust bundle
 // and names one of want in a URI SAN (not hostname verification). The
-// verified server identity is stored in *got.
-func clientTLSConfig(wc *identity.WorkloadCertificate, want []identity.Identity, got *identity.Identity, cache *verifyCache) *tls.Config {
+// verified server identity is stored in *got. rev, when set, refuses a
+// server whose chain holds a revoked certificate.
+func clientTLSConfig(wc *identity.WorkloadCertificate, want []identity.Identity, got *identity.Identity, cache *verifyCache, rev Revocation) *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		MaxVersion:   tls.VersionTLS13,
@@ -84,6 +88,9 @@ func clientTLSConfig(wc *identity.WorkloadCertificate, want []identity.Identity,
 		DynamicRecordSizingDisabled: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			id, err := verifyServer(cs, wc, want, cache)
+			if err == nil {
+				err = checkRevoked(rev, cs.PeerCertificates, false)
+			}
 			if err == nil {
 				*got = id
 			}
