@@ -59,6 +59,11 @@ type Deps struct {
 	// (ServiceEntry resolution DNS) when a connection is routed to one;
 	// nil: such connections fail (no_healthy_upstream).
 	Resolver HostResolver
+	// Revocation (the node proxy's CRL manager) refuses HBONE peers, in and
+	// out, whose certificate chain is revoked and closes the connections of
+	// peers it revokes later; nil: no revocation checks. It is applied to
+	// the pools the proxies open themselves, not to a Pool given here.
+	Revocation hbone.Revocation
 }
 
 // HostResolver resolves a hostname from inside a pod's network namespace,
@@ -200,6 +205,7 @@ func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (_ *Workload
 				Certs:          d.Certs,
 				Dial:           p.dialHBONE,
 				ConnectTimeout: ConnectTimeout,
+				Revocation:     d.Revocation,
 			},
 			Logger:            p.log,
 			MaxStreamsPerConn: d.Config.PoolMaxStreamsPerConn,
@@ -216,6 +222,8 @@ func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (_ *Workload
 		Certs:    d.Certs,
 		Handler:  hbone.HandlerFunc(p.serveHBONE),
 		Logger:   p.log,
+		// Revocation refuses and closes HBONE clients the CRLs revoke.
+		Revocation: d.Revocation,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: pod %s/%s: %w", info.Namespace, info.Name, err)
