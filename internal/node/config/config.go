@@ -65,6 +65,9 @@ const (
 	EnvAltXDSHostname            = "ALT_XDS_HOSTNAME"
 	EnvAltCAHostname             = "ALT_CA_HOSTNAME"
 	EnvIstioVersion              = "ISTIO_VERSION"
+	// EnvCRLPath names the CRL bundle (PEM or DER) the HBONE handshakes
+	// check peers against (internal/node/crl); unset: no revocation checks.
+	EnvCRLPath = "CRL_PATH"
 	// EnvIstioMetaPrefix: every ISTIO_META_<k>=<v> is xDS node metadata k.
 	EnvIstioMetaPrefix = "ISTIO_META_"
 )
@@ -133,6 +136,9 @@ type Config struct {
 
 	XDSHeaders map[string]string
 	CAHeaders  map[string]string
+	// CRLPath (CRL_PATH): the CRL bundle, verified against the mesh trust
+	// roots (CARootCA) and reloaded on change; "" means no CRL checks.
+	CRLPath string
 	// NodeMetadata is the xDS node metadata from ISTIO_META_<k> (k → value);
 	// ISTIO_VERSION is always set: ISTIO_META_ISTIO_VERSION, else the
 	// ISTIO_VERSION variable, else this binary's version.
@@ -181,6 +187,7 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 
 		AuthzPolicyInfoLogging:    p.boolean(EnvAuthzPolicyInfoLogging, false),
 		PreferredServiceNamespace: p.str(EnvPreferredServiceNamespace, ""),
+		CRLPath:                   p.str(EnvCRLPath, ""),
 	}
 	c.ClusterID = p.str(EnvMetaClusterID, "")
 	if c.ClusterID == "" {

@@ -179,3 +179,14 @@ func TestNodeMetadata(t *testing.T) {
 		})
 	}
 }
+
+func TestCRLPath(t *testing.T) {
+	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1"}), nil)
+	if err != nil || c.CRLPath != "" {
+		t.Fatalf("default CRL_PATH: %q, %v; want unset (no CRL checks)", c.CRLPath, err)
+	}
+	c, err = config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvCRLPath: "/etc/istio/crl/ca-crl.pem"}), nil)
+	if err != nil || c.CRLPath != "/etc/istio/crl/ca-crl.pem" {
+		t.Fatalf("CRL_PATH: %q, %v", c.CRLPath, err)
+	}
+}
