@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 
@@ -23,16 +24,32 @@ var (
 	errAuthorityMismatch = errors.New("authority does not match the address the connection arrived on")
 	// errDraining (503): the pod's listeners are draining.
 	errDraining = errors.New("the pod's proxy is draining")
+	// errUnknownHostname (503): a hostname authority names no service.
+	errUnknownHostname = errors.New("no service has this hostname")
+	// errNotLocalHostname (503): services of that hostname exist, but this
+	// pod is neither an endpoint nor the waypoint of any of them.
+	errNotLocalHostname = errors.New("this workload is not an endpoint or the waypoint of a service of this hostname")
+	// errNoTargetPort (503): the service port maps to no target port for
+	// this workload (not declared, or a named port it does not resolve).
+	errNoTargetPort = errors.New("service port has no target port on this workload")
+	// errNoServiceIP (503): a PROXY tunnel for a hostname authority needs
+	// an address of the service for the header, and it has none.
+	errNoServiceIP = errors.New("service has no address for the PROXY header")
 )
 
 // serveHBONE is the 15008 handler (docs/protocol.md#hbone, #routing): it
-// validates the authority, finds the local workload, authorizes, and dials
-// the application before answering 200. Every outcome is
-// recorded once.
+// validates the authority (ip:port, or a service hostname:port it resolves
+// to this pod), finds the local workload, authorizes, and dials the
+// application before answering 200; for an application tunnel of
+// protocol PROXY (a sandwiched waypoint) it dials loopback and writes a
+// PROXY v2 header first. Every outcome is recorded once.
 func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbone.Reply {
 	src := addrPortOf(req.RemoteAddr)
 	arrival := addrPortOf(req.LocalAddr)
-	target := netip.AddrPortFrom(req.Authority.Addr().Unmap(), req.Authority.Port())
+	// authority is what the client asked for; target is where in this pod
+	// it lands (the same, unless the authority is a hostname).
+	authority := netip.AddrPortFrom(req.Authority.Addr().Unmap(), req.Authority.Port())
+	target := authority
 	res := NewResult(p.d.Metrics, p.access, Inbound, src, arrival)
 	res.HBONEAddr = target
 	res.MTLS = true
@@ -63,27 +80,45 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 		res.Src = peerOf(sw)
 		res.Src.Identity = id
 	}
-	if svc := forwardedService(snap, local, req.Forwarded); svc != nil {
+	var hostSvc *state.Service
+	if req.Host != "" {
+		svc, port, err := resolveHostTarget(snap, local, req.Host, authority.Port())
+		if err != nil {
+			return refuse(503, WithReason(ReasonUnknownDest, fmt.Errorf("proxy: authority %s:%d: %w", req.Host, authority.Port(), err)))
+		}
+		hostSvc = svc
+		target = netip.AddrPortFrom(arrival.Addr(), port)
+		res.HBONEAddr = target
+		res.Service = serviceOf(svc)
+	} else if svc := forwardedService(snap, local, req.Forwarded); svc != nil {
 		res.Service = serviceOf(svc)
 	}
 
-	if target.Addr() != arrival.Addr() && !servesAsWaypoint(snap, local, target) {
+	at := local.ApplicationTunnel
+	// A workload with an application tunnel gets the authority in the
+	// tunnel's metadata and decides itself, as upstream lets it.
+	if target.Addr() != arrival.Addr() && at == nil && !servesAsWaypoint(snap, local, target) {
 		return refuse(400, WithReason(ReasonBadRequest, fmt.Errorf("proxy: authority %s, arrived on %s: %w", target, arrival, errAuthorityMismatch)))
 	}
 	if route.IsProxyPort(target.Port()) {
 		return refuse(503, WithReason(ReasonSelfCall, fmt.Errorf("proxy: authority %s: %w", target, route.ErrIllegalPort)))
 	}
-	// The app is reached on this pod's IP; a sandwiched waypoint addressed
-	// by a service VIP takes the traffic on its application-tunnel port.
+	// The app is reached on this pod's IP; an application tunnel may name
+	// its own port (a sandwiched waypoint's, e.g. 15088).
 	upstream := netip.AddrPortFrom(arrival.Addr(), target.Port())
-	if at := local.ApplicationTunnel; at != nil && at.Port != 0 && target.Addr() != arrival.Addr() {
+	if at != nil && at.Port != 0 {
 		upstream = netip.AddrPortFrom(arrival.Addr(), at.Port)
 	}
 	conn := rbac.Conn{SrcIP: src.Addr(), DstIP: upstream.Addr(), DstPort: upstream.Port(), SrcIdentity: req.Peer}
 	if err := p.authorize(snap, local, conn); err != nil {
 		return refuse(401, err)
 	}
-	up, err := p.dialApp(ctx, src.Addr(), upstream)
+	var up net.Conn
+	if at != nil && at.Protocol == state.AppTunnelProxy {
+		up, err = p.dialProxyTunnel(ctx, req, src, authority, hostSvc, local, upstream)
+	} else {
+		up, err = p.dialApp(ctx, src.Addr(), upstream)
+	}
 	if err != nil {
 		return refuse(503, WithReason(ReasonConnectFailed, fmt.Errorf("proxy: connect to the app: %w", err)))
 	}
@@ -121,12 +156,131 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	}
 }
 
+// dialProxyTunnel connects to a PROXY application tunnel: on loopback
+// from loopback (the pod's iptables and routing would treat a spoofed
+// source or the pod IP differently; the original source travels in the
+// header), then writes the PROXY v2 header: source the HBONE client,
+// destination the authority (for a hostname authority a VIP of the
+// service, on local's network and IPv4 first, with the service port, as
+// PROXY carries no names), TLV 0xD0 the client's verified identity.
+func (p *WorkloadProxy) dialProxyTunnel(ctx context.Context, req *hbone.Request, src, authority netip.AddrPort,
+	hostSvc *state.Service, local *state.Workload, upstream netip.AddrPort) (net.Conn, error) {
+	dst := authority
+	if hostSvc != nil {
+		vip, ok := serviceVIP(hostSvc, local.Network)
+		if !ok {
+			return nil, fmt.Errorf("proxy: PROXY header for %s: %w", hostSvc.Hostname, errNoServiceIP)
+		}
+		dst = netip.AddrPortFrom(vip, authority.Port())
+	}
+	var tlvs []ProxyV2TLV
+	if !req.Peer.IsZero() {
+		tlvs = append(tlvs, ProxyV2TLV{Type: ProxyV2TLVPeerIdentity, Value: []byte(req.Peer.String())})
+	}
+	hdr, err := AppendProxyV2(nil, src, dst, tlvs...)
+	if err != nil {
+		return nil, err
+	}
+	lo := netip.IPv6Loopback()
+	if upstream.Addr().Is4() {
+		lo = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	up, err := p.dialApp(ctx, netip.Addr{}, netip.AddrPortFrom(lo, upstream.Port()))
+	if err != nil {
+		return nil, err
+	}
+	_ = up.SetWriteDeadline(time.Now().Add(ConnectTimeout))
+	if _, err := up.Write(hdr); err != nil {
+		up.Close()
+		return nil, fmt.Errorf("proxy: write the PROXY header to %s: %w", up.RemoteAddr(), err)
+	}
+	_ = up.SetWriteDeadline(time.Time{})
+	return up, nil
+}
+
+// serviceVIP picks the service address a PROXY header names for it: one
+// on network, IPv4 before IPv6; else any.
+func serviceVIP(svc *state.Service, network string) (netip.Addr, bool) {
+	var best netip.Addr
+	score := -1
+	for _, v := range svc.VIPs {
+		s := 0
+		if v.Network == network {
+			s = 1
+			if v.Prefix.Addr().Is4() {
+				s = 2
+			}
+		}
+		if s > score {
+			best, score = v.Prefix.Addr(), s
+		}
+	}
+	return best, score >= 0
+}
+
+// resolveHostTarget resolves a hostname authority on this pod: among the
+// services of that hostname, one this pod is an endpoint (or the waypoint)
+// of, preferring the pod's namespace; then the target port for
+// servicePort, from the pod's own port map for the service (named ports),
+// else the service's numeric target port.
+func resolveHostTarget(snap *state.Snapshot, local *state.Workload, host string, servicePort uint16) (*state.Service, uint16, error) {
+	svcs := snap.ServicesByHostname(host)
+	if len(svcs) == 0 {
+		return nil, 0, errUnknownHostname
+	}
+	var best *state.Service
+	for _, svc := range svcs {
+		if !memberOf(local, svc.Key) && !isWaypointOf(snap, svc, local) {
+			continue
+		}
+		if best == nil || svc.Namespace == local.Namespace && best.Namespace != local.Namespace {
+			best = svc
+		}
+	}
+	if best == nil {
+		return nil, 0, errNotLocalHostname
+	}
+	for _, pm := range local.PortsFor(best.Key) {
+		if pm.ServicePort == servicePort && pm.TargetPort != 0 {
+			return best, pm.TargetPort, nil
+		}
+	}
+	if tp, ok := best.TargetPort(servicePort); ok && tp != 0 {
+		return best, tp, nil
+	}
+	return nil, 0, fmt.Errorf("%w (service %s port %d)", errNoTargetPort, best.Key, servicePort)
+}
+
+// memberOf reports whether w is an endpoint of the service key.
+func memberOf(w *state.Workload, key string) bool {
+	for i := range w.Services {
+		if w.Services[i].Service == key {
+			return true
+		}
+	}
+	return false
+}
+
+// isWaypointOf reports whether w is svc's waypoint: the primary or any
+// weighted (canary) one.
+func isWaypointOf(snap *state.Snapshot, svc *state.Service, w *state.Workload) bool {
+	if gatewayIs(snap, svc.Waypoint, w) {
+		return true
+	}
+	for i := range svc.WeightedWaypoints {
+		if gatewayIs(snap, &svc.WeightedWaypoints[i].Destination, w) {
+			return true
+		}
+	}
+	return false
+}
+
 // servesAsWaypoint reports whether local is the waypoint of the service or
 // workload at target (sandwich: the authority may then be that VIP or
 // workload IP instead of the arrival address).
 func servesAsWaypoint(snap *state.Snapshot, local *state.Workload, target netip.AddrPort) bool {
 	if svc := snap.ServiceByVIP(local.Network, target.Addr(), local.Namespace); svc != nil {
-		return gatewayIs(snap, svc.Waypoint, local)
+		return isWaypointOf(snap, svc, local)
 	}
 	if w := snap.WorkloadByIP(local.Network, target.Addr()); w != nil {
 		return gatewayIs(snap, w.Waypoint, local)
@@ -142,13 +296,13 @@ func gatewayIs(snap *state.Snapshot, g *state.GatewayAddress, w *state.Workload)
 		return false
 	}
 	if g.IsHostname() {
-		return w.PortsFor(g.Hostname.Key()) != nil
+		return memberOf(w, g.Hostname.Key())
 	}
 	if hasAddr(w, g.Address.IP) {
 		return true
 	}
 	if svc := snap.ServiceByVIP(g.Address.Network, g.Address.IP, ""); svc != nil {
-		return w.PortsFor(svc.Key) != nil
+		return memberOf(w, svc.Key)
 	}
 	return false
 }

@@ -224,6 +224,8 @@ func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (_ *Workload
 		Logger:   p.log,
 		// Revocation refuses and closes HBONE clients the CRLs revoke.
 		Revocation: d.Revocation,
+		// serveHBONE resolves service hostname authorities (Istio 1.26).
+		AcceptHostnames: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: pod %s/%s: %w", info.Namespace, info.Name, err)

@@ -1,0 +1,178 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/netns"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+)
+
+// connectHost sends one CONNECT naming host:port to the pod's 15008 as
+// peer.
+func (e *podEnv) connectHost(t *testing.T, host string, port uint16) (*hbone.Tunnel, error) {
+	cc, err := hbone.Dial(context.Background(), &hbone.ClientConfig{
+		Certs: e.certs,
+		Dial: func(ctx context.Context, _ netip.Addr, hop netip.AddrPort) (net.Conn, error) {
+			return e.ns.Dial(ctx, "tcp", hop, netns.SockOpts{Mark: 1337})
+		},
+	}, hbone.Key{
+		Src: identity.MustNew("cluster.local", "apps", "peer"), Dst: []identity.Identity{e.id},
+		NextHop: netip.AddrPortFrom(podIP, route.HBONEPort),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return cc.Connect(ctx, &hbone.ConnectRequest{Authority: netip.AddrPortFrom(netip.Addr{}, port), Host: host})
+}
+
+// TestInboundHBONEHostname: a CONNECT naming a service by hostname (Istio
+// 1.26) lands on this pod's target port for that service, through the
+// same policy and metrics as an ip:port CONNECT; a name this pod cannot
+// serve is refused with 503, as upstream ztunnel does.
+func TestInboundHBONEHostname(t *testing.T) {
+	e := newPodEnv(t)
+	k := pt.ServiceKey
+	pt.Apply(t, e.store,
+		pt.Pod("apps", "pod", podIP.String(),
+			pt.InService(k("apps", "reviews"), 9080, 8080),
+			pt.InService(k("apps", "named"), 9081, 8080),
+			pt.InService(k("apps", "denied"), 80, 9999)),
+		pt.Pod("apps", "elsewhere", "10.55.9.9", pt.InService(k("apps", "other"), 80, 8080)),
+		pt.Service("apps", "reviews", "10.96.55.1", []uint32{9080, 8080}),
+		pt.Service("apps", "named", "10.96.55.2", []uint32{9081, 0}), // named target port: from the pod's map
+		pt.Service("apps", "denied", "10.96.55.3", []uint32{80, 9999}),
+		pt.Service("apps", "other", "10.96.55.4", []uint32{80, 8080}),
+	)
+	pt.ApplyPolicies(t, e.store, pt.Policy("apps", "deny-9999", securityapi.Action_DENY, pt.Rule(pt.Ports(9999))))
+	for _, tc := range []struct {
+		name   string
+		host   string
+		port   uint16
+		status int // 0: 200
+		reason string
+		err    error // the cause the access log names
+	}{
+		{"service port to target port", pt.Hostname("apps", "reviews"), 9080, 0, "", nil},
+		{"upper case is the same name", strings.ToUpper(pt.Hostname("apps", "reviews")), 9080, 0, "", nil},
+		{"named port from the endpoint", pt.Hostname("apps", "named"), 9081, 0, "", nil},
+		{"policy sees the resolved port", pt.Hostname("apps", "denied"), 80, 401, "policy_denied", nil},
+		{"unknown hostname", pt.Hostname("apps", "nope"), 80, 503, "unknown_destination", errUnknownHostname},
+		{"service without this pod", pt.Hostname("apps", "other"), 80, 503, "unknown_destination", errNotLocalHostname},
+		{"undeclared service port", pt.Hostname("apps", "reviews"), 9999, 503, "unknown_destination", errNoTargetPort},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tun, err := e.connectHost(t, tc.host, tc.port)
+			if tc.status == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tun.Close()
+				line := make([]byte, 64)
+				n, _ := tun.Read(line)
+				if want := "app 10.55.0.1:8080 from"; !strings.HasPrefix(string(line[:n]), want) {
+					t.Fatalf("tunnel read %q, want %q", line[:n], want)
+				}
+				return
+			}
+			var se *hbone.StatusError
+			if !errors.As(err, &se) || se.Code != tc.status {
+				t.Fatalf("err = %v, want status %d", err, tc.status)
+			}
+			waitLog(t, e.logs, map[string]string{"direction": "inbound", "reason": tc.reason})
+			if tc.err != nil {
+				want := tc.host + ":" + strconv.Itoa(int(tc.port)) + ": " + tc.err.Error()
+				found := false
+				for _, l := range e.logs.FilterMessage("connection complete").All() {
+					if msg, _ := l.ContextMap()["error"].(string); strings.Contains(msg, want) {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("no access-log line with error %q", want)
+				}
+			}
+		})
+	}
+	// The service the name resolved to labels the metrics (from the
+	// control plane, not the header).
+	e.waitMetric(t, "istio_tcp_connections_opened_total", map[string]string{
+		"reporter": "destination", "destination_service": pt.Hostname("apps", "reviews"),
+		"destination_service_name": "reviews"}, 2)
+}
+
+// TestResolveHostTarget covers the choice among services of one hostname
+// (ServiceEntries in several namespaces), a sandwiched waypoint named by
+// its service's hostname, and the port fallbacks, without sockets.
+func TestResolveHostTarget(t *testing.T) {
+	const shared = "shared.example.com"
+	k := pt.ServiceKey
+	entry := func(ns string, ports []uint32, opts ...pt.ServiceOpt) *workloadapi.Address {
+		a := pt.Service(ns, "se", "", ports, opts...)
+		a.GetService().Hostname = shared
+		return a
+	}
+	s := state.NewStore()
+	pt.Apply(t, s,
+		pt.Pod("apps", "both", "10.0.0.1", pt.InService("apps/"+shared, 80, 8080), pt.InService("other/"+shared, 80, 9090)),
+		pt.Pod("apps", "remote-only", "10.0.0.2", pt.InService("other/"+shared, 80, 9090)),
+		pt.Pod("apps", "wp", "10.0.0.3", pt.InService(k("apps", "wp"), 15008, 15008)),
+		entry("apps", []uint32{80, 8080}),
+		entry("other", []uint32{80, 0}),
+		pt.Service("apps", "wp", "10.96.0.9", []uint32{15008, 15008}),
+		pt.Service("apps", "guarded", "10.96.0.10", []uint32{80, 8080}, pt.ServiceWaypoint(pt.WaypointHost("apps", "wp"))),
+		pt.Service("apps", "canaried", "10.96.0.11", []uint32{80, 8081}, func(svc *workloadapi.Service) {
+			svc.WeightedWaypoints = []*workloadapi.WeightedWaypoint{{Destination: pt.WaypointHost("apps", "wp"), Weight: 1}}
+		}),
+	)
+	snap := s.Load()
+	w := func(name string) *state.Workload { return snap.WorkloadByUID(pt.UID("apps", name)) }
+	for _, tc := range []struct {
+		name    string
+		local   string
+		host    string
+		port    uint16
+		wantKey string
+		want    uint16
+		wantErr error
+	}{
+		{"own namespace first", "both", shared, 80, "apps/" + shared, 8080, nil},
+		{"another namespace's entry when the pod serves only that", "remote-only", shared, 80, "other/" + shared, 9090, nil},
+		{"waypoint of the service: its target port", "wp", pt.Hostname("apps", "guarded"), 80, k("apps", "guarded"), 8080, nil},
+		{"weighted waypoint of the service", "wp", pt.Hostname("apps", "canaried"), 80, k("apps", "canaried"), 8081, nil},
+		{"not served here", "remote-only", pt.Hostname("apps", "guarded"), 80, "", 0, errNotLocalHostname},
+		{"no such name", "both", "nope.example.com", 80, "", 0, errUnknownHostname},
+		{"port not in the service", "both", shared, 81, "", 0, errNoTargetPort},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc, port, err := resolveHostTarget(snap, w(tc.local), tc.host, tc.port)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || svc.Key != tc.wantKey || port != tc.want {
+				t.Fatalf("= %v, %d, %v; want %s, %d", svc, port, err, tc.wantKey, tc.want)
+			}
+		})
+	}
+	if vip, ok := serviceVIP(snap.ServiceByHost(k("apps", "guarded")), ""); !ok || vip != netip.MustParseAddr("10.96.0.10") {
+		t.Errorf("serviceVIP = %v, %v", vip, ok)
+	}
+}
