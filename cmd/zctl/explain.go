@@ -50,6 +50,11 @@ type explanation struct {
 	// 0-based index of the matching rule); empty when no policy decided.
 	Policy string `json:"policy,omitempty"`
 	Rule   *int   `json:"rule,omitempty"`
+	// Waypoints are the waypoint configs read (Gateway and where from).
+	Waypoints []string `json:"waypoints,omitempty"`
+	// Indirect is set when direct access and the way through a waypoint
+	// are decided differently.
+	Indirect *indirectPath `json:"indirect,omitempty"`
 }
 
 func (e *explanation) add(name, result, by, detail string) {
@@ -96,10 +101,16 @@ func firstAddr(w *state.Workload) netip.Addr {
 
 // explain follows src's connection to dst through the same functions the
 // proxies run: route.OutboundWith at the source node proxy (with the
-// service's load-balancing settings) and rbac.Evaluate at the destination
-// node proxy, with the identity that proxy sees. rnd draws the endpoint
+// service's load-balancing settings), the waypoint's own binding check and
+// authorization (proxy/waypoint) when its config was given, and
+// rbac.Evaluate at the destination node proxy, each with the identity that
+// enforcement point sees. It flags an indirect path (direct access and the
+// way through the waypoint decided differently). rnd draws the endpoint
 // (nil: random, as for a real connection).
-func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explanation, error) {
+func explain(d *dump, proxy, srcRef, dstArg string, req *request, rnd func(int) int) (*explanation, error) {
+	if req == nil {
+		req = &request{}
+	}
 	snap, err := d.snapshot()
 	if err != nil {
 		return nil, err
@@ -114,11 +125,16 @@ func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explana
 		id = "no identity (not captured)"
 	}
 	e := &explanation{Proxy: proxy, Destination: dstArg, Source: fmt.Sprintf("%s/%s %s %s", src.Namespace, src.Name, srcIP, id)}
+	for _, wd := range req.waypoints {
+		e.Waypoints = append(e.Waypoints, gatewayRef(wd.raw)+" "+wd.from)
+	}
+	host := ""
 	dst, err := netip.ParseAddrPort(dstArg)
 	if err != nil {
 		if dst, err = resolveDestination(e, snap, src, dstArg); err != nil {
 			return nil, err
 		}
+		host, _, _ = net.SplitHostPort(dstArg)
 	}
 
 	if src.Protocol != state.TunnelHBONE {
@@ -156,39 +172,77 @@ func explain(d *dump, proxy, srcRef, dstArg string, rnd func(int) int) (*explana
 		return e, nil
 	}
 	if r.Waypoint {
-		wp := r.DstWorkload
 		if w := snap.WorkloadByIP(src.Network, dst.Addr()); by == "" && w != nil {
 			by = workloadRef(w)
 		}
 		e.add("route", "waypoint: HBONE CONNECT "+r.Authority.String()+" to "+r.NextHop.String(), by,
 			"peer must be "+ids(r.UpstreamIdentities()))
-		e.add("waypoint", wp.Namespace+"/"+wp.Name+" "+firstAddr(wp).String(), workloadRef(wp),
-			"its L7 policies are in the waypoint, not in this dump; it connects on with its own identity")
-		// The waypoint connects to the endpoint with its own identity; the
-		// node proxy's endpoint choice stands in for its load balancer.
-		var dw *state.Workload
-		target := dst
-		if r.Service != nil {
-			w, port, err := snap.SelectEndpoint(r.Service, dst.Port(), wp, rnd)
-			if err != nil {
-				e.add("endpoint", "none for the waypoint", serviceRef(r.Service), err.Error()+"; load balancing "+lbString(r.Service.LoadBalancing))
-				e.Verdict = verdictRefused
-				return e, nil
-			}
-			dw, target = w, netip.AddrPortFrom(firstAddr(w), port)
-			e.add("endpoint", w.Namespace+"/"+w.Name+" "+target.String(), serviceRef(r.Service), endpointWhy(r.Service))
-		} else if dw = snap.WorkloadByIP(src.Network, dst.Addr()); dw == nil {
-			return nil, fmt.Errorf("waypoint route to %s names no workload", dst)
-		}
-		authorize(e, snap, dw, rbac.Conn{SrcIP: firstAddr(wp), DstIP: target.Addr(), DstPort: target.Port(), SrcIdentity: wp.Identity()}, "the waypoint's, over mTLS")
-		return e, nil
+		return explainWaypoint(e, snap, req, src, r, dst, host, rnd)
 	}
 	dw := r.DstWorkload
 	e.add("route", "hbone: CONNECT "+r.Authority.String()+" to "+r.NextHop.String(), or(by, workloadRef(dw)), "peer must be "+ids(r.UpstreamIdentities()))
 	if r.Service != nil {
 		e.add("endpoint", dw.Namespace+"/"+dw.Name+" "+r.Authority.String(), serviceRef(r.Service), endpointWhy(r.Service))
 	}
-	authorize(e, snap, dw, rbac.Conn{SrcIP: srcIP, DstIP: r.Authority.Addr(), DstPort: r.Authority.Port(), SrcIdentity: src.Identity()}, "the client's, over mTLS")
+	direct := authorize(e, snap, dw, rbac.Conn{SrcIP: srcIP, DstIP: r.Authority.Addr(), DstPort: r.Authority.Port(), SrcIdentity: src.Identity()}, "the client's, over mTLS")
+	if r.Service == nil {
+		viaWaypoint(e, snap, req, src, dw, r.Authority, direct, rnd)
+	}
+	return e, nil
+}
+
+// explainWaypoint follows a connection routed to a waypoint: the waypoint's
+// authorization as the client, its endpoint, then the endpoint's node proxy
+// seeing the waypoint's identity.
+func explainWaypoint(e *explanation, snap *state.Snapshot, req *request, src *state.Workload, r route.Decision, dst netip.AddrPort, host string, rnd func(int) int) (*explanation, error) {
+	wp := r.DstWorkload
+	// The endpoint the waypoint would go on to; the node proxy's endpoint
+	// choice stands in for its load balancer.
+	var dw *state.Workload
+	target := dst
+	var noEndpoint error
+	if r.Service != nil {
+		w, port, err := snap.SelectEndpoint(r.Service, dst.Port(), wp, rnd)
+		if err != nil {
+			noEndpoint = err
+		} else {
+			dw, target = w, netip.AddrPortFrom(firstAddr(w), port)
+		}
+	} else if dw = snap.WorkloadByIP(src.Network, dst.Addr()); dw == nil {
+		return nil, fmt.Errorf("waypoint route to %s names no workload", dst)
+	}
+	wd := req.waypointFor(wp)
+	var wo *outcome
+	gw := workloadRef(wp)
+	if wd == nil {
+		e.add("waypoint", wp.Namespace+"/"+wp.Name+" "+firstAddr(wp).String(), workloadRef(wp),
+			fmt.Sprintf("its L7 decision needs its config (give --waypoint-admin or --waypoint-file; none of the %d given runs as %s); it connects on with its own identity", len(req.waypoints), wp.Identity()))
+	} else {
+		e.add("waypoint", wp.Namespace+"/"+wp.Name+" "+firstAddr(wp).String(), gatewayRef(wd.raw),
+			"runs as "+wp.Identity().String()+": authorizes as the client, then connects on with its own identity")
+		o := waypointAuthz(e, req, wd, src, r.Authority, host)
+		wo, gw = &o, gatewayRef(wd.raw)
+		if o.verdict == verdictDeny || o.verdict == verdictRefused {
+			e.Verdict, e.Policy = o.verdict, o.policy
+			if dw != nil {
+				flagIndirect(e, snap, src, dw, wp, gw, target, wo, nil, rnd)
+			}
+			return e, nil
+		}
+	}
+	if noEndpoint != nil {
+		e.add("endpoint", "none for the waypoint", serviceRef(r.Service), noEndpoint.Error()+"; load balancing "+lbString(r.Service.LoadBalancing))
+		e.Verdict = verdictRefused
+		return e, nil
+	}
+	if r.Service != nil {
+		e.add("endpoint", dw.Namespace+"/"+dw.Name+" "+target.String(), serviceRef(r.Service), endpointWhy(r.Service))
+	}
+	node := authorize(e, snap, dw, rbac.Conn{SrcIP: firstAddr(wp), DstIP: target.Addr(), DstPort: target.Port(), SrcIdentity: wp.Identity()}, "the waypoint's, over mTLS")
+	if wo != nil && wo.verdict == verdictDepends && e.Verdict == verdictAllow {
+		e.Verdict = verdictDepends
+	}
+	flagIndirect(e, snap, src, dw, wp, gw, target, wo, &node, rnd)
 	return e, nil
 }
 
@@ -266,7 +320,7 @@ func explainPlaintext(e *explanation, snap *state.Snapshot, src *state.Workload,
 
 // authorize runs the destination node proxy's L4 authorization and sets the
 // verdict, naming the deciding policy and rule.
-func authorize(e *explanation, snap *state.Snapshot, dw *state.Workload, conn rbac.Conn, seen string) {
+func authorize(e *explanation, snap *state.Snapshot, dw *state.Workload, conn rbac.Conn, seen string) outcome {
 	applying := snap.PoliciesFor(dw)
 	dec := rbac.Evaluate(applying, conn)
 	peer := "no identity"
@@ -279,10 +333,7 @@ func authorize(e *explanation, snap *state.Snapshot, dw *state.Workload, conn rb
 		keys[i] = p.Key
 	}
 	e.add("policies", or(strings.Join(keys, ", "), "none"), workloadRef(dw), "applying at the node proxy on "+or(dw.Node, "-"))
-	verdict := verdictAllow
-	if !dec.Allowed {
-		verdict = verdictDeny
-	}
+	o := l4Outcome(applying, dec)
 	by, detail := "", fmt.Sprintf("sees %s from %s to %s", peer, conn.SrcIP, netip.AddrPortFrom(conn.DstIP, conn.DstPort))
 	if dec.Policy != "" {
 		by = policyRef(dec.Policy)
@@ -294,7 +345,7 @@ func authorize(e *explanation, snap *state.Snapshot, dw *state.Workload, conn rb
 			}
 		}
 	}
-	e.add("authz", verdict+" ("+dec.Reason.String()+")", by, detail)
+	e.add("authz", o.verdict+" ("+dec.Reason.String()+")", by, detail)
 	if v, ok := dec.DryRun(); ok && v.Differs {
 		what := "would deny"
 		if v.Allowed {
@@ -305,7 +356,42 @@ func authorize(e *explanation, snap *state.Snapshot, dw *state.Workload, conn rb
 	if dec.Audited != "" {
 		e.add("audit", "audited", policyRef(dec.Audited), "")
 	}
-	e.Verdict = verdict
+	e.Verdict = o.verdict
+	return o
+}
+
+// outcome is one enforcement point's decision: the verdict, the deciding
+// policy's key ("" when none decided) and why, in words.
+type outcome struct {
+	verdict, policy, why string
+	// unmatched are the ALLOW policies none of which matched, when that
+	// denied (no single policy decided).
+	unmatched []string
+}
+
+// l4Outcome describes a node proxy's rbac decision.
+func l4Outcome(applying []*rbac.Policy, dec rbac.Decision) outcome {
+	o := outcome{verdict: verdictAllow, policy: dec.Policy}
+	if !dec.Allowed {
+		o.verdict = verdictDeny
+	}
+	switch {
+	case dec.Policy != "" && dec.Allowed:
+		o.why = "allowed by " + dec.Policy
+	case dec.Policy != "":
+		o.why = "denied by " + dec.Policy
+	case dec.Reason == rbac.ReasonNoAllowMatched:
+		var allows []string
+		for _, p := range applying {
+			if p.Action == rbac.Allow && !p.DryRun {
+				allows = append(allows, p.Key)
+			}
+		}
+		o.why, o.unmatched = "no ALLOW policy matched ("+strings.Join(allows, ", ")+")", allows
+	default:
+		o.why = dec.Reason.String()
+	}
+	return o
 }
 
 // matchingRule returns the index of the first rule of p that conn matches,

@@ -35,6 +35,7 @@ const strictKey = "istio-system/istio_converted_static_strict"
 //	local/cache   10.0.4.1 node1, endpoint of local/cache (10.96.0.30, 6379), internalTrafficPolicy Local
 //	demo/waypoint 10.0.5.1 node1, endpoint of demo/waypoint (15008); waypoint of demo/reviews
 //	demo/reviews-v1 10.0.6.1 node1, endpoint of demo/reviews (10.96.0.50, 9080), selected by demo/allow-waypoint
+//	shop/ratings-v1 10.0.7.1 node1, endpoint of shop/ratings (10.96.0.60, 9080), waypoint demo/waypoint, no L4 policy
 //	demo/old-echo   ExternalName alias of echo.demo.svc.cluster.local
 //	egress/api      ServiceEntry api.example.com, auto-allocated 240.240.0.1:443, plaintext endpoint 192.0.2.10
 //	policies: demo/allow-client ALLOW sa-client on 8080 (namespace); demo/deny-other DENY sa-other on 9090 (namespace);
@@ -78,6 +79,8 @@ func explainDump(t *testing.T) *dump {
 		proxytest.Service("local", "cache", "10.96.0.30", []uint32{6379, 6379}, local),
 		proxytest.Service("demo", "waypoint", "10.96.0.40", []uint32{15008, 15008}),
 		proxytest.Service("demo", "reviews", "10.96.0.50", []uint32{9080, 9080}, proxytest.ServiceWaypoint(proxytest.WaypointHost("demo", "waypoint"))),
+		proxytest.Pod("shop", "ratings-v1", "10.0.7.1", proxytest.OnNode("node1"), proxytest.InService(proxytest.ServiceKey("shop", "ratings"), 9080, 9080)),
+		proxytest.Service("shop", "ratings", "10.96.0.60", []uint32{9080, 9080}, proxytest.ServiceWaypoint(proxytest.WaypointHost("demo", "waypoint"))),
 	)
 	allowWP := proxytest.Policy("demo", "allow-waypoint", securityapi.Action_ALLOW, proxytest.Rule(proxytest.Principals("cluster.local/ns/demo/sa/sa-waypoint")))
 	allowWP.Scope = securityapi.Scope_WORKLOAD_SELECTOR
@@ -179,7 +182,7 @@ func TestExplain(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e, err := explain(d, "file x", tc.src, tc.dst, first)
+			e, err := explain(d, "file x", tc.src, tc.dst, nil, first)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -201,7 +204,7 @@ func TestExplain(t *testing.T) {
 		})
 	}
 	for _, bad := range [][2]string{{"demo/nobody", "10.96.0.10:80"}, {"demo/client", "example.org:443"}, {"demo/client", "echo"}} {
-		if _, err := explain(d, "file x", bad[0], bad[1], first); err == nil {
+		if _, err := explain(d, "file x", bad[0], bad[1], nil, first); err == nil {
 			t.Errorf("%s → %s accepted", bad[0], bad[1])
 		}
 	}
@@ -209,7 +212,7 @@ func TestExplain(t *testing.T) {
 
 // TestExplainFormats: table, JSON and YAML carry the same content.
 func TestExplainFormats(t *testing.T) {
-	e, err := explain(explainDump(t), "file x", "legacy/outsider", "10.96.0.20:443", nil)
+	e, err := explain(explainDump(t), "file x", "legacy/outsider", "10.96.0.20:443", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

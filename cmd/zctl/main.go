@@ -2,7 +2,8 @@
 // dump (live, or saved to a file):
 //
 //	zctl config-dump [--admin ADDR | -f FILE] [workloads|services|policies|certificates|pods]
-//	zctl explain [--admin ADDR | -f FILE] [-o table|json|yaml] <source-pod> <destination>
+//	zctl explain [--admin ADDR | -f FILE] [--waypoint-admin ADDR | --waypoint-file FILE]...
+//	             [--method M] [--path P] [-o table|json|yaml] <source-pod> <destination>
 //	zctl check ...   (an alias of explain)
 //	zctl analyze [-o table|json|yaml] <dir>
 //	zctl status [--cp-admin ADDR | -f FILE] [-o table|json|yaml]
@@ -15,8 +16,13 @@
 // offline and runs the data path's own routing decision (route.Outbound,
 // with the services' load-balancing settings) and L4 authorization
 // (rbac.Evaluate, with the identity the destination node proxy sees) on it,
-// step by step, naming the object that decided each step; it exits 3 when
-// the connection would be denied or refused. analyze reads a directory of
+// step by step, naming the object that decided each step; given a
+// waypoint's config (--waypoint-admin or --waypoint-file) it runs the
+// waypoint's own authorization (proxy/waypoint) for the request
+// (--method, --path) as well, and it flags an indirect path (direct access
+// and the way through the waypoint decided differently). It exits 3 when
+// the connection would be denied or refused, 4 when the waypoint's verdict
+// depends on the request and none was given. analyze reads a directory of
 // YAML as local mode does, runs the control plane's translation on it and
 // lists what will not work (codes ZTG0001…); it exits 2 on an error finding.
 // status lists the proxies connected to the control plane and their xDS
@@ -39,6 +45,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -47,6 +54,8 @@ func main() {
 	switch {
 	case errors.Is(err, errDenied):
 		os.Exit(3)
+	case errors.Is(err, errDepends):
+		os.Exit(4)
 	case errors.Is(err, errFindings):
 		os.Exit(2)
 	case errors.Is(err, flag.ErrHelp):
@@ -91,7 +100,16 @@ func usage(w io.Writer) {
 // options are the flags every command takes.
 type options struct {
 	admin, file, output string
+	// explain's waypoint inputs.
+	waypointAdmins, waypointFiles stringList
+	method, path                  string
 }
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func run(args []string, out, errOut io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
@@ -122,6 +140,12 @@ func run(args []string, out, errOut io.Writer) error {
 	}
 	if name != "config-dump" {
 		fs.StringVar(&o.output, "o", "table", "output format: table, json or yaml")
+	}
+	if name == "explain" || name == "check" {
+		fs.Var(&o.waypointAdmins, "waypoint-admin", "a waypoint's admin address, to run its L7 authorization (repeatable)")
+		fs.Var(&o.waypointFiles, "waypoint-file", "a waypoint's saved /config_dump (repeatable)")
+		fs.StringVar(&o.method, "method", "", "the HTTP method at the waypoint (default GET when --path is given)")
+		fs.StringVar(&o.path, "path", "", "the HTTP path at the waypoint (default / when --method is given)")
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(out, "usage: zctl %s [flags] %s\n\nflags:\n", name, synopsis)
@@ -154,17 +178,24 @@ func run(args []string, out, errOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e, err := explain(d, from, pos[0], pos[1], nil)
+	wps, err := loadWaypoints(o.waypointAdmins, o.waypointFiles)
+	if err != nil {
+		return err
+	}
+	e, err := explain(d, from, pos[0], pos[1], &request{waypoints: wps, method: o.method, path: o.path}, nil)
 	if err != nil {
 		return err
 	}
 	if err := writeExplanation(out, e, o.output); err != nil {
 		return err
 	}
-	if e.Verdict != verdictAllow {
-		return errDenied
+	switch e.Verdict {
+	case verdictAllow:
+		return nil
+	case verdictDepends:
+		return errDepends
 	}
-	return nil
+	return errDenied
 }
 
 // parseInterspersed parses flags anywhere among the arguments (flag stops

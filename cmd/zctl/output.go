@@ -31,7 +31,11 @@ func writeExplanation(w io.Writer, e *explanation, format string) error {
 	default:
 		return fmt.Errorf("unknown output format %q (want table, json or yaml)", format)
 	}
-	fmt.Fprintf(w, "proxy:        %s\nsource:       %s\ndestination:  %s\n\n", e.Proxy, e.Source, e.Destination)
+	fmt.Fprintf(w, "proxy:        %s\n", e.Proxy)
+	for _, wp := range e.Waypoints {
+		fmt.Fprintf(w, "waypoint:     %s\n", wp)
+	}
+	fmt.Fprintf(w, "source:       %s\ndestination:  %s\n\n", e.Source, e.Destination)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "STEP\tRESULT\tDECIDED BY\tDETAIL")
 	for _, s := range e.Steps {
