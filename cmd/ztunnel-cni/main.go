@@ -80,6 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.DaemonSetNamespace, "daemonset-namespace", "", "namespace of --daemonset-name (default --system-namespace; from the downward API: $(POD_NAMESPACE))")
 	fs.BoolVar(&o.DNSCapture, "dns-capture", true, "redirect pods' DNS to the node proxy by default (annotation "+rules.AnnotationDNSCapture+" overrides)")
 	fs.BoolVar(&o.IPv6, "ipv6", false, "also program ip6tables rules and the IPv6 probe ipset")
+	fs.BoolVar(&o.NFTables, "native-nftables", false, "write pod rules as native nftables (inet tables istio-ambient-*) instead of iptables, moving pods an iptables agent captured over (the chart passes $(NATIVE_NFTABLES), Istio's variable)")
 	fs.BoolVar(&o.Reconcile, "reconcile-pod-rules-on-startup", false, "on start, compare every remembered pod's rules with what they should be and repair differences")
 	fs.StringVar(&o.AdminAddr, "admin-addr", bootstrap.DefaultAdminAddr, "loopback address of the debug server: GET /pods, /logging, /debug/pprof/ (\"\": none; other addresses are refused)")
 	fs.StringVar(&o.ReadinessAddr, "readiness-addr", bootstrap.DefaultReadinessAddr, "address of the readiness server, "+daemon.ReadyPath+": 200 once the agent serves, else 503 (\"\": none)")
@@ -114,11 +115,15 @@ type summary struct {
 	CNIBinDir        string `json:"cni_bin_dir,omitempty"`
 	CNIConfDir       string `json:"cni_conf_dir,omitempty"`
 	PluginKubeconfig string `json:"plugin_kubeconfig,omitempty"` // the plugin reads it on the host
+	RulesBackend     string `json:"rules_backend"`               // "iptables" or "nftables"
 }
 
 func (o options) summary() summary {
 	s := summary{Mode: "local", NodeName: o.NodeName, AdminAddr: o.AdminAddr, ZDSSocket: o.ZDSSocket,
-		PluginSocket: o.PluginSocket, StateDir: o.StateDir}
+		PluginSocket: o.PluginSocket, StateDir: o.StateDir, RulesBackend: "iptables"}
+	if o.NFTables {
+		s.RulesBackend = "nftables"
+	}
 	if o.ReadinessAddr != "" {
 		s.ReadinessAddr, s.ReadinessPath = o.ReadinessAddr, daemon.ReadyPath
 	}

@@ -87,9 +87,17 @@ type Config struct {
 	// Log is required.
 	Log *zap.Logger
 
+	// NFTables selects the native nftables backend for pod rules
+	// (rules.NewNFTApplier) over iptables, the default. It migrates the pods
+	// an iptables agent captured: the startup reconciliation runs even
+	// without ReconcileOnStartup, and finds and replaces their iptables
+	// chains (nftables first, so they stay captured). The host probe rule
+	// stays in iptables either way.
+	NFTables bool
 	// Applier returns the rule applier for a pod's namespace. nil means the
-	// kernel applier (rules.NewKernelApplier) with the iptables variant
-	// detected once at start (rules.DetectMode).
+	// kernel applier: rules.NewKernelApplier with the iptables variant
+	// detected once at start (rules.DetectMode), or with NFTables
+	// rules.NewNFTApplier migrating from that variant.
 	Applier func(uid string, ns *netns.Handle) rules.Applier
 	// Host manages the node-side probe SNAT. nil means KernelHost (ipset
 	// command and rules.HostProbe in the agent's own network namespace).
@@ -152,7 +160,17 @@ func New(cfg Config) (*Agent, error) {
 		mode = rules.DetectMode()
 		cfg.Log.Info("iptables variant", zap.Stringer("mode", mode))
 	}
-	if cfg.Applier == nil {
+	switch {
+	case cfg.Applier != nil:
+	case cfg.NFTables:
+		// Both variants: the earlier agent's choice may differ from what
+		// DetectMode sees now; a variant without ISTIO chains costs one
+		// read of iptables-save.
+		cfg.Log.Info("pod rules backend", zap.String("backend", "nftables"))
+		cfg.Applier = func(_ string, ns *netns.Handle) rules.Applier {
+			return rules.NewNFTApplier(rules.NFTConfig{Netns: ns, MigrateFrom: []rules.Mode{rules.ModeLegacy, rules.ModeNFT}})
+		}
+	default:
 		cfg.Applier = func(_ string, ns *netns.Handle) rules.Applier {
 			return rules.NewKernelApplier(rules.KernelConfig{Netns: ns, Mode: mode})
 		}
@@ -221,7 +239,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.zds.Close()
 		return nil
 	}
-	if a.cfg.ReconcileOnStartup {
+	if a.cfg.ReconcileOnStartup || a.cfg.NFTables {
+		// With nftables, restored pods may still hold an iptables agent's
+		// chains: reconciling is how they migrate.
 		a.reconcile(ctx, objs)
 	} else if restored > 0 {
 		a.log.Info("pod rule reconciliation on startup is off; restored pods keep their rules until restarted", zap.Int("pods", restored))

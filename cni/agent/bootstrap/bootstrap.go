@@ -72,6 +72,8 @@ type Options struct {
 	// exists (an upgrade). Empty name: the agent cannot tell, KeepOnExit
 	// alone decides. Empty namespace: SystemNamespace.
 	DaemonSetName, DaemonSetNamespace string
+	// NFTables writes pod rules as native nftables (agent.Config.NFTables).
+	NFTables bool
 }
 
 // KubeMode: pods and namespaces come from the API server.
@@ -170,7 +172,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		NodeName: o.NodeName, Source: src, Refresh: refresh, Status: status,
 		ZDSSocket: o.ZDSSocket, PluginSocket: o.PluginSocket, StateDir: o.StateDir,
 		Defaults:   rules.PodSettings{DNSCapture: o.DNSCapture, IPv6: o.IPv6},
-		Enrollment: enrollment, ReconcileOnStartup: o.Reconcile, Log: log, Host: host,
+		Enrollment: enrollment, ReconcileOnStartup: o.Reconcile, NFTables: o.NFTables, Log: log, Host: host,
 	})
 	if err != nil {
 		return err
