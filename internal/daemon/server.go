@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -44,6 +45,9 @@ type Spec struct {
 	Exposure Exposure
 	// Handler serves the requests. Required.
 	Handler http.Handler
+	// TLS, when set, serves HTTPS only (a plaintext request is refused by
+	// the handshake); nil serves plain HTTP.
+	TLS *tls.Config
 }
 
 // Servers are bound HTTP servers. Create with Listen, then Serve (or Close).
@@ -91,6 +95,9 @@ func Listen(log *zap.Logger, specs ...Spec) (_ *Servers, err error) {
 		}
 		s.servers = append(s.servers, hs)
 		for _, l := range ls {
+			if sp.TLS != nil {
+				l = tls.NewListener(l, sp.TLS)
+			}
 			s.bindings = append(s.bindings, binding{sp.Name, hs, l})
 			s.addrs[sp.Name] = append(s.addrs[sp.Name], l.Addr())
 		}

@@ -11,6 +11,7 @@
 package admin
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -35,6 +36,9 @@ type Config struct {
 	StatsAddr string
 	// ReadinessAddr serves /healthz/ready; same fallback as StatsAddr.
 	ReadinessAddr string
+	// StatsTLS, when set, serves the metrics over HTTPS only
+	// (daemon.KeyPairFile.TLSConfig); nil serves plain HTTP.
+	StatsTLS *tls.Config
 }
 
 // Deps are what the servers expose.
@@ -75,7 +79,7 @@ func Listen(cfg Config, deps Deps) (*Server, error) {
 	log := deps.logger()
 	s, err := daemon.Listen(log,
 		daemon.Spec{Name: "admin", Addr: cfg.AdminAddr, Exposure: daemon.Debug, Handler: AdminHandler(deps)},
-		daemon.Spec{Name: "stats", Addr: cfg.StatsAddr, Exposure: daemon.Public, Handler: StatsHandler(deps.Gatherer, log)},
+		daemon.Spec{Name: "stats", Addr: cfg.StatsAddr, Exposure: daemon.Public, Handler: StatsHandler(deps.Gatherer, log), TLS: cfg.StatsTLS},
 		daemon.Spec{Name: "readiness", Addr: cfg.ReadinessAddr, Exposure: daemon.Public, Handler: deps.Readiness},
 	)
 	if err != nil {

@@ -53,10 +53,18 @@ const (
 	EnvAdminAddr               = "ADMIN_ADDR"
 	EnvStatsAddr               = "STATS_ADDR"
 	EnvReadinessAddr           = "READINESS_ADDR"
-	EnvLogLevel                = "LOG_LEVEL"
-	EnvRustLog                 = "RUST_LOG"
-	EnvLogFormat               = "LOG_FORMAT"
-	EnvAuthzPolicyInfoLogging  = "AUTHZ_POLICY_INFO_LOGGING"
+	// EnvStatsTLSCert and EnvStatsTLSKey (ours): PEM files; when both are
+	// set the stats port serves HTTPS only, re-reading them on change.
+	EnvStatsTLSCert = "STATS_TLS_CERT"
+	EnvStatsTLSKey  = "STATS_TLS_KEY"
+	// EnvMetricsGrace (ours): how long the istio_tcp_* series of a deleted
+	// workload are kept (so the last values are scraped) before they are
+	// dropped; 0 keeps them for the life of the process.
+	EnvMetricsGrace           = "METRICS_DELETED_WORKLOAD_GRACE"
+	EnvLogLevel               = "LOG_LEVEL"
+	EnvRustLog                = "RUST_LOG"
+	EnvLogFormat              = "LOG_FORMAT"
+	EnvAuthzPolicyInfoLogging = "AUTHZ_POLICY_INFO_LOGGING"
 	// EnvPreferredServiceNamespace is spelt PREFERED_ (one R) because that
 	// is the name Istio's ztunnel reads; only our Go names are corrected.
 	EnvPreferredServiceNamespace = "PREFERED_SERVICE_NAMESPACE"
@@ -121,6 +129,11 @@ type Config struct {
 	AdminAddr     string
 	StatsAddr     string
 	ReadinessAddr string
+	// StatsTLSCert and StatsTLSKey: both or neither.
+	StatsTLSCert string
+	StatsTLSKey  string
+	// MetricsGrace: EnvMetricsGrace, default 5 minutes.
+	MetricsGrace time.Duration
 
 	// LogLevel: LOG_LEVEL, else the default directive of Istio's RUST_LOG
 	// ("info" of "info,hickory=warn"; per-target directives are ignored),
@@ -184,6 +197,9 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 		AdminAddr:     p.str(EnvAdminAddr, "localhost:15000"),
 		StatsAddr:     p.str(EnvStatsAddr, "[::]:15020"),
 		ReadinessAddr: p.str(EnvReadinessAddr, "[::]:15021"),
+		StatsTLSCert:  p.str(EnvStatsTLSCert, ""),
+		StatsTLSKey:   p.str(EnvStatsTLSKey, ""),
+		MetricsGrace:  p.duration(EnvMetricsGrace, 5*time.Minute),
 
 		AuthzPolicyInfoLogging:    p.boolean(EnvAuthzPolicyInfoLogging, false),
 		PreferredServiceNamespace: p.str(EnvPreferredServiceNamespace, ""),
@@ -212,6 +228,9 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 	c.NodeMetadata = prefixed(environ, EnvIstioMetaPrefix)
 	if c.NodeMetadata["ISTIO_VERSION"] == "" {
 		c.NodeMetadata["ISTIO_VERSION"] = p.str(EnvIstioVersion, daemon.Version())
+	}
+	if (c.StatsTLSCert == "") != (c.StatsTLSKey == "") {
+		p.errs = append(p.errs, fmt.Errorf("%s and %s: set both or neither", EnvStatsTLSCert, EnvStatsTLSKey))
 	}
 	if c.NodeName == "" {
 		p.errs = append(p.errs, fmt.Errorf("%s is required", EnvNodeName))
