@@ -50,8 +50,8 @@ type PolicyInfo struct {
 	Action waypointapi.Action
 	DryRun bool
 	// HTTP is true when a rule reads request fields (host, method, path,
-	// request headers): its match then depends on the request, not only on
-	// the connection.
+	// request headers, the JWT's request principal and claims): its match
+	// then depends on the request, not only on the connection.
 	HTTP bool
 }
 
@@ -65,6 +65,9 @@ func (c *Config) PoliciesFor(hostname string) []PolicyInfo {
 		}
 		info := PolicyInfo{Key: p.key, Action: p.action, DryRun: p.dryRun}
 		for _, r := range p.rules {
+			for i := range r.from {
+				info.HTTP = info.HTTP || len(r.from[i].requestPrincipals)+len(r.from[i].notRequestPrincipals) > 0
+			}
 			for i := range r.to {
 				info.HTTP = info.HTTP || r.to[i].usesHTTP()
 			}
