@@ -155,11 +155,19 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		watchWanted(ctx, store, cfg.NodeName, certs.SetWanted)
 		return nil
 	}, svcCtx)
+	rev, err := newRevocation(cfg, log.Named("crl"), reg) // CRL_PATH; nil when unset
+	if err != nil {
+		return err
+	}
+	if rev != nil {
+		goRun("CRL watcher", rev.Run, svcCtx)
+	}
 
 	// Pool nil: every pod gets its own HBONE pool dialling from inside its
 	// network namespace (proxy.Deps).
 	factory := &inpod.ProxyFactory{Proxy: &proxy.Deps{
 		Store: store, Certs: certs, Metrics: proxy.NewMetrics(reg), Log: log.Named("proxy"), Config: cfg,
+		Revocation: revocationOf(rev),
 	}}
 	if cfg.DNSProxy {
 		fwd, err := dnsproxy.NewForwarder(dnsproxy.ForwarderConfig{Mark: cfg.PacketMark})
@@ -185,7 +193,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: stop,
 		Connections: func() any { return factory.Proxy.Metrics.Connections() }, // GET /connections (zctl connections)
 		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
-			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }}},
+			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }, dumpKeyCRL: crlDump(rev)}},
 		Readiness: daemon.NewReadiness(daemon.Task{Name: admin.TaskStateManager, Ready: daemon.Closed(xc.Synced())},
 			daemon.Task{Name: admin.TaskWorkloadProxyManager, Ready: daemon.Closed(mgr.Ready())}),
 	})

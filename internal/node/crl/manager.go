@@ -209,11 +209,11 @@ func (m *Manager) loadLocked() (*Set, error) {
 	}
 	raw, err := os.ReadFile(m.path)
 	if err != nil {
-		return nil, m.refuse(first, [sha256.Size]byte{1}, fmt.Errorf("crl: read %s: %w", m.path, err))
+		return nil, m.refuse(first, [sha256.Size]byte{1}, fmt.Errorf("crl: read the CRL file: %w", err))
 	}
 	roots, err := m.roots()
 	if err != nil {
-		return nil, m.refuse(first, [sha256.Size]byte{2}, fmt.Errorf("crl: mesh trust roots: %w", err))
+		return nil, m.refuse(first, [sha256.Size]byte{2}, fmt.Errorf("crl: %w", err))
 	}
 	rootsSum := sumCerts(roots)
 	m.rootsSum = rootsSum
@@ -222,10 +222,10 @@ func (m *Manager) loadLocked() (*Set, error) {
 	if cur := m.set.Load(); cur != nil && cur.Sum == both {
 		return nil, nil
 	}
-	lists, err := Parse(raw)
+	lists, err := parse(raw)
 	if err == nil {
 		var s *Set
-		if s, err = Verify(lists, roots); err == nil {
+		if s, err = verify(lists, roots); err == nil {
 			s.Sum = both
 			m.set.Store(s)
 			now := time.Now()

@@ -85,6 +85,14 @@ func serialKey(n *big.Int) string {
 // text outside PEM blocks, or a CRL that does not parse is an error naming
 // the CRL's position (1-based).
 func Parse(data []byte) ([]*x509.RevocationList, error) {
+	l, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("crl: %w", err)
+	}
+	return l, nil
+}
+
+func parse(data []byte) ([]*x509.RevocationList, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
 		return nil, nil
@@ -92,7 +100,7 @@ func Parse(data []byte) ([]*x509.RevocationList, error) {
 	if !bytes.HasPrefix(trimmed, []byte("-----BEGIN")) {
 		rl, err := x509.ParseRevocationList(data)
 		if err != nil {
-			return nil, fmt.Errorf("crl: DER CRL: %w", err)
+			return nil, fmt.Errorf("DER CRL: %w", err)
 		}
 		return []*x509.RevocationList{rl}, nil
 	}
@@ -102,14 +110,14 @@ func Parse(data []byte) ([]*x509.RevocationList, error) {
 		var b *pem.Block
 		b, rest = pem.Decode(rest)
 		if b == nil {
-			return nil, fmt.Errorf("crl: text after PEM block %d is not a PEM block", len(out))
+			return nil, fmt.Errorf("text after PEM block %d is not a PEM block", len(out))
 		}
 		if b.Type != "X509 CRL" {
-			return nil, fmt.Errorf("crl: PEM block %d is %q, want \"X509 CRL\"", len(out)+1, b.Type)
+			return nil, fmt.Errorf("PEM block %d is %q, want \"X509 CRL\"", len(out)+1, b.Type)
 		}
 		rl, err := x509.ParseRevocationList(b.Bytes)
 		if err != nil {
-			return nil, fmt.Errorf("crl: CRL %d: %w", len(out)+1, err)
+			return nil, fmt.Errorf("CRL %d: %w", len(out)+1, err)
 		}
 		out = append(out, rl)
 		rest = bytes.TrimSpace(rest)
@@ -122,11 +130,19 @@ func Parse(data []byte) ([]*x509.RevocationList, error) {
 // key id when both are present) and carry that root's signature. The first
 // CRL that fails refuses them all, with an error naming it.
 func Verify(lists []*x509.RevocationList, roots []*x509.Certificate) (*Set, error) {
+	s, err := verify(lists, roots)
+	if err != nil {
+		return nil, fmt.Errorf("crl: %w", err)
+	}
+	return s, nil
+}
+
+func verify(lists []*x509.RevocationList, roots []*x509.Certificate) (*Set, error) {
 	s := &Set{byIssuer: make(map[string][]*list)}
 	for i, rl := range lists {
 		root, err := issuerRoot(rl, roots)
 		if err != nil {
-			return nil, fmt.Errorf("crl: CRL %d (issuer %q): %w", i+1, rl.Issuer.String(), err)
+			return nil, fmt.Errorf("CRL %d (issuer %q): %w", i+1, rl.Issuer.String(), err)
 		}
 		l := &list{rl: rl, root: root, issuer: rl.Issuer.String(), revoked: make(map[string]time.Time, len(rl.RevokedCertificateEntries))}
 		for _, e := range rl.RevokedCertificateEntries {
@@ -147,7 +163,8 @@ func issuerRoot(rl *x509.RevocationList, roots []*x509.Certificate) (*x509.Certi
 		}
 		named = true
 		if len(rl.AuthorityKeyId) > 0 && len(r.SubjectKeyId) > 0 && !bytes.Equal(rl.AuthorityKeyId, r.SubjectKeyId) {
-			sigErr = errors.New("authority key id matches no mesh trust root of that name")
+			sigErr = fmt.Errorf("not signed by the mesh trust root of that name (authority key id %x, the root's subject key id %x)",
+				rl.AuthorityKeyId, r.SubjectKeyId)
 			continue
 		}
 		if err := rl.CheckSignatureFrom(r); err != nil {

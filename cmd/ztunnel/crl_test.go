@@ -1,0 +1,93 @@
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+)
+
+// testRoot writes a self-signed root to dir/root-cert.pem and returns a
+// PEM CRL it signs revoking serial.
+func testRoot(t *testing.T, dir string, serial int64) (rootPath string, crlPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "mesh root"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := x509.ParseCertificate(der)
+	rootPath = filepath.Join(dir, "root-cert.pem")
+	if err := os.WriteFile(rootPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	crlDER, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: big.NewInt(1),
+		ThisUpdate: time.Now(), NextUpdate: time.Now().Add(time.Hour),
+		RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: big.NewInt(serial), RevocationTime: time.Now()}}}, root, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rootPath, pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: crlDER})
+}
+
+func TestNewRevocation(t *testing.T) {
+	dir := t.TempDir()
+	rootPath, crlPEM := testRoot(t, dir, 42)
+	crlPath := filepath.Join(dir, "crl.pem")
+	if err := os.WriteFile(crlPath, crlPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := zap.NewNop()
+
+	if m, err := newRevocation(&config.Config{CARootCA: rootPath}, log, nil); m != nil || err != nil {
+		t.Fatalf("CRL_PATH unset: %v, %v; want no manager", m, err)
+	}
+	if revocationOf(nil) != nil || crlDump(nil) != nil {
+		t.Fatal("no manager must be a nil hbone.Revocation and no dump section")
+	}
+	m, err := newRevocation(&config.Config{CRLPath: crlPath, CARootCA: rootPath}, log, prometheus.NewRegistry())
+	if err != nil || m == nil || m.Set().Len() != 1 {
+		t.Fatalf("CRL_PATH set: %v, %v", m, err)
+	}
+	if revocationOf(m) == nil || crlDump(m) == nil {
+		t.Fatal("a manager must be wired")
+	}
+	// Inline PEM roots verify as a file does.
+	rootPEM, _ := os.ReadFile(rootPath)
+	if _, err := newRevocation(&config.Config{CRLPath: crlPath, CARootCA: string(rootPEM)}, log, nil); err != nil {
+		t.Fatalf("inline CA_ROOT_CA: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		cfg  config.Config
+		want string
+	}{
+		"system roots":  {config.Config{CRLPath: crlPath, CARootCA: config.RootSystem}, "CA_ROOT_CA is SYSTEM"},
+		"another root":  {config.Config{CRLPath: crlPath, CARootCA: func() string { p, _ := testRoot(t, t.TempDir(), 1); return p }()}, "not signed by the mesh trust root of that name"},
+		"missing file":  {config.Config{CRLPath: filepath.Join(dir, "none.pem"), CARootCA: rootPath}, "no such file"},
+		"missing roots": {config.Config{CRLPath: crlPath, CARootCA: filepath.Join(dir, "none.pem")}, "mesh trust roots (CA_ROOT_CA)"},
+	} {
+		_, err := newRevocation(&tc.cfg, log, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "CRL_PATH: ") {
+			t.Errorf("%s: %v, want an error starting CRL_PATH: and containing %q", name, err, tc.want)
+		}
+	}
+}
