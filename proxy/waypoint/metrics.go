@@ -26,7 +26,16 @@ type metrics struct {
 	reqBytes  *prometheus.HistogramVec
 	respBytes *prometheus.HistogramVec
 	tcpOpen   *prometheus.CounterVec
+	// Ours, for the dashboards: Istio's labels name no route or policy.
+	// Both label values come from the control plane (route and policy
+	// names), so they are bounded like Istio's.
+	routeRequests *prometheus.CounterVec   // route, response_code
+	routeDuration *prometheus.HistogramVec // route
+	denials       *prometheus.CounterVec   // policy
 }
+
+// durationBuckets are Istio's request duration buckets, in milliseconds.
+var durationBuckets = []float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000}
 
 // byteBuckets are powers of ten from 1 B to 100 MB, Istio's size buckets.
 var byteBuckets = prometheus.ExponentialBuckets(1, 10, 9)
@@ -38,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, requestLabels),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "istio_request_duration_milliseconds", Help: "Request duration at the waypoint.",
-			Buckets: []float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000},
+			Buckets: durationBuckets,
 		}, requestLabels),
 		reqBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "istio_request_bytes", Help: "Request size at the waypoint: request line and headers as HTTP/1.1 text, plus the body.",
@@ -51,9 +60,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		tcpOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "istio_tcp_connections_opened_total", Help: "TCP connections the waypoint accepted.",
 		}, requestLabels),
+		routeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ztunnel_waypoint_route_requests_total", Help: "Requests by the route that took them (\"-\" for none) and response code.",
+		}, []string{"route", "response_code"}),
+		routeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ztunnel_waypoint_route_duration_milliseconds", Help: "Request duration by the route that took it.",
+			Buckets: durationBuckets,
+		}, []string{"route"}),
+		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ztunnel_waypoint_authorization_denials_total", Help: "Requests and connections denied, by the policy that denied them (\"-\" for the default deny).",
+		}, []string{"policy"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.duration, m.reqBytes, m.respBytes, m.tcpOpen} {
+		for _, c := range []prometheus.Collector{m.requests, m.duration, m.reqBytes, m.respBytes, m.tcpOpen,
+			m.routeRequests, m.routeDuration, m.denials} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -93,8 +113,23 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 		w.metrics.duration.WithLabelValues(lv...).Observe(float64(d.Microseconds()) / 1000)
 		w.metrics.reqBytes.WithLabelValues(lv...).Observe(float64(sizes.request))
 		w.metrics.respBytes.WithLabelValues(lv...).Observe(float64(sizes.response))
+		route := ex.route
+		if route == "" {
+			route = "-"
+		}
+		w.metrics.routeRequests.WithLabelValues(route, lv[11]).Inc()
+		w.metrics.routeDuration.WithLabelValues(route).Observe(float64(d.Microseconds()) / 1000)
 	} else {
 		w.metrics.tcpOpen.WithLabelValues(lv...).Inc()
+	}
+	// A 403 that authorization decided (not "NR", a destination not bound
+	// here).
+	if code == http.StatusForbidden && flags != "NR" && !ex.verdict.Allow {
+		policy := ex.verdict.Policy
+		if policy == "" {
+			policy = "-"
+		}
+		w.metrics.denials.WithLabelValues(policy).Inc()
 	}
 	fields := []zap.Field{
 		zap.String("src.addr", ex.src.String()), zap.String("src.identity", ex.peer.String()),
