@@ -26,3 +26,24 @@ func verdict(allowed bool) string {
 	}
 	return "deny"
 }
+
+// newDenialCounter counts the inbound connections authorization denied
+// (enforced), by the deciding policy ("ns/name"; "-" when no ALLOW policy
+// matched), for the dashboards: Istio's istio_tcp_* labels name no policy.
+func newDenialCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ztunnel_authorization_denials_total",
+		Help: "Inbound connections denied by authorization, by the deciding policy (\"-\": no ALLOW policy matched).",
+	}, []string{"policy"})
+}
+
+// denied counts one enforced denial; m may be nil (no metrics).
+func (m *Metrics) denied(policy string) {
+	if m == nil {
+		return
+	}
+	if policy == "" {
+		policy = "-"
+	}
+	m.denials.WithLabelValues(policy).Inc()
+}

@@ -30,6 +30,8 @@ type Metrics struct {
 	open     *prometheus.GaugeVec
 	// dryRun: see dryRunDecision (dryrun.go).
 	dryRun *prometheus.CounterVec
+	// denials: see denied (dryrun.go).
+	denials *prometheus.CounterVec
 
 	flushEvery time.Duration
 	live       liveSet
@@ -59,13 +61,14 @@ func NewMetrics(reg prometheus.Registerer, opts ...MetricsOption) *Metrics {
 		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "istio_tcp_sockets_open", Help: "Currently open TCP connections (unstable).",
 		}, []string{"reporter"}),
-		dryRun: newDryRunCounter(),
+		dryRun:  newDryRunCounter(),
+		denials: newDenialCounter(),
 	}
 	for _, o := range opts {
 		o(m)
 	}
 	if reg != nil {
-		reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.failed, m.open, m.dryRun)
+		reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.failed, m.open, m.dryRun, m.denials)
 	}
 	return m
 }

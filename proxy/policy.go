@@ -40,6 +40,7 @@ func (p *WorkloadProxy) authorize(snap *state.Snapshot, local *state.Workload, c
 	if d.Allowed {
 		return nil
 	}
+	p.d.Metrics.denied(d.Policy)
 	if d.Policy != "" {
 		return WithReason(ReasonPolicyDenied, fmt.Errorf("%s by %s", d.Reason, d.Policy))
 	}
