@@ -16,6 +16,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
@@ -165,8 +166,13 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 
 	// Pool nil: every pod gets its own HBONE pool dialling from inside its
 	// network namespace (proxy.Deps).
+	metrics := proxy.NewMetrics(reg)
+	goRun("metrics of deleted workloads", func(ctx context.Context) error {
+		metrics.DropDeletedWorkloads(ctx, store, cfg.MetricsGrace, log.Named("metrics"))
+		return nil
+	}, svcCtx)
 	factory := &inpod.ProxyFactory{Proxy: &proxy.Deps{
-		Store: store, Certs: certs, Metrics: proxy.NewMetrics(reg), Log: log.Named("proxy"), Config: cfg,
+		Store: store, Certs: certs, Metrics: metrics, Log: log.Named("proxy"), Config: cfg,
 		Revocation: revocationOf(rev),
 	}}
 	if cfg.DNSProxy {
@@ -189,7 +195,17 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	if err != nil {
 		return err
 	}
-	adm, err := admin.Listen(admin.Config{AdminAddr: cfg.AdminAddr, StatsAddr: cfg.StatsAddr, ReadinessAddr: cfg.ReadinessAddr}, admin.Deps{
+	var statsTLS *tls.Config
+	if cfg.StatsTLSCert != "" {
+		kp, err := daemon.LoadKeyPairFile(cfg.StatsTLSCert, cfg.StatsTLSKey, log.Named("stats"))
+		if err != nil {
+			return fmt.Errorf("stats server (%s, %s): %w", config.EnvStatsTLSCert, config.EnvStatsTLSKey, err)
+		}
+		statsTLS = kp.TLSConfig()
+	}
+	adm, err := admin.Listen(admin.Config{
+		AdminAddr: cfg.AdminAddr, StatsAddr: cfg.StatsAddr, ReadinessAddr: cfg.ReadinessAddr, StatsTLS: statsTLS,
+	}, admin.Deps{
 		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: stop,
 		Connections: func() any { return factory.Proxy.Metrics.Connections() }, // GET /connections (zctl connections)
 		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
