@@ -69,6 +69,11 @@ type index struct {
 	// seHosts: "ns/host" of ServiceEntry hosts and ExternalName Services,
 	// the keys a Service change must not race against (it re-translates all).
 	seHosts map[string]bool
+	// seHostnames: bare ServiceEntry hosts (any namespace); a Service
+	// with one of them decides which ServiceEntry is canonical.
+	seHostnames map[string]bool
+	// kubeHosts: hostnames of non-ExternalName Services.
+	kubeHosts map[string]bool
 	// seSel: ServiceEntries with a workloadSelector, by namespace.
 	seSel map[string][]*networkingv1.ServiceEntry
 	// meshHosts are hostnames of mesh services (k8s FQDNs and SE hosts).
@@ -103,6 +108,8 @@ func (t *translator) buildIndex() {
 		svcSel:       map[string]map[string]map[string]map[string]*corev1.Service{},
 		svcHosts:     map[string]bool{},
 		seHosts:      map[string]bool{},
+		seHostnames:  map[string]bool{},
+		kubeHosts:    map[string]bool{},
 		seSel:        map[string][]*networkingv1.ServiceEntry{},
 		meshHosts:    map[string]bool{},
 		aliasTargets: map[string]bool{},
@@ -135,6 +142,7 @@ func (t *translator) buildIndex() {
 		for _, h := range se.Spec.Hosts {
 			t.idx.meshHosts[h] = true
 			t.idx.seHosts[se.Namespace+"/"+h] = true
+			t.idx.seHostnames[h] = true
 		}
 		if se.Spec.WorkloadSelector != nil {
 			t.idx.seSel[se.Namespace] = append(t.idx.seSel[se.Namespace], se)
@@ -176,6 +184,7 @@ func selectorKey(sel map[string]string) (string, bool) {
 func (x *index) addService(s *corev1.Service, host string) {
 	x.svcByName[s.Namespace+"/"+s.Name] = s
 	x.svcHosts[s.Namespace+"/"+host] = true
+	x.kubeHosts[host] = true
 	x.meshHosts[host] = true
 	if k, ok := selectorKey(s.Spec.Selector); ok {
 		byKey := x.svcSel[s.Namespace]
@@ -199,6 +208,7 @@ func (x *index) addService(s *corev1.Service, host string) {
 func (x *index) removeService(s *corev1.Service, host string) {
 	delete(x.svcByName, s.Namespace+"/"+s.Name)
 	delete(x.svcHosts, s.Namespace+"/"+host)
+	delete(x.kubeHosts, host)
 	delete(x.meshHosts, host)
 	if k, ok := selectorKey(s.Spec.Selector); ok {
 		delete(x.svcSel[s.Namespace][k][s.Spec.Selector[k]], s.Name)

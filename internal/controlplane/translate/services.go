@@ -2,12 +2,15 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 )
@@ -19,26 +22,33 @@ import (
 // follow the target (the alias has no addresses and no ports of its own).
 const ExternalNameAliasExtension = "ztunnel-go.io/external-name-alias"
 
-// addService adds a ServiceEntry host or an ExternalName alias. Kubernetes
-// Services come first (translateService), so a hostname one of them defines
-// is taken; among the others the first in translation order wins.
-func (t *translator) addService(svc *workloadapi.Service, kind, ns, name string) {
+// addService adds a ServiceEntry host or an ExternalName alias and reports
+// whether it was added. Kubernetes Services come first (translateService),
+// so a hostname one of them defines in the namespace is taken; among the
+// others the first in translation order wins (ServiceEntries are
+// translated oldest first, as istiod picks them).
+func (t *translator) addService(svc *workloadapi.Service, kind, ns, name string) bool {
 	key := svc.Namespace + "/" + svc.Hostname
 	if _, dup := t.addresses[key]; dup || t.idx.svcHosts[key] {
 		t.warnf(kind, ns, name, "hostname %s is already defined by another object in namespace %s; ignored", svc.Hostname, svc.Namespace)
-		return
+		return false
 	}
 	t.addresses[key] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
+	return true
 }
 
 // translateService adds a (non-ExternalName) Service. Two Services never
-// share a hostname (it is derived from namespace and name).
+// share a hostname (it is derived from namespace and name). A Kubernetes
+// Service is always canonical for its hostname, as istiod marks it: a
+// ServiceEntry of another namespace claiming the same name overrides it
+// only for clients of that namespace.
 func (t *translator) translateService(s *corev1.Service) {
 	network := t.network(s.Labels, s.Namespace)
 	svc := &workloadapi.Service{
 		Name:      s.Name,
 		Namespace: s.Namespace,
 		Hostname:  t.serviceHostname(s),
+		Canonical: true,
 	}
 	var fams [2]bool
 	for _, ip := range serviceVIPs(s) {
@@ -165,8 +175,27 @@ func (t *translator) loadBalancing(s *corev1.Service) *workloadapi.LoadBalancing
 	return lb
 }
 
+// translateServiceEntries adds one Service per ServiceEntry host.
+// Addresses may be CIDRs (Istio 1.30): they go out as a NetworkAddress with
+// length, and node proxies match a destination inside the range (longest
+// prefix) when no service has the exact IP. Resolution NONE is a
+// PASSTHROUGH service: node proxies send its traffic to the original
+// destination, attributed to the service, without picking an endpoint.
+// Oldest ServiceEntries are translated first, so they win a hostname in
+// their namespace; markCanonical then picks the canonical one per hostname.
 func (t *translator) translateServiceEntries() {
-	for _, se := range t.objs.ServiceEntries {
+	ses := slices.Clone(t.objs.ServiceEntries)
+	slices.SortStableFunc(ses, func(a, b *networkingv1.ServiceEntry) int {
+		switch {
+		case olderMeta(&a.ObjectMeta, &b.ObjectMeta):
+			return -1
+		case olderMeta(&b.ObjectMeta, &a.ObjectMeta):
+			return 1
+		}
+		return 0
+	})
+	claims := map[string][]seClaim{}
+	for _, se := range ses {
 		network := t.network(se.Labels, se.Namespace)
 		var fixed []*workloadapi.NetworkAddress
 		for _, a := range se.Spec.Addresses {
@@ -175,6 +204,9 @@ func (t *translator) translateServiceEntries() {
 				if p.Bits() != p.Addr().BitLen() {
 					l := uint32(p.Bits())
 					na.Length = &l
+					if r := se.Spec.Resolution; r != networkingv1alpha3.ServiceEntry_NONE && r != networkingv1alpha3.ServiceEntry_STATIC {
+						t.warnf("ServiceEntry", se.Namespace, se.Name, "CIDR address %s with resolution %s: Istio admits CIDRs only with resolution NONE or STATIC; every address in the range is sent to the resolved host", a, r)
+					}
 				}
 				fixed = append(fixed, na)
 			} else if ip, err := netip.ParseAddr(a); err == nil {
@@ -223,7 +255,37 @@ func (t *translator) translateServiceEntries() {
 			if strings.HasPrefix(h, "*") && len(svc.Addresses) == 0 {
 				t.warnf("ServiceEntry", se.Namespace, se.Name, "wildcard host %s has no address (auto-allocation needs resolution DYNAMIC_DNS); node proxies cannot match it", h)
 			}
-			t.addService(svc, "ServiceEntry", se.Namespace, se.Name)
+			if t.addService(svc, "ServiceEntry", se.Namespace, se.Name) {
+				claims[h] = append(claims[h], seClaim{svc: svc, meta: &se.ObjectMeta})
+			}
+		}
+	}
+	t.markCanonical(claims)
+}
+
+// seClaim is a ServiceEntry host that won its namespace.
+type seClaim struct {
+	svc  *workloadapi.Service
+	meta *metav1.ObjectMeta
+}
+
+// markCanonical sets canonical on one Service per hostname, istiod's rule:
+// a Kubernetes Service with that hostname is canonical (translateService),
+// so no ServiceEntry is; otherwise the oldest ServiceEntry among the
+// namespace winners (claims are in that order) that is not visible to its
+// own namespace only. Node proxies prefer the canonical service when
+// several namespaces define a hostname or share a VIP and none is the
+// client's.
+func (t *translator) markCanonical(claims map[string][]seClaim) {
+	for h, cs := range claims {
+		if t.idx.kubeHosts[h] {
+			continue
+		}
+		for _, c := range cs {
+			if c.svc.Visibility != workloadapi.Service_NAMESPACE {
+				c.svc.Canonical = true
+				break
+			}
 		}
 	}
 }
