@@ -43,12 +43,19 @@ type Request struct {
 // Reply is a Handler's verdict, decided before any payload flows.
 type Reply struct {
 	// Status to answer: 200 opens the tunnel; anything else (400, 401, 503)
-	// refuses it. 0 means 200 when Upstream is set and 503 otherwise.
+	// refuses it. 0 means 200 when Upstream or Serve is set and 503 otherwise.
 	Status int
 	// Upstream is what a 200 tunnel is spliced with (usually the TCP
 	// connection the handler dialled to the application). The server owns
 	// it from here on and closes it. Ignored (and closed) for other statuses.
 	Upstream net.Conn
+	// Serve, if set (with status 200 and no Upstream), takes the tunnel
+	// itself instead of a splice to a connection: a handler that speaks a
+	// protocol inside the tunnel (the waypoint's HTTP server) reads and
+	// writes t directly, without a socket pair and two copy loops between.
+	// It runs on the stream's goroutine after the 200 went out, and returns
+	// when it is done with t, which the server then closes.
+	Serve func(t *Tunnel) error
 	// Baggage, if set, is sent as the response's baggage header.
 	Baggage string
 	// Done, if set, is called once when the tunnel has ended (or right after
@@ -442,11 +449,11 @@ func (s *Server) serveStream(c *conn, t *Tunnel, req *Request) {
 	status := rep.Status
 	if status == 0 {
 		status = 503
-		if rep.Upstream != nil {
+		if rep.Upstream != nil || rep.Serve != nil {
 			status = 200
 		}
 	}
-	if status == 200 && rep.Upstream == nil {
+	if status == 200 && rep.Upstream == nil && rep.Serve == nil {
 		s.log.Error("hbone: handler answered 200 without an upstream; sending 503",
 			zap.Stringer("authority", req.Authority))
 		status = 503
@@ -462,14 +469,22 @@ func (s *Server) serveStream(c *conn, t *Tunnel, req *Request) {
 		return
 	}
 	if err := t.respond(200, rep.Baggage); err != nil {
-		rep.Upstream.Close()
+		if rep.Upstream != nil {
+			rep.Upstream.Close()
+		}
 		t.Close()
 		if rep.Done != nil {
 			rep.Done(t.Stats(), err)
 		}
 		return
 	}
-	err := Splice(t, rep.Upstream)
+	var err error
+	if rep.Upstream != nil {
+		err = Splice(t, rep.Upstream)
+	} else {
+		err = rep.Serve(t)
+		t.Close()
+	}
 	if rep.Done != nil {
 		rep.Done(t.Stats(), err)
 	}
