@@ -11,10 +11,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,11 +34,42 @@ type tunnelMeta struct {
 	protocol waypointapi.Protocol
 }
 
-// tunnelConn is the HTTP server's end of a tunnel: RemoteAddr is the
+// tunnelConn is the HTTP server's end of a tunnel (the *hbone.Tunnel
+// itself: no socket pair and copy loops between): RemoteAddr is the
 // original client, so forwarded headers name it.
 type tunnelConn struct {
 	net.Conn
 	meta *tunnelMeta
+	once sync.Once
+	done chan struct{} // closed by Close
+}
+
+// CloseWrite half-closes the tunnel (net/http ends a response this way
+// before it closes, so the client reads it whole).
+func (c *tunnelConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// Close ends the tunnel as a TCP close would (cleanly after both
+// half-closes, else a reset) and lets serveTunnel return.
+func (c *tunnelConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { close(c.done) })
+	return err
+}
+
+// serveTunnel hands the tunnel to the HTTP server and returns once the
+// server has closed it (hbone.Reply.Serve).
+func (w *Waypoint) serveTunnel(t *hbone.Tunnel, meta *tunnelMeta) error {
+	tc := &tunnelConn{Conn: t, meta: meta, done: make(chan struct{})}
+	if !w.httpLn.push(tc) {
+		return net.ErrClosed
+	}
+	<-tc.done
+	return nil
 }
 
 func (c *tunnelConn) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(c.meta.src) }
@@ -81,31 +110,6 @@ func (l *connListener) Close() error {
 }
 
 func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "waypoint-tunnels", Net: "unix"} }
-
-// socketPair returns two connected stream sockets that support half-close
-// (hbone.Splice passes a client's FIN through).
-func socketPair() (net.Conn, net.Conn, error) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("waypoint: socketpair: %w", err)
-	}
-	conn := func(fd int, name string) (net.Conn, error) {
-		f := os.NewFile(uintptr(fd), name)
-		defer f.Close()
-		return net.FileConn(f)
-	}
-	a, err := conn(fds[0], "tunnel-http")
-	if err != nil {
-		syscall.Close(fds[1])
-		return nil, nil, fmt.Errorf("waypoint: socketpair: %w", err)
-	}
-	b, err := conn(fds[1], "tunnel-hbone")
-	if err != nil {
-		a.Close()
-		return nil, nil, fmt.Errorf("waypoint: socketpair: %w", err)
-	}
-	return a, b, nil
-}
 
 // copyBuffers lends ReverseProxy its response copy buffers: without a pool
 // it allocates 32 KiB per request (5 % of the waypoint's CPU at 1k req/s in

@@ -323,19 +323,13 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 	if ex.protocol == waypointapi.Protocol_TCP {
 		return w.serveTCP(ctx, ex, start)
 	}
-	a, b, err := socketPair()
-	if err != nil {
-		ex.err = err
-		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), byteSizes{})
+	meta := &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}
+	select {
+	case <-w.httpLn.closed:
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
+	default:
 	}
-	tc := &tunnelConn{Conn: a, meta: &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}}
-	if !w.httpLn.push(tc) {
-		a.Close()
-		b.Close()
-		return hbone.Reply{Status: http.StatusServiceUnavailable}
-	}
-	return hbone.Reply{Status: http.StatusOK, Upstream: b}
+	return hbone.Reply{Status: http.StatusOK, Serve: func(t *hbone.Tunnel) error { return w.serveTunnel(t, meta) }}
 }
 
 // serveTCP runs the same filters for a plain TCP tunnel (HTTP fields never
