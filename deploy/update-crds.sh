@@ -13,7 +13,8 @@ src=$dir/kubernetes/customresourcedefinitions.gen.yaml
 [ -f "$src" ] || { echo "update-crds: $src not found" >&2; exit 1; }
 mkdir -p "$out"
 for crd in serviceentries.networking.istio.io workloadentries.networking.istio.io \
-	authorizationpolicies.security.istio.io peerauthentications.security.istio.io; do
+	authorizationpolicies.security.istio.io peerauthentications.security.istio.io \
+	requestauthentications.security.istio.io; do
 	{
 		echo "# From istio.io/api $version kubernetes/customresourcedefinitions.gen.yaml by deploy/update-crds.sh; do not edit."
 		awk -v want="$crd" '

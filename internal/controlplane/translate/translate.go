@@ -143,6 +143,9 @@ func Translate(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations)
 			Gateways:              clone(objs.Gateways),
 			GatewayClasses:        clone(objs.GatewayClasses),
 			Nodes:                 clone(objs.Nodes),
+
+			// Only for their statuses (waypoint configs read them).
+			RequestAuthentications: clone(objs.RequestAuthentications),
 		}
 	}
 	sorted.Sort()

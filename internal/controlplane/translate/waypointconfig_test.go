@@ -199,8 +199,9 @@ func TestWaypointConfigs(t *testing.T) {
 		if !slices.Equal(p.GetServices(), []string{"server.demo.svc.cluster.local"}) {
 			t.Errorf("svc-allow services = %v", p.GetServices())
 		}
-		// The requestPrincipals rule cannot be enforced: dropped from the ALLOW.
-		if len(p.GetRules()) != 1 || p.GetRules()[0].GetFrom()[0].GetPrincipals()[0].GetExact() != "cluster.local/ns/demo/sa/client" {
+		// The requestPrincipals rule is the waypoint's (RequestAuthentication).
+		if len(p.GetRules()) != 2 || p.GetRules()[0].GetFrom()[0].GetPrincipals()[0].GetExact() != "cluster.local/ns/demo/sa/client" ||
+			!p.GetRules()[1].GetFrom()[0].GetRequestPrincipals()[0].GetPresence() {
 			t.Errorf("svc-allow rules = %v", p.GetRules())
 		}
 	}
@@ -230,7 +231,7 @@ func TestWaypointConfigs(t *testing.T) {
 	if m := st["istio-system/baseline"].Message; !strings.HasPrefix(m, EnforcedByWaypoint+"demo/idle, demo/waypoint ") {
 		t.Errorf("baseline status = %q", m)
 	}
-	if s := st["demo/svc-allow"]; !strings.HasPrefix(s.Message, EnforcedByWaypoint+"demo/waypoint") || len(s.Invalid) != 1 || !strings.Contains(s.Invalid[0], "requestPrincipals") {
+	if s := st["demo/svc-allow"]; !strings.HasPrefix(s.Message, EnforcedByWaypoint+"demo/waypoint") || len(s.Invalid) != 0 {
 		t.Errorf("svc-allow status = %+v", s)
 	}
 	// The Result itself is not changed.
