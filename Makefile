@@ -17,7 +17,7 @@ CNITOOL_VERSION := v1.3.1
 # fortio for bench-mesh; v1.69+ need a module the proxy here refuses.
 FORTIO_VERSION := v1.68.2
 
-APT_PACKAGES := iptables nftables iproute2 tcpdump iperf3 ipset haproxy containerd runc
+APT_PACKAGES := iptables nftables iproute2 tcpdump iperf3 ipset haproxy containerd runc prometheus
 FUZZTIME ?= 5s
 
 .PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak demo clean k8s-bins deploy-check images images-test test-node
