@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Copies the Istio CRDs that ztunnel-go reads (ServiceEntry, WorkloadEntry,
-# AuthorizationPolicy, PeerAuthentication) from the istio.io/api module that
-# the main go.mod pins into the chart's crds/ folder, one file per CRD.
+# VirtualService, DestinationRule, AuthorizationPolicy, PeerAuthentication)
+# from the istio.io/api module that the main go.mod pins into the chart's
+# crds/ folder, one file per CRD.
 # Istio's own charts ship the same generated YAML (crd-all.gen.yaml).
 # Run it after bumping istio.io/api; deploy/check.sh fails when they differ.
 set -euo pipefail
@@ -13,8 +14,8 @@ src=$dir/kubernetes/customresourcedefinitions.gen.yaml
 [ -f "$src" ] || { echo "update-crds: $src not found" >&2; exit 1; }
 mkdir -p "$out"
 for crd in serviceentries.networking.istio.io workloadentries.networking.istio.io \
-	authorizationpolicies.security.istio.io peerauthentications.security.istio.io \
-	requestauthentications.security.istio.io; do
+	virtualservices.networking.istio.io destinationrules.networking.istio.io \
+	authorizationpolicies.security.istio.io peerauthentications.security.istio.io; do
 	{
 		echo "# From istio.io/api $version kubernetes/customresourcedefinitions.gen.yaml by deploy/update-crds.sh; do not edit."
 		awk -v want="$crd" '

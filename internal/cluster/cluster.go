@@ -46,13 +46,14 @@ type Objects struct {
 	PeerAuthentications   []*securityv1.PeerAuthentication
 	Gateways              []*gatewayv1.Gateway
 	GatewayClasses        []*gatewayv1.GatewayClass
-	// RequestAuthentications (JWT rules) with targetRefs to a waypoint or
-	// a service it serves are enforced by that waypoint of ours.
-	RequestAuthentications []*securityv1.RequestAuthentication
 	// HTTPRoutes and GRPCRoutes attached to a Service or ServiceEntry
 	// (parentRefs) route the requests a waypoint of ours handles for it.
 	HTTPRoutes []*gatewayv1.HTTPRoute
 	GRPCRoutes []*gatewayv1.GRPCRoute
+	// VirtualServices and DestinationRules route and balance the requests a
+	// waypoint of ours handles for a service their hosts name.
+	VirtualServices  []*networkingv1.VirtualService
+	DestinationRules []*networkingv1.DestinationRule
 	// Nodes give pods their locality (topology labels). Only the control
 	// plane reads them; the node agent's source leaves this empty.
 	Nodes []*corev1.Node

@@ -28,13 +28,12 @@ func (o *IgnoredObject) GetName() string { return o.Name }
 // instead of reporting ErrUnsupportedKind: mesh configuration a user may
 // expect to work, whose absence of effect must be reported, not skipped.
 var ignoredKinds = map[string]bool{
-	"networking.istio.io/VirtualService":       true,
-	"networking.istio.io/DestinationRule":      true,
 	"networking.istio.io/Sidecar":              true,
 	"networking.istio.io/EnvoyFilter":          true,
 	"networking.istio.io/Gateway":              true,
 	"networking.istio.io/WorkloadGroup":        true,
 	"networking.istio.io/ProxyConfig":          true,
+	"security.istio.io/RequestAuthentication":  true,
 	"telemetry.istio.io/Telemetry":             true,
 	"extensions.istio.io/WasmPlugin":           true,
 	"gateway.networking.k8s.io/TCPRoute":       true,

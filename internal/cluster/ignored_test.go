@@ -10,9 +10,9 @@ import (
 // set, and are not errors; a kind nobody knows still is ErrUnsupportedKind.
 func TestIgnoredKinds(t *testing.T) {
 	doc := `apiVersion: networking.istio.io/v1
-kind: VirtualService
+kind: Sidecar
 metadata: {name: reviews}
-spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v2}}]}]}
+spec: {egress: [{hosts: ["./*"]}]}
 ---
 apiVersion: telemetry.istio.io/v1
 kind: Telemetry
@@ -29,8 +29,8 @@ metadata: {name: d}
 		t.Fatalf("errors %v, want only the Deployment's ErrUnsupportedKind", errs)
 	}
 	o.Sort()
-	if len(o.Ignored) != 2 || *o.Ignored[0] != (IgnoredObject{"telemetry.istio.io/v1", "Telemetry", "istio-system", "mesh-default"}) ||
-		*o.Ignored[1] != (IgnoredObject{"networking.istio.io/v1", "VirtualService", "default", "reviews"}) {
+	if len(o.Ignored) != 2 || *o.Ignored[0] != (IgnoredObject{"networking.istio.io/v1", "Sidecar", "default", "reviews"}) ||
+		*o.Ignored[1] != (IgnoredObject{"telemetry.istio.io/v1", "Telemetry", "istio-system", "mesh-default"}) {
 		t.Fatalf("ignored %+v", o.Ignored)
 	}
 	var rebuilt Objects
@@ -39,7 +39,7 @@ metadata: {name: d}
 		keys[it.Key] = true
 		rebuilt.Add(it.Obj)
 	}
-	if !keys["VirtualService/default/reviews"] || !keys["Telemetry/istio-system/mesh-default"] || len(rebuilt.Ignored) != 2 {
+	if !keys["Sidecar/default/reviews"] || !keys["Telemetry/istio-system/mesh-default"] || len(rebuilt.Ignored) != 2 {
 		t.Fatalf("items %v, rebuilt %+v", keys, rebuilt.Ignored)
 	}
 }

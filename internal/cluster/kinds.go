@@ -68,11 +68,6 @@ var kinds = []Kind{
 	kindOf(securityv1.SchemeGroupVersion, "PeerAuthentication", "peerauthentications", namespaced,
 		func(o *Objects) *[]*securityv1.PeerAuthentication { return &o.PeerAuthentications },
 		func(js []byte, v *securityv1.PeerAuthentication) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
-	kindOf(securityv1.SchemeGroupVersion, "RequestAuthentication", "requestauthentications", namespaced,
-		func(o *Objects) *[]*securityv1.RequestAuthentication { return &o.RequestAuthentications },
-		func(js []byte, v *securityv1.RequestAuthentication) error {
-			return strictIstio(js, v, &v.Spec, &v.Status)
-		}),
 	kindOf(gatewayv1.SchemeGroupVersion, "Gateway", "gateways", namespaced,
 		func(o *Objects) *[]*gatewayv1.Gateway { return &o.Gateways }, strictAs),
 	kindOf(gatewayv1.SchemeGroupVersion, "GatewayClass", "gatewayclasses", clusterScoped,
@@ -81,6 +76,12 @@ var kinds = []Kind{
 		func(o *Objects) *[]*gatewayv1.HTTPRoute { return &o.HTTPRoutes }, strictAs),
 	kindOf(gatewayv1.SchemeGroupVersion, "GRPCRoute", "grpcroutes", namespaced,
 		func(o *Objects) *[]*gatewayv1.GRPCRoute { return &o.GRPCRoutes }, strictAs),
+	kindOf(networkingv1.SchemeGroupVersion, "VirtualService", "virtualservices", namespaced,
+		func(o *Objects) *[]*networkingv1.VirtualService { return &o.VirtualServices },
+		func(js []byte, v *networkingv1.VirtualService) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
+	kindOf(networkingv1.SchemeGroupVersion, "DestinationRule", "destinationrules", namespaced,
+		func(o *Objects) *[]*networkingv1.DestinationRule { return &o.DestinationRules },
+		func(js []byte, v *networkingv1.DestinationRule) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
 	kindOf(corev1.SchemeGroupVersion, "Node", "nodes", clusterScoped,
 		func(o *Objects) *[]*corev1.Node { return &o.Nodes }, strictAs),
 }

@@ -48,14 +48,14 @@ func TestIgnoredKinds(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	cp := newTestCP(t, local.New(t.TempDir(), nil, 0), zap.New(core))
 	const vs = `apiVersion: networking.istio.io/v1
-kind: VirtualService
+kind: Sidecar
 metadata: {name: reviews, namespace: demo}
-spec: {hosts: [reviews]}
+spec: {egress: [{hosts: ["./*"]}]}
 `
-	const dr = `apiVersion: networking.istio.io/v1
-kind: DestinationRule
+	const dr = `apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
 metadata: {name: reviews, namespace: demo}
-spec: {host: reviews}
+spec: {}
 `
 	cp.Apply(decode(t, "a.yaml", vs))
 	cp.Apply(decode(t, "a.yaml", vs))
@@ -64,15 +64,15 @@ spec: {host: reviews}
 	for _, e := range logs.FilterMessageSnippet("ignored object").All() {
 		warned[e.ContextMap()["kind"].(string)]++
 	}
-	if warned["VirtualService"] != 1 || warned["DestinationRule"] != 1 {
+	if warned["Sidecar"] != 1 || warned["EnvoyFilter"] != 1 {
 		t.Errorf("warnings per kind %v, want one each", warned)
 	}
 	d := cp.ConfigDump()
-	if len(d.Ignored) != 2 || !strings.HasPrefix(d.Ignored[0], "DestinationRule demo/reviews (networking.istio.io/v1): ") ||
-		!strings.Contains(d.Ignored[1], "VirtualService demo/reviews") || !strings.Contains(d.Ignored[1], "no effect") {
+	if len(d.Ignored) != 2 || !strings.HasPrefix(d.Ignored[0], "EnvoyFilter demo/reviews (networking.istio.io/v1alpha3): ") ||
+		!strings.Contains(d.Ignored[1], "Sidecar demo/reviews") || !strings.Contains(d.Ignored[1], "no effect") {
 		t.Errorf("dump ignored %q", d.Ignored)
 	}
-	if _, ok := d.Objects["VirtualService"]; ok {
+	if _, ok := d.Objects["Sidecar"]; ok {
 		t.Errorf("ignored object listed among the loaded objects: %v", d.Objects)
 	}
 }

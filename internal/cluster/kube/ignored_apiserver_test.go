@@ -13,17 +13,17 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 )
 
-// A minimal VirtualService CRD: the chart does not ship Istio's networking
-// CRDs beyond ServiceEntry and WorkloadEntry, so a cluster may or may not
-// have it; the test installs it only after the source started.
-const virtualServiceCRD = `
+// A minimal Sidecar CRD: the chart does not ship the CRDs of kinds the
+// control plane does not read, so a cluster may or may not have it; the test
+// installs it only after the source started.
+const sidecarCRD = `
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: virtualservices.networking.istio.io
+  name: sidecars.networking.istio.io
 spec:
   group: networking.istio.io
-  names: {kind: VirtualService, plural: virtualservices, singular: virtualservice, listKind: VirtualServiceList}
+  names: {kind: Sidecar, plural: sidecars, singular: sidecar, listKind: SidecarList}
   scope: Namespaced
   versions:
   - name: v1
@@ -43,7 +43,7 @@ func ignoredNames(o *cluster.Objects) []string {
 
 // TestSourceReportsIgnoredKinds: with WatchIgnored, objects of kinds the
 // control plane does not read (here a Gateway API ReferenceGrant and an Istio
-// VirtualService) enter the published set as Ignored, by identity; a kind
+// Sidecar) enter the published set as Ignored, by identity; a kind
 // whose CRD is missing does not hold back Synced, and is picked up once its
 // CRD is installed; a deleted object leaves the set.
 func TestSourceReportsIgnoredKinds(t *testing.T) {
@@ -78,32 +78,31 @@ spec:
 	select {
 	case <-src.Synced():
 	case <-time.After(30 * time.Second):
-		t.Fatal("not synced: a kind without a CRD (VirtualService) must not hold the source back")
+		t.Fatal("not synced: a kind without a CRD (Sidecar) must not hold the source back")
 	}
 	wantRoute := "gateway.networking.k8s.io/v1 ReferenceGrant app/reviews-split"
 	waitFor(t, src, "the ReferenceGrant reported as ignored", func(o *cluster.Objects) bool {
 		return slices.Contains(ignoredNames(o), wantRoute)
 	})
 
-	if err := api.Apply(ctx, []byte(virtualServiceCRD), kubeapi.ApplyOptions{}); err != nil {
+	if err := api.Apply(ctx, []byte(sidecarCRD), kubeapi.ApplyOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := api.WaitCRDsEstablished(ctx, "virtualservices.networking.istio.io"); err != nil {
+	if err := api.WaitCRDsEstablished(ctx, "sidecars.networking.istio.io"); err != nil {
 		t.Fatal(err)
 	}
 	vs := `
 apiVersion: networking.istio.io/v1
-kind: VirtualService
+kind: Sidecar
 metadata: {namespace: app, name: reviews}
 spec:
-  hosts: [reviews]
-  http: [{route: [{destination: {host: reviews, subset: v1}}]}]
+  egress: [{hosts: ["./*"]}]
 `
 	if err := api.Apply(ctx, []byte(vs), kubeapi.ApplyOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	wantVS := "networking.istio.io/v1 VirtualService app/reviews"
-	waitFor(t, src, "the VirtualService reported as ignored (CRD installed after start)", func(o *cluster.Objects) bool {
+	wantVS := "networking.istio.io/v1 Sidecar app/reviews"
+	waitFor(t, src, "the Sidecar reported as ignored (CRD installed after start)", func(o *cluster.Objects) bool {
 		return slices.Contains(ignoredNames(o), wantVS)
 	})
 

@@ -96,9 +96,10 @@ type Changes struct {
 	// PodChanges lists the pods that changed (Old nil: added; New nil:
 	// removed), only when not Full.
 	PodChanges []PodChange
-	// Routes is true when an HTTPRoute or GRPCRoute changed (not when
-	// Full). Routes are not translated into addresses; only waypoint
-	// configs (WaypointConfigs) read them.
+	// Routes is true when an HTTPRoute, GRPCRoute, VirtualService or
+	// DestinationRule changed, or a pod while DestinationRules exist (their
+	// subsets list workloads), not when Full. Routes are not translated
+	// into addresses; only waypoint configs (WaypointConfigs) read them.
 	Routes bool
 }
 
@@ -138,7 +139,11 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	sliceCh := diff(tr.objs.EndpointSlices, objs.EndpointSlices)
 	podCh := diff(tr.objs.Pods, objs.Pods)
 	nodeCh := diff(tr.objs.Nodes, objs.Nodes)
-	routesCh := changed(tr.objs.HTTPRoutes, objs.HTTPRoutes) || changed(tr.objs.GRPCRoutes, objs.GRPCRoutes)
+	routesCh := changed(tr.objs.HTTPRoutes, objs.HTTPRoutes) || changed(tr.objs.GRPCRoutes, objs.GRPCRoutes) ||
+		changed(tr.objs.VirtualServices, objs.VirtualServices) || changed(tr.objs.DestinationRules, objs.DestinationRules) ||
+		// DestinationRule subsets name workloads by their labels: a pod
+		// change can change a subset's members.
+		len(podCh) > 0 && len(objs.DestinationRules) > 0
 
 	t, x := tr.t, &tr.t.idx
 	t.objs, tr.objs = objs, objs
@@ -397,7 +402,6 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 		t.translateWaypoints()
 		t.translateAuthorizationPolicies()
 		t.translatePeerAuthentications()
-		t.translateRequestAuthentications()
 		t.indexPolicies()
 		t.translateServiceEntries()
 		t.translateExternalNames()
@@ -464,8 +468,6 @@ func (tr *Translator) globalChange(objs *cluster.Objects, allocs *autoalloc.Allo
 		return "AuthorizationPolicy changed"
 	case changed(o.PeerAuthentications, objs.PeerAuthentications):
 		return "PeerAuthentication changed"
-	case changed(o.RequestAuthentications, objs.RequestAuthentications):
-		return "RequestAuthentication changed"
 	case changed(o.Gateways, objs.Gateways):
 		return "Gateway changed"
 	case changed(o.GatewayClasses, objs.GatewayClasses):

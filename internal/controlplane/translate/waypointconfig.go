@@ -37,16 +37,21 @@ const EnforcedByWaypoint = "enforced by waypoint "
 func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string]*waypointapi.Config, []PolicyStatus) {
 	cfg = cfg.withDefaults()
 	out := map[string]*waypointapi.Config{}
-	if objs == nil || res == nil || !slices.ContainsFunc(objs.Gateways, func(g *gatewayv1.Gateway) bool {
-		return string(g.Spec.GatewayClassName) == WaypointClass
-	}) {
+	if objs == nil || res == nil {
 		return out, res.policiesOrNil()
 	}
 	t := newTranslator(cfg, objs, nil)
+	// VirtualServices and DestinationRules (virtualservice.go) report what
+	// became of them even when no waypoint exists.
+	ir := newIstioRouting(t, res)
+	if !slices.ContainsFunc(objs.Gateways, func(g *gatewayv1.Gateway) bool {
+		return string(g.Spec.GatewayClassName) == WaypointClass
+	}) {
+		return out, append(slices.Clone(res.Policies), ir.statuses()...)
+	}
 	t.buildIndex()
 	t.translateWaypoints()
 
-	authn := newAuthnState()
 	enforcedBy := map[string][]string{} // policy ns/name → waypoints
 	problemsOf := map[string][]string{}
 	policies := map[string]*securityv1.AuthorizationPolicy{}
@@ -65,10 +70,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 		if a := w.addr.GetAddress(); a != nil {
 			c.Addresses = [][]byte{a.GetAddress()}
 		}
-		bound := t.boundTo(w, res, c)
-		var required []*waypointapi.Policy
-		c.Authentications, required = t.authnFor(key, bound, authn)
-		c.Policies = append(c.Policies, required...)
+		bound := t.boundTo(w, res, c, ir)
 		attach := func(pkey string, services []string, target string) {
 			ap := policies[pkey]
 			if ap == nil {
@@ -105,13 +107,9 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 		})
 		out[key] = c
 	}
-	statuses := slices.Clone(res.Policies)
+	statuses := append(slices.Clone(res.Policies), ir.statuses()...)
 	for i := range statuses {
 		st := &statuses[i]
-		if st.Kind == kindRA {
-			setAuthnStatus(st, authn)
-			continue
-		}
 		wps := enforcedBy[st.Name]
 		if st.Kind != "AuthorizationPolicy" || len(wps) == 0 {
 			continue
@@ -129,7 +127,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 // boundTo fills c's services and workloads from res (those whose waypoint is
 // w's address) with the routes attached to each service, and returns the
 // hostnames of each bound "Service ns/name" and "ServiceEntry ns/name".
-func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config) map[string][]string {
+func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, ir *istioRouting) map[string][]string {
 	bound := map[string][]string{}
 	for _, a := range res.Addresses.All() {
 		switch {
@@ -146,7 +144,7 @@ func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config) ma
 			for _, p := range s.GetPorts() {
 				ws.Ports = append(ws.Ports, t.waypointPort(kind, s, p))
 			}
-			ws.Routes = t.routesFor(kind, s)
+			ws.Routes = ir.routes(w.key, s, t.routesFor(kind, s))
 			c.Services = append(c.Services, ws)
 			bk := kind + " " + s.GetNamespace() + "/" + s.GetName()
 			bound[bk] = append(bound[bk], s.GetHostname())
@@ -241,6 +239,9 @@ func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *w
 			continue
 		}
 		fp := fieldAt(path+".from", i) + ".source"
+		if len(s.RequestPrincipals)+len(s.NotRequestPrincipals) > 0 {
+			bad.addf(fp+".requestPrincipals", "needs RequestAuthentication, which ztunnel-go's waypoint does not implement yet")
+		}
 		wr.From = append(wr.From, &waypointapi.Source{
 			Principals:        wpStrings(s.Principals, true),
 			NotPrincipals:     wpStrings(s.NotPrincipals, true),
@@ -250,9 +251,6 @@ func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *w
 			NotIpBlocks:       wpCidrs(fp+".notIpBlocks", s.NotIpBlocks, bad),
 			RemoteIpBlocks:    wpCidrs(fp+".remoteIpBlocks", s.RemoteIpBlocks, bad),
 			NotRemoteIpBlocks: wpCidrs(fp+".notRemoteIpBlocks", s.NotRemoteIpBlocks, bad),
-			// "iss/sub" of a JWT the waypoint validated (RequestAuthentication).
-			RequestPrincipals:    wpStrings(s.RequestPrincipals, false),
-			NotRequestPrincipals: wpStrings(s.NotRequestPrincipals, false),
 		})
 	}
 	for i, t := range r.To {
@@ -272,9 +270,7 @@ func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *w
 		cp := fieldAt(path+".when", i)
 		switch {
 		case strings.HasPrefix(c.Key, "request.headers[") && strings.HasSuffix(c.Key, "]") && len(c.Key) > len("request.headers[]"),
-			slices.Contains([]string{"source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"}, c.Key),
-			slices.Contains([]string{"request.auth.principal", "request.auth.audiences", "request.auth.presenter"}, c.Key),
-			validClaimKey(c.Key):
+			slices.Contains([]string{"source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"}, c.Key):
 			wr.When = append(wr.When, &waypointapi.Condition{Key: c.Key, Values: wpStrings(c.Values, false), NotValues: wpStrings(c.NotValues, false)})
 		default:
 			bad.addf(cp+".key", "%q is not an attribute ztunnel-go's waypoint evaluates", c.Key)
@@ -329,19 +325,4 @@ func (r *Result) policiesOrNil() []PolicyStatus {
 		return nil
 	}
 	return r.Policies
-}
-
-// validClaimKey reports whether k is request.auth.claims[a] or a nested
-// request.auth.claims[a][b]..., as Istio spells JWT claims.
-func validClaimKey(k string) bool {
-	const prefix = "request.auth.claims["
-	if !strings.HasPrefix(k, prefix) || !strings.HasSuffix(k, "]") {
-		return false
-	}
-	for _, p := range strings.Split(k[len(prefix):len(k)-1], "][") {
-		if p == "" || strings.ContainsAny(p, "[]") {
-			return false
-		}
-	}
-	return true
 }

@@ -1,0 +1,782 @@
+package translate
+
+import (
+	"math"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+)
+
+// Istio's own routing objects at a waypoint (issue 14).
+//
+// A VirtualService whose hosts name a service bound to a waypoint becomes
+// one waypointapi.Route of kind "VirtualService" on that service: its http
+// rules in order, evaluated first match first as Istio does (not by Gateway
+// API specificity). Several VirtualServices for one host are concatenated,
+// oldest first, then by namespace/name. A VirtualService whose gateways do
+// not include "mesh" is for gateways, not for a waypoint.
+//
+// Precedence: Istio leaves mixing Gateway API routes and VirtualServices
+// for one service undefined. Here an HTTPRoute or GRPCRoute attached to the
+// service wins and its VirtualServices are not applied; the VirtualService's
+// status says which route displaced it.
+//
+// DestinationRules are looked up for every backend host as Istio looks
+// them up for a client: first in the waypoint's namespace, then the host's,
+// then the root namespace; an exact host before a wildcard, then the oldest.
+// Rules with a workloadSelector configure sidecars of selected workloads and
+// are not applied. A backend's subset becomes its labels and the uids of
+// the host's workloads whose labels match (the workload API carries no
+// labels); a subset that is referenced but not defined is marked
+// missing_subset (the waypoint answers 503, as Istio does). The traffic
+// policy (the subset's fields over the rule's) is applied to VirtualService
+// and Gateway API backends alike; a service with no route at all but a
+// DestinationRule traffic policy gets a catch-all route of kind
+// "DestinationRule" to itself, so the policy applies there too.
+//
+// Fail closed: a match condition or field the waypoint cannot enforce makes
+// the rule holding it answer 500 (no backends), as an unsupported HTTPRoute
+// filter does, and is listed in the object's status (PolicyStatus.Invalid:
+// logged once and shown in the config dump). Retry conditions the waypoint
+// does not evaluate are dropped (it retries less, never more) and named in
+// the status message. The name and statPrefix fields only name things and
+// are accepted.
+
+const (
+	kindVS = "VirtualService"
+	kindDR = "DestinationRule"
+)
+
+// istioRouting converts VirtualServices and DestinationRules for the
+// waypoints of one WaypointConfigs call and records what became of each.
+type istioRouting struct {
+	t   *translator
+	res *Result
+	// endpoints: "ns/hostname" → workloads of that service (built once).
+	endpoints map[string][]*workloadapi.Workload
+	vs, dr    map[string]*istioStatus // by ns/name
+}
+
+// istioStatus is what became of one VirtualService or DestinationRule.
+type istioStatus struct {
+	waypoints []string
+	services  []string
+	displaced []string // routes that took precedence
+	invalid   []string
+	notes     []string
+}
+
+func newIstioRouting(t *translator, res *Result) *istioRouting {
+	ir := &istioRouting{t: t, res: res, vs: map[string]*istioStatus{}, dr: map[string]*istioStatus{}}
+	for _, v := range t.objs.VirtualServices {
+		ir.vs[v.Namespace+"/"+v.Name] = &istioStatus{}
+	}
+	for _, d := range t.objs.DestinationRules {
+		ir.dr[d.Namespace+"/"+d.Name] = &istioStatus{}
+	}
+	return ir
+}
+
+func (st *istioStatus) addInvalid(p string) {
+	if !slices.Contains(st.invalid, p) {
+		st.invalid = append(st.invalid, p)
+	}
+}
+
+func (st *istioStatus) addNote(n string) {
+	if !slices.Contains(st.notes, n) {
+		st.notes = append(st.notes, n)
+	}
+}
+
+func (st *istioStatus) attach(wp, svc string) {
+	if !slices.Contains(st.waypoints, wp) {
+		st.waypoints = append(st.waypoints, wp)
+	}
+	if !slices.Contains(st.services, svc) {
+		st.services = append(st.services, svc)
+	}
+}
+
+// resolveIstioHost is Istio's short-name rule: a host without a dot is a
+// Kubernetes service in the object's namespace.
+func (t *translator) resolveIstioHost(host, ns string) string {
+	if host == "*" || strings.Contains(host, ".") {
+		return host
+	}
+	return host + "." + ns + ".svc." + t.cfg.DomainSuffix
+}
+
+// hostMatches: pattern is a resolved host, "*", or "*.suffix".
+func hostMatches(pattern, host string) bool {
+	if pattern == host || pattern == "*" {
+		return true
+	}
+	return strings.HasPrefix(pattern, "*.") && strings.HasSuffix(host, pattern[1:])
+}
+
+// hostNamespace is the namespace of a Kubernetes service hostname, else def.
+func (t *translator) hostNamespace(host, def string) string {
+	if rest, ok := strings.CutSuffix(host, ".svc."+t.cfg.DomainSuffix); ok {
+		if _, ns, ok := strings.Cut(rest, "."); ok && !strings.Contains(ns, ".") {
+			return ns
+		}
+	}
+	return def
+}
+
+func appliesToMesh(gateways []string) bool {
+	return len(gateways) == 0 || slices.Contains(gateways, "mesh")
+}
+
+// routes returns the routes of service s (bound to waypoint wp, ns/name):
+// the Gateway API routes when there are any, else its VirtualServices, else
+// a DestinationRule catch-all; every backend gets its DestinationRule.
+func (ir *istioRouting) routes(wp string, s *workloadapi.Service, gw []*waypointapi.Route) []*waypointapi.Route {
+	svcKey := s.GetNamespace() + "/" + s.GetHostname()
+	vss := ir.virtualServicesFor(s.GetHostname())
+	wpNs, _, _ := strings.Cut(wp, "/")
+	out := gw
+	switch {
+	case len(gw) > 0:
+		var names []string
+		for _, r := range gw {
+			names = append(names, r.GetKind()+" "+r.GetNamespace()+"/"+r.GetName())
+		}
+		for _, v := range vss {
+			st := ir.vs[v.Namespace+"/"+v.Name]
+			for _, n := range names {
+				if !slices.Contains(st.displaced, n+" on "+svcKey) {
+					st.displaced = append(st.displaced, n+" on "+svcKey)
+				}
+			}
+		}
+	case len(vss) > 0:
+		for _, v := range vss {
+			st := ir.vs[v.Namespace+"/"+v.Name]
+			st.attach(wp, svcKey)
+			out = append(out, ir.convertVS(v, st))
+		}
+	}
+	for _, r := range out {
+		for _, rr := range r.GetRules() {
+			ok := true
+			for _, b := range rr.GetBackends() {
+				ok = ir.applyDR(wpNs, wp, svcKey, b) && ok
+			}
+			for _, m := range rr.GetMirrors() {
+				ir.applyDR(wpNs, wp, svcKey, m.GetBackend())
+			}
+			if !ok {
+				rr.Backends = nil // a traffic policy it cannot enforce: 500
+			}
+		}
+	}
+	if len(out) == 0 {
+		if d := ir.destinationRuleFor(wpNs, s.GetHostname()); d != nil && d.Spec.GetTrafficPolicy() != nil {
+			be := &waypointapi.Backend{Hostname: s.GetHostname(), Namespace: s.GetNamespace(), Weight: 1}
+			rr := &waypointapi.RouteRule{Backends: []*waypointapi.Backend{be}}
+			if !ir.applyDR(wpNs, wp, svcKey, be) {
+				rr.Backends = nil
+			}
+			out = append(out, &waypointapi.Route{Name: d.Name, Namespace: d.Namespace, Kind: kindDR, Rules: []*waypointapi.RouteRule{rr}})
+		}
+	}
+	return out
+}
+
+// virtualServicesFor returns the VirtualServices for the mesh whose hosts
+// name hostname, oldest first, then by namespace/name.
+func (ir *istioRouting) virtualServicesFor(hostname string) []*networkingv1.VirtualService {
+	var out []*networkingv1.VirtualService
+	for _, v := range ir.t.objs.VirtualServices {
+		if !appliesToMesh(v.Spec.GetGateways()) {
+			continue
+		}
+		for _, h := range v.Spec.GetHosts() {
+			if hostMatches(ir.t.resolveIstioHost(h, v.Namespace), hostname) {
+				out = append(out, v)
+				break
+			}
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return olderMeta(&out[i].ObjectMeta, &out[j].ObjectMeta) })
+	return out
+}
+
+// destinationRuleFor is the DestinationRule that applies to host for a
+// client (the waypoint) in namespace clientNs, or nil.
+func (ir *istioRouting) destinationRuleFor(clientNs, host string) *networkingv1.DestinationRule {
+	nsOrder := []string{clientNs, ir.t.hostNamespace(host, clientNs), ir.t.cfg.RootNamespace}
+	for _, ns := range nsOrder {
+		var exact, wild []*networkingv1.DestinationRule
+		for _, d := range ir.t.objs.DestinationRules {
+			if d.Namespace != ns || d.Spec.GetWorkloadSelector() != nil {
+				continue
+			}
+			p := ir.t.resolveIstioHost(d.Spec.GetHost(), d.Namespace)
+			switch {
+			case p == host:
+				exact = append(exact, d)
+			case hostMatches(p, host):
+				wild = append(wild, d)
+			}
+		}
+		for _, set := range [][]*networkingv1.DestinationRule{exact, wild} {
+			if len(set) > 0 {
+				sort.SliceStable(set, func(i, j int) bool { return olderMeta(&set[i].ObjectMeta, &set[j].ObjectMeta) })
+				return set[0]
+			}
+		}
+	}
+	return nil
+}
+
+// applyDR fills b's subset and traffic policy from its DestinationRule. It
+// returns false when the policy holds a field the waypoint cannot enforce.
+func (ir *istioRouting) applyDR(clientNs, wp, svcKey string, b *waypointapi.Backend) bool {
+	if b == nil {
+		return true
+	}
+	d := ir.destinationRuleFor(clientNs, b.GetHostname())
+	if d == nil {
+		if b.Subset != "" {
+			b.MissingSubset = true
+		}
+		return true
+	}
+	st := ir.dr[d.Namespace+"/"+d.Name]
+	st.attach(wp, svcKey)
+	tp, tpPath := d.Spec.GetTrafficPolicy(), "spec.trafficPolicy"
+	var subTP *networkingv1alpha3.TrafficPolicy
+	subPath := ""
+	if b.Subset != "" {
+		i := slices.IndexFunc(d.Spec.GetSubsets(), func(s *networkingv1alpha3.Subset) bool { return s.GetName() == b.Subset })
+		if i < 0 {
+			b.MissingSubset = true
+			return true
+		}
+		sub := d.Spec.GetSubsets()[i]
+		b.SubsetLabels = sub.GetLabels()
+		b.SubsetWorkloads = ir.subsetWorkloads(b.GetNamespace()+"/"+b.GetHostname(), sub.GetLabels())
+		subTP, subPath = sub.GetTrafficPolicy(), fieldAt("spec.subsets", i)+".trafficPolicy"
+	}
+	var bad problems
+	out := &waypointapi.TrafficPolicy{}
+	lb, lbPath := tp.GetLoadBalancer(), tpPath+".loadBalancer"
+	if subTP.GetLoadBalancer() != nil {
+		lb, lbPath = subTP.GetLoadBalancer(), subPath+".loadBalancer"
+	}
+	out.LoadBalancer = convertLB(lbPath, lb, &bad)
+	od, odPath := tp.GetOutlierDetection(), tpPath+".outlierDetection"
+	if subTP.GetOutlierDetection() != nil {
+		od, odPath = subTP.GetOutlierDetection(), subPath+".outlierDetection"
+	}
+	out.OutlierDetection = convertOutlier(odPath, od, &bad)
+	unsupportedTP(tpPath, tp, &bad)
+	if subTP != nil {
+		unsupportedTP(subPath, subTP, &bad)
+	}
+	if out.LoadBalancer != waypointapi.LoadBalancer_LB_DEFAULT || out.OutlierDetection != nil {
+		b.TrafficPolicy = out
+	}
+	for _, p := range bad {
+		st.addInvalid(p)
+	}
+	return len(bad) == 0
+}
+
+func convertLB(path string, lb *networkingv1alpha3.LoadBalancerSettings, bad *problems) waypointapi.LoadBalancer {
+	if lb == nil {
+		return waypointapi.LoadBalancer_LB_DEFAULT
+	}
+	if lb.GetLocalityLbSetting() != nil {
+		bad.addf(path+".localityLbSetting", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
+	}
+	if lb.GetWarmupDurationSecs() != nil || lb.GetWarmup() != nil {
+		bad.addf(path+".warmup", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
+	}
+	switch p := lb.GetLbPolicy().(type) {
+	case nil:
+		return waypointapi.LoadBalancer_LB_DEFAULT
+	case *networkingv1alpha3.LoadBalancerSettings_Simple:
+		switch p.Simple {
+		case networkingv1alpha3.LoadBalancerSettings_UNSPECIFIED:
+			return waypointapi.LoadBalancer_LB_DEFAULT
+		case networkingv1alpha3.LoadBalancerSettings_ROUND_ROBIN:
+			return waypointapi.LoadBalancer_ROUND_ROBIN
+		case networkingv1alpha3.LoadBalancerSettings_RANDOM:
+			return waypointapi.LoadBalancer_RANDOM
+		case networkingv1alpha3.LoadBalancerSettings_LEAST_REQUEST, networkingv1alpha3.LoadBalancerSettings_LEAST_CONN:
+			return waypointapi.LoadBalancer_LEAST_REQUEST
+		}
+		bad.addf(path+".simple", "%s is not supported by ztunnel-go's waypoint; requests to this destination answer 500", p.Simple)
+	default:
+		bad.addf(path, "only loadBalancer.simple is supported by ztunnel-go's waypoint; requests to this destination answer 500")
+	}
+	return waypointapi.LoadBalancer_LB_DEFAULT
+}
+
+// Istio's (Envoy's) outlier detection defaults.
+const (
+	defaultConsecutive5xx     = 5
+	defaultOutlierIntervalMs  = 10_000
+	defaultBaseEjectionMs     = 30_000
+	defaultMaxEjectionPercent = 10
+)
+
+func convertOutlier(path string, od *networkingv1alpha3.OutlierDetection, bad *problems) *waypointapi.OutlierDetection {
+	if od == nil {
+		return nil
+	}
+	out := &waypointapi.OutlierDetection{
+		ConsecutiveServerErrors: defaultConsecutive5xx, IntervalMs: defaultOutlierIntervalMs,
+		BaseEjectionTimeMs: defaultBaseEjectionMs, MaxEjectionPercent: defaultMaxEjectionPercent,
+	}
+	if v := od.GetConsecutive_5XxErrors(); v != nil {
+		out.ConsecutiveServerErrors = v.GetValue()
+	}
+	if v := od.GetConsecutiveGatewayErrors(); v != nil {
+		out.ConsecutiveGatewayErrors = v.GetValue()
+	} else if od.GetConsecutiveErrors() > 0 { // deprecated: 502, 503, 504
+		out.ConsecutiveGatewayErrors = uint32(od.GetConsecutiveErrors())
+	}
+	if ms, ok := durationMs(od.GetInterval()); ok {
+		out.IntervalMs = ms
+	}
+	if ms, ok := durationMs(od.GetBaseEjectionTime()); ok {
+		out.BaseEjectionTimeMs = ms
+	}
+	if p := od.GetMaxEjectionPercent(); p > 0 {
+		out.MaxEjectionPercent = uint32(min(p, 100))
+	}
+	unsupported := func(field string, set bool) {
+		if set {
+			bad.addf(path+"."+field, "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
+		}
+	}
+	unsupported("splitExternalLocalOriginErrors", od.GetSplitExternalLocalOriginErrors())
+	unsupported("consecutiveLocalOriginFailures", od.GetConsecutiveLocalOriginFailures() != nil)
+	unsupported("minHealthPercent", od.GetMinHealthPercent() > 0)
+	unsupported("outlierDetectionHttpErrorCodes", len(od.GetOutlierDetectionHttpErrorCodes()) > 0)
+	unsupported("failurePercentageThreshold", od.GetFailurePercentageThreshold() != nil)
+	return out
+}
+
+func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *problems) {
+	if tp == nil {
+		return
+	}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"connectionPool", tp.GetConnectionPool() != nil},
+		{"portLevelSettings", len(tp.GetPortLevelSettings()) > 0},
+		{"tunnel", tp.GetTunnel() != nil},
+		{"proxyProtocol", tp.GetProxyProtocol() != nil},
+		{"retryBudget", tp.GetRetryBudget() != nil},
+	} {
+		if f.set {
+			bad.addf(path+"."+f.name, "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
+		}
+	}
+	// The waypoint always reaches endpoints over HBONE (mTLS with the
+	// mesh's identities): ISTIO_MUTUAL is what it does; other modes not.
+	if tls := tp.GetTls(); tls != nil && tls.GetMode() != networkingv1alpha3.ClientTLSSettings_ISTIO_MUTUAL {
+		bad.addf(path+".tls.mode", "%s: ztunnel-go's waypoint always uses HBONE mTLS (ISTIO_MUTUAL); requests to this destination answer 500", tls.GetMode())
+	}
+}
+
+// subsetWorkloads returns the uids of the service's workloads (svcKey
+// "ns/hostname") whose labels (a pod's, a WorkloadEntry's) match sel.
+func (ir *istioRouting) subsetWorkloads(svcKey string, sel map[string]string) []string {
+	if ir.endpoints == nil {
+		ir.endpoints = map[string][]*workloadapi.Workload{}
+		for _, a := range ir.res.Addresses.All() {
+			if w := a.GetWorkload(); w != nil {
+				for k := range w.GetServices() {
+					ir.endpoints[k] = append(ir.endpoints[k], w)
+				}
+			}
+		}
+	}
+	selector := labels.SelectorFromSet(sel)
+	var out []string
+	for _, w := range ir.endpoints[svcKey] {
+		if l, ok := ir.workloadLabels(w); ok && selector.Matches(labels.Set(l)) {
+			out = append(out, w.GetUid())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// workloadLabels finds the labels of a workload by its uid
+// ("<cluster>/<group>/<Kind>/<ns>/<name>[/...]").
+func (ir *istioRouting) workloadLabels(w *workloadapi.Workload) (map[string]string, bool) {
+	parts := strings.SplitN(w.GetUid(), "/", 6)
+	if len(parts) < 5 {
+		return nil, false
+	}
+	switch parts[2] {
+	case "Pod":
+		if p := ir.t.idx.pods[parts[3]+"/"+parts[4]]; p != nil {
+			return p.Labels, true
+		}
+	case "WorkloadEntry":
+		for _, we := range ir.t.objs.WorkloadEntries {
+			if we.Namespace == parts[3] && we.Name == parts[4] {
+				l := map[string]string{}
+				for k, v := range we.Labels {
+					l[k] = v
+				}
+				for k, v := range we.Spec.GetLabels() {
+					l[k] = v
+				}
+				return l, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// convertVS turns a VirtualService's http rules into a Route.
+func (ir *istioRouting) convertVS(v *networkingv1.VirtualService, st *istioStatus) *waypointapi.Route {
+	wr := &waypointapi.Route{Name: v.Name, Namespace: v.Namespace, Kind: kindVS}
+	var bad problems
+	for i := range v.Spec.GetTcp() {
+		bad.addf(fieldAt("spec.tcp", i), "TCP routes are not supported by ztunnel-go's waypoint; TCP goes to the addressed service")
+	}
+	for i := range v.Spec.GetTls() {
+		bad.addf(fieldAt("spec.tls", i), "TLS routes are not supported by ztunnel-go's waypoint; TLS goes to the addressed service")
+	}
+	for i, h := range v.Spec.GetHttp() {
+		if rr, ok := ir.convertHTTPRoute(fieldAt("spec.http", i), v.Namespace, h, &bad, st); ok {
+			wr.Rules = append(wr.Rules, rr)
+		}
+	}
+	for _, p := range bad {
+		st.addInvalid(p)
+	}
+	return wr
+}
+
+// convertHTTPRoute converts one http rule; ok is false when none of its
+// matches applies to mesh traffic (they name gateways only).
+func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.HTTPRoute, bad *problems, st *istioStatus) (*waypointapi.RouteRule, bool) {
+	rr := &waypointapi.RouteRule{}
+	before := len(*bad)
+	for i, m := range h.GetMatch() {
+		if !appliesToMesh(m.GetGateways()) {
+			continue
+		}
+		rr.Matches = append(rr.Matches, convertVSMatch(fieldAt(path+".match", i), m, bad))
+	}
+	if len(h.GetMatch()) > 0 && len(rr.Matches) == 0 {
+		return nil, false
+	}
+	for i, d := range h.GetRoute() {
+		dp := fieldAt(path+".route", i)
+		if d.GetHeaders() != nil {
+			bad.addf(dp+".headers", "per-destination header changes are not supported by ztunnel-go's waypoint; requests this rule matches answer 500")
+		}
+		weight := uint32(max(d.GetWeight(), 0))
+		if len(h.GetRoute()) == 1 {
+			weight = 1
+		}
+		rr.Backends = append(rr.Backends, ir.vsBackend(ns, d.GetDestination(), weight))
+	}
+	if len(h.GetRoute()) > 1 && !slices.ContainsFunc(rr.Backends, func(b *waypointapi.Backend) bool { return b.Weight > 0 }) {
+		for _, b := range rr.Backends {
+			b.Weight = 1
+		}
+	}
+	unsupported := func(field string, set bool) {
+		if set {
+			bad.addf(path+"."+field, "not supported by ztunnel-go's waypoint; requests this rule matches answer 500")
+		}
+	}
+	unsupported("redirect", h.GetRedirect() != nil)
+	unsupported("directResponse", h.GetDirectResponse() != nil)
+	unsupported("delegate", h.GetDelegate() != nil)
+	unsupported("rewrite", h.GetRewrite() != nil)
+	unsupported("corsPolicy", h.GetCorsPolicy() != nil)
+	if len(h.GetRoute()) == 0 && h.GetRedirect() == nil && h.GetDirectResponse() == nil && h.GetDelegate() == nil {
+		bad.addf(path+".route", "a rule without destinations routes nowhere; requests it matches answer 500")
+	}
+	if hd := h.GetHeaders(); hd != nil {
+		unsupported("headers.response", hd.GetResponse() != nil)
+		if rq := hd.GetRequest(); rq != nil {
+			rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, &waypointapi.HeaderModifier{Set: rq.GetSet(), Add: rq.GetAdd(), Remove: rq.GetRemove()})
+		}
+	}
+	if ms, ok := durationMs(h.GetTimeout()); ok {
+		rr.TimeoutMs = ms
+	}
+	rr.Retry = convertVSRetry(path+".retries", h.GetRetries(), st)
+	rr.Fault = convertFault(path+".fault", h.GetFault(), bad)
+	if m := h.GetMirror(); m != nil {
+		pct := 100.0
+		if p := h.GetMirrorPercentage(); p != nil {
+			pct = p.GetValue()
+		} else if p := h.GetMirrorPercent(); p != nil {
+			pct = float64(p.GetValue())
+		}
+		rr.Mirrors = append(rr.Mirrors, ir.vsMirror(ns, m, pct))
+	}
+	for _, m := range h.GetMirrors() {
+		pct := 100.0
+		if p := m.GetPercentage(); p != nil {
+			pct = p.GetValue()
+		}
+		rr.Mirrors = append(rr.Mirrors, ir.vsMirror(ns, m.GetDestination(), pct))
+	}
+	if len(*bad) > before {
+		rr.Backends = nil // fail closed: 500 for what it matches
+	}
+	return rr, true
+}
+
+func (ir *istioRouting) vsBackend(ns string, d *networkingv1alpha3.Destination, weight uint32) *waypointapi.Backend {
+	host := ir.t.resolveIstioHost(d.GetHost(), ns)
+	return &waypointapi.Backend{
+		Hostname: host, Namespace: ir.t.hostNamespace(host, ns), Port: d.GetPort().GetNumber(),
+		Weight: weight, Subset: d.GetSubset(),
+	}
+}
+
+func (ir *istioRouting) vsMirror(ns string, d *networkingv1alpha3.Destination, pct float64) *waypointapi.Mirror {
+	b := ir.vsBackend(ns, d, 0)
+	p := uint32(min(max(math.Ceil(pct), 0), 100))
+	return &waypointapi.Mirror{Backend: b, Percent: p}
+}
+
+// convertVSMatch converts one HTTPMatchRequest. Conditions that cannot be
+// evaluated are left out of the match (which then matches more) and
+// reported; the caller makes the rule answer 500.
+func convertVSMatch(path string, m *networkingv1alpha3.HTTPMatchRequest, bad *problems) *waypointapi.RouteMatch {
+	rm := &waypointapi.RouteMatch{}
+	if u := m.GetUri(); u != nil {
+		fold := ""
+		if m.GetIgnoreUriCase() {
+			fold = "(?i)"
+		}
+		switch v := u.GetMatchType().(type) {
+		case *networkingv1alpha3.StringMatch_Exact:
+			if fold == "" {
+				rm.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_EXACT, Value: v.Exact}
+			} else {
+				rm.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_REGULAR_EXPRESSION, Value: fold + regexp.QuoteMeta(v.Exact)}
+			}
+		case *networkingv1alpha3.StringMatch_Prefix:
+			// Istio's prefix is a string prefix ("/api" matches "/apix").
+			rm.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_REGULAR_EXPRESSION, Value: fold + regexp.QuoteMeta(v.Prefix) + ".*"}
+		case *networkingv1alpha3.StringMatch_Regex:
+			rm.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_REGULAR_EXPRESSION, Value: fold + "(?:" + v.Regex + ")"}
+		}
+		if rm.Path != nil && rm.Path.Type == waypointapi.PathMatch_REGULAR_EXPRESSION {
+			if _, err := regexp.Compile(rm.Path.Value); err != nil {
+				bad.addf(path+".uri", "not an RE2 expression: %v", err)
+			}
+		}
+	}
+	if meth := m.GetMethod(); meth != nil {
+		if e, ok := meth.GetMatchType().(*networkingv1alpha3.StringMatch_Exact); ok {
+			rm.Method = e.Exact
+		} else {
+			bad.addf(path+".method", "only an exact method match is supported by ztunnel-go's waypoint; requests this rule matches answer 500")
+		}
+	}
+	if a := m.GetAuthority(); a != nil {
+		rm.Headers = append(rm.Headers, istioHeaderMatch(path+".authority", "host", a, bad))
+	}
+	for _, k := range sortedKeys(m.GetHeaders()) {
+		rm.Headers = append(rm.Headers, istioHeaderMatch(path+".headers["+k+"]", k, m.GetHeaders()[k], bad))
+	}
+	for _, k := range sortedKeys(m.GetQueryParams()) {
+		rm.QueryParams = append(rm.QueryParams, istioHeaderMatch(path+".queryParams["+k+"]", k, m.GetQueryParams()[k], bad))
+	}
+	unsupported := func(field string, set bool) {
+		if set {
+			bad.addf(path+"."+field, "not supported by ztunnel-go's waypoint; requests this rule matches answer 500")
+		}
+	}
+	unsupported("scheme", m.GetScheme() != nil)
+	unsupported("port", m.GetPort() != 0)
+	unsupported("sourceLabels", len(m.GetSourceLabels()) > 0)
+	unsupported("sourceNamespace", m.GetSourceNamespace() != "")
+	unsupported("withoutHeaders", len(m.GetWithoutHeaders()) > 0)
+	return rm
+}
+
+// istioHeaderMatch: exact stays exact; prefix and regex become anchored RE2
+// (Istio's regex is a full match); an empty match is presence.
+func istioHeaderMatch(path, name string, sm *networkingv1alpha3.StringMatch, bad *problems) *waypointapi.HeaderMatch {
+	hm := &waypointapi.HeaderMatch{Name: name}
+	switch v := sm.GetMatchType().(type) {
+	case *networkingv1alpha3.StringMatch_Exact:
+		hm.Value = v.Exact
+	case *networkingv1alpha3.StringMatch_Prefix:
+		hm.Value, hm.Regex = "^"+regexp.QuoteMeta(v.Prefix), true
+	case *networkingv1alpha3.StringMatch_Regex:
+		hm.Value, hm.Regex = "^(?:"+v.Regex+")$", true
+		if _, err := regexp.Compile(hm.Value); err != nil {
+			bad.addf(path, "not an RE2 expression: %v", err)
+		}
+	default:
+		hm.Value, hm.Regex = "", true // present, any value
+	}
+	return hm
+}
+
+// convertVSRetry: no retries field is Istio's default policy (2 attempts,
+// on 503 and connect failures); attempts 0 disables retries.
+func convertVSRetry(path string, r *networkingv1alpha3.HTTPRetry, st *istioStatus) *waypointapi.Retry {
+	if r == nil {
+		return &waypointapi.Retry{Attempts: 2, Codes: []uint32{503}}
+	}
+	if r.GetAttempts() <= 0 {
+		return nil
+	}
+	out := &waypointapi.Retry{Attempts: uint32(r.GetAttempts())}
+	if ms, ok := durationMs(r.GetPerTryTimeout()); ok {
+		out.PerTryTimeoutMs = ms
+	}
+	add := func(codes ...uint32) {
+		for _, c := range codes {
+			if !slices.Contains(out.Codes, c) {
+				out.Codes = append(out.Codes, c)
+			}
+		}
+	}
+	retryOn := r.GetRetryOn()
+	if retryOn == "" {
+		retryOn = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+	}
+	for _, tok := range strings.Split(retryOn, ",") {
+		tok = strings.TrimSpace(tok)
+		switch tok {
+		case "":
+		case "5xx":
+			for c := uint32(500); c < 600; c++ {
+				add(c)
+			}
+		case "gateway-error":
+			add(502, 503, 504)
+		case "retriable-status-codes":
+			add(503)
+		case "retriable-4xx":
+			add(409)
+		case "connect-failure", "refused-stream", "reset", "reset-before-request":
+			// The waypoint retries connect failures and resets always.
+		case "cancelled", "unavailable", "deadline-exceeded", "internal", "resource-exhausted":
+			// gRPC status conditions: not evaluated; Istio's default has
+			// two of them, so they are dropped without a note.
+		default:
+			if c, err := strconv.ParseUint(tok, 10, 32); err == nil && c >= 100 && c < 600 {
+				add(uint32(c))
+				continue
+			}
+			st.addNote(path + ".retryOn: " + tok + " is not a condition ztunnel-go's waypoint evaluates; it is not retried on")
+		}
+	}
+	sort.Slice(out.Codes, func(i, j int) bool { return out.Codes[i] < out.Codes[j] })
+	if len(out.Codes) == 0 {
+		// The waypoint reads an empty list as "503 only"; a policy that
+		// names no status retries connect failures only.
+		out.Codes = []uint32{0}
+	}
+	return out
+}
+
+// convertFault: a fixed delay and an HTTP abort, each for a percentage of
+// requests (unset: none, as Istio says).
+func convertFault(path string, f *networkingv1alpha3.HTTPFaultInjection, bad *problems) *waypointapi.Fault {
+	if f == nil {
+		return nil
+	}
+	out := &waypointapi.Fault{}
+	if d := f.GetDelay(); d != nil {
+		switch v := d.GetHttpDelayType().(type) {
+		case *networkingv1alpha3.HTTPFaultInjection_Delay_FixedDelay:
+			ms, _ := durationMs(v.FixedDelay)
+			out.DelayMs = ms
+		default:
+			bad.addf(path+".delay", "only fixedDelay is supported by ztunnel-go's waypoint; requests this rule matches answer 500")
+		}
+		out.DelayPercent = percentOf(d.GetPercentage(), d.GetPercent())
+	}
+	if a := f.GetAbort(); a != nil {
+		switch v := a.GetErrorType().(type) {
+		case *networkingv1alpha3.HTTPFaultInjection_Abort_HttpStatus:
+			if v.HttpStatus < 200 || v.HttpStatus > 599 {
+				bad.addf(path+".abort.httpStatus", "%d is not an HTTP status; requests this rule matches answer 500", v.HttpStatus)
+			}
+			out.AbortStatus = uint32(max(v.HttpStatus, 0))
+		default:
+			bad.addf(path+".abort", "only httpStatus aborts are supported by ztunnel-go's waypoint; requests this rule matches answer 500")
+		}
+		out.AbortPercent = percentOf(a.GetPercentage(), 0)
+	}
+	return out
+}
+
+func percentOf(p *networkingv1alpha3.Percent, deprecated int32) float64 {
+	if p != nil {
+		return min(max(p.GetValue(), 0), 100)
+	}
+	return float64(min(max(deprecated, 0), 100))
+}
+
+func durationMs(d *durationpb.Duration) (uint32, bool) {
+	if d == nil {
+		return 0, false
+	}
+	ms := d.AsDuration().Milliseconds()
+	return uint32(min(max(ms, 0), math.MaxInt32)), true
+}
+
+// statuses reports every VirtualService and DestinationRule.
+func (ir *istioRouting) statuses() []PolicyStatus {
+	var out []PolicyStatus
+	report := func(kind string, m map[string]*istioStatus) {
+		for _, key := range sortedKeys(m) {
+			st := m[key]
+			ps := PolicyStatus{Kind: kind, Name: key, Sent: len(st.waypoints) > 0, Invalid: st.invalid}
+			switch {
+			case len(st.waypoints) > 0:
+				sort.Strings(st.waypoints)
+				sort.Strings(st.services)
+				ps.Message = EnforcedByWaypoint + strings.Join(st.waypoints, ", ") + " for " + strings.Join(st.services, ", ")
+			case len(st.displaced) > 0:
+				ps.Message = "not applied: Gateway API routes take precedence over a VirtualService for one service (" + strings.Join(st.displaced, "; ") + ")"
+			default:
+				ps.Message = "not applied: no service bound to a waypoint uses it (node proxies route L4 only; L7 routing needs a waypoint)"
+			}
+			if len(st.waypoints) > 0 && len(st.displaced) > 0 {
+				ps.Message += "; not applied where Gateway API routes take precedence (" + strings.Join(st.displaced, "; ") + ")"
+			}
+			if len(st.notes) > 0 {
+				ps.Message += "; " + strings.Join(st.notes, "; ")
+			}
+			if len(st.invalid) > 0 {
+				ps.Message += "; values that cannot be enforced fail closed: " + strings.Join(st.invalid, "; ")
+			}
+			out = append(out, ps)
+		}
+	}
+	report(kindVS, ir.vs)
+	report(kindDR, ir.dr)
+	return out
+}
