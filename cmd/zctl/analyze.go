@@ -65,16 +65,32 @@ var ignoredNotes = map[string]string{
 // translates it with the control plane's translation, and reports what will
 // not work as written.
 func analyzeDir(dir string) ([]finding, error) {
+	src, err := loadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	objs, _ := src.Current()
+	return analyzeObjects(objs, dir, src.Errors(), nil), nil
+}
+
+// loadDir reads dir as local mode does.
+func loadDir(dir string) (*local.Source, error) {
 	src := local.New(dir, nil, 0)
 	if _, err := src.Load(); err != nil {
 		return nil, err
 	}
+	return src, nil
+}
+
+// analyzeObjects translates objs (read from source, with decodeErrs for the
+// documents that could not be read) and reports what will not work as
+// written; pods is the node agents' /pods view, nil when not given.
+func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, pods []agentPod) []finding {
 	var out []finding
-	for _, err := range src.Errors() {
-		out = append(out, finding{Code: codeDecode, Level: levelError, Object: dir, Message: err.Error(),
+	for _, err := range decodeErrs {
+		out = append(out, finding{Code: codeDecode, Level: levelError, Object: source, Message: err.Error(),
 			Fix: "fix the document (the control plane keeps the last good version of its objects)"})
 	}
-	objs, _ := src.Current()
 	if objs == nil {
 		objs = &cluster.Objects{}
 	}
@@ -88,6 +104,7 @@ func analyzeDir(dir string) ([]finding, error) {
 	out = append(out, externalNameFindings(objs)...)
 	out = append(out, strictFindings(cfg, objs)...)
 	out = append(out, serviceEntryFindings(objs)...)
+	out = append(out, dnsCaptureFindings(objs, pods)...)
 	for _, o := range objs.Ignored {
 		note := ignoredNotes[o.Kind]
 		if note == "" {
@@ -103,7 +120,7 @@ func analyzeDir(dir string) ([]finding, error) {
 		}
 		return out[i].Object < out[j].Object
 	})
-	return out, nil
+	return out
 }
 
 // policyFindings reads the translation's per-policy status.
@@ -368,21 +385,45 @@ func writeFindings(w io.Writer, dir string, fs []finding, format string) error {
 	return tw.Flush()
 }
 
-// runAnalyze is `zctl analyze [-o table|json|yaml] DIR`.
-func runAnalyze(out io.Writer, format string, pos []string) error {
-	if len(pos) != 1 {
-		return fmt.Errorf("analyze wants one directory of YAML (live cluster mode is not there yet)")
-	}
-	switch format {
+// runAnalyze is `zctl analyze [flags] [DIR]`: a directory of YAML, or the
+// live cluster (--kubeconfig, --in-cluster); the node agents' /pods add the
+// pods' capture rules.
+func runAnalyze(out io.Writer, o options, pos []string) error {
+	switch o.output {
 	case "table", "json", "yaml":
 	default:
-		return fmt.Errorf("unknown output format %q (want table, json or yaml)", format)
+		return fmt.Errorf("unknown output format %q (want table, json or yaml)", o.output)
 	}
-	fs, err := analyzeDir(pos[0])
+	live := o.kubeconfig != "" || o.inCluster
+	switch {
+	case len(pos) > 1, len(pos) == 1 && live:
+		return errors.New("analyze wants one directory of YAML, or --kubeconfig FILE or --in-cluster for the live cluster")
+	case len(pos) == 0 && !live:
+		return errors.New("analyze wants a directory of YAML, or --kubeconfig FILE or --in-cluster for the live cluster")
+	}
+	pods, err := loadAgentPods(o.agentAdmins, o.agentFiles)
 	if err != nil {
 		return err
 	}
-	if err := writeFindings(out, pos[0], fs, format); err != nil {
+	var (
+		fs     []finding
+		source string
+	)
+	if live {
+		fs, source, err = analyzeCluster(o.kubeconfig, pods)
+	} else {
+		source = pos[0]
+		var src *local.Source
+		src, err = loadDir(source)
+		if err == nil {
+			objs, _ := src.Current()
+			fs = analyzeObjects(objs, source, src.Errors(), pods)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := writeFindings(out, source, fs, o.output); err != nil {
 		return err
 	}
 	for _, f := range fs {

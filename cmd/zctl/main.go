@@ -5,7 +5,7 @@
 //	zctl explain [--admin ADDR | -f FILE] [--waypoint-admin ADDR | --waypoint-file FILE]...
 //	             [--method M] [--path P] [-o table|json|yaml] <source-pod> <destination>
 //	zctl check ...   (an alias of explain)
-//	zctl analyze [-o table|json|yaml] <dir>
+//	zctl analyze [-o table|json|yaml] [--agent-admin ADDR | --agent-file FILE]... <dir> | --kubeconfig FILE | --in-cluster
 //	zctl status [--cp-admin ADDR | -f FILE] [-o table|json|yaml]
 //	zctl connections [--admin ADDR | -f FILE] [--workload W] [--direction in|out] [-o ...]
 //	zctl log [--admin ADDR] [--level [default:]LEVEL | --reset]
@@ -71,7 +71,7 @@ var commands = []struct{ name, args, summary string }{
 	{"config-dump", "[workloads|services|policies|certificates|pods]", "print the node proxy's state as tables"},
 	{"explain", "<source-pod> <destination>", "follow one connection through routing and authorization; exit 3 if denied"},
 	{"check", "<source-pod> <destination>", "alias of explain"},
-	{"analyze", "<dir>", "check a directory of YAML with the control plane's translation; exit 2 on errors"},
+	{"analyze", "<dir> | --kubeconfig FILE | --in-cluster", "check a directory of YAML or the live cluster with the control plane's translation; exit 2 on errors"},
 	{"status", "[--cp-admin ADDR | -f FILE]", "each connected proxy's xDS sync state per type, from the control plane"},
 	{"connections", "[--workload W] [--direction in|out]", "the node proxy's open connections: peers, identities, bytes, age"},
 	{"log", "[--level [default:]LEVEL | --reset]", "read or set the node proxy's log level (one per process)"},
@@ -103,6 +103,10 @@ type options struct {
 	// explain's waypoint inputs.
 	waypointAdmins, waypointFiles stringList
 	method, path                  string
+	// analyze's live cluster and node agents.
+	kubeconfig              string
+	inCluster               bool
+	agentAdmins, agentFiles stringList
 }
 
 // stringList is a repeatable string flag.
@@ -141,6 +145,12 @@ func run(args []string, out, errOut io.Writer) error {
 	if name != "config-dump" {
 		fs.StringVar(&o.output, "o", "table", "output format: table, json or yaml")
 	}
+	if name == "analyze" {
+		fs.StringVar(&o.kubeconfig, "kubeconfig", "", "analyze the live cluster this kubeconfig points at (instead of a directory)")
+		fs.BoolVar(&o.inCluster, "in-cluster", false, "analyze the live cluster, with the pod's service account")
+		fs.Var(&o.agentAdmins, "agent-admin", "a node agent's admin address: its /pods add each pod's capture rules (repeatable)")
+		fs.Var(&o.agentFiles, "agent-file", "a node agent's saved /pods (repeatable)")
+	}
 	if name == "explain" || name == "check" {
 		fs.Var(&o.waypointAdmins, "waypoint-admin", "a waypoint's admin address, to run its L7 authorization (repeatable)")
 		fs.Var(&o.waypointFiles, "waypoint-file", "a waypoint's saved /config_dump (repeatable)")
@@ -163,7 +173,7 @@ func run(args []string, out, errOut io.Writer) error {
 		return configDump(out, d, from, pos)
 	}
 	if name == "analyze" {
-		return runAnalyze(out, o.output, pos)
+		return runAnalyze(out, o, pos)
 	}
 	if len(pos) != 2 {
 		fs.Usage()
