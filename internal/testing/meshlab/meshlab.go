@@ -85,6 +85,9 @@ type Options struct {
 	LogLevel string
 	// TrustDomain of the control plane; "" means cluster.local.
 	TrustDomain string
+	// ProxyEnv are extra KEY=value variables for every node proxy (after
+	// the ones Start sets, so they win), e.g. CRL_PATH. nil means none.
+	ProxyEnv []string
 }
 
 // Mesh is a running mesh. Its methods are safe for concurrent use.
@@ -315,7 +318,7 @@ func (m *Mesh) startProxy(mn *MeshNode) error {
 	if err := m.writeNodeResolvConf(n); err != nil {
 		return err
 	}
-	p, err := n.Start(testcluster.Process{Name: "ztunnel-" + n.Name, Path: m.bin(BinZtunnel), Env: []string{
+	p, err := n.Start(testcluster.Process{Name: "ztunnel-" + n.Name, Path: m.bin(BinZtunnel), Env: append([]string{
 		"XDS_ADDRESS=" + m.CPAddr.String(),
 		"CA_ADDRESS=" + m.CPAddr.String(),
 		"XDS_ROOT_CA=" + m.RootCert,
@@ -333,7 +336,7 @@ func (m *Mesh) startProxy(mn *MeshNode) error {
 		"IPV6_ENABLED=false", // the topology is IPv4 only
 		"LOG_LEVEL=" + m.opts.LogLevel,
 		"LOG_FORMAT=json",
-	}})
+	}, m.opts.ProxyEnv...)})
 	if err != nil {
 		return err
 	}
