@@ -69,6 +69,7 @@ func (t *translator) translateService(s *corev1.Service) {
 	svc.LoadBalancing = t.loadBalancing(s)
 	svc.IpFamilies = ipFamilies(s.Spec.IPFamilies, fams)
 	svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
+	svc.WeightedWaypoints = t.weightedWaypoints("Service", s.Namespace, s.Name, s.Labels, s.Annotations, svc.Waypoint)
 	t.addresses[svc.Namespace+"/"+svc.Hostname] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
 }
 
@@ -234,6 +235,7 @@ func (t *translator) translateServiceEntries() {
 			}
 		}
 		wp := t.boundWaypoint("ServiceEntry", se.Namespace, se.Name, se.Labels, false)
+		wws := t.weightedWaypoints("ServiceEntry", se.Namespace, se.Name, se.Labels, se.Annotations, wp)
 		for _, h := range se.Spec.Hosts {
 			svc := &workloadapi.Service{
 				Name:            se.Name,
@@ -245,6 +247,7 @@ func (t *translator) translateServiceEntries() {
 				LoadBalancing:   lb,
 				Waypoint:        wp,
 			}
+			svc.WeightedWaypoints = wws
 			if len(fixed) == 0 {
 				var fams [2]bool
 				for _, ip := range t.allocs.Lookup(se.Namespace, se.Name, h) {

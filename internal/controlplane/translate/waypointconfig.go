@@ -131,7 +131,7 @@ func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, ir
 	bound := map[string][]string{}
 	for _, a := range res.Addresses.All() {
 		switch {
-		case a.GetService() != nil && proto.Equal(a.GetService().GetWaypoint(), w.addr) && w.forService:
+		case a.GetService() != nil && waypointOf(a.GetService(), w.addr) && w.forService:
 			s := a.GetService()
 			kind := "ServiceEntry"
 			if k8s := t.idx.svcByName[s.GetNamespace()+"/"+s.GetName()]; k8s != nil && t.serviceHostname(k8s) == s.GetHostname() {

@@ -2,8 +2,10 @@ package translate
 
 import (
 	"net/netip"
+	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
@@ -139,4 +141,81 @@ func (t *translator) boundWaypoint(kind, ns, name string, labels map[string]stri
 		return nil
 	}
 	return w.addr
+}
+
+// Weighted waypoint canary (Istio 1.31, istio/api well-known names): a
+// Service, ServiceEntry or Namespace names a second waypoint beside
+// istio.io/use-waypoint and the share (0-100) of new connections it gets.
+const (
+	LabelUseWaypointCanary            = "istio.io/use-waypoint-canary"
+	LabelUseWaypointCanaryNamespace   = "istio.io/use-waypoint-canary-namespace"
+	AnnotationUseWaypointCanaryWeight = "istio.io/use-waypoint-canary-weight"
+)
+
+// weightedWaypoints resolves the canary labels for an object whose primary
+// service waypoint is primary: the object's own canary label wins over its
+// namespace's, and the weight annotation is read from the same object. The
+// set is [{primary, 100-w}, {canary, w}], istiod's shape; primary stays in
+// Service.waypoint for node proxies without the field. A weight of 0 keeps
+// the canary listed (it gets no traffic). Anything that cannot be honoured
+// (no primary, an unknown or non-service canary, a weight that is not an
+// integer 0-100) is warned about and yields no set: the service stays on
+// its primary waypoint, as istiod does with invalid values.
+func (t *translator) weightedWaypoints(kind, ns, name string, labels, annotations map[string]string, primary *workloadapi.GatewayAddress) []*workloadapi.WeightedWaypoint {
+	src, ann, srcKind, srcName, srcNs := labels, annotations, kind, name, ns
+	if _, ok := labels[LabelUseWaypointCanary]; !ok {
+		src, ann, srcKind, srcName, srcNs = t.nsLabels(ns), nil, "Namespace", ns, ""
+		if n := t.idx.namespaces[ns]; n != nil {
+			ann = n.Annotations
+		}
+	}
+	canaryName := src[LabelUseWaypointCanary]
+	if canaryName == "" || canaryName == "none" {
+		return nil
+	}
+	if primary == nil {
+		t.warnf(srcKind, srcNs, srcName, "%s without a usable %s; the canary is ignored", LabelUseWaypointCanary, LabelUseWaypoint)
+		return nil
+	}
+	canaryNs := src[LabelUseWaypointCanaryNamespace]
+	if canaryNs == "" {
+		canaryNs = ns
+	}
+	w := t.idx.waypoints[canaryNs+"/"+canaryName]
+	switch {
+	case w == nil:
+		t.warnf(srcKind, srcNs, srcName, "%s refers to waypoint %s/%s, which does not exist or has no address; all traffic stays on the primary", LabelUseWaypointCanary, canaryNs, canaryName)
+		return nil
+	case !w.forService:
+		t.warnf(srcKind, srcNs, srcName, "canary waypoint %s is for %q traffic, not service traffic; all traffic stays on the primary", w.key, w.trafficType)
+		return nil
+	}
+	raw, ok := ann[AnnotationUseWaypointCanaryWeight]
+	weight := 0
+	if ok {
+		v, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil || v < 0 || v > 100 {
+			t.warnf(srcKind, srcNs, srcName, "%s %q is not an integer 0-100; all traffic stays on the primary", AnnotationUseWaypointCanaryWeight, raw)
+			return nil
+		}
+		weight = v
+	}
+	return []*workloadapi.WeightedWaypoint{
+		{Destination: primary, Weight: uint32(100 - weight)},
+		{Destination: w.addr, Weight: uint32(weight)},
+	}
+}
+
+// waypointOf reports whether the service's traffic may be sent to the
+// waypoint address addr: it is the primary or in the weighted set.
+func waypointOf(s *workloadapi.Service, addr *workloadapi.GatewayAddress) bool {
+	if proto.Equal(s.GetWaypoint(), addr) {
+		return true
+	}
+	for _, ww := range s.GetWeightedWaypoints() {
+		if proto.Equal(ww.GetDestination(), addr) {
+			return true
+		}
+	}
+	return false
 }
