@@ -2,9 +2,15 @@ package hbone
 
 import (
 	"crypto/x509"
+	"errors"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
+
+// ErrRevoked is what a Revocation's errors wrap (errors.Is), so that the
+// end of a connection it closed, or a refused handshake, can be told apart
+// from other failures (the proxy records reason "revoked").
+var ErrRevoked = errors.New("certificate revoked")
 
 // Revocation is what HBONE asks about a peer beyond chain verification:
 // whether a certificate of its chain is revoked now (in the handshake) and

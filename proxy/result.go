@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
@@ -132,6 +133,9 @@ func ReasonOf(err error) Reason {
 	}
 	if errors.Is(err, ErrForced) {
 		return ReasonDrained
+	}
+	if errors.Is(err, hbone.ErrRevoked) { // the peer's certificate (CRL)
+		return ReasonRevoked
 	}
 	return ReasonInternal
 }

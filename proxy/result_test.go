@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
@@ -80,6 +81,7 @@ func TestReasonMapping(t *testing.T) {
 		{WithReason(ReasonConnectFailed, errors.New("refused")), ReasonConnectFailed, "CONNECT"},
 		{fmt.Errorf("outer: %w", WithReason(ReasonTLSFailure, errors.New("bad cert"))), ReasonTLSFailure, "TLS_FAILURE"},
 		{ErrForced, ReasonDrained, "-"},
+		{fmt.Errorf("hbone: connection closed: %w", hbone.ErrRevoked), ReasonRevoked, "DENY"},
 		{errors.New("mystery"), ReasonInternal, "CONNECT"},
 	}
 	for _, tt := range tests {

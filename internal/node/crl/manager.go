@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
@@ -316,6 +317,8 @@ func direction(inbound bool) string {
 	}
 	return "outbound"
 }
+
+var _ hbone.Revocation = (*Manager)(nil)
 
 // Set returns the CRLs in force.
 func (m *Manager) Set() *Set { return m.set.Load() }

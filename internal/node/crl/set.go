@@ -5,15 +5,17 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
 )
 
 // ErrRevoked is wrapped by every error that refuses or ends a connection
-// because of a revoked certificate (errors.Is(err, ErrRevoked)).
-var ErrRevoked = errors.New("certificate revoked")
+// because of a revoked certificate (errors.Is(err, ErrRevoked)). It is
+// hbone.ErrRevoked, so the proxy classifies the connections it ends.
+var ErrRevoked = hbone.ErrRevoked
 
 // RevokedError names the revoked certificate of a peer chain and the CRL
 // that revoked it.
