@@ -41,6 +41,8 @@ const (
 	codeIgnoredKind     = "ZTG0009" // a kind the control plane does not read
 	codeNotSent         = "ZTG0010" // a policy the control plane did not send
 	codeTranslationWarn = "ZTG0011" // any other translation warning
+	// ZTG0012-0014: analyze_kube.go, analyze_dns.go.
+	codeRouteNotApplied = "ZTG0015" // a VirtualService or DestinationRule no waypoint applies
 )
 
 // finding is one problem analyze reports.
@@ -54,11 +56,8 @@ type finding struct {
 
 // ignoredNotes say what happens instead of an ignored kind.
 var ignoredNotes = map[string]string{
-	"VirtualService":        "node proxies route L4 on Services; L7 routing needs a waypoint",
-	"DestinationRule":       "node proxies always use HBONE mTLS; load balancing comes from the Service (trafficDistribution)",
-	"Sidecar":               "ambient has no sidecars; node proxies receive all config",
-	"EnvoyFilter":           "node proxies are not Envoy; nothing replaces it",
-	"RequestAuthentication": "JWT is an L7 check; node proxies cannot enforce it",
+	"Sidecar":     "ambient has no sidecars; node proxies receive all config",
+	"EnvoyFilter": "node proxies are not Envoy; nothing replaces it",
 }
 
 // analyzeDir decodes the YAML under dir with local mode's own reader,
@@ -145,6 +144,15 @@ func policyFindings(statuses []translate.PolicyStatus) []finding {
 				Fix:     "deploy a waypoint and bind the target to it (istio.io/use-waypoint), or use a selector policy node proxies enforce"})
 		case strings.HasPrefix(st.Message, translate.EnforcedByWaypoint):
 			// Working as designed: a waypoint enforces it.
+		case !st.Sent && (st.Kind == "VirtualService" || st.Kind == "DestinationRule"):
+			fix := "bind the service its hosts name to a waypoint (istio.io/use-waypoint), or remove it"
+			if strings.Contains(st.Message, "Gateway API routes take precedence") {
+				fix = "keep one kind of route per service: remove the VirtualService or the HTTPRoute/GRPCRoute"
+			}
+			out = append(out, finding{Code: codeRouteNotApplied, Level: levelWarning, Object: obj, Message: st.Message, Fix: fix})
+		case !st.Sent && st.Kind == "RequestAuthentication" && len(st.Invalid) == 0:
+			out = append(out, finding{Code: codeNotSent, Level: levelWarning, Object: obj, Message: st.Message,
+				Fix: "attach it with targetRefs to a waypoint Gateway or a Service bound to one (node proxies cannot validate JWTs)"})
 		case !st.Sent && st.Message != "" && len(st.Invalid) == 0:
 			out = append(out, finding{Code: codeNotSent, Level: levelWarning, Object: obj, Message: st.Message,
 				Fix: "rewrite the policy with what node proxies support, or remove it"})

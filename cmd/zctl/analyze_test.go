@@ -27,14 +27,15 @@ func TestAnalyzeBrokenDir(t *testing.T) {
 	}
 	got := codesOf(fs)
 	want := map[string]string{
-		codeInvalidValue:   "AuthorizationPolicy shop/bad-cidr",
-		codeTargetNothing:  "AuthorizationPolicy shop/to-missing",
-		codeSelectsNothing: "AuthorizationPolicy shop/nobody",
-		codeNoWaypoint:     "AuthorizationPolicy shop/to-alias",
-		codeExternalName:   "AuthorizationPolicy shop/to-alias",
-		codeStrictNonMesh:  "PeerAuthentication shop/strict",
-		codeSENoAddress:    "ServiceEntry shop/ext",
-		codeIgnoredKind:    "VirtualService shop/web-routes",
+		codeInvalidValue:    "AuthorizationPolicy shop/bad-cidr",
+		codeTargetNothing:   "AuthorizationPolicy shop/to-missing",
+		codeSelectsNothing:  "AuthorizationPolicy shop/nobody",
+		codeNoWaypoint:      "AuthorizationPolicy shop/to-alias",
+		codeExternalName:    "AuthorizationPolicy shop/to-alias",
+		codeStrictNonMesh:   "PeerAuthentication shop/strict",
+		codeSENoAddress:     "ServiceEntry shop/ext",
+		codeIgnoredKind:     "Sidecar shop/default",
+		codeRouteNotApplied: "VirtualService shop/web-routes",
 	}
 	if n := len(got[codeInvalidValue]); n != 2 {
 		t.Errorf("invalid values: got %d findings, want 2 (CIDR, port): %+v", n, got[codeInvalidValue])
@@ -53,6 +54,9 @@ func TestAnalyzeBrokenDir(t *testing.T) {
 	}
 	if m := got[codeInvalidValue][0].Message; !strings.Contains(m, `"10.0.0.0/33" is not a CIDR`) || !strings.Contains(m, "denies all traffic") {
 		t.Errorf("invalid-value finding does not say what and what the control plane did: %s", m)
+	}
+	if f := got[codeRouteNotApplied]; len(f) == 1 && (!strings.Contains(f[0].Message, "no service bound to a waypoint uses it") || !strings.Contains(f[0].Fix, "istio.io/use-waypoint")) {
+		t.Errorf("VirtualService finding: %+v", f[0])
 	}
 	if m := got[codeStrictNonMesh][0].Message; !strings.Contains(m, "legacy") || strings.Contains(m, "kube-system") {
 		t.Errorf("STRICT finding should name legacy, not kube-system: %s", m)
