@@ -12,9 +12,13 @@
 // plane pushes a new waypointapi.Config; endpoints come from the workload
 // API snapshot (internal/node/state) on the same xDS stream. The chosen
 // endpoint is reached over HBONE through its node proxy with the waypoint's
-// identity (hbone.Pool), the original source in the forwarded headers.
+// identity (hbone.Pool), the original source in the forwarded headers. A
+// backend with a DestinationRule subset or traffic policy is balanced here
+// instead (lb.go: subset members, loadBalancer.simple; outlier.go:
+// consecutive-error ejection, per-endpoint atomic counters that outlive
+// config pushes); VirtualService fault injection runs before the request
+// goes upstream (fault.go).
 //
-// What it does not do yet: RequestAuthentication (JWT), GRPCRoute,
-// VirtualService/DestinationRule, mirroring, fault injection, outlier
-// detection (see issue 14).
+// What it does not do yet: RequestAuthentication (JWT), GRPCRoute and
+// mirroring (see issue 14).
 package waypoint

@@ -214,6 +214,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		h2: r.ProtoMajor == 2, req: r, cfg: w.sink.cfg.Load(), snap: w.sink.Load(),
 	}
 	ex.attrs.HTTP, ex.attrs.Host, ex.attrs.Method, ex.attrs.Path = true, r.Host, r.Method, r.URL.Path
+	defer w.endpointDone(r.Context(), ex, nil, nil) // an endpoint picked but never reached
 	ex.attrs.Header = func(name string) (string, bool) {
 		vs := r.Header.Values(name)
 		if len(vs) == 0 {
@@ -258,6 +259,10 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 			http.Error(sw, http.StatusText(code), code)
 		}
 		w.record(ex, code, flagFor(code), time.Since(start), sizes())
+		return
+	}
+	if code, flags, done := w.injectFault(ex, sw, r); done {
+		w.record(ex, code, flags, time.Since(start), sizes())
 		return
 	}
 	if ex.rule != nil && len(ex.rule.mirrors) > 0 {
@@ -405,6 +410,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			timer = time.AfterFunc(ex.rule.perTry, cancel)
 		}
 		resp, err := base.RoundTrip(req.WithContext(ctx))
+		rt.w.endpointDone(r.Context(), ex, resp, err) // outlier detection
 		if timer != nil {
 			timer.Stop()
 		}

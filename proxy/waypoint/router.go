@@ -14,6 +14,11 @@ type backend struct {
 	hostname, namespace string
 	port                uint16 // 0: the port the client addressed
 	weight              uint32
+	// policy: a DestinationRule subset or traffic policy (lb.go); nil:
+	// the node proxy's endpoint choice. missingSubset: the subset is not
+	// defined, the request answers 503.
+	policy        *backendPolicy
+	missingSubset string
 }
 
 type headerMatch struct {
@@ -59,12 +64,16 @@ type routeRule struct {
 	retries  int
 	perTry   time.Duration
 	retryOn  map[int]bool
+	fault    *compiledFault // VirtualService fault injection (fault.go)
 }
 
 // routeTable is the compiled HTTPRoutes of one service, in precedence
 // order of their rules (oldest route first, then rule order).
 type routeTable struct {
 	rules []*routeRule
+	// firstMatch: VirtualService rules, which Istio evaluates in order
+	// (the first matching rule wins), not by Gateway API specificity.
+	firstMatch bool
 }
 
 func compileRoutes(routes []*waypointapi.Route) *routeTable {
@@ -73,8 +82,9 @@ func compileRoutes(routes []*waypointapi.Route) *routeTable {
 	}
 	t := &routeTable{}
 	for _, r := range routes {
+		t.firstMatch = t.firstMatch || r.GetKind() == "VirtualService"
 		for _, rr := range r.GetRules() {
-			cr := &routeRule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers()}
+			cr := &routeRule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers(), fault: compileFault(rr.GetFault())}
 			for _, m := range rr.GetMatches() {
 				cm := routeMatch{pathType: m.GetPath().GetType(), path: m.GetPath().GetValue(), method: m.GetMethod()}
 				if m.GetPath() == nil {
@@ -100,7 +110,12 @@ func compileRoutes(routes []*waypointapi.Route) *routeTable {
 				cr.matches = []routeMatch{{path: "/"}}
 			}
 			for _, b := range rr.GetBackends() {
-				cr.backends = append(cr.backends, backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), weight: b.GetWeight()})
+				cb := backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), weight: b.GetWeight(),
+					policy: compileBackendPolicy(b)}
+				if b.GetMissingSubset() {
+					cb.missingSubset = b.GetSubset()
+				}
+				cr.backends = append(cr.backends, cb)
 				cr.total += uint64(b.GetWeight())
 			}
 			for _, m := range rr.GetMirrors() {
@@ -215,7 +230,8 @@ func less(a, b [5]int) bool {
 }
 
 // pick returns the rule for r: the most specific matching match, ties to
-// the earlier rule. nil: no rule matches (404).
+// the earlier rule (VirtualService rules: the first that matches). nil: no
+// rule matches (404).
 func (t *routeTable) pick(r *http.Request) *routeRule {
 	var best *routeRule
 	var bestSpec [5]int
@@ -224,6 +240,9 @@ func (t *routeTable) pick(r *http.Request) *routeRule {
 			m := &rule.matches[i]
 			if !m.matches(r) {
 				continue
+			}
+			if t.firstMatch {
+				return rule
 			}
 			if s := m.specificity(); best == nil || less(bestSpec, s) {
 				best, bestSpec = rule, s

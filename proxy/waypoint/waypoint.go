@@ -63,6 +63,7 @@ type Waypoint struct {
 	httpSrv *http.Server
 	h1, h2  http.RoundTripper
 	wg      sync.WaitGroup
+	pools   pools // DestinationRule endpoint state (lb.go, outlier.go)
 }
 
 // New builds a waypoint. Hand Sink to the xDS client and a listener to Serve.
@@ -149,6 +150,7 @@ type exchange struct {
 	rule         *routeRule
 	route        string
 	target       netip.AddrPort // routing result: the endpoint (or VIP for TCP)
+	picked       *picked        // the endpoint a DestinationRule policy picked (lb.go)
 	upstream     string
 	dstWorkload  string
 	dstNamespace string
@@ -210,6 +212,7 @@ func (w *Waypoint) decide(ex *exchange) error {
 // (weighted backends), else the addressed service or workload itself.
 func (w *Waypoint) routeTo(ex *exchange) error {
 	host, ns, port := "", "", ex.dst.Port()
+	var pol *backend // a backend with a DestinationRule policy
 	if ex.attrs.HTTP && ex.svc != nil && ex.svc.routes != nil {
 		ex.rule = ex.svc.routes.pick(ex.req)
 		if ex.rule == nil {
@@ -224,8 +227,20 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 		if b.port != 0 {
 			port = b.port
 		}
+		if b.missingSubset != "" {
+			return &errNoRoute{code: http.StatusServiceUnavailable, msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
+		}
+		if b.policy != nil {
+			pol = &b
+		}
 	}
-	d, err := w.resolve(ex.snap, ex.dst, host, ns, port)
+	var d route.Decision
+	var err error
+	if pol != nil {
+		d, err = w.pickEndpoint(ex, pol, port)
+	} else {
+		d, err = w.resolve(ex.snap, ex.dst, host, ns, port)
+	}
 	if err != nil {
 		return err
 	}
@@ -363,6 +378,8 @@ func flagFor(code int) string {
 		return "NR"
 	case http.StatusGatewayTimeout:
 		return "UT"
+	case http.StatusUnauthorized:
+		return "" // authentication's own answer (the error says why), as Envoy's jwt_authn
 	}
 	return "UF"
 }

@@ -1,0 +1,217 @@
+package waypoint
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+)
+
+// backendPolicy is what a DestinationRule adds to a backend (compiled from
+// waypointapi.Backend): a subset and a traffic policy. A backend with one
+// is balanced here, over the endpoints the workload API lists for the
+// service, instead of by the node proxy's endpoint choice.
+type backendPolicy struct {
+	// pool names the endpoint set whose state (round-robin position,
+	// outlier counters) is shared: host and subset, as Envoy's cluster
+	// "outbound|port|subset|host"; the port is added per request.
+	pool    string
+	subset  string
+	members map[string]bool // workload uids; nil: every endpoint (no subset)
+	lb      waypointapi.LoadBalancer
+	outlier *outlierPolicy // nil: no outlier detection
+}
+
+// compileBackendPolicy returns nil for a backend without a subset or a
+// traffic policy (it keeps the node proxy's choice).
+func compileBackendPolicy(b *waypointapi.Backend) *backendPolicy {
+	tp := b.GetTrafficPolicy()
+	if b.GetSubset() == "" && tp.GetLoadBalancer() == waypointapi.LoadBalancer_LB_DEFAULT && tp.GetOutlierDetection() == nil {
+		return nil
+	}
+	p := &backendPolicy{pool: b.GetNamespace() + "/" + b.GetHostname() + "|" + b.GetSubset(), subset: b.GetSubset(),
+		lb: tp.GetLoadBalancer(), outlier: compileOutlier(tp.GetOutlierDetection())}
+	if b.GetSubset() != "" {
+		p.members = make(map[string]bool, len(b.GetSubsetWorkloads()))
+		for _, uid := range b.GetSubsetWorkloads() {
+			p.members[uid] = true
+		}
+	}
+	return p
+}
+
+// pools is a waypoint's per-endpoint state, kept across config updates so
+// that an ejection outlives a push. Keyed by backendPolicy.pool and port.
+type pools struct{ m sync.Map } // string → *pool
+
+// pool is the state of one endpoint set.
+type pool struct {
+	rr   atomic.Uint64 // round-robin position
+	size atomic.Int64  // endpoints seen by the latest pick (for max_ejection_percent)
+	eps  sync.Map      // workload uid → *endpointStats
+}
+
+// endpointStats are one endpoint's counters; every field is atomic, so the
+// data path never locks.
+type endpointStats struct {
+	active       atomic.Int64  // requests in flight (LEAST_REQUEST)
+	consec5xx    atomic.Uint32 // consecutive 5xx (and local failures)
+	consecGw     atomic.Uint32 // consecutive 502/503/504 (and local failures)
+	ejectedUntil atomic.Int64  // unix ns; 0: never ejected
+	ejections    atomic.Uint32 // the ejection-time multiplier
+}
+
+func (ps *pools) get(key string) *pool {
+	if p, ok := ps.m.Load(key); ok {
+		return p.(*pool)
+	}
+	p, _ := ps.m.LoadOrStore(key, &pool{})
+	return p.(*pool)
+}
+
+func (p *pool) stats(uid string) *endpointStats {
+	if s, ok := p.eps.Load(uid); ok {
+		return s.(*endpointStats)
+	}
+	s, _ := p.eps.LoadOrStore(uid, &endpointStats{})
+	return s.(*endpointStats)
+}
+
+// candidate is one endpoint a request may go to.
+type candidate struct {
+	w    *state.Workload
+	addr netip.AddrPort // pod IP and target port
+	st   *endpointStats
+}
+
+// picked is the endpoint a request attempt went to, for its outcome.
+type picked struct {
+	pool    *pool
+	st      *endpointStats
+	outlier *outlierPolicy
+	uid     string
+}
+
+// pickEndpoint chooses the endpoint of backend b (its subset, not ejected,
+// healthy, serving port) by the policy's load balancer and returns the
+// routing decision to it. ex.picked records the choice.
+func (w *Waypoint) pickEndpoint(ex *exchange, b *backend, port uint16) (route.Decision, error) {
+	bp := b.policy
+	svc := ex.snap.ServiceByNamespacedHostname(b.namespace, b.hostname)
+	if svc == nil || len(svc.VIPs) == 0 {
+		return route.Decision{}, &errNoRoute{code: 503, msg: "backend " + b.hostname + " unknown or headless"}
+	}
+	vip := svc.VIPs[0].Prefix.Addr()
+	p := w.pools.get(bp.pool + "|" + strconv.Itoa(int(port)))
+	now := w.now()
+	eps := ex.snap.Endpoints(svc)
+	cands := make([]candidate, 0, len(eps))
+	total := 0
+	for i := range eps {
+		ep := &eps[i]
+		wl := ep.Workload
+		if !wl.Healthy || bp.members != nil && !bp.members[wl.UID] {
+			continue
+		}
+		tport, ok := endpointPort(svc, ep, port)
+		if !ok {
+			continue
+		}
+		ip, ok := route.AddrLike(wl, vip)
+		if !ok {
+			continue
+		}
+		total++
+		st := p.stats(wl.UID)
+		if st.ejectedUntil.Load() > now {
+			continue
+		}
+		cands = append(cands, candidate{w: wl, addr: netip.AddrPortFrom(ip, tport), st: st})
+	}
+	p.size.Store(int64(total))
+	if len(cands) == 0 {
+		what := "backend " + b.hostname
+		if bp.subset != "" {
+			what += " subset " + bp.subset
+		}
+		return route.Decision{}, &errNoRoute{code: 503, msg: fmt.Sprintf("%s: no healthy upstream (%d endpoints, all ejected or none)", what, total)}
+	}
+	c := chooseEndpoint(bp.lb, cands, p, w.opts.Rand)
+	self := ex.snap.WorkloadByIP("", w.opts.IP)
+	d, err := route.OutboundWith(ex.snap, self, c.addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
+	if err != nil {
+		return route.Decision{}, &errNoRoute{code: 503, msg: err.Error()}
+	}
+	if d.Kind == route.Passthrough {
+		return route.Decision{}, &errNoRoute{code: 503, msg: "endpoint " + c.addr.String() + " is not in the mesh"}
+	}
+	c.st.active.Add(1)
+	ex.picked = &picked{pool: p, st: c.st, outlier: bp.outlier, uid: c.w.UID}
+	return d, nil
+}
+
+// endpointPort is the endpoint's target port for the service port: its own
+// mapping, else the service's target port, else (an application tunnel)
+// the service port itself.
+func endpointPort(svc *state.Service, ep *state.Endpoint, port uint16) (uint16, bool) {
+	for _, pm := range ep.Ports {
+		if pm.ServicePort == port && pm.TargetPort != 0 {
+			return pm.TargetPort, true
+		}
+	}
+	if t, ok := svc.TargetPort(port); ok && t != 0 {
+		return t, true
+	}
+	if ep.Workload.ApplicationTunnel != nil {
+		return port, true
+	}
+	return 0, false
+}
+
+// chooseEndpoint applies loadBalancer.simple to non-empty cands. rnd(n)
+// returns a number in [0, n).
+func chooseEndpoint(lb waypointapi.LoadBalancer, cands []candidate, p *pool, rnd func(uint64) uint64) candidate {
+	n := uint64(len(cands))
+	if n == 1 {
+		return cands[0]
+	}
+	switch lb {
+	case waypointapi.LoadBalancer_ROUND_ROBIN:
+		return cands[(p.rr.Add(1)-1)%n]
+	case waypointapi.LoadBalancer_RANDOM:
+		return cands[rnd(n)]
+	case waypointapi.LoadBalancer_LEAST_REQUEST:
+		// Envoy's power of two choices: the less busy of two at random.
+		i := rnd(n)
+		j := rnd(n - 1)
+		if j >= i {
+			j++
+		}
+		if cands[j].st.active.Load() < cands[i].st.active.Load() {
+			return cands[j]
+		}
+		return cands[i]
+	}
+	// LB_DEFAULT: weighted by capacity, as the node proxy picks.
+	var total uint64
+	for i := range cands {
+		total += uint64(cands[i].w.Capacity)
+	}
+	if total == 0 {
+		return cands[rnd(n)]
+	}
+	r := rnd(total)
+	for i := range cands {
+		c := uint64(cands[i].w.Capacity)
+		if r < c {
+			return cands[i]
+		}
+		r -= c
+	}
+	return cands[n-1]
+}
