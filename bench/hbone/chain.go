@@ -7,89 +7,21 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
-// ---- child processes and temporary directories, cleaned up on every exit ----
-
-// live holds the child processes and temporary directories this process
+// reaper holds the child processes and temporary directories this process
 // still owns, so a signal can clean them up (normal paths stop and remove
-// them with defers; children also get SIGKILL through Pdeathsig if this
-// process dies without cleaning up).
-var live struct {
-	sync.Mutex
-	procs map[*os.Process]bool
-	dirs  map[string]bool
-}
+// them with defers; children also get SIGKILL through Pdeathsig).
+var reaper = &benchkit.Reaper{}
 
-func track(p *os.Process) {
-	live.Lock()
-	defer live.Unlock()
-	if live.procs == nil {
-		live.procs = map[*os.Process]bool{}
-	}
-	live.procs[p] = true
-}
-
-func untrack(p *os.Process) {
-	live.Lock()
-	defer live.Unlock()
-	delete(live.procs, p)
-}
-
-// tempDir makes a tracked temporary directory.
-func tempDir() (string, error) {
-	dir, err := os.MkdirTemp("", "bench-hbone-")
-	if err != nil {
-		return "", err
-	}
-	live.Lock()
-	defer live.Unlock()
-	if live.dirs == nil {
-		live.dirs = map[string]bool{}
-	}
-	live.dirs[dir] = true
-	return dir, nil
-}
-
-func removeDir(dir string) {
-	if dir == "" {
-		return
-	}
-	os.RemoveAll(dir)
-	live.Lock()
-	defer live.Unlock()
-	delete(live.dirs, dir)
-}
-
-// reapOnSignal kills every tracked child and removes every tracked
-// directory when SIGINT, SIGTERM or SIGHUP arrives, then exits.
-func reapOnSignal() {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	go func() {
-		s := <-sigs
-		live.Lock()
-		for p := range live.procs {
-			p.Kill()
-			p.Wait()
-		}
-		for d := range live.dirs {
-			os.RemoveAll(d)
-		}
-		live.Unlock()
-		logf("bench/hbone: %v: children stopped, temporary directories removed", s)
-		os.Exit(130)
-	}()
-}
+func tempDir() (string, error) { return reaper.TempDir("bench-hbone-") }
 
 // ---- the tunnel chain: app → proxy A → mTLS → proxy B → app ----
 
@@ -115,39 +47,13 @@ func (c *chain) stop() {
 func (c *chain) cpu() (time.Duration, error) {
 	var sum time.Duration
 	for _, pid := range c.pids {
-		t, err := procCPU(pid)
+		t, err := benchkit.CPU(pid)
 		if err != nil {
 			return 0, fmt.Errorf("%s proxy CPU: %w", c.name, err)
 		}
 		sum += t
 	}
 	return sum, nil
-}
-
-// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat
-// (100 on every Linux architecture Go supports).
-const clockTicks = 100
-
-// procCPU is a process's user + system CPU time (all threads) from
-// /proc/<pid>/stat.
-func procCPU(pid int) (time.Duration, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The fields after the command name (which may hold spaces, in
-	// parentheses) start with the state, field 3; utime is 14, stime 15.
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("short /proc/%d/stat %q", pid, s)
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("bad /proc/%d/stat %q", pid, s)
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
 }
 
 // threadsEnv is the environment that gives our proxies threads OS threads
@@ -164,7 +70,7 @@ func threadsEnv(threads int) []string {
 // hbone.Splice as the node proxy's outbound path does) and proxy B (role
 // server: hbone.Server, whose handler dials the CONNECT authority).
 func startHBONEChain(e *env, dir string, threads int) (*chain, error) {
-	if err := writeCA(e.ca, dir); err != nil {
+	if err := benchkit.WriteCA(e.ca, dir); err != nil {
 		return nil, err
 	}
 	c := &chain{name: "hbone"}
@@ -172,21 +78,21 @@ func startHBONEChain(e *env, dir string, threads int) (*chain, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hbone proxy B: %w", err)
 	}
-	c.stops = append(c.stops, back.stop)
+	c.stops = append(c.stops, back.Stop)
 	front, addrs, err := startChildEnv(threadsEnv(threads), "-role", "front", "-ca-dir", dir,
 		"-hop", backAddr, "-targets", e.sink.String()+","+e.echo.String())
 	if err != nil {
 		c.stop()
 		return nil, fmt.Errorf("hbone proxy A: %w", err)
 	}
-	c.stops = append(c.stops, front.stop)
+	c.stops = append(c.stops, front.Stop)
 	a := strings.Fields(addrs)
 	if len(a) != 2 {
 		c.stop()
 		return nil, fmt.Errorf("hbone proxy A printed %q, want two addresses", addrs)
 	}
 	c.sink, c.echo = a[0], a[1]
-	c.pids = [2]int{front.cmd.Process.Pid, back.cmd.Process.Pid}
+	c.pids = [2]int{front.PID(), back.PID()}
 	return c, nil
 }
 
@@ -195,7 +101,7 @@ func startHBONEChain(e *env, dir string, threads int) (*chain, error) {
 // accepted connection through hop to that target. It prints the listen
 // addresses on one line and runs until stdin closes.
 func childFront(dir, hop, targets string) error {
-	c, err := loadCA(dir)
+	c, err := benchkit.LoadCA(dir)
 	if err != nil {
 		return err
 	}

@@ -9,27 +9,21 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
-// child is a re-executed copy of this binary in some role.
-type child struct {
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Reader
-}
+func startChild(args ...string) (*benchkit.Child, string, error) { return startChildEnv(nil, args...) }
 
-func startChild(args ...string) (*child, string, error) { return startChildEnv(nil, args...) }
-
-// startChildEnv is startChild with extra environment variables.
-func startChildEnv(env []string, args ...string) (*child, string, error) {
+// startChildEnv re-executes this binary with args (a -role) and extra
+// environment variables as a tracked child, and returns it with its first
+// stdout line.
+func startChildEnv(env []string, args ...string) (*benchkit.Child, string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, "", err
@@ -38,49 +32,7 @@ func startChildEnv(env []string, args ...string) (*child, string, error) {
 	if len(env) > 0 {
 		cmd.Env = append(os.Environ(), env...)
 	}
-	return startCmd(cmd)
-}
-
-// startCmd starts cmd as a tracked child (killed with SIGKILL if this
-// process dies first, and by reapAll on a signal) whose first stdout line
-// is returned.
-func startCmd(cmd *exec.Cmd) (*child, string, error) {
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, "", err
-	}
-	outp, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, "", err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("starting %v: %w", cmd.Args, err)
-	}
-	track(cmd.Process)
-	c := &child{cmd: cmd, in: in, out: bufio.NewReader(outp)}
-	first, err := c.out.ReadString('\n')
-	if err != nil {
-		c.stop()
-		return nil, "", fmt.Errorf("child %v: %w", cmd.Args[1:], err)
-	}
-	return c, strings.TrimSpace(first), nil
-}
-
-func (c *child) ask(cmd string) (string, error) {
-	if _, err := fmt.Fprintln(c.in, cmd); err != nil {
-		return "", err
-	}
-	s, err := c.out.ReadString('\n')
-	return strings.TrimSpace(s), err
-}
-
-func (c *child) stop() {
-	c.in.Close()
-	c.cmd.Process.Kill()
-	c.cmd.Wait()
-	untrack(c.cmd.Process)
+	return benchkit.StartChild(reaper, cmd)
 }
 
 // childSink echoes on 127.0.0.1:0 and prints its address.
@@ -94,36 +46,11 @@ func childSink() error {
 	return nil
 }
 
-// loadCA reads the CA root that the parent wrote with writeCA.
-func loadCA(dir string) (*ca.CA, error) {
-	rootCert, err := os.ReadFile(filepath.Join(dir, "root.pem"))
-	if err != nil {
-		return nil, err
-	}
-	rootKey, err := os.ReadFile(filepath.Join(dir, "root-key.pem"))
-	if err != nil {
-		return nil, err
-	}
-	return ca.New(ca.Options{RootCertPEM: rootCert, RootKeyPEM: rootKey})
-}
-
-// writeCA writes c's root certificate and key to dir for loadCA.
-func writeCA(c *ca.CA, dir string) error {
-	key, err := c.RootKeyPEM()
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "root.pem"), c.RootPEM(), 0o600); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "root-key.pem"), key, 0o600)
-}
-
 // childServer runs an HBONE server whose handler dials the sink (or the
 // CONNECT authority when sink is empty), prints its address, and answers
 // "mem" with "heap stack goroutines" and "cpu" with its CPU time in ns.
 func childServer(dir, sink string) error {
-	c, err := loadCA(dir)
+	c, err := benchkit.LoadCA(dir)
 	if err != nil {
 		return err
 	}
@@ -162,7 +89,7 @@ func parseMem(s string) (heap, stack uint64, g int, err error) {
 // children runs the HBONE server and the echo sink in child processes and
 // gives the parent a client pool whose certificate the child server trusts.
 type children struct {
-	srv, sink   *child
+	srv, sink   *benchkit.Child
 	pool        *hbone.Pool
 	hop, target netip.AddrPort
 	dir         string
@@ -178,7 +105,7 @@ func startChildren() (*children, error) {
 		return nil, err
 	}
 	ch := &children{dir: dir}
-	if err := writeCA(c, dir); err != nil {
+	if err := benchkit.WriteCA(c, dir); err != nil {
 		ch.stop()
 		return nil, err
 	}
@@ -210,17 +137,17 @@ func (ch *children) stop() {
 		ch.pool.Close()
 	}
 	if ch.srv != nil {
-		ch.srv.stop()
+		ch.srv.Stop()
 	}
 	if ch.sink != nil {
-		ch.sink.stop()
+		ch.sink.Stop()
 	}
-	removeDir(ch.dir)
+	reaper.RemoveDir(ch.dir)
 }
 
 func idleBytes(ch *children) (client, server float64, err error) {
 	p, srv, hop, target := ch.pool, ch.srv, ch.hop, ch.target
-	sBefore, err := srv.ask("mem")
+	sBefore, err := srv.Ask("mem")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -243,7 +170,7 @@ func idleBytes(ch *children) (client, server float64, err error) {
 	}
 	time.Sleep(200 * time.Millisecond) // let the last splices park
 	cHeap1, cStack1, cG1 := memStats()
-	sAfter, err := srv.ask("mem")
+	sAfter, err := srv.Ask("mem")
 	if err != nil {
 		return 0, 0, err
 	}

@@ -1,17 +1,14 @@
 package main
 
 import (
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
@@ -79,7 +76,7 @@ func startHAProxyChain(e *env, dir string, threads int) (*chain, error) {
 		if err != nil {
 			return nil, err
 		}
-		b, err := certKeyPEM(wc)
+		b, err := benchkit.CertKeyPEM(wc)
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +112,7 @@ func startHAProxyChain(e *env, dir string, threads int) (*chain, error) {
 			c.stop()
 			return nil, err
 		}
-		pid, stop, err := startHAProxy(bin, path, p.addrs)
+		pid, stop, err := benchkit.StartHAProxy(reaper, bin, path, p.addrs)
 		if err != nil {
 			c.stop()
 			return nil, fmt.Errorf("haproxy %s: %w", p.name, err)
@@ -125,61 +122,6 @@ func startHAProxyChain(e *env, dir string, threads int) (*chain, error) {
 	}
 	c.pids = pids
 	return c, nil
-}
-
-// startHAProxy runs haproxy -db -f cfg as a tracked child and waits until
-// every addr accepts connections.
-func startHAProxy(bin, cfg string, addrs []string) (int, func(), error) {
-	cmd := exec.Command(bin, "-db", "-f", cfg)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return 0, nil, err
-	}
-	track(cmd.Process)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() {
-		cmd.Process.Kill()
-		<-exited
-		untrack(cmd.Process)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, a := range addrs {
-		for {
-			conn, err := net.DialTimeout("tcp", a, time.Second)
-			if err == nil {
-				conn.Close()
-				break
-			}
-			select {
-			case werr := <-exited:
-				exited <- werr // for stop
-				stop()
-				return 0, nil, fmt.Errorf("exited before listening on %s: %v", a, werr)
-			case <-time.After(20 * time.Millisecond):
-			}
-			if time.Now().After(deadline) {
-				stop()
-				return 0, nil, fmt.Errorf("not listening on %s after 10 s: %w", a, err)
-			}
-		}
-	}
-	return cmd.Process.Pid, stop, nil
-}
-
-// certKeyPEM is HAProxy's crt file: the certificate chain, then the key.
-func certKeyPEM(wc *identity.WorkloadCertificate) ([]byte, error) {
-	var b strings.Builder
-	for _, der := range wc.TLS.Certificate {
-		b.Write(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-	}
-	key, err := x509.MarshalPKCS8PrivateKey(wc.TLS.PrivateKey)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the %s key: %w", wc.Identity, err)
-	}
-	b.Write(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}))
-	return []byte(b.String()), nil
 }
 
 // freeAddrs returns n distinct free loopback addresses (held open together

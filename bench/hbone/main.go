@@ -76,7 +76,7 @@ func main() {
 			err = fmt.Errorf("-rounds %d: want at least 1", peerOpts.rounds)
 			break
 		}
-		reapOnSignal()
+		reaper.OnSignal("bench/hbone")
 		err = run()
 	case "server":
 		err = childServer(*caDir, *sinkAddr)
@@ -541,7 +541,7 @@ func handshakesPerSec(ch *children) (float64, error) {
 		return 0, err
 	}
 	serverCPU := func() (time.Duration, error) {
-		s, err := ch.srv.ask("cpu")
+		s, err := ch.srv.Ask("cpu")
 		if err != nil {
 			return 0, err
 		}

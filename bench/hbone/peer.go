@@ -3,12 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 )
 
 // The peer comparison (issue 17): our HBONE pair and the HAProxy mTLS pair
@@ -69,7 +69,7 @@ func runPeer(e *env, o peerOptions) error {
 	if err != nil {
 		return err
 	}
-	defer removeDir(dir)
+	defer reaper.RemoveDir(dir)
 	ours, err := startHBONEChain(e, dir, o.threads)
 	if err != nil {
 		return err
@@ -123,12 +123,12 @@ func runPeer(e *env, o peerOptions) error {
 		}
 		logf("peer %s: best throughput %.0f MB/s (1 stream), %.0f MB/s (8); best RTT %v; CPU-s per GB %s; rr vCPU per 1k req/s %s; connect + first byte added µs %s",
 			p.name, p.best1/1e6, p.best8/1e6, p.bestRTT, fmtFloats(p.cpuPerGB, 2), fmtFloats(cpu, 3), fmtFloats(conn, 0))
-		emit(p.name+"_cpu_s_per_gb", median(p.cpuPerGB), "cpu-s/GB")
-		emit(p.name+"_connect_added_us", median(conn), "us")
-		emit(p.name+"_rr_cpu_per_1k_rps", median(cpu), "vcpu")
-		emit(p.name+"_rr_added_latency_p50_us", median(a50), "us")
-		emit(p.name+"_rr_added_latency_p90_us", median(a90), "us")
-		emit(p.name+"_rr_added_latency_p99_us", median(a99), "us")
+		emit(p.name+"_cpu_s_per_gb", benchkit.Median(p.cpuPerGB), "cpu-s/GB")
+		emit(p.name+"_connect_added_us", benchkit.Median(conn), "us")
+		emit(p.name+"_rr_cpu_per_1k_rps", benchkit.Median(cpu), "vcpu")
+		emit(p.name+"_rr_added_latency_p50_us", benchkit.Median(a50), "us")
+		emit(p.name+"_rr_added_latency_p90_us", benchkit.Median(a90), "us")
+		emit(p.name+"_rr_added_latency_p99_us", benchkit.Median(a99), "us")
 	}
 	logf("peer direct: best throughput %.0f MB/s (1 stream), %.0f MB/s (8); best RTT %v",
 		direct.best1/1e6, direct.best8/1e6, direct.bestRTT)
@@ -257,57 +257,29 @@ func rrLoad(p *path, d time.Duration) (rrRound, error) {
 			}
 		}
 	}
-	interval := time.Duration(rrConns) * time.Second / rrRate
-	lats := make([][]time.Duration, rrConns)
-	errs := make([]error, rrConns)
 	cpu0, err := p.cpu()
 	if err != nil {
 		return rrRound{}, err
 	}
-	start := time.Now()
-	end := start.Add(d)
-	var wg sync.WaitGroup
-	for i, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, resp := append([]byte(nil), req...), make([]byte, rrSize)
-			offset := interval * time.Duration(i) / rrConns
-			for k := 0; ; k++ {
-				at := start.Add(offset + time.Duration(k)*interval)
-				if !at.Before(end) {
-					return
-				}
-				if w := time.Until(at); w > 0 {
-					time.Sleep(w)
-				}
-				t0 := time.Now()
-				if err := exchange(c, req, resp); err != nil {
-					errs[i] = err
-					return
-				}
-				lats[i] = append(lats[i], time.Since(t0))
-			}
-		}()
+	bufs := make([][2][]byte, rrConns)
+	for i := range bufs {
+		bufs[i] = [2][]byte{append([]byte(nil), req...), make([]byte, rrSize)}
 	}
-	wg.Wait()
-	wall := time.Since(start)
+	all, wall, err := benchkit.Paced(rrConns, rrRate, d, func(i int) error {
+		return exchange(conns[i], bufs[i][0], bufs[i][1])
+	})
+	if err != nil {
+		return rrRound{}, err
+	}
 	cpu1, err := p.cpu()
 	if err != nil {
 		return rrRound{}, err
 	}
-	for _, err := range errs {
-		if err != nil {
-			return rrRound{}, err
-		}
-	}
-	all := slices.Concat(lats...)
 	if len(all) == 0 {
 		return rrRound{}, fmt.Errorf("no requests completed")
 	}
-	slices.Sort(all)
 	return rrRound{
-		p50: pctl(all, 50), p90: pctl(all, 90), p99: pctl(all, 99),
+		p50: benchkit.Percentile(all, 50), p90: benchkit.Percentile(all, 90), p99: benchkit.Percentile(all, 99),
 		rate: float64(len(all)) / wall.Seconds(),
 		vcpu: (cpu1 - cpu0).Seconds() / wall.Seconds(),
 	}, nil
@@ -333,7 +305,7 @@ func connectTimes(p *path) (time.Duration, error) {
 		}
 	}
 	slices.Sort(d)
-	return pctl(d, 50), nil
+	return benchkit.Percentile(d, 50), nil
 }
 
 // exchange writes req and reads the echoed response into resp.
@@ -362,24 +334,6 @@ func checkEcho(addr string) error {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	msg := []byte("bench/hbone peer check")
 	return exchange(c, msg, make([]byte, len(msg)))
-}
-
-// pctl is the p-th percentile of sorted (nearest rank).
-func pctl(sorted []time.Duration, p float64) time.Duration {
-	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

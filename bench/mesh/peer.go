@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
@@ -142,16 +142,11 @@ func (b *bench) startPeer(ctx context.Context) error {
 // writeCertKey writes wc's chain and private key into one PEM file (what
 // HAProxy's crt takes).
 func writeCertKey(path string, wc *identity.WorkloadCertificate) error {
-	var out []byte
-	for _, der := range wc.TLS.Certificate {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
-	}
-	key, err := x509.MarshalPKCS8PrivateKey(wc.TLS.PrivateKey)
+	b, err := benchkit.CertKeyPEM(wc)
 	if err != nil {
-		return fmt.Errorf("peer key %s: %w", wc.Identity, err)
+		return fmt.Errorf("peer key: %w", err)
 	}
-	out = append(out, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})...)
-	return os.WriteFile(path, out, 0o600)
+	return os.WriteFile(path, b, 0o600)
 }
 
 // checkPeerTLS proves node1's HAProxy is the mTLS hop it should be: from
@@ -219,7 +214,7 @@ func (b *bench) peerPIDs() [2]int { return [2]int{b.peer.procs[0].PID(), b.peer.
 func (b *bench) peerMemory() (float64, error) {
 	var max float64
 	for i, pid := range b.peerPIDs() {
-		st, err := procStatus(pid)
+		st, err := benchkit.Status(pid)
 		if err != nil {
 			return 0, fmt.Errorf("node%d haproxy memory: %w", i, err)
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,13 +16,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
-
-// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat
-// (100 on every Linux architecture Go supports).
-const clockTicks = 100
 
 // proxyPIDs are the two node proxies, by node.
 func (b *bench) proxyPIDs() [2]int { return [2]int{b.m.Nodes[0].Proxy.PID(), b.m.Nodes[1].Proxy.PID()} }
@@ -33,23 +29,11 @@ func (b *bench) proxyPIDs() [2]int { return [2]int{b.m.Nodes[0].Proxy.PID(), b.m
 func procCPU(pids [2]int) ([2]float64, error) {
 	var out [2]float64
 	for i, pid := range pids {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		t, err := benchkit.CPU(pid)
 		if err != nil {
 			return out, fmt.Errorf("node%d pid %d CPU: %w", i, pid, err)
 		}
-		// Fields after the command name (which may hold spaces) in
-		// parentheses: state is field 3, utime 14, stime 15.
-		s := string(data)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			return out, fmt.Errorf("node%d pid %d CPU: short /proc stat %q", i, pid, s)
-		}
-		ut, err1 := strconv.ParseFloat(f[11], 64)
-		st, err2 := strconv.ParseFloat(f[12], 64)
-		if err1 != nil || err2 != nil {
-			return out, fmt.Errorf("node%d pid %d CPU: bad /proc stat %q", i, pid, s)
-		}
-		out[i] = (ut + st) / clockTicks
+		out[i] = t.Seconds()
 	}
 	return out, nil
 }
@@ -61,7 +45,7 @@ func (b *bench) proxyMemory() (float64, error) {
 	defer cancel()
 	var max float64
 	for i, mn := range b.m.Nodes {
-		st, err := procStatus(mn.Proxy.PID())
+		st, err := benchkit.Status(mn.Proxy.PID())
 		if err != nil {
 			return 0, fmt.Errorf("node%d proxy memory: %w", i, err)
 		}
@@ -124,28 +108,6 @@ func runqWait(pids [2]int) [2]time.Duration {
 		}
 	}
 	return out
-}
-
-// procStatus returns the numeric fields of /proc/<pid>/status (kB for the
-// memory fields).
-func procStatus(pid int) (map[string]int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[string]int64{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseInt(strings.Fields(v + " x")[0], 10, 64); err == nil {
-			out[k] = n
-		}
-	}
-	return out, sc.Err()
 }
 
 // stateSize counts the workloads and services in node i's proxy

@@ -12,8 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
@@ -207,57 +205,27 @@ func load(p *path, conns, rate int, d time.Duration) (round, error) {
 			}
 		}
 	}
-	interval := time.Duration(conns) * time.Second / time.Duration(rate)
-	lats := make([][]time.Duration, conns)
-	errs := make([]error, conns)
 	cpu0, err := procCPU(p.pid)
 	if err != nil {
 		return round{}, err
 	}
-	start := time.Now()
-	end := start.Add(d)
-	var wg sync.WaitGroup
-	for i, h := range hs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			offset := interval * time.Duration(i) / time.Duration(conns)
-			lats[i] = make([]time.Duration, 0, int(d/interval)+1)
-			for k := 0; ; k++ {
-				at := start.Add(offset + time.Duration(k)*interval)
-				if !at.Before(end) {
-					return
-				}
-				if w := time.Until(at); w > 0 {
-					time.Sleep(w)
-				}
-				t0 := time.Now()
-				code, _, n, err := h.do(benchRequest)
-				if err == nil && (code != 200 || n != msgSize) {
-					err = fmt.Errorf("answer %d with %d bytes", code, n)
-				}
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				lats[i] = append(lats[i], time.Since(t0))
-			}
-		}()
+	all, wall, err := benchkit.Paced(conns, rate, d, func(i int) error {
+		code, _, n, err := hs[i].do(benchRequest)
+		if err == nil && (code != 200 || n != msgSize) {
+			err = fmt.Errorf("answer %d with %d bytes", code, n)
+		}
+		return err
+	})
+	if err != nil {
+		return round{}, fmt.Errorf("%s: %w", p.name, err)
 	}
-	wg.Wait()
-	wall := time.Since(start)
 	cpu1, err := procCPU(p.pid)
 	if err != nil {
 		return round{}, err
 	}
-	if err := errors.Join(errs...); err != nil {
-		return round{}, fmt.Errorf("%s: %w", p.name, err)
-	}
-	all := slices.Concat(lats...)
 	if len(all) == 0 {
 		return round{}, fmt.Errorf("%s: no requests completed", p.name)
 	}
-	slices.Sort(all)
 	if p.pid != 0 {
 		st, err := benchkit.Status(p.pid)
 		if err != nil {
