@@ -215,8 +215,12 @@ func explainWaypoint(e *explanation, snap *state.Snapshot, req *request, src *st
 	var wo *outcome
 	gw := workloadRef(wp)
 	if wd == nil {
+		why := "give --waypoint-admin or --waypoint-file"
+		if len(req.waypoints) > 0 {
+			why = fmt.Sprintf("none of the %d given runs as %s", len(req.waypoints), wp.Identity())
+		}
 		e.add("waypoint", wp.Namespace+"/"+wp.Name+" "+firstAddr(wp).String(), workloadRef(wp),
-			fmt.Sprintf("its L7 decision needs its config (give --waypoint-admin or --waypoint-file; none of the %d given runs as %s); it connects on with its own identity", len(req.waypoints), wp.Identity()))
+			"its L7 decision needs its config ("+why+"); it connects on with its own identity")
 	} else {
 		e.add("waypoint", wp.Namespace+"/"+wp.Name+" "+firstAddr(wp).String(), gatewayRef(wd.raw),
 			"runs as "+wp.Identity().String()+": authorizes as the client, then connects on with its own identity")
