@@ -38,7 +38,7 @@ func TestDryRunApply(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()]++
 	}
-	for kind, n := range map[string]int{"DaemonSet": 2, "Deployment": 1, "CustomResourceDefinition": 6, "PodDisruptionBudget": 1, "ServiceAccount": 3} {
+	for kind, n := range map[string]int{"DaemonSet": 2, "Deployment": 1, "CustomResourceDefinition": 7, "PodDisruptionBudget": 1, "ServiceAccount": 3} {
 		if kinds[kind] != n {
 			t.Errorf("%d %s in %s, want %d", kinds[kind], kind, manifests, n)
 		}

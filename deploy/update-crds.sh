@@ -15,7 +15,8 @@ src=$dir/kubernetes/customresourcedefinitions.gen.yaml
 mkdir -p "$out"
 for crd in serviceentries.networking.istio.io workloadentries.networking.istio.io \
 	virtualservices.networking.istio.io destinationrules.networking.istio.io \
-	authorizationpolicies.security.istio.io peerauthentications.security.istio.io; do
+	authorizationpolicies.security.istio.io peerauthentications.security.istio.io \
+	requestauthentications.security.istio.io; do
 	{
 		echo "# From istio.io/api $version kubernetes/customresourcedefinitions.gen.yaml by deploy/update-crds.sh; do not edit."
 		awk -v want="$crd" '

@@ -46,6 +46,9 @@ type Objects struct {
 	PeerAuthentications   []*securityv1.PeerAuthentication
 	Gateways              []*gatewayv1.Gateway
 	GatewayClasses        []*gatewayv1.GatewayClass
+	// RequestAuthentications (JWT rules) with targetRefs to a waypoint or
+	// a service it serves are enforced by that waypoint of ours.
+	RequestAuthentications []*securityv1.RequestAuthentication
 	// HTTPRoutes and GRPCRoutes attached to a Service or ServiceEntry
 	// (parentRefs) route the requests a waypoint of ours handles for it.
 	HTTPRoutes []*gatewayv1.HTTPRoute

@@ -68,6 +68,11 @@ var kinds = []Kind{
 	kindOf(securityv1.SchemeGroupVersion, "PeerAuthentication", "peerauthentications", namespaced,
 		func(o *Objects) *[]*securityv1.PeerAuthentication { return &o.PeerAuthentications },
 		func(js []byte, v *securityv1.PeerAuthentication) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
+	kindOf(securityv1.SchemeGroupVersion, "RequestAuthentication", "requestauthentications", namespaced,
+		func(o *Objects) *[]*securityv1.RequestAuthentication { return &o.RequestAuthentications },
+		func(js []byte, v *securityv1.RequestAuthentication) error {
+			return strictIstio(js, v, &v.Spec, &v.Status)
+		}),
 	kindOf(gatewayv1.SchemeGroupVersion, "Gateway", "gateways", namespaced,
 		func(o *Objects) *[]*gatewayv1.Gateway { return &o.Gateways }, strictAs),
 	kindOf(gatewayv1.SchemeGroupVersion, "GatewayClass", "gatewayclasses", clusterScoped,

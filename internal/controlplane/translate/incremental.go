@@ -402,6 +402,7 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 		t.translateWaypoints()
 		t.translateAuthorizationPolicies()
 		t.translatePeerAuthentications()
+		t.translateRequestAuthentications()
 		t.indexPolicies()
 		t.translateServiceEntries()
 		t.translateExternalNames()
@@ -468,6 +469,8 @@ func (tr *Translator) globalChange(objs *cluster.Objects, allocs *autoalloc.Allo
 		return "AuthorizationPolicy changed"
 	case changed(o.PeerAuthentications, objs.PeerAuthentications):
 		return "PeerAuthentication changed"
+	case changed(o.RequestAuthentications, objs.RequestAuthentications):
+		return "RequestAuthentication changed"
 	case changed(o.Gateways, objs.Gateways):
 		return "Gateway changed"
 	case changed(o.GatewayClasses, objs.GatewayClasses):

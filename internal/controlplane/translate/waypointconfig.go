@@ -52,6 +52,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	t.buildIndex()
 	t.translateWaypoints()
 
+	authn := newAuthnState()
 	enforcedBy := map[string][]string{} // policy ns/name → waypoints
 	problemsOf := map[string][]string{}
 	policies := map[string]*securityv1.AuthorizationPolicy{}
@@ -71,6 +72,9 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 			c.Addresses = [][]byte{a.GetAddress()}
 		}
 		bound := t.boundTo(w, res, c, ir)
+		var required []*waypointapi.Policy
+		c.Authentications, required = t.authnFor(key, bound, authn)
+		c.Policies = append(c.Policies, required...)
 		attach := func(pkey string, services []string, target string) {
 			ap := policies[pkey]
 			if ap == nil {
@@ -110,6 +114,10 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	statuses := append(slices.Clone(res.Policies), ir.statuses()...)
 	for i := range statuses {
 		st := &statuses[i]
+		if st.Kind == kindRA {
+			setAuthnStatus(st, authn)
+			continue
+		}
 		wps := enforcedBy[st.Name]
 		if st.Kind != "AuthorizationPolicy" || len(wps) == 0 {
 			continue
@@ -239,9 +247,6 @@ func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *w
 			continue
 		}
 		fp := fieldAt(path+".from", i) + ".source"
-		if len(s.RequestPrincipals)+len(s.NotRequestPrincipals) > 0 {
-			bad.addf(fp+".requestPrincipals", "needs RequestAuthentication, which ztunnel-go's waypoint does not implement yet")
-		}
 		wr.From = append(wr.From, &waypointapi.Source{
 			Principals:        wpStrings(s.Principals, true),
 			NotPrincipals:     wpStrings(s.NotPrincipals, true),
@@ -251,6 +256,9 @@ func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *w
 			NotIpBlocks:       wpCidrs(fp+".notIpBlocks", s.NotIpBlocks, bad),
 			RemoteIpBlocks:    wpCidrs(fp+".remoteIpBlocks", s.RemoteIpBlocks, bad),
 			NotRemoteIpBlocks: wpCidrs(fp+".notRemoteIpBlocks", s.NotRemoteIpBlocks, bad),
+			// "iss/sub" of a JWT the waypoint validated (RequestAuthentication).
+			RequestPrincipals:    wpStrings(s.RequestPrincipals, false),
+			NotRequestPrincipals: wpStrings(s.NotRequestPrincipals, false),
 		})
 	}
 	for i, t := range r.To {
@@ -270,7 +278,9 @@ func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *w
 		cp := fieldAt(path+".when", i)
 		switch {
 		case strings.HasPrefix(c.Key, "request.headers[") && strings.HasSuffix(c.Key, "]") && len(c.Key) > len("request.headers[]"),
-			slices.Contains([]string{"source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"}, c.Key):
+			slices.Contains([]string{"source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"}, c.Key),
+			slices.Contains([]string{"request.auth.principal", "request.auth.audiences", "request.auth.presenter"}, c.Key),
+			validClaimKey(c.Key):
 			wr.When = append(wr.When, &waypointapi.Condition{Key: c.Key, Values: wpStrings(c.Values, false), NotValues: wpStrings(c.NotValues, false)})
 		default:
 			bad.addf(cp+".key", "%q is not an attribute ztunnel-go's waypoint evaluates", c.Key)
@@ -325,4 +335,19 @@ func (r *Result) policiesOrNil() []PolicyStatus {
 		return nil
 	}
 	return r.Policies
+}
+
+// validClaimKey reports whether k is request.auth.claims[a] or a nested
+// request.auth.claims[a][b]..., as Istio spells JWT claims.
+func validClaimKey(k string) bool {
+	const prefix = "request.auth.claims["
+	if !strings.HasPrefix(k, prefix) || !strings.HasSuffix(k, "]") {
+		return false
+	}
+	for _, p := range strings.Split(k[len(prefix):len(k)-1], "][") {
+		if p == "" || strings.ContainsAny(p, "[]") {
+			return false
+		}
+	}
+	return true
 }
