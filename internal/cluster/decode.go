@@ -194,6 +194,9 @@ func strictIstio(js []byte, obj any, spec, status proto.Message) error {
 		return err
 	}
 	if len(specJS) > 0 && string(specJS) != "null" {
+		if specJS, err = goDurations(specJS, spec.ProtoReflect().Descriptor()); err != nil {
+			return fmt.Errorf("spec: %w", err)
+		}
 		if err := (protojson.UnmarshalOptions{}).Unmarshal(specJS, spec); err != nil {
 			return fmt.Errorf("spec: %w", err)
 		}
