@@ -320,8 +320,8 @@ spec:
 
 	t.Run("through the waypoint", func(t *testing.T) {
 		e, code, out := runExplain(t, "--admin", admin, "--waypoint-admin", wpAdmin, "--path", "/hello", "ind/curl", "web.ind.svc.cluster.local:80")
-		if code != 0 || e.Verdict != "ALLOW" {
-			t.Fatalf("exit %d verdict %s, want ALLOW\n%s", code, e.Verdict, out)
+		if code != 0 || e.Verdict != "ALLOW" || e.Policy != "ind/allow-curl-via-waypoint" {
+			t.Fatalf("exit %d verdict %s by %q, want ALLOW by the waypoint's policy (the node proxy has no ALLOW)\n%s", code, e.Verdict, e.Policy, out)
 		}
 		if r, by, detail := e.step("waypoint authz"); !strings.HasPrefix(r, "ALLOW") || by != "AuthorizationPolicy/ind/allow-curl-via-waypoint" ||
 			!strings.Contains(detail, "sees "+spiffe("ind", "curl")+" (the client's") {
@@ -348,6 +348,21 @@ spec:
 		if ip := e.Indirect; ip == nil || ip.Direct != "DENY" || ip.ViaWaypoint != "ALLOW" || !strings.HasPrefix(ip.Waypoint, wpRef) {
 			t.Errorf("indirect path: %+v\n%s", ip, out)
 		}
+	})
+	t.Run("the table", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, zctl(t), "explain", "--admin", admin, "--waypoint-admin", wpAdmin, "--path", "/hello",
+			"ind/curl", "web.ind.svc.cluster.local:80").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		for _, want := range []string{"waypoint:     " + wpRef + " admin http://" + wpAdmin + "/config_dump", "waypoint authz", "indirect path", "verdict"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("table lacks %q", want)
+			}
+		}
+		t.Logf("zctl explain (table):\n%s", out)
 	})
 	t.Run("no request given", func(t *testing.T) {
 		e, code, out := runExplain(t, "--admin", admin, "--waypoint-admin", wpAdmin, "ind/curl", netip.AddrPortFrom(vip, 80).String())

@@ -246,6 +246,10 @@ func explainWaypoint(e *explanation, snap *state.Snapshot, req *request, src *st
 	if wo != nil && wo.verdict == verdictDepends && e.Verdict == verdictAllow {
 		e.Verdict = verdictDepends
 	}
+	if wo != nil && wo.verdict == verdictAllow && e.Verdict == verdictAllow && e.Policy == "" {
+		// The node proxy allows without a policy: the waypoint's ALLOW decided.
+		e.Policy = wo.policy
+	}
 	flagIndirect(e, snap, src, dw, wp, gw, target, wo, &node, rnd)
 	return e, nil
 }
