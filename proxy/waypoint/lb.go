@@ -59,7 +59,7 @@ type pool struct {
 // endpointStats are one endpoint's counters; every field is atomic, so the
 // data path never locks.
 type endpointStats struct {
-	active       atomic.Int64  // requests in flight (LEAST_REQUEST)
+	active       atomic.Int64  // attempts in flight until their response headers (LEAST_REQUEST)
 	consec5xx    atomic.Uint32 // consecutive 5xx (and local failures)
 	consecGw     atomic.Uint32 // consecutive 502/503/504 (and local failures)
 	ejectedUntil atomic.Int64  // unix ns; 0: never ejected

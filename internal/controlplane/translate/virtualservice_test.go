@@ -302,3 +302,53 @@ spec:
 		t.Fatalf("status %+v", st)
 	}
 }
+
+// TestWaypointRoutesChangeIncrementally: a VirtualService change, and a pod
+// change while DestinationRules exist (a subset's members follow pod
+// labels), mark Changes.Routes so that waypoint configs are rebuilt; a pod
+// change without any DestinationRule does not.
+func TestWaypointRoutesChangeIncrementally(t *testing.T) {
+	decode := func(doc string) *cluster.Objects {
+		var objs cluster.Objects
+		if errs := cluster.Decode("b.yaml", []byte(doc), &objs); len(errs) > 0 {
+			t.Fatalf("decode: %v", errs)
+		}
+		objs.Sort()
+		return &objs
+	}
+	base := bookinfoYAML + bookinfoPod("reviews-v1", "reviews", "v1", "10.0.0.1")
+	more := base + bookinfoPod("reviews-v2", "reviews", "v2", "10.0.0.2")
+	dr := "---\n" + `apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec: {host: reviews, subsets: [{name: v2, labels: {version: v2}}]}
+`
+	vs := "---\n" + `apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v2}}]}]}
+`
+	for _, c := range []struct {
+		name, from, to string
+		want           bool
+	}{
+		{"pod without DestinationRules", base, more, false},
+		{"pod with a DestinationRule", base + dr, more + dr, true},
+		{"VirtualService added", base + dr, base + dr + vs, true},
+	} {
+		tr := NewTranslator(Config{ClusterID: "Kubernetes"})
+		from, to := decode(c.from), decode(c.to)
+		// Unchanged objects are the same objects, as a source publishes them.
+		to.Namespaces, to.Services, to.Gateways = from.Namespaces, from.Services, from.Gateways
+		if len(to.Pods) == len(from.Pods) {
+			to.Pods = from.Pods
+		}
+		if len(to.DestinationRules) == len(from.DestinationRules) {
+			to.DestinationRules = from.DestinationRules
+		}
+		tr.Update(from, nil)
+		if _, ch := tr.Update(to, nil); ch.Full || ch.Routes != c.want {
+			t.Errorf("%s: full %v (%s) routes %v, want routes %v", c.name, ch.Full, ch.Reason, ch.Routes, c.want)
+		}
+	}
+}
