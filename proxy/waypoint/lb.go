@@ -101,15 +101,39 @@ type picked struct {
 // healthy, serving port) by the policy's load balancer and returns the
 // routing decision to it. ex.picked records the choice.
 func (w *Waypoint) pickEndpoint(ex *exchange, b *backend, port uint16) (route.Decision, error) {
+	d, c, p, err := w.selectEndpoint(ex.snap, b, port)
+	if err != nil {
+		return d, err
+	}
+	c.st.active.Add(1)
+	ex.picked = &picked{pool: p, st: c.st, outlier: b.policy.outlier, uid: c.w.UID}
+	return d, nil
+}
+
+// mirrorDecision is where a mirror's copy of a request goes: its subset
+// and load balancer as for a route backend (without counting towards
+// outlier detection: the answer is dropped), else the node proxy's choice.
+func (w *Waypoint) mirrorDecision(snap *state.Snapshot, b *backend, dst netip.AddrPort, port uint16) (route.Decision, error) {
+	switch {
+	case b.missingSubset != "":
+		return route.Decision{}, &errNoRoute{code: 503, msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
+	case b.policy != nil:
+		d, _, _, err := w.selectEndpoint(snap, b, port)
+		return d, err
+	}
+	return w.resolve(snap, dst, b.hostname, b.namespace, port)
+}
+
+func (w *Waypoint) selectEndpoint(snap *state.Snapshot, b *backend, port uint16) (route.Decision, candidate, *pool, error) {
 	bp := b.policy
-	svc := ex.snap.ServiceByNamespacedHostname(b.namespace, b.hostname)
+	svc := snap.ServiceByNamespacedHostname(b.namespace, b.hostname)
 	if svc == nil || len(svc.VIPs) == 0 {
-		return route.Decision{}, &errNoRoute{code: 503, msg: "backend " + b.hostname + " unknown or headless"}
+		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: "backend " + b.hostname + " unknown or headless"}
 	}
 	vip := svc.VIPs[0].Prefix.Addr()
 	p := w.pools.get(bp.pool + "|" + strconv.Itoa(int(port)))
 	now := w.now()
-	eps := ex.snap.Endpoints(svc)
+	eps := snap.Endpoints(svc)
 	cands := make([]candidate, 0, len(eps))
 	total := 0
 	for i := range eps {
@@ -139,20 +163,18 @@ func (w *Waypoint) pickEndpoint(ex *exchange, b *backend, port uint16) (route.De
 		if bp.subset != "" {
 			what += " subset " + bp.subset
 		}
-		return route.Decision{}, &errNoRoute{code: 503, msg: fmt.Sprintf("%s: no healthy upstream (%d endpoints, all ejected or none)", what, total)}
+		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: fmt.Sprintf("%s: no healthy upstream (%d endpoints, all ejected or none)", what, total)}
 	}
 	c := chooseEndpoint(bp.lb, cands, p, w.opts.Rand)
-	self := ex.snap.WorkloadByIP("", w.opts.IP)
-	d, err := route.OutboundWith(ex.snap, self, c.addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
+	self := snap.WorkloadByIP("", w.opts.IP)
+	d, err := route.OutboundWith(snap, self, c.addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
 	if err != nil {
-		return route.Decision{}, &errNoRoute{code: 503, msg: err.Error()}
+		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: err.Error()}
 	}
 	if d.Kind == route.Passthrough {
-		return route.Decision{}, &errNoRoute{code: 503, msg: "endpoint " + c.addr.String() + " is not in the mesh"}
+		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: "endpoint " + c.addr.String() + " is not in the mesh"}
 	}
-	c.st.active.Add(1)
-	ex.picked = &picked{pool: p, st: c.st, outlier: bp.outlier, uid: c.w.UID}
-	return d, nil
+	return d, c, p, nil
 }
 
 // endpointPort is the endpoint's target port for the service port: its own

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
@@ -123,5 +124,32 @@ func TestVirtualServiceSubsets(t *testing.T) {
 	// A new connection: a tunnel keeps the config it was accepted with.
 	if code, _ := get(t, l.client(clientID, clientIP), "/"); code != 503 {
 		t.Errorf("empty subset answered %d, want 503", code)
+	}
+}
+
+// TestMirrorSubset: a mirror to a DestinationRule subset goes to that
+// subset's workload, not to any endpoint of the host.
+func TestMirrorSubset(t *testing.T) {
+	v1, v2 := proxytest.UID("demo", "server-v1"), proxytest.UID("demo", "server-v2")
+	mb := subsetBackend("v2", 0, v2)
+	l := subsetLab(t, &waypointapi.Route{Name: "m", Namespace: "demo", Kind: "VirtualService", Rules: []*waypointapi.RouteRule{{
+		Backends: []*waypointapi.Backend{subsetBackend("v1", 1, v1)},
+		Mirrors:  []*waypointapi.Mirror{{Backend: mb, Percent: 100}},
+	}}})
+	c := l.client(clientID, clientIP)
+	for range 10 {
+		if code, body := get(t, c, "/m"); code != 200 || !strings.HasPrefix(body, "v1 ") {
+			t.Fatalf("GET /m = %d %q, want subset v1", code, body)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for l.hits[1].Load() < 10 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := l.hits[1].Load(); n != 10 {
+		t.Fatalf("subset v2 got %d mirrored requests, want 10", n)
+	}
+	if last := l.last[1].Load(); last == nil || !strings.HasPrefix(*last, "server.demo.svc.cluster.local-shadow") {
+		t.Errorf("mirrored request %v, want Host ...-shadow", last)
 	}
 }

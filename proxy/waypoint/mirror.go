@@ -57,7 +57,7 @@ func (w *Waypoint) startMirrors(ex *exchange, r *http.Request) string {
 		if port == 0 {
 			port = ex.dst.Port()
 		}
-		d, err := w.resolve(ex.snap, ex.dst, m.backend.hostname, m.backend.namespace, port)
+		d, err := w.mirrorDecision(ex.snap, &m.backend, ex.dst, port)
 		if err != nil {
 			w.log.Debug("mirror not sent", zap.String("backend", m.backend.hostname), zap.Error(err))
 			continue

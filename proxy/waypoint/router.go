@@ -120,8 +120,12 @@ func compileRoutes(routes []*waypointapi.Route) *routeTable {
 			}
 			for _, m := range rr.GetMirrors() {
 				b := m.GetBackend()
+				mb := backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), policy: compileBackendPolicy(b)}
+				if b.GetMissingSubset() {
+					mb.missingSubset = b.GetSubset()
+				}
 				cr.mirrors = append(cr.mirrors, mirror{
-					backend: backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort())},
+					backend: mb,
 					percent: uint64(min(m.GetPercent(), 100)),
 				})
 			}
