@@ -50,7 +50,8 @@ import (
 // logged once and shown in the config dump). Retry conditions the waypoint
 // does not evaluate are dropped (it retries less, never more) and named in
 // the status message. The name and statPrefix fields only name things and
-// are accepted.
+// are accepted. exportTo is not evaluated: every VirtualService and
+// DestinationRule is visible to every waypoint (Istio's default, "*").
 
 const (
 	kindVS = "VirtualService"
