@@ -84,6 +84,13 @@ type Config struct {
 	ReconcileOnStartup bool
 	// Resync spaces retries of pending pods; 0 means DefaultResync.
 	Resync time.Duration
+	// ReleaseOnExit, asked once when Run ends (nil: never), says whether
+	// this exit is an uninstall: then every captured pod's rules and probe
+	// ipset entries are removed before the agent lets go of the pods'
+	// namespaces, so the pods reach the network directly instead of being
+	// redirected to a node proxy that is going away too. On an upgrade or
+	// a restart the rules stay (fail closed until the next agent).
+	ReleaseOnExit func(context.Context) bool
 	// Log is required.
 	Log *zap.Logger
 
@@ -91,8 +98,10 @@ type Config struct {
 	// (rules.NewNFTApplier) over iptables, the default. It migrates the pods
 	// an iptables agent captured: the startup reconciliation runs even
 	// without ReconcileOnStartup, and finds and replaces their iptables
-	// chains (nftables first, so they stay captured). The host probe rule
-	// stays in iptables either way.
+	// chains (nftables first, so they stay captured). Without it the
+	// iptables applier removes the tables an nftables agent left (the way
+	// back; restored pods move with ReconcileOnStartup). The host probe
+	// rule stays in iptables either way.
 	NFTables bool
 	// Applier returns the rule applier for a pod's namespace. nil means the
 	// kernel applier: rules.NewKernelApplier with the iptables variant
@@ -171,8 +180,10 @@ func New(cfg Config) (*Agent, error) {
 			return rules.NewNFTApplier(rules.NFTConfig{Netns: ns, MigrateFrom: []rules.Mode{rules.ModeLegacy, rules.ModeNFT}})
 		}
 	default:
+		// MigrateFromNFT: switching nftables back off must not leave pods
+		// captured by tables no agent manages any more.
 		cfg.Applier = func(_ string, ns *netns.Handle) rules.Applier {
-			return rules.NewKernelApplier(rules.KernelConfig{Netns: ns, Mode: mode})
+			return rules.NewKernelApplier(rules.KernelConfig{Netns: ns, Mode: mode, MigrateFromNFT: true})
 		}
 	}
 	if cfg.Host == nil {
@@ -276,6 +287,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	err = a.loop(ctx)
 	cancel()
 	wg.Wait()
+	if a.cfg.ReleaseOnExit != nil && a.cfg.ReleaseOnExit(context.WithoutCancel(ctx)) {
+		a.releaseAll()
+	}
 	select {
 	case e := <-errc:
 		err = errors.Join(err, e)

@@ -79,6 +79,11 @@ type KernelConfig struct {
 	Netns *netns.Handle
 	// Mode is the iptables variant (see DetectMode).
 	Mode Mode
+	// MigrateFromNFT makes Apply delete the nftables tables of the rule
+	// set (NFTOwnedTables) that an nftables-backed agent left, after the
+	// iptables rules are in; Check reports them and Remove deletes them
+	// too. Without the nft binary there is nothing to look for.
+	MigrateFromNFT bool
 }
 
 // NewKernelApplier returns an Applier that runs iptables (through
@@ -89,7 +94,7 @@ type KernelConfig struct {
 // IPv4-only rule set works without ip6tables.
 func NewKernelApplier(cfg KernelConfig) Applier {
 	k := &kernel{mode: cfg.Mode, ipt: make(map[Family]*kernelTables)}
-	return &engine{
+	e := &engine{
 		tables: k.tables,
 		routing: func() (routing, func(), error) {
 			h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
@@ -100,6 +105,10 @@ func NewKernelApplier(cfg KernelConfig) Applier {
 		},
 		do: cfg.Netns.Do,
 	}
+	if cfg.MigrateFromNFT {
+		return &fromNFT{engine: e, nft: &nftBinary{}}
+	}
+	return e
 }
 
 // kernel holds the go-iptables handles, created on first use.

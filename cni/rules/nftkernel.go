@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 
@@ -56,9 +57,11 @@ func NewNFTApplier(cfg NFTConfig) Applier {
 }
 
 // nftRunner is the seam to nft: List returns `nft list table inet NAME`
-// (ok false when the table does not exist), Run feeds a script to `nft -f -`.
+// (ok false when the table does not exist), Tables the names of the inet
+// tables (one exec), Run feeds a script to `nft -f -`.
 type nftRunner interface {
 	List(table string) (listing string, ok bool, err error)
+	Tables() ([]string, error)
 	Run(script string) error
 }
 
@@ -276,11 +279,14 @@ type nftBinary struct {
 	err  error
 }
 
+// errNoNFT is wrapped by nftBinary's errors when nft is not installed.
+var errNoNFT = errors.New("rules: nft not found (Debian package nftables)")
+
 func (n *nftBinary) bin() (string, error) {
 	n.once.Do(func() {
 		n.path, n.err = exec.LookPath("nft")
 		if n.err != nil {
-			n.err = fmt.Errorf("rules: nft not found (Debian package nftables): %w", n.err)
+			n.err = fmt.Errorf("%w: %w", errNoNFT, n.err)
 		}
 	})
 	return n.path, n.err
@@ -303,6 +309,24 @@ func (n *nftBinary) List(table string) (string, bool, error) {
 	return stdout.String(), true, nil
 }
 
+func (n *nftBinary) Tables() ([]string, error) {
+	bin, err := n.bin()
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.Command(bin, "list", "tables", "inet").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("rules: nft list tables: %w: %s", err, bytes.TrimSpace(out))
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "table inet "); ok {
+			names = append(names, name)
+		}
+	}
+	return names, nil
+}
+
 func (n *nftBinary) Run(script string) error {
 	bin, err := n.bin()
 	if err != nil {
@@ -314,4 +338,76 @@ func (n *nftBinary) Run(script string) error {
 		return fmt.Errorf("rules: nft -f: %w: %s (input:\n%s)", err, bytes.TrimSpace(out), script)
 	}
 	return nil
+}
+
+// fromNFT is the iptables applier of an agent switched back from nftables:
+// it removes the nftables tables an nftables-backed agent left, after its
+// own rules are in (the same ordering as the nftables applier's, for the
+// same reason), so a pod later removed from the mesh is not still captured
+// by forgotten tables.
+type fromNFT struct {
+	*engine
+	nft nftRunner
+}
+
+// leftover lists the owned nftables tables present in the namespace.
+func (f *fromNFT) leftover(rs RuleSet) ([]string, error) {
+	tables, err := f.nft.Tables()
+	if errors.Is(err, errNoNFT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, name := range NFTOwnedTables(rs) {
+		if slices.Contains(tables, name) {
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
+func (f *fromNFT) deleteLeftover(rs RuleSet) error {
+	names, err := f.leftover(rs)
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	var script strings.Builder
+	for _, name := range names {
+		fmt.Fprintf(&script, "delete table inet %s\n", name)
+	}
+	return f.nft.Run(script.String())
+}
+
+func (f *fromNFT) Apply(rs RuleSet) error {
+	return f.do(func() error {
+		if err := f.apply(rs); err != nil {
+			return err
+		}
+		if err := f.deleteLeftover(rs); err != nil {
+			return fmt.Errorf("rules: migrating from nftables: %w", err)
+		}
+		return nil
+	})
+}
+
+func (f *fromNFT) Check(rs RuleSet) (Diff, error) {
+	d, err := f.engine.Check(rs)
+	if err != nil {
+		return d, err
+	}
+	err = f.do(func() error {
+		names, err := f.leftover(rs)
+		for _, name := range names {
+			d.Stale = append(d.Stale, ChainRef{Table: "inet " + name})
+		}
+		return err
+	})
+	return d, err
+}
+
+func (f *fromNFT) Remove(rs RuleSet) error {
+	err := f.engine.Remove(rs)
+	return errors.Join(err, f.do(func() error { return f.deleteLeftover(rs) }))
 }

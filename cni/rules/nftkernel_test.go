@@ -116,79 +116,103 @@ func TestKernelNFTApplyIsIdempotentAndRemoveCleansUp(t *testing.T) {
 
 // An nftables applier taking over a pod an iptables agent captured installs
 // its tables, then deletes the iptables chains; a client dialing all along
-// is captured every time, with no window between the two.
+// is captured every time, with no window between the two. The way back (an
+// iptables applier with MigrateFromNFT) is held to the same standard.
 func TestKernelNFTMigratesFromIPTables(t *testing.T) {
 	roottest.Require(t)
 	requireNFT(t)
+	rs := mustInPod(t, PodSettings{IPv6: true, DNSCapture: true})
 	for _, mode := range modes(t) {
 		t.Run(mode.String(), func(t *testing.T) {
 			pod, peer := topology(t)
-			serveTCP(t, pod, "127.0.0.1:15001", "outbound")
-			serveTCP(t, pod, "0.0.0.0:15006", "inbound")
-			serveTCP(t, peer, "0.0.0.0:8080", "peer")
-			settings := PodSettings{IPv6: true, DNSCapture: true}
-			rs := mustInPod(t, settings)
-			if err := NewKernelApplier(KernelConfig{Netns: pod.Handle, Mode: mode}).Apply(rs); err != nil {
-				t.Fatal(err)
-			}
+			ipt := NewKernelApplier(KernelConfig{Netns: pod.Handle, Mode: mode})
 			nft := NewNFTApplier(NFTConfig{Netns: pod.Handle, MigrateFrom: []Mode{mode}})
-			d, err := nft.Check(rs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !strings.Contains(d.String(), "x "+IPv4.String()+" -t nat "+ChainOutput) {
-				t.Errorf("Check does not report the iptables chains to remove:\n%s", d)
-			}
-
-			// Dial out and in continuously while migrating.
-			var stop atomic.Bool
-			var n, bypassed atomic.Int64
-			var firstBypass atomic.Value
-			var wg sync.WaitGroup
-			for _, p := range []struct {
-				from      *netnstest.NS
-				addr, rep string
-			}{{pod, "10.77.0.2:8080", "outbound 10.77.0.2:8080"}, {peer, "10.77.0.1:8080", "inbound 10.77.0.1:8080"}} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for !stop.Load() {
-						n.Add(1)
-						if got := exchange(p.from, "tcp", p.addr, 0); got != p.rep {
-							bypassed.Add(1)
-							firstBypass.CompareAndSwap(nil, fmt.Sprintf("%s: %q", p.addr, got))
-						}
-					}
-				}()
-			}
-			time.Sleep(200 * time.Millisecond)
-			for range 3 { // the first Apply migrates; the others find nothing to do
-				if err := nft.Apply(rs); err != nil {
-					t.Error(err)
-				}
-			}
-			time.Sleep(200 * time.Millisecond)
-			stop.Store(true)
-			wg.Wait()
-			if b := bypassed.Load(); b > 0 {
-				t.Errorf("%d of %d connections were not captured during the migration; first: %v", b, n.Load(), firstBypass.Load())
-			} else {
-				t.Logf("%d connections during the migration, all captured", n.Load())
-			}
-
+			migrate(t, pod, peer, rs, ipt, nft, "x "+IPv4.String()+" -t nat "+ChainOutput)
 			if got := save(t, pod, mode); strings.Contains(got, "ISTIO") {
 				t.Fatalf("iptables chains left after the migration:\n%s", got)
 			}
-			if d, err := nft.Check(rs); err != nil || !d.Empty() {
-				t.Fatalf("Check after the migration: err %v, diff:\n%s", err, d)
-			}
-			// Still captured, by nftables alone, and routing kept.
-			if got := exchange(pod, "tcp", "10.77.0.2:8080", 0); got != "outbound 10.77.0.2:8080" {
-				t.Fatalf("after the migration: %q", got)
-			}
-			if out := netnstest.Run(t, "ip", "-n", pod.Name, "-4", "rule"); !strings.Contains(out, "lookup 100") {
-				t.Fatalf("the migration removed the policy route:\n%s", out)
+			if !strings.Contains(nftDump(t, pod), NFTTableName("nat")) {
+				t.Fatalf("no nftables tables after the migration")
 			}
 		})
+		t.Run(mode.String()+"-back", func(t *testing.T) {
+			pod, peer := topology(t)
+			nft := NewNFTApplier(NFTConfig{Netns: pod.Handle})
+			ipt := NewKernelApplier(KernelConfig{Netns: pod.Handle, Mode: mode, MigrateFromNFT: true})
+			migrate(t, pod, peer, rs, nft, ipt, "x nft inet "+NFTTableName("nat"))
+			if got := nftDump(t, pod); strings.Contains(got, NFTTablePrefix) {
+				t.Fatalf("nftables tables left after the migration back:\n%s", got)
+			}
+			if !strings.Contains(save(t, pod, mode), ChainOutput) {
+				t.Fatalf("no iptables chains after the migration back")
+			}
+			if err := ipt.Remove(rs); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// migrate captures pod with from, then applies to while a client in pod
+// and one in peer dial continuously; every connection must reach the
+// stand-in proxy listeners. to.Check must first report wantStale.
+func migrate(t *testing.T, pod, peer *netnstest.NS, rs RuleSet, from, to Applier, wantStale string) {
+	t.Helper()
+	serveTCP(t, pod, "127.0.0.1:15001", "outbound")
+	serveTCP(t, pod, "0.0.0.0:15006", "inbound")
+	serveTCP(t, peer, "0.0.0.0:8080", "peer")
+	if err := from.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	d, err := to.Check(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(d.String(), wantStale+"\n") {
+		t.Errorf("Check does not report %q:\n%s", wantStale, d)
+	}
+
+	var stop atomic.Bool
+	var n, bypassed atomic.Int64
+	var firstBypass atomic.Value
+	var wg sync.WaitGroup
+	for _, p := range []struct {
+		from      *netnstest.NS
+		addr, rep string
+	}{{pod, "10.77.0.2:8080", "outbound 10.77.0.2:8080"}, {peer, "10.77.0.1:8080", "inbound 10.77.0.1:8080"}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				n.Add(1)
+				if got := exchange(p.from, "tcp", p.addr, 0); got != p.rep {
+					bypassed.Add(1)
+					firstBypass.CompareAndSwap(nil, fmt.Sprintf("%s: %q", p.addr, got))
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	for range 3 { // the first Apply migrates; the others find nothing to do
+		if err := to.Apply(rs); err != nil {
+			t.Error(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	if b := bypassed.Load(); b > 0 {
+		t.Errorf("%d of %d connections were not captured during the migration; first: %v", b, n.Load(), firstBypass.Load())
+	} else {
+		t.Logf("%d connections during the migration, all captured", n.Load())
+	}
+	if d, err := to.Check(rs); err != nil || !d.Empty() {
+		t.Fatalf("Check after the migration: err %v, diff:\n%s", err, d)
+	}
+	if got := exchange(pod, "tcp", "10.77.0.2:8080", 0); got != "outbound 10.77.0.2:8080" {
+		t.Fatalf("after the migration: %q", got)
+	}
+	if out := netnstest.Run(t, "ip", "-n", pod.Name, "-4", "rule"); !strings.Contains(out, "lookup 100") {
+		t.Fatalf("the migration removed the policy route:\n%s", out)
 	}
 }
