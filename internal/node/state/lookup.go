@@ -32,22 +32,38 @@ func (snap *Snapshot) WorkloadByIP(network string, ip netip.Addr) *Workload {
 // VIPs consulted, ranked as upstream ztunnel ranks them: a service in
 // preferNamespace, then the longest prefix, then canonical, then the
 // smallest key (so a wider CIDR of the client's namespace beats a narrower
-// one of another namespace). It does not allocate.
+// one of another namespace). With a preferNamespace, services visible only
+// to their own namespace (VisibilityNamespace) of another namespace are
+// skipped, as upstream does for the client's namespace. It does not
+// allocate.
 func (snap *Snapshot) ServiceByVIP(network string, ip netip.Addr, preferNamespace string) *Service {
 	ip = ip.Unmap()
 	if svcs, ok := snap.serviceVIP.get(netAddr{network, ip}); ok {
-		return pickService(svcs, preferNamespace)
+		if s := pickService(svcs, preferNamespace); s != nil {
+			return s
+		}
 	}
 	return snap.servicePfx.lookup(network, ip, preferNamespace)
 }
 
+// hidden reports whether s is invisible to clients of namespace ns.
+func hidden(s *Service, ns string) bool {
+	return ns != "" && s.Visibility == VisibilityNamespace && s.Namespace != ns
+}
+
 // pickService picks from services sorted by key: preferNamespace, then
-// canonical, then the first.
+// canonical, then the first; nil when none is visible.
 func pickService(svcs []*Service, preferNamespace string) *Service {
-	var canonical *Service
+	var first, canonical *Service
 	for _, s := range svcs {
+		if hidden(s, preferNamespace) {
+			continue
+		}
 		if preferNamespace != "" && s.Namespace == preferNamespace {
 			return s
+		}
+		if first == nil {
+			first = s
 		}
 		if canonical == nil && s.Canonical {
 			canonical = s
@@ -56,7 +72,7 @@ func pickService(svcs []*Service, preferNamespace string) *Service {
 	if canonical != nil {
 		return canonical
 	}
-	return svcs[0]
+	return first
 }
 
 // prefixVIP is a service VIP that is a CIDR rather than one IP.
@@ -213,6 +229,9 @@ func (t *prefixTable) lookup(network string, ip netip.Addr, preferNamespace stri
 			e := &t.entries[i]
 			if e.hi != khi || e.lo != klo || e.network != network {
 				break
+			}
+			if hidden(e.svc, preferNamespace) {
+				continue
 			}
 			inNs := preferNamespace != "" && e.svc.Namespace == preferNamespace
 			if best == nil || inNs && !bestInNs ||

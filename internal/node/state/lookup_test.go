@@ -163,3 +163,41 @@ func BenchmarkServiceByVIPCIDR(b *testing.B) {
 		snap.ServiceByVIP("", dst, "ns3")
 	}
 }
+
+// TestServiceByVIPVisibility: a service visible to its own namespace only
+// is skipped for clients of other namespaces (exact VIPs and CIDRs alike),
+// the next candidate is taken instead, and an unknown client ("") sees it.
+// A length equal to the address size is a single IP (an exact VIP).
+func TestServiceByVIPVisibility(t *testing.T) {
+	private := func(s *workloadapi.Service) { s.Visibility = workloadapi.Service_NAMESPACE }
+	s := NewStore()
+	mustApply(t, s,
+		cidrSvc("a", "private.example", []string{"10.9.0.1", "10.8.0.0/24"}, private, canonical()),
+		cidrSvc("b", "public.example", []string{"10.8.0.0/16"}),
+		cidrSvc("c", "slash32.example", []string{"10.7.0.1/32"}),
+	)
+	snap := s.Load()
+	for _, tc := range []struct{ ip, ns, want string }{
+		{"10.9.0.1", "a", "a/private.example"},
+		{"10.9.0.1", "", "a/private.example"},
+		{"10.9.0.1", "z", ""},                  // hidden; no CIDR covers it
+		{"10.8.0.5", "a", "a/private.example"}, // its own namespace
+		{"10.8.0.5", "", "a/private.example"},  // longest
+		{"10.8.0.5", "z", "b/public.example"},  // the private /24 is skipped
+		{"10.7.0.1", "z", "c/slash32.example"},
+	} {
+		if got := keyOf(snap.ServiceByVIP("", ip(tc.ip), tc.ns)); got != tc.want {
+			t.Errorf("ServiceByVIP(%s, ns %q) = %q, want %q", tc.ip, tc.ns, got, tc.want)
+		}
+	}
+	if n := len(snap.servicePfx.entries); n != 2 {
+		t.Errorf("%d CIDR entries, want 2 (a /32 is an exact VIP)", n)
+	}
+}
+
+func keyOf(s *Service) string {
+	if s == nil {
+		return ""
+	}
+	return s.Key
+}
