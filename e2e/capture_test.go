@@ -27,7 +27,8 @@ func direct(name string, port int) string { return fmt.Sprintf("direct %s:%d", n
 // shows which traffic of which pod reaches the node proxy: enrollment by
 // namespace label and opt-out, DNS capture on by default and off by
 // annotation, excluded ports and IP ranges (DNS included), inbound capture,
-// kubelet probes from the node, and uninstall on exit.
+// kubelet probes from the node, and uninstall on exit, which releases the
+// captured pods.
 func TestCaptureTraffic(t *testing.T) {
 	installDir := t.TempDir()
 	c := newCaptureCluster(t, installDir)
@@ -133,6 +134,20 @@ func TestCaptureTraffic(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(installDir, "ztunnel-cni")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("plugin binary after uninstall: %v", err)
+	}
+	// The uninstall released the captured pods: no rules are left in them,
+	// and they reach the network directly, not a node proxy that is going
+	// away too (issue 16: uninstalling used to black-hole every ambient pod).
+	for _, p := range []*testcluster.Pod{a, noDNS, exPort, exRange} {
+		if rs := nat(t, p); strings.Contains(rs, "ISTIO") {
+			t.Errorf("%s keeps rules after the uninstall:\n%s", p.Name, rs)
+		}
+	}
+	if got := exchange(t, a, "tcp", web); got != direct("srv", webPort) {
+		t.Errorf("a → web after the uninstall: got %q, want direct", got)
+	}
+	if got := exchange(t, a, "udp", dns); got != direct("srv", dnsPort)+" udp" {
+		t.Errorf("a's DNS after the uninstall: got %q, want direct", got)
 	}
 }
 

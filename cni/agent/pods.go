@@ -449,3 +449,42 @@ func (a *Agent) reconcile(ctx context.Context, objs *cluster.Objects) {
 	}
 	a.persist()
 }
+
+// releaseAll removes every captured pod's rules and probe ipset entries
+// (the agent is being uninstalled), keeping the records: the state file
+// still names the pods if an agent comes back. The node proxy and the pods'
+// status are left alone: both are going away with the install.
+func (a *Agent) releaseAll() {
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	a.mu.Lock()
+	recs := make([]*podRec, 0, len(a.pods))
+	for _, rec := range a.pods {
+		if rec.rulesIn && rec.ns != nil {
+			recs = append(recs, rec)
+		}
+	}
+	a.mu.Unlock()
+	removed := 0
+	for _, rec := range recs {
+		log := a.log.With(rec.logFields()...)
+		rs, err := rules.InPod(rec.settings)
+		if err == nil {
+			err = a.cfg.Applier(rec.uid, rec.ns).Remove(rs)
+		}
+		if err != nil {
+			log.Error("uninstall: removing pod rules failed; the pod stays redirected", zap.Error(err))
+			continue
+		}
+		if err := a.cfg.Host.DelPodIPs(rec.ips); err != nil {
+			log.Warn("uninstall: removing pod IPs from the probe ipset failed", zap.Error(err))
+		}
+		a.mu.Lock()
+		rec.rulesIn = false
+		a.mu.Unlock()
+		removed++
+		log.Info("uninstall: pod rules removed; the pod reaches the network directly")
+	}
+	a.persist()
+	a.log.Info("uninstall: released the captured pods", zap.Int("pods", removed), zap.Int("failed", len(recs)-removed))
+}

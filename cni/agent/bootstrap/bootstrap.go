@@ -168,8 +168,28 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	}
 	enrollment := plugin.Enrollment{ExcludeNamespaces: splitList(o.ExcludeNamespaces), SystemNamespace: o.SystemNamespace}
 	host := &agent.KernelHost{IPv6: o.IPv6, Mode: rules.DetectMode()}
+	// exit decides once, when the agent stops, whether this is an
+	// uninstall (--keep-on-exit=false, or the agent's DaemonSet deleted) or
+	// an upgrade: the agent's release of the pods and the plugin's removal
+	// below follow the same answer.
+	var (
+		exitOnce  sync.Once
+		uninstall bool
+	)
+	exit := func(ctx context.Context) bool {
+		exitOnce.Do(func() {
+			uninstall = o.Install && !o.KeepOnExit
+			if o.Install && !uninstall && owner != nil {
+				var why string
+				uninstall, why = owner.Uninstalling(ctx)
+				log.Info("uninstall or upgrade?", zap.Bool("uninstall", uninstall), zap.String("reason", why))
+			}
+		})
+		return uninstall
+	}
 	a, err := agent.New(agent.Config{
-		NodeName: o.NodeName, Source: src, Refresh: refresh, Status: status,
+		ReleaseOnExit: exit,
+		NodeName:      o.NodeName, Source: src, Refresh: refresh, Status: status,
 		ZDSSocket: o.ZDSSocket, PluginSocket: o.PluginSocket, StateDir: o.StateDir,
 		Defaults:   rules.PodSettings{DNSCapture: o.DNSCapture, IPv6: o.IPv6},
 		Enrollment: enrollment, ReconcileOnStartup: o.Reconcile, NFTables: o.NFTables, Log: log, Host: host,
@@ -209,13 +229,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	err = a.Run(runCtx)
 	cancel()
 	bg.Wait()
-	uninstall := o.Install && !o.KeepOnExit
-	if o.Install && !uninstall && owner != nil {
-		var why string
-		uninstall, why = owner.Uninstalling(context.WithoutCancel(ctx))
-		log.Info("uninstall or upgrade?", zap.Bool("uninstall", uninstall), zap.String("reason", why))
-	}
-	if uninstall {
+	if exit(context.WithoutCancel(ctx)) {
 		if uerr := install.Uninstall(icfg); uerr != nil {
 			err = errors.Join(err, uerr)
 		} else {
