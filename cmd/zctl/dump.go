@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
+	"os"
+	"time"
 
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -376,4 +381,57 @@ func (m match) proto() (*securityapi.Match, error) {
 		return nil, fmt.Errorf("string match kind: %w", errs[0])
 	}
 	return pm, nil
+}
+
+func configDump(out io.Writer, d *dump, from string, sections []string) error {
+	if len(sections) == 0 {
+		sections = sectionNames()
+	}
+	fmt.Fprintf(out, "# node proxy: %s (generation %d)\n", from, d.Generation)
+	for i, s := range sections {
+		if len(sections) > 1 {
+			if i > 0 {
+				fmt.Fprintln(out)
+			}
+			fmt.Fprintf(out, "== %s (generation %d)\n", s, d.Generation)
+		}
+		if err := render(out, d, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load reads the saved dump o.file, or fetches /config_dump from o.admin,
+// and says which one it read.
+func load(o options) (*dump, string, error) {
+	if o.file != "" {
+		b, err := os.ReadFile(o.file)
+		if err != nil {
+			return nil, "", err
+		}
+		d, err := parseDump(b)
+		return d, "file " + o.file, err
+	}
+	from := "admin http://" + o.admin + "/config_dump"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+o.admin+"/config_dump", nil)
+	if err != nil {
+		return nil, "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w (is the node proxy running, and is --admin right?)", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, "", fmt.Errorf("reading %s: %w", from, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, "", fmt.Errorf("GET %s: %s: %s", from, resp.Status, b)
+	}
+	d, err := parseDump(b)
+	return d, from, err
 }
