@@ -1,12 +1,14 @@
 package hbone
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"io"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
@@ -143,7 +145,13 @@ func TestRevocationClosesEstablished(t *testing.T) {
 			m := newMesh(t)
 			up := startUpstream(t, echo)
 			srvRev, cliRev := newFakeRevocation(), newFakeRevocation()
-			srv := startServer(t, m, dialHandler(), func(c *ServerConfig) { c.Revocation = srvRev })
+			ended := make(chan error, 1)
+			h := HandlerFunc(func(ctx context.Context, req *Request) Reply {
+				rep := dialHandler().ServeHBONE(ctx, req)
+				rep.Done = func(_ TunnelStats, err error) { ended <- err }
+				return rep
+			})
+			srv := startServer(t, m, h, func(c *ServerConfig) { c.Revocation = srvRev })
 			p := newPool(t, m, func(c *PoolConfig) { c.Revocation = cliRev })
 			tun := mustConnect(t, p, connectReq(srv, up.addr))
 			defer tun.Close()
@@ -168,6 +176,16 @@ func TestRevocationClosesEstablished(t *testing.T) {
 			buf := make([]byte, 1)
 			if _, err := tun.Read(buf); err == nil || errors.Is(err, io.EOF) {
 				t.Fatalf("read on a revoked connection: %v", err)
+			}
+			// The server's handler learns why its tunnel ended: the
+			// revocation when it was the server's, a plain end otherwise.
+			select {
+			case err := <-ended:
+				if side == "server revokes the client" && !errors.Is(err, errFakeRevoked) {
+					t.Fatalf("server tunnel ended with %v, want the revocation", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the server's tunnel did not end")
 			}
 			if _, err := p.Connect(testCtx(t), connectReq(srv, up.addr)); !errors.Is(err, ErrHandshake) {
 				t.Fatalf("Connect after the revocation: %v, want ErrHandshake", err)

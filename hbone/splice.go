@@ -54,7 +54,10 @@ func Splice(t *Tunnel, c net.Conn) error {
 	t.c.mu.Unlock()
 	c.Close()
 	t.Close()
-	if err == nil {
+	if err2 != nil && (err == nil || errors.Is(err, net.ErrClosed)) {
+		// The tunnel direction failed first and closed c under the other
+		// direction's read: its error is the cause (for example the
+		// connection closed because its peer was revoked).
 		err = err2
 	}
 	return err
