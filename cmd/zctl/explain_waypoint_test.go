@@ -20,7 +20,7 @@ import (
 // it (protojson of its waypointapi.Config), with demo/reviews and
 // shop/ratings bound (HTTP): demo/deny-admin DENY /admin* and
 // demo/allow-client-get ALLOW sa-client GET /public* on reviews;
-// shop/deny-ratings DENY all on ratings.
+// shop/deny-ratings DENY /private* and shop/allow-get ALLOW GET on ratings.
 func waypointDumpJSON(t *testing.T) []byte {
 	t.Helper()
 	prefix := func(v string) *waypointapi.StringMatch {
@@ -45,7 +45,10 @@ func waypointDumpJSON(t *testing.T) []byte {
 				From: []*waypointapi.Source{{Principals: []*waypointapi.StringMatch{exact("cluster.local/ns/demo/sa/sa-client")}}},
 				To:   []*waypointapi.Operation{{Methods: []*waypointapi.StringMatch{exact("GET")}, Paths: []*waypointapi.StringMatch{prefix("/public")}}},
 			}}},
-			{Name: "deny-ratings", Namespace: "shop", Action: waypointapi.Action_DENY, Services: []string{ratings}, Rules: []*waypointapi.Rule{{}}},
+			{Name: "deny-ratings", Namespace: "shop", Action: waypointapi.Action_DENY, Services: []string{ratings},
+				Rules: []*waypointapi.Rule{{To: []*waypointapi.Operation{{Paths: []*waypointapi.StringMatch{prefix("/private")}}}}}},
+			{Name: "allow-get", Namespace: "shop", Services: []string{ratings},
+				Rules: []*waypointapi.Rule{{To: []*waypointapi.Operation{{Methods: []*waypointapi.StringMatch{exact("GET")}}}}}},
 		},
 	}
 	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(c)
@@ -98,12 +101,17 @@ func TestExplainWaypointL7(t *testing.T) {
 				"authz":         {"DENY (allow policies exist, but none allowed)"},
 				"indirect path": {"denied direct, allowed through the waypoint", "AuthorizationPolicy/demo/allow-client, AuthorizationPolicy/demo/allow-waypoint vs AuthorizationPolicy/demo/allow-client-get", "through Gateway/demo/waypoint (for Service/demo/reviews)"},
 			}, indirect: "DENY/ALLOW"},
-		{name: "denied through the waypoint, allowed direct (a bypass)", src: "demo/client", dst: "10.96.0.60:9080", path: "/", verdict: verdictDeny, policy: "shop/deny-ratings",
+		{name: "allowed by the waypoint's policy alone: the verdict names it", src: "demo/client", dst: "10.96.0.60:9080", path: "/ok", verdict: verdictAllow, policy: "shop/allow-get",
 			want: map[string][]string{
-				"waypoint authz": {"DENY (denied by shop/deny-ratings)", "any request: no applying policy reads request fields"},
+				"waypoint authz": {"ALLOW (explicitly allowed)", "AuthorizationPolicy/shop/allow-get"},
+				"authz":          {"ALLOW (no allow policies)", "the waypoint's"},
+			}},
+		{name: "denied through the waypoint, allowed direct (a bypass)", src: "demo/client", dst: "10.96.0.60:9080", path: "/private", verdict: verdictDeny, policy: "shop/deny-ratings",
+			want: map[string][]string{
+				"waypoint authz": {"DENY (denied by shop/deny-ratings)", "GET /private host ratings.shop.svc.cluster.local"},
 				"indirect path":  {"allowed direct (bypassing the waypoint's policies), denied through the waypoint", "direct to 10.0.7.1:9080", "vs AuthorizationPolicy/shop/deny-ratings"},
 			}, indirect: "ALLOW/DENY"},
-		{name: "the ratings pod IP: allowed direct, the waypoint would deny", src: "demo/client", dst: "10.0.7.1:9080", verdict: verdictAllow,
+		{name: "the ratings pod IP: allowed direct, the waypoint would deny", src: "demo/client", dst: "10.0.7.1:9080", path: "/private", verdict: verdictAllow,
 			want: map[string][]string{
 				"indirect path": {"allowed direct (bypassing the waypoint's policies)", "waypoint: denied by shop/deny-ratings"},
 			}, indirect: "ALLOW/DENY"},
