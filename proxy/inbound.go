@@ -107,6 +107,9 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	// its own port (a sandwiched waypoint's, e.g. 15088).
 	upstream := netip.AddrPortFrom(arrival.Addr(), target.Port())
 	if at != nil && at.Port != 0 {
+		if route.IsProxyPort(at.Port) {
+			return refuse(503, WithReason(ReasonSelfCall, fmt.Errorf("proxy: application tunnel port %d: %w", at.Port, route.ErrIllegalPort)))
+		}
 		upstream = netip.AddrPortFrom(arrival.Addr(), at.Port)
 	}
 	conn := rbac.Conn{SrcIP: src.Addr(), DstIP: upstream.Addr(), DstPort: upstream.Port(), SrcIdentity: req.Peer}

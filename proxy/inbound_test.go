@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"strconv"
@@ -175,4 +176,94 @@ func TestResolveHostTarget(t *testing.T) {
 	if vip, ok := serviceVIP(snap.ServiceByHost(k("apps", "guarded")), ""); !ok || vip != netip.MustParseAddr("10.96.0.10") {
 		t.Errorf("serviceVIP = %v, %v", vip, ok)
 	}
+}
+
+// TestInboundApplicationTunnel: for a workload with an application tunnel
+// of protocol PROXY the proxy connects to loopback on the tunnel's port and
+// sends, before the payload, exactly the PROXY v2 header AppendProxyV2
+// (tested byte for byte) builds from the HBONE client, the authority and
+// the client's identity; a tunnel port that is one of the proxy's own is
+// refused as a self-call.
+func TestInboundApplicationTunnel(t *testing.T) {
+	e := newPodEnv(t)
+	tunnelPort := func(port uint32) pt.WorkloadOpt {
+		return func(w *workloadapi.Workload) {
+			w.ApplicationTunnel = &workloadapi.ApplicationTunnel{Protocol: workloadapi.ApplicationTunnel_PROXY, Port: port}
+		}
+	}
+	pt.Apply(t, e.store, pt.Pod("apps", "pod", podIP.String(), tunnelPort(15088)))
+	ln, err := e.ns.Listen(context.Background(), netip.MustParseAddrPort("127.0.0.1:15088"), netns.SockOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	type seen struct {
+		from netip.AddrPort
+		data []byte
+	}
+	got := make(chan seen, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		// The fixed part, the rest its length field declares, then the
+		// payload the client sends ("payload").
+		buf := make([]byte, 16)
+		if _, err := io.ReadFull(c, buf); err == nil {
+			rest := make([]byte, (int(buf[14])<<8|int(buf[15]))+len("payload"))
+			n, _ := io.ReadFull(c, rest)
+			buf = append(buf, rest[:n]...)
+		}
+		got <- seen{c.RemoteAddr().(*net.TCPAddr).AddrPort(), buf}
+		c.Write([]byte("ok"))
+	}()
+
+	tun, err := e.connect(t, "10.55.0.1:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Close()
+	if _, err := tun.Write([]byte("payload")); err != nil {
+		t.Fatal(err)
+	}
+	var s seen
+	select {
+	case s = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tunnel's listener got nothing")
+	}
+	if s.from.Addr() != netip.MustParseAddr("127.0.0.1") {
+		t.Errorf("tunnel connection from %s, want loopback", s.from)
+	}
+	// The PROXY source is the HBONE client: the tunnel's local address.
+	client := tun.LocalAddr().(*net.TCPAddr).AddrPort()
+	peer := identity.MustNew("cluster.local", "apps", "peer")
+	want, err := AppendProxyV2(nil, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.MustParseAddrPort("10.55.0.1:8080"),
+		ProxyV2TLV{Type: ProxyV2TLVPeerIdentity, Value: []byte(peer.String())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != 16+12+3+len(peer.String()) {
+		t.Fatalf("expected a TCP4 header with one TLV, built % X", want)
+	}
+	if len(s.data) < len(want) || string(s.data[:len(want)]) != string(want) {
+		t.Errorf("header % X\nwant    % X", s.data[:min(len(s.data), len(want))], want)
+	} else if rest := string(s.data[len(want):]); rest != "payload" {
+		t.Errorf("after the header: %q, want the payload", rest)
+	}
+	b := make([]byte, 2)
+	if _, err := io.ReadFull(tun, b); err != nil || string(b) != "ok" {
+		t.Errorf("answer through the tunnel %q, %v", b, err)
+	}
+
+	pt.Apply(t, e.store, pt.Pod("apps", "pod", podIP.String(), tunnelPort(route.HBONEPort)))
+	_, err = e.connect(t, "10.55.0.1:8080")
+	var se *hbone.StatusError
+	if !errors.As(err, &se) || se.Code != 503 {
+		t.Fatalf("tunnel on the proxy's own port: %v, want 503", err)
+	}
+	waitLog(t, e.logs, map[string]string{"direction": "inbound", "reason": "self_call"})
 }
