@@ -147,8 +147,12 @@ func TestWaypointVirtualServiceBookinfo(t *testing.T) {
 			t.Errorf("status %+v", s)
 		}
 	}
-	// details is bound to no waypoint: its DestinationRule has no effect,
-	// and says so.
+	// ratings is bound but nothing routes to its subsets: its rule still
+	// applies there. details is bound to no waypoint: its DestinationRule
+	// has no effect, and says so.
+	if r := statusOf(sts, "DestinationRule", "default/ratings"); !r.Sent || !strings.Contains(r.Message, "ratings.default.svc.cluster.local") {
+		t.Errorf("ratings status %+v", r)
+	}
 	if d := statusOf(sts, "DestinationRule", "default/details"); d.Sent || !strings.Contains(d.Message, "not applied") {
 		t.Errorf("details status %+v", d)
 	}
