@@ -52,6 +52,9 @@ type waypoint struct {
 	// forService / forWorkload: the traffic types it accepts.
 	forService, forWorkload bool
 	trafficType             string
+	// binding is how the waypoint's own pods take traffic from their node
+	// proxy (ambient.istio.io/waypoint-inbound-binding); nil: plain HBONE.
+	binding *workloadapi.ApplicationTunnel
 }
 
 type index struct {

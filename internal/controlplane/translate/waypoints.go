@@ -37,12 +37,56 @@ func (t *translator) translateWaypoints() {
 			w.forService, w.trafficType = true, "service"
 		}
 		w.addr = t.waypointAddress(gw)
+		w.binding = t.inboundBinding(gw)
 		if w.addr == nil {
 			t.warnf("Gateway", gw.Namespace, gw.Name, "waypoint has no address yet (status.addresses, spec.addresses or annotation %s); objects bound to it get no waypoint", AnnotationWaypointAddress)
 			continue
 		}
 		t.idx.waypoints[key] = w
 	}
+}
+
+// AnnotationWaypointInboundBinding (istio/api, on a waypoint Gateway or
+// its GatewayClass; the Gateway's wins) says how the waypoint's pods take
+// traffic from their node proxy: "<PROTOCOL>" or "<PROTOCOL>/<port>",
+// PROTOCOL NONE or PROXY. It becomes the pods' application_tunnel (a
+// "sandwiched" waypoint: PROXY v2 with the client's identity, on that port).
+const AnnotationWaypointInboundBinding = "ambient.istio.io/waypoint-inbound-binding"
+
+// inboundBinding parses the Gateway's (else its class's) inbound binding.
+// An invalid value is warned about and ignored, as istiod does: the
+// waypoint then takes plain HBONE, which it must terminate itself.
+func (t *translator) inboundBinding(gw *gatewayv1.Gateway) *workloadapi.ApplicationTunnel {
+	v, ok := gw.Annotations[AnnotationWaypointInboundBinding]
+	if !ok {
+		gc := t.idx.classes[string(gw.Spec.GatewayClassName)]
+		if gc == nil {
+			return nil
+		}
+		if v, ok = gc.Annotations[AnnotationWaypointInboundBinding]; !ok {
+			return nil
+		}
+	}
+	protocol, portText, hasPort := strings.Cut(v, "/")
+	at := &workloadapi.ApplicationTunnel{}
+	switch protocol {
+	case "NONE":
+		at.Protocol = workloadapi.ApplicationTunnel_NONE
+	case "PROXY":
+		at.Protocol = workloadapi.ApplicationTunnel_PROXY
+	default:
+		t.warnf("Gateway", gw.Namespace, gw.Name, "%s %q: protocol must be NONE or PROXY; ignored", AnnotationWaypointInboundBinding, v)
+		return nil
+	}
+	if hasPort {
+		port, err := strconv.ParseUint(portText, 10, 16)
+		if err != nil || port == 0 {
+			t.warnf("Gateway", gw.Namespace, gw.Name, "%s %q: port must be 1-65535; ignored", AnnotationWaypointInboundBinding, v)
+			return nil
+		}
+		at.Port = uint32(port)
+	}
+	return at
 }
 
 func (t *translator) waypointFor(gw *gatewayv1.Gateway) string {

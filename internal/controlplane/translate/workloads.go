@@ -211,8 +211,10 @@ func (t *translator) translatePod(p *corev1.Pod) {
 	if p.Spec.HostNetwork {
 		w.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
 	}
-	if _, isWaypoint := p.Labels[LabelGatewayName]; !isWaypoint {
+	if gw, isWaypoint := p.Labels[LabelGatewayName]; !isWaypoint {
 		w.Waypoint = t.boundWaypoint("Pod", p.Namespace, p.Name, p.Labels, true)
+	} else if wp := t.idx.waypoints[p.Namespace+"/"+gw]; wp != nil {
+		w.ApplicationTunnel = wp.binding // a sandwiched waypoint's pod: its inbound binding
 	}
 	w.Services = t.podServices(p)
 	w.AuthorizationPolicies = t.workloadPolicies(p.Namespace, p.Labels)
