@@ -7,6 +7,8 @@
 //	                         HTTP server answering "pod=<POD_NAME> ns=<POD_NAMESPACE> from=<client addr>"
 //	testapp get [-timeout 5s] URL
 //	                         GET URL once, print the body; exit 1 on any failure
+//	testapp lookup [-timeout 5s] HOST
+//	                         resolve HOST through the pod's resolv.conf, print its addresses one a line
 package main
 
 import (
@@ -24,7 +26,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testapp pause|serve|get ...")
+		fmt.Fprintln(os.Stderr, "usage: testapp pause|serve|get|lookup ...")
 		os.Exit(2)
 	}
 	var err error
@@ -35,6 +37,8 @@ func main() {
 		err = serve(os.Args[2:])
 	case "get":
 		err = get(os.Args[2:])
+	case "lookup":
+		err = lookup(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -117,5 +121,26 @@ func get(args []string) error {
 		return fmt.Errorf("get %s: %s: %s", fs.Arg(0), resp.Status, body)
 	}
 	os.Stdout.Write(body)
+	return nil
+}
+
+func lookup(args []string) error {
+	fs := flag.NewFlagSet("lookup", flag.ContinueOnError)
+	timeout := fs.Duration("timeout", 5*time.Second, "whole lookup timeout")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("lookup: want one host, got %d arguments", fs.NArg())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, fs.Arg(0))
+	if err != nil {
+		return fmt.Errorf("lookup %s: %w", fs.Arg(0), err)
+	}
+	for _, a := range addrs {
+		fmt.Println(a)
+	}
 	return nil
 }
