@@ -147,6 +147,9 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 	if ex.verdict.Policy != "" || !ex.verdict.Allow {
 		fields = append(fields, zap.String("authz.policy", ex.verdict.Policy), zap.Bool("authz.allow", ex.verdict.Allow))
 	}
+	if ex.attrs.Auth != nil {
+		fields = append(fields, zap.String("request.principal", ex.attrs.Auth.Principal))
+	}
 	if ex.mirror != "" {
 		fields = append(fields, zap.String("mirror", ex.mirror))
 	}
