@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint"
+)
+
+// Istio's demo key set and tokens (istio/istio security/tools/jwt/samples:
+// jwks.json, demo.jwt and groups-scope.jwt, signed with its key.pem; they
+// expire in 2118 and 2082), as its "JWT authentication" task uses them.
+const (
+	istioDemoIssuer = "testing@secure.istio.io"
+	istioDemoJWKS   = `{ "keys":[ {"e":"AQAB","kid":"DHFbpoIUqrY8t2zpA2qXfCmr5VO5ZEr4RzHU_-envvQ","kty":"RSA","n":"xAE7eB6qugXyCAG3yhh7pkDkT65pHymX-P7KfIupjf59vsdo91bSP9C8H07pSAGQO1MV_xFj9VswgsCg4R6otmg5PV2He95lZdHtOcU5DXIg_pbhLdKXbi66GlVeK6ABZOUW3WYtnNHD-91gVuoeJT_DwtGGcp4ignkgXfkiEm4sw-4sfb4qdt5oLbyVpmW6x9cfa7vs2WTfURiCrBoUqgBo_-4WTiULmmHSGZHOjzwa8WtrtOQGsAFjIbno85jp6MnGGGZPYZbDAa_b3y5u-YpW7ypZrvD8BgtKVjgtQgZhLAGezMt0ua3DRrWnKqTZ0BJ_EyxOGuHJrLsn00fnMQ"}]}`
+	istioDemoJWT    = "eyJhbGciOiJSUzI1NiIsImtpZCI6IkRIRmJwb0lVcXJZOHQyenBBMnFYZkNtcjVWTzVaRXI0UnpIVV8tZW52dlEiLCJ0eXAiOiJKV1QifQ.eyJleHAiOjQ2ODU5ODk3MDAsImZvbyI6ImJhciIsImlhdCI6MTUzMjM4OTcwMCwiaXNzIjoidGVzdGluZ0BzZWN1cmUuaXN0aW8uaW8iLCJzdWIiOiJ0ZXN0aW5nQHNlY3VyZS5pc3Rpby5pbyJ9.CfNnxWP2tcnR9q0vxyxweaF3ovQYHYZl82hAUsn21bwQd9zP7c-LS9qd_vpdLG4Tn1A15NxfCjp5f7QNBUo-KC9PJqYpgGbaXhaGx7bEdFWjcwv3nZzvc7M__ZpaCERdwU7igUmJqYGBYQ51vr2njU9ZimyKkfDe3axcyiBZde7G6dabliUosJvvKOPcKIWPccCgefSj_GNfwIip3-SsFdlR7BtbVUcqR-yv-XOxJ3Uc1MI0tz3uMiiZcyPV7sNCU4KRnemRIMHVOfuvHsU60_GhGbiSFzgPTAa9WTltbnarTbxudb_YEOx12JiwYToeX0DCPb43W1tzIBxgm8NxUg"
+	istioGroupsJWT  = "eyJhbGciOiJSUzI1NiIsImtpZCI6IkRIRmJwb0lVcXJZOHQyenBBMnFYZkNtcjVWTzVaRXI0UnpIVV8tZW52dlEiLCJ0eXAiOiJKV1QifQ.eyJleHAiOjM1MzczOTExMDQsImdyb3VwcyI6WyJncm91cDEiLCJncm91cDIiXSwiaWF0IjoxNTM3MzkxMTA0LCJpc3MiOiJ0ZXN0aW5nQHNlY3VyZS5pc3Rpby5pbyIsInNjb3BlIjpbInNjb3BlMSIsInNjb3BlMiJdLCJzdWIiOiJ0ZXN0aW5nQHNlY3VyZS5pc3Rpby5pbyJ9.EdJnEZSH6X8hcyEii7c8H5lnhgjB5dwo07M5oheC8Xz8mOllyg--AHCFWHybM48reunF--oGaG6IXVngCEpVF0_P5DwsUoBgpPmK1JOaKN6_pe9sh0ZwTtdgK_RP01PuI7kUdbOTlkuUi2AO-qUyOm7Art2POzo36DLQlUXv8Ad7NBOqfQaKjE9ndaPWT7aexUsBHxmgiGbz1SyLH879f7uHYPbPKlpHU6P9S-DaKnGLaEchnoKnov7ajhrEhGXAQRukhDPKUHO9L30oPIr5IJllEQfHYtt6IZvlNUGeLUcif3wpry1R5tBXRicx2sXMQ7LyuDremDbcNy_iE76Upg"
+)
+
+// TestWaypointJWT runs the real cmd/waypoint (examples/' demo/waypoint) in a
+// two-node mesh with the real node proxies: service "api" in namespace jwt
+// uses the waypoint, a RequestAuthentication from the YAML directory
+// (targetRefs to the Service, Istio's demo JWKS inline) and a
+// requestPrincipals ALLOW on /secure. Through client node proxy → waypoint →
+// api's node proxy: a valid token is 200 (and the backend does not see it),
+// a bad one 401 with Envoy's body, none 403; a claims condition tells
+// Istio's two demo tokens apart.
+func TestWaypointJWT(t *testing.T) {
+	roottest.Require(t)
+	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 90*time.Second)
+	if err := m.AddNamespace("jwt", ambientNS); err != nil {
+		t.Fatal(err)
+	}
+	api, err := m.AddPod(ctx, 1, testcluster.PodSpec{Name: "api", Namespace: "jwt", ServiceAccount: "api", Labels: map[string]string{"app": "api"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "curl", Namespace: "jwt", ServiceAccount: "curl", Labels: map[string]string{"app": "curl"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.AddService(testcluster.ServiceSpec{Name: "api", Namespace: "jwt", Selector: map[string]string{"app": "api"},
+		Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "demo"},
+		Ports:  []kube.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ServeHTTP(api, 8080, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "api path=%s authorization=%q", r.URL.Path, r.Header.Get("Authorization"))
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SyncKubeProxy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitForWorkloads(ctx, api.IP, client.IP); err != nil {
+		t.Fatal(err)
+	}
+	wp, err := m.StartWaypoint(ctx, "demo", "waypoint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := m.Service("jwt", "api")
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return client.Dial(ctx, "tcp", netip.AddrPortFrom(vip, 80).String())
+		}}}
+	get := func(t *testing.T, path, token string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://api.jwt.svc.cluster.local"+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitCode := func(t *testing.T, path, token string, want int) string {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			code, body := get(t, path, token)
+			if code == want {
+				return body
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GET %s = %d %q, want %d", path, code, body, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitCode(t, "/secure", "", http.StatusOK) // no policy yet
+
+	apply(t, m, "e2e-wp-jwt", `
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: jwt-example, namespace: jwt}
+spec:
+  targetRefs: [{kind: Service, group: "", name: api}]
+  jwtRules:
+  - issuer: `+istioDemoIssuer+`
+    jwks: '`+istioDemoJWKS+`'
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: require-jwt, namespace: jwt}
+spec:
+  targetRefs: [{kind: Service, group: "", name: api}]
+  rules:
+  - from: [{source: {requestPrincipals: ["`+istioDemoIssuer+`/`+istioDemoIssuer+`"]}}]
+    to: [{operation: {paths: ["/secure*"]}}]
+  - from: [{source: {requestPrincipals: ["*"]}}]
+    to: [{operation: {paths: ["/group1*"]}}]
+    when: [{key: "request.auth.claims[groups]", values: [group1]}]
+`)
+	// The policy arrives with a push: no token turns to 403.
+	if body := waitCode(t, "/secure", "", http.StatusForbidden); body != waypoint.DeniedBody {
+		t.Errorf("no token: body %q, want %q", body, waypoint.DeniedBody)
+	}
+	code, body := get(t, "/secure", istioDemoJWT)
+	if code != http.StatusOK || !strings.Contains(body, "path=/secure") || !strings.Contains(body, `authorization=""`) {
+		t.Errorf("valid token = %d %q, want 200 from api without the token (forwardOriginalToken is false)", code, body)
+	}
+	bad := istioDemoJWT[:len(istioDemoJWT)-4] + "AAAA" // signature altered
+	if code, body := get(t, "/secure", bad); code != http.StatusUnauthorized || body != "Jwt verification fails" {
+		t.Errorf("bad token = %d %q, want 401 %q", code, body, "Jwt verification fails")
+	}
+	if code, body := get(t, "/secure", "not-a-jwt"); code != http.StatusUnauthorized || !strings.HasPrefix(body, "Jwt is not in the form") {
+		t.Errorf("malformed token = %d %q, want 401", code, body)
+	}
+	// request.auth.claims[groups]: only groups-scope.jwt carries group1.
+	if code, _ := get(t, "/group1", istioGroupsJWT); code != http.StatusOK {
+		t.Errorf("groups token on /group1 = %d, want 200", code)
+	}
+	if code, _ := get(t, "/group1", istioDemoJWT); code != http.StatusForbidden {
+		t.Errorf("demo token (no groups) on /group1 = %d, want 403", code)
+	}
+
+	actx := ctxT(t, 30*time.Second)
+	if _, err := wp.WaitAccessLog(actx, func(a meshlab.AccessLog) bool {
+		return a.Str("path") == "/secure" && a.Str("code") == "200" && a.Str("request.principal") == istioDemoIssuer+"/"+istioDemoIssuer &&
+			a.Str("authz.policy") == "jwt/require-jwt" && a.Str("src.identity") == spiffe("jwt", "curl")
+	}); err != nil {
+		t.Error(err)
+	}
+	if _, err := wp.WaitAccessLog(actx, func(a meshlab.AccessLog) bool {
+		return a.Str("path") == "/secure" && a.Str("code") == "401" && strings.Contains(a.Str("error"), "jwt/jwt-example")
+	}); err != nil {
+		t.Error(err)
+	}
+}
