@@ -51,9 +51,11 @@ type pools struct{ m sync.Map } // string → *pool
 
 // pool is the state of one endpoint set.
 type pool struct {
-	rr   atomic.Uint64 // round-robin position
-	size atomic.Int64  // endpoints seen by the latest pick (for max_ejection_percent)
-	eps  sync.Map      // workload uid → *endpointStats
+	rr      atomic.Uint64 // round-robin position
+	size    atomic.Int64  // endpoints seen by the latest pick (for max_ejection_percent)
+	eps     sync.Map      // workload uid → *endpointStats
+	entries atomic.Int64  // how many eps holds
+	pruning atomic.Bool
 }
 
 // endpointStats are one endpoint's counters; every field is atomic, so the
@@ -78,8 +80,32 @@ func (p *pool) stats(uid string) *endpointStats {
 	if s, ok := p.eps.Load(uid); ok {
 		return s.(*endpointStats)
 	}
-	s, _ := p.eps.LoadOrStore(uid, &endpointStats{})
+	s, loaded := p.eps.LoadOrStore(uid, &endpointStats{})
+	if !loaded {
+		p.entries.Add(1)
+	}
 	return s.(*endpointStats)
+}
+
+// prune drops the state of endpoints that are gone (pods replaced over
+// time), once the pool holds more than twice the current endpoints; one
+// pick at a time does it.
+func (p *pool) prune(current []state.Endpoint) {
+	if p.entries.Load() <= 2*int64(len(current))+16 || !p.pruning.CompareAndSwap(false, true) {
+		return
+	}
+	defer p.pruning.Store(false)
+	live := make(map[string]bool, len(current))
+	for i := range current {
+		live[current[i].Workload.UID] = true
+	}
+	p.eps.Range(func(k, _ any) bool {
+		if !live[k.(string)] {
+			p.eps.Delete(k)
+			p.entries.Add(-1)
+		}
+		return true
+	})
 }
 
 // candidate is one endpoint a request may go to.
@@ -158,6 +184,7 @@ func (w *Waypoint) selectEndpoint(snap *state.Snapshot, b *backend, port uint16)
 		cands = append(cands, candidate{w: wl, addr: netip.AddrPortFrom(ip, tport), st: st})
 	}
 	p.size.Store(int64(total))
+	p.prune(eps)
 	if len(cands) == 0 {
 		what := "backend " + b.hostname
 		if bp.subset != "" {

@@ -153,3 +153,28 @@ func TestMirrorSubset(t *testing.T) {
 		t.Errorf("mirrored request %v, want Host ...-shadow", last)
 	}
 }
+
+// TestPoolPrune: the state of endpoints that are gone is dropped once the
+// pool holds more than twice the current ones; current ones keep theirs.
+func TestPoolPrune(t *testing.T) {
+	p := &pool{}
+	var current []state.Endpoint
+	for i := range 40 {
+		uid := string(rune('A' + i))
+		p.stats(uid).ejections.Store(1)
+		if i < 4 {
+			current = append(current, state.Endpoint{Workload: &state.Workload{UID: uid}})
+		}
+	}
+	p.prune(current)
+	if n := p.entries.Load(); n != 4 {
+		t.Fatalf("%d entries after pruning, want the 4 current endpoints", n)
+	}
+	if p.stats("A").ejections.Load() != 1 {
+		t.Error("a current endpoint lost its state")
+	}
+	p.prune(current[:1]) // 4 entries ≤ 2×1+16: nothing to do
+	if n := p.entries.Load(); n != 4 {
+		t.Errorf("pruned below the threshold: %d entries", n)
+	}
+}
