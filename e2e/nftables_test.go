@@ -22,7 +22,8 @@ import (
 // while connections out of and into the pod run in a loop. Every one of
 // them must reach the node proxy: the new agent installs the nft tables
 // before it deletes the iptables chains, so there is no moment in which the
-// pod is uncaptured. A pod added afterwards gets nftables only.
+// pod is uncaptured. The node's probe SNAT moves to nftables as well. A pod
+// added afterwards gets nftables only.
 func TestNftablesMigration(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Fatalf("nft not found (apt package nftables, make deps): %v", err)
@@ -82,6 +83,19 @@ func TestNftablesMigration(t *testing.T) {
 	}
 	if st := c.podStatus()["a"]; st.State != agent.StateEnabled || st.UpToDate == nil || !*st.UpToDate {
 		t.Errorf("status of a after the migration: %+v", st)
+	}
+	// The node side moved too: a's IP is in the nftables probe set, the
+	// ipsets are gone, and a kubelet probe from the node still reaches the
+	// app uncaptured.
+	node, err := c.node.Exec(ctxT(t, 10*time.Second), "nft", "list", "table", "inet", rules.NFTHostTable)
+	if err != nil || !strings.Contains(string(node), a.IP.String()) {
+		t.Errorf("node's nftables probe table (%v):\n%s", err, node)
+	}
+	if sets, _ := c.node.Exec(ctxT(t, 10*time.Second), "ipset", "list", "-n"); strings.Contains(string(sets), rules.ProbeIPSetV4) {
+		t.Errorf("node's ipsets after the migration:\n%s", sets)
+	}
+	if got := exchange(t, c.node, "tcp", in); got != direct("a", appPort) {
+		t.Errorf("probe from the node after the migration: got %q, want the app", got)
 	}
 
 	// A pod created under the nftables agent never gets iptables rules.

@@ -100,8 +100,8 @@ type Config struct {
 	// without ReconcileOnStartup, and finds and replaces their iptables
 	// chains (nftables first, so they stay captured). Without it the
 	// iptables applier removes the tables an nftables agent left (the way
-	// back; restored pods move with ReconcileOnStartup). The host probe
-	// rule stays in iptables either way.
+	// back; restored pods move with ReconcileOnStartup). The default Host
+	// follows it: NFTHost (moving the ipsets' members over) or KernelHost.
 	NFTables bool
 	// Applier returns the rule applier for a pod's namespace. nil means the
 	// kernel applier: rules.NewKernelApplier with the iptables variant
@@ -188,6 +188,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.Host == nil {
 		cfg.Host = &KernelHost{IPv6: cfg.Defaults.IPv6, Mode: mode}
+		if cfg.NFTables {
+			cfg.Host = &NFTHost{NFTHost: rules.NewNFTHost(cfg.Defaults.IPv6), Old: &KernelHost{IPv6: cfg.Defaults.IPv6, Mode: mode}}
+		}
 	}
 	if cfg.Status == nil {
 		cfg.Status = LogStatus{Log: cfg.Log}

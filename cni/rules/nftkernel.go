@@ -35,7 +35,7 @@ type NFTConfig struct {
 // returns, so callers choose a backend without building rules differently.
 //
 // HostProbe's rule set (ipset and socket owner matches) has no translation
-// here; the host side stays with the iptables applier.
+// here; NFTHost is the nftables host side.
 func NewNFTApplier(cfg NFTConfig) Applier {
 	a := &nftApplier{do: cfg.Netns.Do, nft: &nftBinary{}}
 	for _, m := range cfg.MigrateFrom {

@@ -1,7 +1,11 @@
 package rules
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"sync"
@@ -9,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 )
@@ -214,5 +219,63 @@ func migrate(t *testing.T, pod, peer *netnstest.NS, rs RuleSet, from, to Applier
 	}
 	if out := netnstest.Run(t, "ip", "-n", pod.Name, "-4", "rule"); !strings.Contains(out, "lookup 100") {
 		t.Fatalf("the migration removed the policy route:\n%s", out)
+	}
+}
+
+// NFTHost SNATs node-local TCP to captured pod IPs to the probe address,
+// keeps set members across a repeated Setup, and cleans up.
+func TestKernelNFTHostProbe(t *testing.T) {
+	roottest.Require(t)
+	requireNFT(t)
+	host := netnstest.New(t, "host")
+	pod := netnstest.New(t, "pod")
+	netnstest.Veth(t, host, "eth0", []string{"10.78.0.1/24"}, pod, "eth0", []string{"10.78.0.2/24"})
+	netnstest.IP(t, "-n", pod.Name, "route", "add", "default", "via", "10.78.0.1")
+	ln, err := pod.Listen(context.Background(), netip.MustParseAddrPort("10.78.0.2:8080"), netns.SockOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, c.RemoteAddr().(*net.TCPAddr).IP.String())
+			c.Close()
+		}
+	}()
+	source := func() string { return exchange(host, "tcp", "10.78.0.2:8080", 0) } // what the pod sees
+	h := NewNFTHost(true)
+	do := func(fn func() error) {
+		t.Helper()
+		if err := host.Do(fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do(h.Setup)
+	if got := source(); got != "10.78.0.1" {
+		t.Fatalf("before the pod is in the set, the pod sees %q", got)
+	}
+	pip := []netip.Addr{netip.MustParseAddr("10.78.0.2"), netip.MustParseAddr("fd78::2")}
+	do(func() error { return h.AddPodIPs(pip) })
+	do(func() error { return h.AddPodIPs(pip) }) // idempotent
+	do(h.Setup)                                  // a restarted agent keeps the members
+	if got := source(); got != ProbeSNATv4 {
+		t.Fatalf("probe from the node: the pod sees %q, want %s", got, ProbeSNATv4)
+	}
+	if got := nftDump(t, host); !strings.Contains(got, "elements = { fd78::2 }") {
+		t.Errorf("v6 set:\n%s", got)
+	}
+	do(func() error { return h.DelPodIPs(pip) })
+	do(func() error { return h.DelPodIPs(pip) }) // absent: no error
+	if got := source(); got != "10.78.0.1" {
+		t.Fatalf("after DelPodIPs the pod sees %q", got)
+	}
+	do(h.Teardown)
+	do(h.Teardown)
+	if got := nftDump(t, host); strings.Contains(got, NFTTablePrefix) {
+		t.Fatalf("after Teardown:\n%s", got)
 	}
 }

@@ -167,7 +167,10 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		src, refresh = ls, func() error { _, err := ls.Load(); return err }
 	}
 	enrollment := plugin.Enrollment{ExcludeNamespaces: splitList(o.ExcludeNamespaces), SystemNamespace: o.SystemNamespace}
-	host := &agent.KernelHost{IPv6: o.IPv6, Mode: rules.DetectMode()}
+	var host agent.Host = &agent.KernelHost{IPv6: o.IPv6, Mode: rules.DetectMode()}
+	if o.NFTables {
+		host = &agent.NFTHost{NFTHost: rules.NewNFTHost(o.IPv6), Old: host.(*agent.KernelHost)}
+	}
 	// exit decides once, when the agent stops, whether this is an
 	// uninstall (--keep-on-exit=false, or the agent's DaemonSet deleted) or
 	// an upgrade: the agent's release of the pods and the plugin's removal
