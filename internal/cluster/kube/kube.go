@@ -145,10 +145,9 @@ type Config struct {
 	// selector evaluated by the API server): the node agent's view.
 	NodeName string
 	// WatchIgnored also watches, metadata only, the kinds the control plane
-	// does not read (cluster.IgnoredKinds: Sidecar, Telemetry,
-	// RequestAuthentication, EnvoyFilter, ...) that the API server serves,
-	// so that each object of them is reported. They never hold back Synced.
-	// Needs Clients.Metadata.
+	// does not read (cluster.IgnoredKinds: Sidecar, Telemetry, EnvoyFilter,
+	// WasmPlugin, ...) that the API server serves, so that each object of
+	// them is reported. They never hold back Synced. Needs Clients.Metadata.
 	WatchIgnored bool
 	// Debounce: 0 means DefaultDebounce.
 	Debounce time.Duration
