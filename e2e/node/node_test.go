@@ -232,14 +232,15 @@ func TestNodeHelmUninstall(t *testing.T) {
 	if data, err := os.ReadFile(path); err != nil || strings.Contains(string(data), "ztunnel-cni") {
 		t.Errorf("after uninstall the runtime's CNI config still chains our plugin (%v):\n%s", err, data)
 	}
-	// Issue 16 asks that an uninstall remove the ambient pods' rules; the
-	// agent (cni/agent/bootstrap) removes only the plugin and the host
-	// probe rule, so a captured pod keeps redirecting to a node proxy that
-	// is gone. Shown as a skipped subtest until the agent does it.
+	// The agent's uninstall releases the captured pods (cni/agent
+	// releaseAll): no redirect to a node proxy that is gone.
 	t.Run("AmbientPodRulesRemoved", func(t *testing.T) {
-		if r := e.podIptables(t, amb); strings.Contains(r, "ISTIO_") {
-			t.Skipf("known gap: ambient pod %s keeps its capture rules (ISTIO_* chains) after helm uninstall; the agent does not remove them on uninstall", amb.Status.PodIP)
-		}
+		waitUntil(t, 30*time.Second, func() error {
+			if r := e.podIptables(t, amb); strings.Contains(r, "ISTIO_") {
+				return fmt.Errorf("ambient pod %s keeps its capture rules after helm uninstall:\n%s", amb.Status.PodIP, r)
+			}
+			return nil
+		})
 	})
 	e.namespace(t, "uninst-plain", false)
 	e.pod(t, "uninst-plain", "app", nil, "pause")
