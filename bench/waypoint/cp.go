@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
@@ -142,17 +143,21 @@ type controlPlane struct {
 	stop     func()
 }
 
-func startControlPlane(authority *ca.CA, dir string) (*controlPlane, error) {
+// meshResources translates meshYAML as the control plane does and returns
+// the workload API resources and the waypoint's config, checked: every
+// policy enforced by the waypoint as written, the server's Service bound
+// with its route, both policies in the config.
+func meshResources() (addrs, authz map[string]proto.Message, wc *waypointapi.Config, err error) {
 	var y strings.Builder
 	if err := meshYAML.Execute(&y, map[string]any{
 		"WpIP": wpIP, "WpVIP": wpVIP, "ServerIP": serverIP, "ClientIP": clientIP, "SvcVIP": svcVIP,
 		"AppPort": appPort, "Node": nodeName,
 	}); err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	var objs cluster.Objects
 	if errs := cluster.Decode("bench-waypoint.yaml", []byte(y.String()), &objs); len(errs) > 0 {
-		return nil, fmt.Errorf("the bench mesh: %v", errs)
+		return nil, nil, nil, fmt.Errorf("the bench mesh: %v", errs)
 	}
 	objs.Sort()
 	cfg := translate.LocalDefaults()
@@ -167,23 +172,31 @@ func startControlPlane(authority *ca.CA, dir string) (*controlPlane, error) {
 	}
 	for _, s := range statuses {
 		if len(s.Invalid) > 0 || !strings.Contains(s.Message, "enforced by waypoint "+gatewayRef) {
-			return nil, fmt.Errorf("the bench mesh: %s %s is not enforced by the waypoint as written: %s %v", s.Kind, s.Name, s.Message, s.Invalid)
+			return nil, nil, nil, fmt.Errorf("the bench mesh: %s %s is not enforced by the waypoint as written: %s %v", s.Kind, s.Name, s.Message, s.Invalid)
 		}
 	}
-	wc := wps[gatewayRef]
+	wc = wps[gatewayRef]
 	if wc == nil || len(wc.GetServices()) != 1 || len(wc.GetServices()[0].GetRoutes()) != 1 || len(wc.GetPolicies()) != 2 {
-		return nil, fmt.Errorf("the bench mesh: waypoint config %v, want the server bound with one route and two policies", wc)
+		return nil, nil, nil, fmt.Errorf("the bench mesh: waypoint config %v, want the server bound with one route and two policies", wc)
 	}
 
-	srv := xds.NewServer(xds.ServerConfig{})
-	addrs := map[string]proto.Message{}
+	addrs = map[string]proto.Message{}
 	for k, v := range res.Addresses.All() {
 		addrs[k] = v
 	}
-	authz := map[string]proto.Message{}
+	authz = map[string]proto.Message{}
 	for k, v := range res.Authorizations {
 		authz[k] = v
 	}
+	return addrs, authz, wc, nil
+}
+
+func startControlPlane(authority *ca.CA, dir string) (*controlPlane, error) {
+	addrs, authz, wc, err := meshResources()
+	if err != nil {
+		return nil, err
+	}
+	srv := xds.NewServer(xds.ServerConfig{})
 	srv.SetResources(xds.AddressType, addrs)
 	srv.SetResources(xds.AuthorizationType, authz)
 	srv.SetResources(xds.WaypointType, map[string]proto.Message{gatewayRef: wc})

@@ -58,21 +58,17 @@ backend server
 	server app %[2]s ssl crt %[3]s ca-file %[4]s verify required
 `
 
-// startHAProxy writes the waypoint's certificate (HAProxy's crt for both
-// sides), the root and the config to dir and starts HAProxy listening on
-// listen. It returns the process id and how to stop it.
-func startHAProxy(r *benchkit.Reaper, authority *ca.CA, dir, listen string) (int, func(), error) {
-	bin, err := exec.LookPath("haproxy")
-	if err != nil {
-		return 0, nil, fmt.Errorf("the HAProxy peer needs haproxy (make deps installs it): %w", err)
-	}
+// writeHAProxyConfig writes the waypoint's certificate (HAProxy's crt for
+// both sides), the root and the config for a listener on listen to dir,
+// and returns the config's path.
+func writeHAProxyConfig(authority *ca.CA, dir, listen string) (string, error) {
 	wc, err := authority.Issue(wpID, 24*time.Hour)
 	if err != nil {
-		return 0, nil, err
+		return "", err
 	}
 	pemb, err := benchkit.CertKeyPEM(wc)
 	if err != nil {
-		return 0, nil, err
+		return "", err
 	}
 	crt, caFile, cfg := filepath.Join(dir, "haproxy-crt.pem"), filepath.Join(dir, "haproxy-ca.pem"), filepath.Join(dir, "haproxy.cfg")
 	for _, f := range []struct {
@@ -80,11 +76,34 @@ func startHAProxy(r *benchkit.Reaper, authority *ca.CA, dir, listen string) (int
 		b    []byte
 	}{{crt, pemb}, {caFile, authority.RootPEM()}, {cfg, fmt.Appendf(nil, haproxyConfig, listen, fmt.Sprintf("%s:%d", serverIP, tlsPort), crt, caFile)}} {
 		if err := os.WriteFile(f.path, f.b, 0o600); err != nil {
-			return 0, nil, err
+			return "", err
 		}
 	}
+	return cfg, nil
+}
+
+// checkHAProxyConfig runs haproxy -c on cfg.
+func checkHAProxyConfig(bin, cfg string) error {
 	if out, err := exec.Command(bin, "-c", "-q", "-f", cfg).CombinedOutput(); err != nil {
-		return 0, nil, fmt.Errorf("haproxy -c: %w: %s", err, out)
+		return fmt.Errorf("haproxy -c: %w: %s", err, out)
+	}
+	return nil
+}
+
+// startHAProxy writes the peer's files to dir, checks the config and
+// starts HAProxy listening on listen. It returns the process id and how to
+// stop it.
+func startHAProxy(r *benchkit.Reaper, authority *ca.CA, dir, listen string) (int, func(), error) {
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		return 0, nil, fmt.Errorf("the HAProxy peer needs haproxy (make deps installs it): %w", err)
+	}
+	cfg, err := writeHAProxyConfig(authority, dir, listen)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := checkHAProxyConfig(bin, cfg); err != nil {
+		return 0, nil, err
 	}
 	return benchkit.StartHAProxy(r, bin, cfg, []string{listen})
 }
