@@ -43,7 +43,7 @@ func TestCRLRevocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxT(t, 90*time.Second)
+	ctx := ctxT(t, 120*time.Second)
 	if err := m.AddNamespace("crl", ambientNS); err != nil {
 		t.Fatal(err)
 	}
@@ -155,6 +155,33 @@ func TestCRLRevocation(t *testing.T) {
 		got, err := meshlab.RoundTrip(ctxT(t, 5*time.Second), client, dst, []byte("again"))
 		return err == nil && string(got) == "again"
 	})
+
+	// Outbound: revoking the server's certificate closes the client node
+	// proxy's pooled connection to it.
+	c2, err := client.Dial(ctx, "tcp", dst.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c2.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c2, buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("echo before revoking the server: %q, %v", buf, err)
+	}
+	serverID := spiffe("crl", "crl-server")
+	serverSerial := workloadSerial(ctx, t, m, 1, serverID)
+	writeCRL(t, crlPath, signCRL(t, root, key, 4, serverSerial))
+	if n, err := c2.Read(buf); err == nil || strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("connection to a revoked server still open: read %d, %v", n, err)
+	}
+	if _, err := waitProxyLine(ctx, m, 0, func(l map[string]any) bool {
+		return l["msg"] == "closing connection: peer certificate revoked by CRL" && l["direction"] == "outbound" &&
+			l["peer"] == serverID && l["serial"] == serverSerial.Text(16)
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // workloadSerial is the serial of id's certificate in node's config dump.
