@@ -32,7 +32,9 @@ import (
 // client's workload certificate is written. The server's node proxy picks
 // it up, closes the open connection (one log line naming the serial and
 // the peer) and refuses new handshakes from the client; a bundle that does
-// not verify is refused and the revocation stays in force.
+// not verify is refused and the revocation stays in force. Last, revoking
+// the server's certificate closes the client node proxy's pooled
+// connection to it (the outbound direction).
 func TestCRLRevocation(t *testing.T) {
 	roottest.Require(t)
 	crlPath := filepath.Join(t.TempDir(), "ca-crl.pem")
