@@ -101,6 +101,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.EnrollmentFromLabels, "enrollment-from-labels", true, "treat pods matching the ambient enrollment labels as HBONE-enrolled (default false in Kubernetes mode, where the node agent annotates them)")
 	fs.StringVar(&o.WebhookAddr, "webhook-addr", "", "Kubernetes mode: address of the validating admission webhook (HTTPS, "+webhook.Path+"; the chart uses "+webhook.DefaultAddr+"); it keeps ValidatingWebhookConfiguration "+webhook.ConfigurationName+"'s caBundle set (\"\": none)")
 	fs.StringVar(&o.WaypointImage, "waypoint-image", "", "Kubernetes mode: deploy a waypoint of this image (ServiceAccount, Service, Deployment, Gateway status) for every Gateway of class istio-waypoint while leading (\"\": none)")
+	fs.StringVar(&o.WaypointTemplate, "waypoint-template", "", "Kubernetes mode, with --waypoint-image: render each waypoint's Deployment from this Go text/template file (the chart's ConfigMap ztunnel-go-waypoint-template), re-read on every reconcile; one that fails to render leaves the Gateway Programmed=False (\"\": the built-in Deployment)")
+	fs.StringVar(&o.WaypointValues, "waypoint-values", "", "the --waypoint-template's .Values (YAML file)")
 	fs.BoolVar(&o.ExternalNameAlias, "external-name-alias", true, "serve ExternalName Services that point at mesh services as DNS aliases")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
@@ -144,6 +146,7 @@ type summary struct {
 	Lease               string   `json:"lease,omitempty"` // namespace/name
 	WebhookAddr         string   `json:"webhook_addr,omitempty"`
 	WaypointImage       string   `json:"waypoint_image,omitempty"`
+	WaypointTemplate    string   `json:"waypoint_template,omitempty"`
 }
 
 func (o options) summary() summary {
@@ -161,6 +164,7 @@ func (o options) summary() summary {
 		s.Lease = o.LeaseNamespace + "/" + o.LeaseName
 		s.WebhookAddr = o.WebhookAddr
 		s.WaypointImage = o.WaypointImage
+		s.WaypointTemplate = o.WaypointTemplate
 	}
 	return s
 }

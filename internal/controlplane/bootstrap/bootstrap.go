@@ -70,6 +70,10 @@ type Options struct {
 	// for every Gateway of class istio-waypoint (waypointctl); "" leaves
 	// waypoints to someone else.
 	WaypointImage string
+	// WaypointTemplate and WaypointValues, if set, are the waypoint
+	// Deployment template and its values (waypointctl.Template); "": the
+	// built-in Deployment.
+	WaypointTemplate, WaypointValues string
 }
 
 // KubeMode: the cluster comes from the API server.
@@ -86,6 +90,10 @@ func (o Options) Validate() error {
 		return errors.New("--root-cert and --root-key go together")
 	case o.KubeMode() && o.SystemNamespace == "":
 		return errors.New("--system-namespace must not be empty in Kubernetes mode")
+	case o.WaypointTemplate != "" && o.WaypointImage == "":
+		return errors.New("--waypoint-template needs --waypoint-image (the waypoint controller)")
+	case o.WaypointValues != "" && o.WaypointTemplate == "":
+		return errors.New("--waypoint-values needs --waypoint-template")
 	}
 	if _, err := kubeauth.ParseAccounts(o.TrustedNodeAccounts); err != nil {
 		return fmt.Errorf("--trusted-node-accounts: %w", err)

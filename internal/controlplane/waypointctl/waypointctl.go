@@ -7,7 +7,11 @@
 // with, and writes the Gateway's status: the Service's cluster IP in
 // status.addresses (which the translation reads as the waypoint's address)
 // and the Accepted and Programmed conditions (Programmed once a replica is
-// available).
+// available). The Deployment is built in, or rendered from a template
+// file (Template: the chart's ConfigMap ztunnel-go-waypoint-template, as
+// istiod's gateway deployment template) with ownership, selection and
+// identity enforced; a template that does not render leaves the Gateway
+// Programmed=False rather than skipped.
 //
 // Only the replica holding the control plane's lease reconciles (Leading).
 // A Gateway annotated gateway.istio.io/managed: "false" (or one that names
@@ -77,6 +81,13 @@ type Config struct {
 	// RootPEM returns the mesh root the waypoint verifies the control
 	// plane with (nil: not yet known; the ConfigMap waits).
 	RootPEM func() []byte
+	// TemplateFile, if set, is the waypoint Deployment as a Go
+	// text/template (Template), read again on every reconcile so an
+	// edited ConfigMap takes effect; ValuesFile holds its .Values (YAML).
+	// A template that fails to load or render leaves the Gateway with
+	// Programmed=False (reason Invalid) and its Deployment unapplied.
+	// "": the built-in Deployment.
+	TemplateFile, ValuesFile string
 	// Resync: 0 means DefaultResync.
 	Resync time.Duration
 	Log    *zap.Logger
@@ -149,6 +160,11 @@ func Managed(gw *gatewayv1.Gateway) bool {
 // Reconcile applies every managed waypoint of objs once and returns how
 // many failed (each failure is logged with the Gateway it concerns).
 func (c *Controller) Reconcile(ctx context.Context, objs *cluster.Objects) (failed int) {
+	var tmpl *Template
+	var tmplErr error
+	if c.cfg.TemplateFile != "" {
+		tmpl, tmplErr = LoadTemplate(c.cfg.TemplateFile, c.cfg.ValuesFile)
+	}
 	roots := map[string]bool{}
 	for _, gw := range objs.Gateways {
 		if !Managed(gw) {
@@ -160,7 +176,7 @@ func (c *Controller) Reconcile(ctx context.Context, objs *cluster.Objects) (fail
 			}
 			roots[gw.Namespace] = true
 		}
-		if err := c.apply(ctx, gw); err != nil {
+		if err := c.apply(ctx, gw, tmpl, tmplErr); err != nil {
 			failed++
 			c.log.Warn("waypoint not reconciled", zap.String("gateway", gw.Namespace+"/"+gw.Name), zap.Error(err))
 		}
@@ -183,11 +199,18 @@ func (c *Controller) applyRoot(ctx context.Context, ns string) error {
 
 func apply() metav1.ApplyOptions { return metav1.ApplyOptions{FieldManager: FieldManager, Force: true} }
 
-// apply is one waypoint: its objects, then its status.
-func (c *Controller) apply(ctx context.Context, gw *gatewayv1.Gateway) error {
+// waypointLabels are the labels of one waypoint's objects and pods.
+func waypointLabels(gw *gatewayv1.Gateway) map[string]string {
+	return map[string]string{GatewayNameLabel: gw.Name, "istio.io/gateway-name": gw.Name}
+}
+
+// apply is one waypoint: its objects, then its status. With a template
+// (tmpl, or tmplErr if it failed to load) the Deployment is rendered from
+// it; a failure is written to the Gateway's status and returned.
+func (c *Controller) apply(ctx context.Context, gw *gatewayv1.Gateway, tmpl *Template, tmplErr error) error {
 	owner := metav1ac.OwnerReference().WithAPIVersion(gatewayv1.GroupVersion.String()).WithKind("Gateway").
 		WithName(gw.Name).WithUID(gw.UID).WithController(true).WithBlockOwnerDeletion(true)
-	labels := map[string]string{GatewayNameLabel: gw.Name, "istio.io/gateway-name": gw.Name}
+	labels := waypointLabels(gw)
 
 	sa := corev1ac.ServiceAccount(gw.Name, gw.Namespace).WithLabels(labels).WithOwnerReferences(owner)
 	if _, err := c.cfg.Kube.CoreV1().ServiceAccounts(gw.Namespace).Apply(ctx, sa, apply()); err != nil {
@@ -202,15 +225,36 @@ func (c *Controller) apply(ctx context.Context, gw *gatewayv1.Gateway) error {
 	if err != nil {
 		return fmt.Errorf("service: %w", err)
 	}
-	dep := c.deployment(gw, labels, owner)
+	dep, err := c.deployment(gw, labels, owner, tmpl, tmplErr)
+	if err != nil {
+		// Fail closed: the Service (and address) stay, so traffic bound
+		// to this waypoint goes nowhere rather than around it.
+		err = fmt.Errorf("gateway %s/%s: %w", gw.Namespace, gw.Name, err)
+		if serr := c.writeStatus(ctx, gw, applied, nil, err); serr != nil {
+			return errors.Join(err, serr)
+		}
+		return err
+	}
 	d, err := c.cfg.Kube.AppsV1().Deployments(gw.Namespace).Apply(ctx, dep, apply())
 	if err != nil {
 		return fmt.Errorf("deployment: %w", err)
 	}
-	return c.writeStatus(ctx, gw, applied, d)
+	return c.writeStatus(ctx, gw, applied, d, nil)
 }
 
-func (c *Controller) deployment(gw *gatewayv1.Gateway, labels map[string]string, owner *metav1ac.OwnerReferenceApplyConfiguration) *appsv1ac.DeploymentApplyConfiguration {
+// deployment is the waypoint's Deployment: rendered from the template if
+// there is one, else built in.
+func (c *Controller) deployment(gw *gatewayv1.Gateway, labels map[string]string, owner *metav1ac.OwnerReferenceApplyConfiguration, tmpl *Template, tmplErr error) (*appsv1ac.DeploymentApplyConfiguration, error) {
+	switch {
+	case tmplErr != nil:
+		return nil, tmplErr
+	case tmpl != nil:
+		return tmpl.Render(c.input(gw))
+	}
+	return c.builtinDeployment(gw, labels, owner), nil
+}
+
+func (c *Controller) builtinDeployment(gw *gatewayv1.Gateway, labels map[string]string, owner *metav1ac.OwnerReferenceApplyConfiguration) *appsv1ac.DeploymentApplyConfiguration {
 	fieldEnv := func(name, path string) *corev1ac.EnvVarApplyConfiguration {
 		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(path)))
 	}
@@ -259,8 +303,9 @@ func (c *Controller) deployment(gw *gatewayv1.Gateway, labels map[string]string,
 }
 
 // writeStatus sets status.addresses to the Service's cluster IP and the
-// Accepted and Programmed conditions.
-func (c *Controller) writeStatus(ctx context.Context, gw *gatewayv1.Gateway, svc *corev1.Service, d *appsv1.Deployment) error {
+// Accepted and Programmed conditions; with failed (the Deployment could
+// not be made) Programmed is False, reason Invalid, with the error.
+func (c *Controller) writeStatus(ctx context.Context, gw *gatewayv1.Gateway, svc *corev1.Service, d *appsv1.Deployment, failed error) error {
 	now := metav1.Now()
 	cond := func(t gatewayv1.GatewayConditionType, ok bool, reason gatewayv1.GatewayConditionReason, msg string) *metav1ac.ConditionApplyConfiguration {
 		s := metav1.ConditionFalse
@@ -283,6 +328,8 @@ func (c *Controller) writeStatus(ctx context.Context, gw *gatewayv1.Gateway, svc
 		st.WithAddresses(gatewayac.GatewayStatusAddress().WithType(gatewayv1.IPAddressType).WithValue(ip))
 	}
 	switch {
+	case failed != nil:
+		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonInvalid, failed.Error()))
 	case ip == "" || ip == corev1.ClusterIPNone:
 		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonAddressNotAssigned, "the waypoint Service has no cluster IP"))
 	case d.Status.AvailableReplicas > 0:
