@@ -179,11 +179,11 @@ func accessLines(lines []logLine, src string, dst netip.AddrPort, direction stri
 	return out
 }
 
-// accessLog waits until the node proxy's log since then has at least n
-// access-log lines in each direction for connections from src to dst, reads
+// accessLog waits until the node proxy's log since then has at least nIn
+// inbound and nOut outbound access-log lines for connections from src to dst, reads
 // it once more a moment later (a duplicate would come right after) and
 // returns the lines of each direction and the whole log read.
-func (e *nodeEnv) accessLog(t *testing.T, ctx context.Context, since time.Time, src string, dst netip.AddrPort, n int) (in, out, lines []logLine) {
+func (e *nodeEnv) accessLog(t *testing.T, ctx context.Context, since time.Time, src string, dst netip.AddrPort, nIn, nOut int) (in, out, lines []logLine) {
 	t.Helper()
 	zt := e.componentPod(t, "ztunnel")
 	read := func() error {
@@ -197,12 +197,12 @@ func (e *nodeEnv) accessLog(t *testing.T, ctx context.Context, since time.Time, 
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		err := read()
-		if err == nil && len(in) >= n && len(out) >= n {
+		if err == nil && len(in) >= nIn && len(out) >= nOut {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("after 20s: %d inbound and %d outbound access-log lines from %s to %s (%v), want %d each\nnode proxy log since %s:\n%s",
-				len(in), len(out), src, dst, err, n, since.Format(time.RFC3339Nano), dumpLines(lines))
+			t.Errorf("after 20s: %d inbound and %d outbound access-log lines from %s to %s (%v), want %d and %d\nnode proxy log since %s:\n%s",
+				len(in), len(out), src, dst, err, nIn, nOut, since.Format(time.RFC3339Nano), dumpLines(lines))
 			return in, out, lines
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -258,9 +258,11 @@ func podURL(p *corev1.Pod, port int) (string, netip.AddrPort) {
 func TestNodeLabelCapture(t *testing.T) {
 	e := mesh(t)
 	e.waitMeshReady(t)
-	const ns = "label-cap"
+	const ns, cliNS = "label-cap", "label-cli"
 	e.namespace(t, ns, false)
-	p := e.pod(t, ns, "app", nil, "pause")
+	e.namespace(t, cliNS, true)
+	p := e.pod(t, ns, "app", nil, "serve")
+	cli := e.pod(t, cliNS, "cli", nil, "pause")
 	ctx := testCtx(t, 3*time.Minute)
 	if r := e.podIptables(t, p); strings.Contains(r, "ISTIO_") {
 		t.Fatalf("pod in a plain namespace has capture rules before the label:\n%s", r)
@@ -310,6 +312,25 @@ func TestNodeLabelCapture(t *testing.T) {
 		t.Errorf("the pod was replaced or restarted to be captured: uid %s ip %s restarts %d (was %s %s)",
 			got.UID, got.Status.PodIP, got.Status.ContainerStatuses[0].RestartCount, p.UID, p.Status.PodIP)
 	}
+	// Its traffic now goes through the node proxy: an ambient client's
+	// connection arrives over HBONE (the control plane saw the label too).
+	url, dst := podURL(p, 8080)
+	waitUntil(t, 60*time.Second, func() error {
+		since := time.Now()
+		if _, err := e.get(ctx, cliNS, "cli", url); err != nil {
+			return err
+		}
+		lines, err := e.podLog(ctx, systemNS, e.componentPod(t, "ztunnel"), since)
+		if err != nil {
+			return err
+		}
+		for _, l := range accessLines(lines, cli.Status.PodIP, dst, "inbound") {
+			if l.str("dst.hbone_addr") == dst.String() && l.str("reason") == "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no clean inbound HBONE line from %s to %s yet", cli.Status.PodIP, dst)
+	})
 
 	start = time.Now()
 	patch = fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, ambientLabel)
@@ -398,7 +419,7 @@ spec:
 	e.expectGet(t, ctx, badNS, "cli", url9090, "pod=srv2")
 	e.expectGet(t, ctx, okNS, "cli", url8080, "pod=srv ")
 
-	in, out, lines := e.accessLog(t, ctx, since, bad.Status.PodIP, dst8080, n)
+	in, out, lines := e.accessLog(t, ctx, since, bad.Status.PodIP, dst8080, n, n)
 	if len(in) != n || len(out) != n {
 		t.Errorf("%d inbound and %d outbound access-log lines for %d refused connections, want one each per connection", len(in), len(out), n)
 	}
@@ -430,10 +451,10 @@ func TestNodeStrict(t *testing.T) {
 	e.namespace(t, ambNS, true)
 	e.namespace(t, plainNS, false)
 	srv := e.pod(t, srvNS, "srv", map[string]string{"app": "srv"}, "serve")
-	e.pod(t, ambNS, "cli", nil, "pause")
-	e.pod(t, plainNS, "cli", nil, "pause")
+	amb := e.pod(t, ambNS, "cli", nil, "pause")
+	plain := e.pod(t, plainNS, "cli", nil, "pause")
 	ctx := testCtx(t, 3*time.Minute)
-	url, _ := podURL(srv, 8080)
+	url, dst := podURL(srv, 8080)
 	waitUntil(t, 60*time.Second, func() error {
 		for _, ns := range []string{ambNS, plainNS} {
 			if _, err := e.get(ctx, ns, "cli", url); err != nil {
@@ -457,9 +478,35 @@ spec:
 		return nil
 	})
 	t.Logf("STRICT in force %v after it was applied", time.Since(start).Round(time.Millisecond))
-	for range 3 {
+	time.Sleep(time.Second)
+	since := time.Now()
+	const n = 3
+	for range n {
 		e.expectRefused(t, ctx, plainNS, "cli", url)
 		e.expectGet(t, ctx, ambNS, "cli", url, "pod=srv ")
+	}
+	// The node proxy logs each refusal once, inbound (a plaintext client
+	// has no outbound side), naming the policy STRICT becomes (upstream's
+	// istio_converted_static_strict in the root namespace); the ambient
+	// client's connections arrive with its identity.
+	in, _, lines := e.accessLog(t, ctx, since, plain.Status.PodIP, dst, n, 0)
+	if len(in) != n {
+		t.Errorf("%d inbound access-log lines for %d refused plaintext connections, want one each", len(in), n)
+	}
+	for _, l := range in {
+		if l.str("reason") != "policy_denied" || !strings.Contains(l.str("error"), "istio_converted_static_strict") || l.str("src.identity") != "" {
+			t.Errorf("refused plaintext connection logged as reason %q error %q src.identity %q, want policy_denied by istio_converted_static_strict and no identity",
+				l.str("reason"), l.str("error"), l.str("src.identity"))
+		}
+	}
+	ambIn, _, _ := e.accessLog(t, ctx, since, amb.Status.PodIP, dst, n, n)
+	for _, l := range ambIn {
+		if l.str("reason") != "" || l.str("src.identity") != "spiffe://cluster.local/ns/"+ambNS+"/sa/default" {
+			t.Errorf("ambient client's inbound line: reason %q src.identity %q, want a clean mTLS connection", l.str("reason"), l.str("src.identity"))
+		}
+	}
+	if t.Failed() {
+		t.Logf("node proxy log since %s:\n%s", since.Format(time.RFC3339Nano), dumpLines(lines))
 	}
 }
 
@@ -648,7 +695,7 @@ func TestNodeLogs(t *testing.T) {
 	for range n {
 		e.expectGet(t, ctx, ns, "cli", url, "pod=srv ")
 	}
-	in, out, lines := e.accessLog(t, ctx, since, cli.Status.PodIP, dst, n)
+	in, out, lines := e.accessLog(t, ctx, since, cli.Status.PodIP, dst, n, n)
 	if len(in) != n || len(out) != n {
 		t.Errorf("%d inbound and %d outbound access-log lines for %d connections, want one each per connection", len(in), len(out), n)
 	}
