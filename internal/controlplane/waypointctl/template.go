@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"text/template"
 
@@ -123,6 +125,10 @@ func (t *Template) Render(in TemplateInput) (*appsv1ac.DeploymentApplyConfigurat
 	if err := t.tmpl.Execute(&buf, in); err != nil {
 		return nil, fmt.Errorf("waypoint template %s: %w", t.name, err)
 	}
+	// One document: a second one (another object) would be dropped.
+	if docs := slices.DeleteFunc(documentSeparator.Split(buf.String(), -1), isBlankYAML); len(docs) > 1 {
+		return nil, fmt.Errorf("waypoint template %s: rendered %d YAML documents, want one Deployment", t.name, len(docs))
+	}
 	// Strictly into the API type first: an unknown field or a wrong type
 	// is refused here rather than dropped.
 	var typed appsv1.Deployment
@@ -150,6 +156,18 @@ func (t *Template) Render(in TemplateInput) (*appsv1ac.DeploymentApplyConfigurat
 	spec.Template.WithLabels(in.Labels).WithLabels(map[string]string{"istio.io/dataplane-mode": "none"})
 	spec.Template.Spec.WithServiceAccountName(in.ServiceAccount)
 	return dep, nil
+}
+
+var documentSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
+
+// isBlankYAML: only whitespace and comments.
+func isBlankYAML(doc string) bool {
+	for _, l := range strings.Split(doc, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			return false
+		}
+	}
+	return true
 }
 
 // input is the template input for gw.

@@ -118,7 +118,7 @@ spec:
       serviceAccountName: cluster-admin
       containers: [{name: waypoint, image: "{{ .Image }}"}]
 `
-	tmpl, err := ParseTemplate("t.yaml", text, []byte("replicas: 2\n"))
+	tmpl, err := ParseTemplate("t.yaml", "# a comment\n---\n"+text+"---\n", []byte("replicas: 2\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +164,7 @@ func TestRenderRefuses(t *testing.T) {
 		"wrong type":    dep + "  replicas: two\n",
 		"no container":  "apiVersion: apps/v1\nkind: Deployment\nspec: {replicas: 1}\n",
 		"not YAML":      "{{ .Name }}: [\n",
+		"two documents": dep + "---\napiVersion: v1\nkind: Secret\nmetadata: {name: x}\n",
 	} {
 		tmpl, err := ParseTemplate("t.yaml", text, nil)
 		if err != nil {
