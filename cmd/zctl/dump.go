@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/anypb"
@@ -383,9 +384,28 @@ func (m match) proto() (*securityapi.Match, error) {
 	return pm, nil
 }
 
-func configDump(out io.Writer, d *dump, from string, sections []string) error {
+func configDump(out io.Writer, d *dump, from string, names []string, f dumpFilter, format string) error {
+	var sections []string
+	for _, n := range names {
+		if strings.EqualFold(n, "all") {
+			sections = append(sections, sectionNames()...)
+			continue
+		}
+		s, ok := sectionOf(n)
+		if !ok {
+			return fmt.Errorf("unknown section %q (want one of %s, or all)", n, strings.Join(sectionNames(), ", "))
+		}
+		sections = append(sections, s)
+	}
 	if len(sections) == 0 {
 		sections = sectionNames()
+	}
+	switch format {
+	case "json", "yaml":
+		return writeSections(out, d, sections, f, format)
+	case "table", "short", "":
+	default:
+		return fmt.Errorf("unknown output format %q (want table, json or yaml)", format)
 	}
 	fmt.Fprintf(out, "# node proxy: %s (generation %d)\n", from, d.Generation)
 	for i, s := range sections {
@@ -395,7 +415,7 @@ func configDump(out io.Writer, d *dump, from string, sections []string) error {
 			}
 			fmt.Fprintf(out, "== %s (generation %d)\n", s, d.Generation)
 		}
-		if err := render(out, d, s); err != nil {
+		if err := render(out, d, s, f); err != nil {
 			return err
 		}
 	}

@@ -65,7 +65,7 @@ func main() {
 
 // commands are zctl's commands with their argument synopsis and summary.
 var commands = []struct{ name, args, summary string }{
-	{"config-dump", "[workloads|services|policies|certificates|pods]", "print the node proxy's state as tables"},
+	{"config-dump", "[workload|service|policy|certificate|pods|all] [-o table|json|yaml] [--namespace NS] [--node N] [--address IP]", "print the node proxy's state, as istioctl ztunnel-config"},
 	{"explain", "<source-pod> <destination>", "follow one connection through routing and authorization; exit 3 if denied"},
 	{"check", "<source-pod> <destination>", "alias of explain"},
 	{"analyze", "<dir> | --kubeconfig FILE | --in-cluster", "check a directory of YAML or the live cluster with the control plane's translation; exit 2 on errors"},
@@ -100,6 +100,8 @@ type options struct {
 	// explain's waypoint inputs.
 	waypointAdmins, waypointFiles stringList
 	method, path                  string
+	// config-dump's filters.
+	filter dumpFilter
 	// analyze's live cluster and node agents.
 	kubeconfig              string
 	inCluster               bool
@@ -139,8 +141,14 @@ func run(args []string, out, errOut io.Writer) error {
 		fs.StringVar(&o.file, "file", "", "read a saved /config_dump instead of asking the proxy")
 		fs.StringVar(&o.file, "f", "", "short for --file")
 	}
-	if name != "config-dump" {
-		fs.StringVar(&o.output, "o", "table", "output format: table, json or yaml")
+	fs.StringVar(&o.output, "o", "table", "output format: table, json or yaml")
+	if name == "config-dump" {
+		// istioctl ztunnel-config's filters, under its names too.
+		for _, n := range []string{"namespace", "workload-namespace", "service-namespace", "policy-namespace"} {
+			fs.StringVar(&o.filter.namespace, n, "", "only objects of this namespace")
+		}
+		fs.StringVar(&o.filter.node, "node", "", "only workloads on this node")
+		fs.StringVar(&o.filter.address, "address", "", "only workloads with this address")
 	}
 	if name == "analyze" {
 		fs.StringVar(&o.kubeconfig, "kubeconfig", "", "analyze the live cluster this kubeconfig points at (instead of a directory)")
@@ -167,7 +175,7 @@ func run(args []string, out, errOut io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return configDump(out, d, from, pos)
+		return configDump(out, d, from, pos, o.filter, o.output)
 	}
 	if name == "analyze" {
 		return runAnalyze(out, o, pos)

@@ -1,47 +1,105 @@
 package main
 
 import (
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
+	"math/big"
+	"net/netip"
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
+	"sigs.k8s.io/yaml"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // sectionNames are the sections zctl config-dump can print, in the order it
-// prints them all.
+// prints them all ("all", or none named). The first four are istioctl
+// ztunnel-config's, with its columns.
 func sectionNames() []string {
 	return []string{"workloads", "services", "policies", "certificates", "pods"}
 }
 
-// render writes one section of d as an aligned table.
-func render(w io.Writer, d *dump, section string) error {
+// sectionOf maps what a user may type (istioctl's singular names, its
+// "secret" for certificates) to a section name.
+func sectionOf(s string) (string, bool) {
+	switch strings.ToLower(s) {
+	case "workload", "workloads", "wl":
+		return "workloads", true
+	case "service", "services", "svc":
+		return "services", true
+	case "policy", "policies", "authorization", "authorizationpolicies":
+		return "policies", true
+	case "certificate", "certificates", "certs", "secret", "secrets":
+		return "certificates", true
+	case "pod", "pods":
+		return "pods", true
+	}
+	return "", false
+}
+
+// dumpFilter is config-dump's --namespace, --node and --address (istioctl's
+// --workload-namespace / --service-namespace / --policy-namespace, --node
+// and --address). Empty fields match everything.
+type dumpFilter struct {
+	namespace, node, address string
+}
+
+func (f dumpFilter) workloads(d *dump) []workload {
+	return slices.DeleteFunc(slices.Clone(d.Workloads), func(w workload) bool {
+		if f.namespace != "" && !strings.EqualFold(w.Namespace, f.namespace) || f.node != "" && !strings.EqualFold(w.Node, f.node) {
+			return true
+		}
+		return f.address != "" && !slices.ContainsFunc(w.Addresses, func(a netip.Addr) bool { return a.String() == f.address })
+	})
+}
+
+func (f dumpFilter) services(d *dump) []service {
+	return slices.DeleteFunc(slices.Clone(d.Services), func(s service) bool {
+		return f.namespace != "" && !strings.EqualFold(s.Namespace, f.namespace)
+	})
+}
+
+func (f dumpFilter) policies(d *dump) []policy {
+	return slices.DeleteFunc(slices.Clone(d.Policies), func(p policy) bool {
+		return f.namespace != "" && !strings.EqualFold(p.Namespace, f.namespace)
+	})
+}
+
+// render writes one section of d, filtered, as an aligned table.
+func render(w io.Writer, d *dump, section string, f dumpFilter) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(cols ...string) { fmt.Fprintln(tw, strings.Join(cols, "\t")) }
 	switch section {
 	case "workloads":
-		row("NAMESPACE", "NAME", "ADDRESSES", "NODE", "PROTOCOL", "IDENTITY", "HEALTHY", "WAYPOINT")
-		for _, wl := range d.Workloads {
-			id := "spiffe://" + or(wl.TrustDomain, "cluster.local") + "/ns/" + wl.Namespace + "/sa/" + or(wl.ServiceAccount, "default")
-			row(wl.Namespace, wl.Name, joinAddrs(wl.Addresses, wl.Hostname), or(wl.Node, "-"), wl.Protocol, id,
-				yesNo(wl.Healthy), gateway(wl.Waypoint))
+		row("NAMESPACE", "POD NAME", "ADDRESS", "NODE", "WAYPOINT", "PROTOCOL")
+		wls := f.workloads(d)
+		slices.SortFunc(wls, func(a, b workload) int {
+			return cmp.Or(cmp.Compare(a.Namespace+"."+a.Name, b.Namespace+"."+b.Name), cmp.Compare(a.Node, b.Node))
+		})
+		for _, wl := range wls {
+			row(wl.Namespace, wl.Name, joinAddrs(wl.Addresses, wl.Hostname), or(wl.Node, "-"), waypointName(d, wl.Waypoint), wl.Protocol)
 		}
 	case "services":
-		row("NAMESPACE", "HOSTNAME", "VIPS", "PORTS", "ENDPOINTS", "WAYPOINT")
-		for _, s := range d.Services {
-			var vips, ports []string
+		row("NAMESPACE", "SERVICE NAME", "SERVICE VIP", "WAYPOINT", "ENDPOINTS")
+		svcs := f.services(d)
+		slices.SortFunc(svcs, func(a, b service) int {
+			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Hostname, b.Hostname))
+		})
+		for _, s := range svcs {
+			var vips []string
 			for _, v := range s.VIPs {
-				vips = append(vips, v.Prefix.String())
-			}
-			for _, p := range s.Ports {
-				t := "named"
-				if p.TargetPort != 0 {
-					t = fmt.Sprint(p.TargetPort)
+				if v.Prefix.IsSingleIP() {
+					vips = append(vips, v.Prefix.Addr().String())
+				} else {
+					vips = append(vips, v.Prefix.String())
 				}
-				ports = append(ports, fmt.Sprintf("%d→%s", p.ServicePort, t))
 			}
 			healthy, total := 0, 0
 			for _, wl := range d.Workloads {
@@ -52,22 +110,38 @@ func render(w io.Writer, d *dump, section string) error {
 					}
 				}
 			}
-			row(s.Namespace, s.Hostname, or(strings.Join(vips, ","), "None"), or(strings.Join(ports, ","), "-"),
-				fmt.Sprintf("%d/%d", healthy, total), gateway(s.Waypoint))
+			row(s.Namespace, or(s.Name, s.Hostname), strings.Join(vips, ","), waypointName(d, s.Waypoint), fmt.Sprintf("%d/%d", healthy, total))
 		}
 	case "policies":
-		row("NAMESPACE", "NAME", "SCOPE", "ACTION", "RULES", "DRY-RUN")
-		for _, p := range d.Policies {
-			row(p.Namespace, p.Name, p.Scope, p.Action, fmt.Sprint(len(p.Rules)), yesNo(p.DryRun))
+		row("NAMESPACE", "POLICY NAME", "ACTION", "SCOPE")
+		pols := f.policies(d)
+		slices.SortFunc(pols, func(a, b policy) int {
+			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+		})
+		for _, p := range pols {
+			action := p.Action
+			if p.DryRun {
+				action += " (dry-run)"
+			}
+			row(p.Namespace, p.Name, action, p.Scope)
 		}
 	case "certificates":
-		row("IDENTITY", "STATE", "EXPIRES", "NEXT-REFRESH", "ERROR")
+		row("CERTIFICATE NAME", "TYPE", "STATUS", "VALID CERT", "SERIAL NUMBER", "NOT AFTER", "NOT BEFORE")
 		for _, c := range d.Certificates {
-			exp := "-"
-			if len(c.CertChain) > 0 {
-				exp = c.CertChain[0].ExpirationTime
+			if len(c.CertChain) == 0 {
+				row(c.Identity, "NA", c.State, "false", "NA", "NA", "NA")
+				continue
 			}
-			row(c.Identity, c.State, exp, or(c.NextRefresh, "-"), or(c.LastError, "-"))
+			for i, ci := range c.CertChain {
+				kind := "Intermediate"
+				if i == 0 {
+					kind = "Leaf"
+				}
+				row(certRow(c.Identity, kind, c.State, ci)...)
+			}
+			for _, ci := range c.RootCerts {
+				row(certRow(c.Identity, "Root", c.State, ci)...)
+			}
 		}
 	case "pods":
 		row("UID", "POD", "STATE", "NETNS", "SINCE", "ERROR")
@@ -81,9 +155,78 @@ func render(w io.Writer, d *dump, section string) error {
 			}
 		}
 	default:
-		return fmt.Errorf("unknown section %q (want one of %s)", section, strings.Join(sectionNames(), ", "))
+		return fmt.Errorf("unknown section %q (want one of %s, or all)", section, strings.Join(sectionNames(), ", "))
 	}
 	return tw.Flush()
+}
+
+// certRow is one certificate line as istioctl prints it: the serial in hex,
+// VALID CERT whether now is within its validity.
+func certRow(identity, kind, status string, ci certmanager.CertInfo) []string {
+	serial := "NA"
+	if n, ok := new(big.Int).SetString(ci.SerialNumber, 10); ok {
+		serial = fmt.Sprintf("%x", n)
+	}
+	valid := false
+	if from, err := time.Parse(time.RFC3339, ci.ValidFrom); err == nil {
+		if until, err := time.Parse(time.RFC3339, ci.ExpirationTime); err == nil {
+			now := time.Now()
+			valid = !now.Before(from) && now.Before(until)
+		}
+	}
+	return []string{identity, kind, status, fmt.Sprint(valid), serial, or(ci.ExpirationTime, "NA"), or(ci.ValidFrom, "NA")}
+}
+
+// waypointName is the waypoint's service name when the dump holds it (as
+// istioctl shows it), else its address; "None" without one.
+func waypointName(d *dump, g *state.GatewayAddress) string {
+	if g == nil {
+		return "None"
+	}
+	if g.IsHostname() {
+		for _, s := range d.Services {
+			if s.Namespace == g.Hostname.Namespace && s.Hostname == g.Hostname.Hostname {
+				return s.Name
+			}
+		}
+	}
+	return gateway(g)
+}
+
+// writeSections writes the sections as JSON or YAML: the node proxy's own
+// objects, filtered; one section alone is its list, several an object keyed
+// by section.
+func writeSections(w io.Writer, d *dump, sections []string, f dumpFilter, format string) error {
+	out := map[string]any{}
+	for _, s := range sections {
+		switch s {
+		case "workloads":
+			out[s] = f.workloads(d)
+		case "services":
+			out[s] = f.services(d)
+		case "policies":
+			out[s] = f.policies(d)
+		case "certificates":
+			out[s] = d.Certificates
+		case "pods":
+			out[s] = d.WorkloadState
+		}
+	}
+	var v any = out
+	if len(sections) == 1 {
+		v = out[sections[0]]
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if format == "yaml" {
+		if b, err = yaml.JSONToYAML(b); err != nil {
+			return err
+		}
+	}
+	_, err = fmt.Fprintln(w, strings.TrimRight(string(b), "\n"))
+	return err
 }
 
 func or(s, def string) string {
@@ -91,13 +234,6 @@ func or(s, def string) string {
 		return def
 	}
 	return s
-}
-
-func yesNo(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
 }
 
 func joinAddrs[A fmt.Stringer](as []A, hostname string) string {
