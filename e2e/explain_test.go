@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,19 +63,56 @@ func forwardAdmin(t *testing.T, ns interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
+	// Every forwarding goroutine ends before the test's later cleanups run
+	// (they close the namespaces the dials enter).
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns = map[net.Conn]struct{}{}
+	)
+	track := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if ctx.Err() != nil {
+			return false
+		}
+		conns[c] = struct{}{}
+		return true
+	}
+	t.Cleanup(func() {
+		cancel()
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			if !track(c) {
+				c.Close()
+				return
+			}
+			wg.Add(1)
 			go func() {
+				defer wg.Done()
 				defer c.Close()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				up, err := ns.Dial(ctx, "tcp", addr)
-				cancel()
-				if err != nil {
+				dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+				up, err := ns.Dial(dctx, "tcp", addr)
+				dcancel()
+				if err != nil || !track(up) {
+					if up != nil {
+						up.Close()
+					}
 					return
 				}
 				defer up.Close()
