@@ -335,6 +335,11 @@ spec:
 		_, err := get(netip.AddrPortFrom(web.IP, 8080))
 		return err != nil
 	})
+	// The failure above may be a connection in flight that the policy's
+	// arrival closed (logged "revoked"); a new one must be refused outright.
+	if _, err := get(netip.AddrPortFrom(web.IP, 8080)); err == nil {
+		t.Fatal("a new direct connection passed the L4 DENY")
+	}
 	if _, err := m.WaitAccessLog(ctx, 1, func(a meshlab.AccessLog) bool {
 		return a.Str("dst.workload") == "web" && a.Str("reason") == "policy_denied" &&
 			strings.HasSuffix(a.Str("error"), "denied by ind/deny-curl-direct") && a.Str("src.identity") == spiffe("ind", "curl")
