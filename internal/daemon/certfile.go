@@ -88,9 +88,8 @@ func (k *KeyPairFile) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, er
 	if err1 == nil && err2 == nil && [2]fileStamp{cs, ks} == k.stamps {
 		return k.cur, nil
 	}
-	old := k.cur
+	// load replaces the pair only when the new one loads.
 	if err := k.load(); err != nil {
-		k.cur = old
 		k.log.Warn("tls key pair not reloaded; serving the previous one", zap.Error(err))
 		return k.cur, nil
 	}
