@@ -137,8 +137,8 @@ fuzz:
 		done; \
 	done
 
-## test: everything CI runs.
-test: deps tools lint proto-check unit e2e deploy-check images-test
+## test: everything CI runs, the real node (test-node) included.
+test: deps tools lint proto-check unit e2e deploy-check images-test test-node
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 bench-hbone:
