@@ -6,10 +6,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
-{{/* image "name": registry/name:tag. */}}
+{{/* image (list . "name" ["tag"]): registry/name:tag, where tag is the
+component's own tag when given and set, else image.tag, else appVersion. */}}
 {{- define "ztunnel-go.image" -}}
 {{- $ := index . 0 -}}
-{{ printf "%s/%s:%s" $.Values.image.registry (index . 1) (default $.Chart.AppVersion $.Values.image.tag) }}
+{{- $tag := default $.Chart.AppVersion $.Values.image.tag -}}
+{{- if and (gt (len .) 2) (index . 2) -}}
+{{- $tag = index . 2 -}}
+{{- end -}}
+{{ printf "%s/%s:%s" $.Values.image.registry (index . 1) $tag }}
 {{- end }}
 
 {{/* The control plane's xDS and CA address. */}}

@@ -9,6 +9,9 @@
 //	                         GET URL once, print the body; exit 1 on any failure
 //	testapp lookup [-timeout 5s] HOST
 //	                         resolve HOST through the pod's resolv.conf, print its addresses one a line
+//	testapp loop [-url URL -want TEXT] [-lookup HOST] [-interval 50ms] [-timeout 3s] [-slow 4s] [-control 127.0.0.1:9090]
+//	                         until stopped: GET URL on a new connection each time, and resolve HOST,
+//	                         counting every failure; the control address serves /stats, /reset, /stop (loop.go)
 package main
 
 import (
@@ -26,7 +29,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testapp pause|serve|get|lookup ...")
+		fmt.Fprintln(os.Stderr, "usage: testapp pause|serve|get|lookup|loop ...")
 		os.Exit(2)
 	}
 	var err error
@@ -39,6 +42,8 @@ func main() {
 		err = get(os.Args[2:])
 	case "lookup":
 		err = lookup(os.Args[2:])
+	case "loop":
+		err = loop(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
