@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -110,14 +111,24 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 		return err
 	}
 	defer certs.Close()
-	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: certs}})
+	revocation, err := newRevocation(o, log.Named("crl"), reg)
+	if err != nil {
+		return err
+	}
+	if revocation != nil {
+		rctx, rcancel := context.WithCancel(context.Background())
+		rdone := make(chan struct{})
+		go func() { defer close(rdone); _ = revocation.Run(rctx) }()
+		defer func() { rcancel(); <-rdone }()
+	}
+	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: certs, Revocation: revocationOf(revocation)}})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	w, err := waypoint.New(waypoint.Options{
 		Name: o.Gateway, Identity: id, IP: ip, Certs: certs, Pool: pool,
-		Log: log, Access: access, Registerer: reg,
+		Log: log, Access: access, Registerer: reg, Revocation: revocationOf(revocation),
 	})
 	if err != nil {
 		return err
@@ -162,6 +173,12 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 		}
 		_, _ = rw.Write(b)
 	})
+	if revocation != nil {
+		admin.HandleFunc("/crl", func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(rw).Encode(revocation.Dump())
+		})
+	}
 	servers, err := daemon.Listen(log,
 		daemon.Spec{Name: "metrics", Addr: o.MetricsAddr, Exposure: daemon.Public, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
 		daemon.Spec{Name: "readiness", Addr: o.ReadinessAddr, Exposure: daemon.Public, Handler: ready},

@@ -49,6 +49,11 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Rand returns a number in [0, n); nil: math/rand/v2. Tests fix it.
 	Rand func(n uint64) uint64
+	// Revocation refuses HBONE clients whose certificate chain a CRL
+	// revokes (CRL_PATH), and closes their open tunnels when a reload
+	// revokes them; nil: no revocation checks. The upstream side's checks
+	// are the Pool's (hbone.ClientConfig.Revocation).
+	Revocation hbone.Revocation
 }
 
 // Waypoint is the data path of one waypoint.
@@ -93,6 +98,7 @@ func New(opts Options) (*Waypoint, error) {
 	w := &Waypoint{opts: opts, sink: newSink(opts.Name), metrics: m, log: opts.Log, access: opts.Access}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
+		Revocation: opts.Revocation,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: %w", err)

@@ -146,8 +146,17 @@ func (l *lab) startBackend(ip string, id identity.Identity, n int) {
 	t.Cleanup(func() { srv.Close() })
 }
 
-func newLab(t *testing.T, cfg *waypointapi.Config) *lab {
-	authority, err := ca.New(ca.Options{})
+func newLab(t *testing.T, cfg *waypointapi.Config) *lab { return newLabWith(t, cfg, labOptions{}) }
+
+// labOptions change what newLabWith builds: the CA's root (ca.Options) and
+// the waypoint's revocation checks, inbound and on its upstream pool.
+type labOptions struct {
+	ca         ca.Options
+	revocation hbone.Revocation
+}
+
+func newLabWith(t *testing.T, cfg *waypointapi.Config, o labOptions) *lab {
+	authority, err := ca.New(o.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,12 +174,14 @@ func newLab(t *testing.T, cfg *waypointapi.Config) *lab {
 	l.startBackend(v1IP, v1ID, 0)
 	l.startBackend(v2IP, v2ID, 1)
 
-	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: l.certs, Dial: dialFrom(netip.MustParseAddr(wpIP))}})
+	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: l.certs, Dial: dialFrom(netip.MustParseAddr(wpIP)),
+		Revocation: o.revocation}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	l.w, err = New(Options{Name: "demo/waypoint", Identity: wpID, IP: netip.MustParseAddr(wpIP), Certs: l.certs, Pool: pool, Registerer: l.reg})
+	l.w, err = New(Options{Name: "demo/waypoint", Identity: wpID, IP: netip.MustParseAddr(wpIP), Certs: l.certs, Pool: pool, Registerer: l.reg,
+		Revocation: o.revocation})
 	if err != nil {
 		t.Fatal(err)
 	}
