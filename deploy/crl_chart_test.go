@@ -19,7 +19,10 @@ func TestChartPeerCaCrl(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
-	for _, want := range append(common, `configMap: {name: "istio-ca-crl"}`) {
+	for _, want := range append(common, `configMap: {name: "istio-ca-crl"}`,
+		// ztunnel-cp mounts them too and hands them to every waypoint.
+		"- --waypoint-crl-file=/etc/ztunnel-cp/crl/ca-crl.pem",
+		"- {name: peer-ca-crl, mountPath: /etc/ztunnel-cp/crl, readOnly: true}") {
 		if !strings.Contains(out, want) {
 			t.Errorf("peerCaCrl.enabled: no %q", want)
 		}
@@ -32,7 +35,8 @@ func TestChartPeerCaCrl(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
-	for _, want := range []string{`- {name: CRL_PATH, value: "/var/run/secrets/istio-crl/crl.der"}`, `secret: {secretName: "mesh-crl"}`} {
+	for _, want := range []string{`- {name: CRL_PATH, value: "/var/run/secrets/istio-crl/crl.der"}`, `secret: {secretName: "mesh-crl"}`,
+		"- --waypoint-crl-file=/etc/ztunnel-cp/crl/crl.der"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("peerCaCrl.secretName: no %q", want)
 		}
@@ -44,7 +48,9 @@ func TestChartPeerCaCrl(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
-	for _, unwanted := range []string{"CRL_PATH", "peer-ca-crl"} {
+	// (The waypoint template in its ConfigMap names CRL_PATH for when
+	// CRLs are enforced; no container sets it.)
+	for _, unwanted := range []string{`{name: CRL_PATH, value: "`, "peer-ca-crl", "--waypoint-crl-file"} {
 		if strings.Contains(out, unwanted) {
 			t.Errorf("by default: %q rendered", unwanted)
 		}

@@ -103,6 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.WaypointImage, "waypoint-image", "", "Kubernetes mode: deploy a waypoint of this image (ServiceAccount, Service, Deployment, Gateway status) for every Gateway of class istio-waypoint while leading (\"\": none)")
 	fs.StringVar(&o.WaypointTemplate, "waypoint-template", "", "Kubernetes mode, with --waypoint-image: render each waypoint's Deployment from this Go text/template file (the chart's ConfigMap ztunnel-go-waypoint-template), re-read on every reconcile; one that fails to render leaves the Gateway Programmed=False (\"\": the built-in Deployment)")
 	fs.StringVar(&o.WaypointValues, "waypoint-values", "", "the --waypoint-template's .Values (YAML file)")
+	fs.StringVar(&o.WaypointCRLFile, "waypoint-crl-file", "", "Kubernetes mode, with --waypoint-image: CRLs every waypoint enforces (copied into each waypoint namespace as ConfigMap istio-ca-crl, CRL_PATH), read on every reconcile; unreadable leaves the Gateways Programmed=False (\"\": none)")
 	fs.BoolVar(&o.ExternalNameAlias, "external-name-alias", true, "serve ExternalName Services that point at mesh services as DNS aliases")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
@@ -147,6 +148,7 @@ type summary struct {
 	WebhookAddr         string   `json:"webhook_addr,omitempty"`
 	WaypointImage       string   `json:"waypoint_image,omitempty"`
 	WaypointTemplate    string   `json:"waypoint_template,omitempty"`
+	WaypointCRLFile     string   `json:"waypoint_crl_file,omitempty"`
 }
 
 func (o options) summary() summary {
@@ -165,6 +167,7 @@ func (o options) summary() summary {
 		s.WebhookAddr = o.WebhookAddr
 		s.WaypointImage = o.WaypointImage
 		s.WaypointTemplate = o.WaypointTemplate
+		s.WaypointCRLFile = o.WaypointCRLFile
 	}
 	return s
 }

@@ -74,6 +74,10 @@ type Options struct {
 	// Deployment template and its values (waypointctl.Template); "": the
 	// built-in Deployment.
 	WaypointTemplate, WaypointValues string
+	// WaypointCRLFile, if set, holds the CRLs the node proxies enforce
+	// (the chart's ztunnel.peerCaCrl, mounted here too): it is read on every
+	// reconcile and handed to each waypoint (waypointctl.Config.CRLPEM).
+	WaypointCRLFile string
 }
 
 // KubeMode: the cluster comes from the API server.
@@ -94,6 +98,8 @@ func (o Options) Validate() error {
 		return errors.New("--waypoint-template needs --waypoint-image (the waypoint controller)")
 	case o.WaypointValues != "" && o.WaypointTemplate == "":
 		return errors.New("--waypoint-values needs --waypoint-template")
+	case o.WaypointCRLFile != "" && o.WaypointImage == "":
+		return errors.New("--waypoint-crl-file needs --waypoint-image (the waypoint controller)")
 	}
 	if _, err := kubeauth.ParseAccounts(o.TrustedNodeAccounts); err != nil {
 		return fmt.Errorf("--trusted-node-accounts: %w", err)

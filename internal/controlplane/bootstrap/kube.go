@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"fmt"
 	"net"
+	"os"
 
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
@@ -79,10 +80,14 @@ func waypointController(o Options, k *kubeParts, rootPEM []byte, log *zap.Logger
 	if err != nil {
 		return nil, fmt.Errorf("--listen: %w", err)
 	}
-	return waypointctl.New(waypointctl.Config{
+	cfg := waypointctl.Config{
 		Kube: k.kube, Gateway: k.gateway, Source: k.src, Leading: k.status.Leading,
 		Image: o.WaypointImage, XDSAddress: net.JoinHostPort(ServiceName+"."+o.SystemNamespace+".svc", port),
 		TrustDomain: o.TrustDomain, RootPEM: func() []byte { return rootPEM }, Log: log.Named("waypoints"),
 		TemplateFile: o.WaypointTemplate, ValuesFile: o.WaypointValues,
-	})
+	}
+	if f := o.WaypointCRLFile; f != "" {
+		cfg.CRLPEM = func() ([]byte, error) { return os.ReadFile(f) }
+	}
+	return waypointctl.New(cfg)
 }

@@ -52,6 +52,11 @@ type TemplateInput struct {
 	XDSAddress, CAAddress, TrustDomain string
 	// RootConfigMap is the namespace's root certificate ConfigMap.
 	RootConfigMap string
+	// CRLConfigMap and CRLPath, when the waypoints must enforce CRLs
+	// (Config.CRLPEM), name the namespace's CRL ConfigMap (mount it at
+	// CRLDir) and the CRL_PATH to set; both "" otherwise. Render refuses a
+	// rendering that drops CRL_PATH while they are set.
+	CRLConfigMap, CRLPath string
 	// Values are the chart's waypoint values (the values file).
 	Values map[string]any
 }
@@ -141,6 +146,12 @@ func (t *Template) Render(in TemplateInput) (*appsv1ac.DeploymentApplyConfigurat
 	if len(typed.Spec.Template.Spec.Containers) == 0 {
 		return nil, fmt.Errorf("waypoint template %s: the Deployment has no containers", t.name)
 	}
+	if in.CRLPath != "" && !setsEnv(typed.Spec.Template.Spec.Containers, "CRL_PATH", in.CRLPath) {
+		// Fail closed: a waypoint without the CRLs would let revoked
+		// workloads through to every service behind it.
+		return nil, fmt.Errorf("waypoint template %s: the waypoint must enforce CRLs, but no container sets CRL_PATH=%s (mount ConfigMap .CRLConfigMap at %s)",
+			t.name, in.CRLPath, CRLDir)
+	}
 	// The apply configuration holds only what the template set, so the
 	// controller owns those fields and no zero values.
 	dep := &appsv1ac.DeploymentApplyConfiguration{}
@@ -158,6 +169,18 @@ func (t *Template) Render(in TemplateInput) (*appsv1ac.DeploymentApplyConfigurat
 	return dep, nil
 }
 
+// setsEnv: some container sets env name to value.
+func setsEnv(cs []corev1.Container, name, value string) bool {
+	for _, c := range cs {
+		for _, e := range c.Env {
+			if e.Name == name && e.Value == value && e.ValueFrom == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 var documentSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
 
 // isBlankYAML: only whitespace and comments.
@@ -172,7 +195,7 @@ func isBlankYAML(doc string) bool {
 
 // input is the template input for gw.
 func (c *Controller) input(gw *gatewayv1.Gateway) TemplateInput {
-	return TemplateInput{
+	in := TemplateInput{
 		Name: gw.Name, Namespace: gw.Namespace, GatewayName: gw.Name, ServiceAccount: gw.Name,
 		Labels: waypointLabels(gw), SelectorLabels: map[string]string{GatewayNameLabel: gw.Name},
 		Owner: OwnerInput{APIVersion: gatewayv1.GroupVersion.String(), Kind: "Gateway", Name: gw.Name, UID: string(gw.UID)},
@@ -180,6 +203,10 @@ func (c *Controller) input(gw *gatewayv1.Gateway) TemplateInput {
 		XDSAddress: c.cfg.XDSAddress, CAAddress: c.cfg.CAAddress, TrustDomain: c.cfg.TrustDomain,
 		RootConfigMap: RootConfigMap,
 	}
+	if c.cfg.CRLPEM != nil {
+		in.CRLConfigMap, in.CRLPath = CRLConfigMap, CRLDir+"/"+CRLKey
+	}
+	return in
 }
 
 // SampleInput is a TemplateInput for a Gateway namespace/name with the

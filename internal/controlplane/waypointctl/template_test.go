@@ -178,3 +178,49 @@ func TestRenderRefuses(t *testing.T) {
 		t.Errorf("absent file: %v", err)
 	}
 }
+
+// TestRenderCRL: when the waypoints must enforce CRLs, the chart's
+// template sets CRL_PATH and mounts the namespace's CRL ConfigMap; a
+// template that does not set CRL_PATH is refused (a waypoint without the
+// CRLs would let revoked workloads through), and without CRLs none of it
+// is rendered.
+func TestRenderCRL(t *testing.T) {
+	tmpl := chartTemplate(t, nil)
+	in := SampleInput("demo", "waypoint", "u", "img", "cp:15012")
+	plain, err := tmpl.Render(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range plain.Spec.Template.Spec.Containers[0].Env {
+		if *e.Name == "CRL_PATH" {
+			t.Fatal("CRL_PATH rendered without CRLs")
+		}
+	}
+	in.CRLConfigMap, in.CRLPath = CRLConfigMap, CRLDir+"/"+CRLKey
+	dep, err := tmpl.Render(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := dep.Spec.Template.Spec
+	c := pod.Containers[0]
+	var env, mount, volume bool
+	for _, e := range c.Env {
+		env = env || (*e.Name == "CRL_PATH" && *e.Value == "/var/run/secrets/istio-crl/ca-crl.pem")
+	}
+	for _, m := range c.VolumeMounts {
+		mount = mount || (*m.Name == "istio-ca-crl" && *m.MountPath == CRLDir)
+	}
+	for _, v := range pod.Volumes {
+		volume = volume || (*v.Name == "istio-ca-crl" && v.ConfigMap != nil && *v.ConfigMap.Name == CRLConfigMap)
+	}
+	if !env || !mount || !volume {
+		t.Errorf("with CRLs: CRL_PATH %v, mount %v, volume %v; want all", env, mount, volume)
+	}
+	bare, err := ParseTemplate("t.yaml", "apiVersion: apps/v1\nkind: Deployment\nspec:\n  template:\n    spec:\n      containers: [{name: w, image: i}]\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.Render(in); err == nil || !strings.Contains(err.Error(), "CRL_PATH") {
+		t.Errorf("a template without CRL_PATH while CRLs are enforced: %v, want refused", err)
+	}
+}

@@ -58,6 +58,12 @@ const (
 	// RootConfigMap is the root certificate ConfigMap in each waypoint's
 	// namespace (key root-cert.pem), as istiod publishes it.
 	RootConfigMap = "istio-ca-root-cert"
+	// CRLConfigMap holds the CRLs in each waypoint's namespace (key
+	// CRLKey), as istiod publishes istio-ca-crl beside the root; the
+	// waypoint mounts it at CRLDir and reads CRL_PATH=CRLDir/CRLKey.
+	CRLConfigMap = "istio-ca-crl"
+	CRLKey       = "ca-crl.pem"
+	CRLDir       = "/var/run/secrets/istio-crl"
 	// DefaultResync is how often everything is re-applied even without a
 	// change (a deleted Service comes back).
 	DefaultResync = time.Minute
@@ -81,6 +87,13 @@ type Config struct {
 	// RootPEM returns the mesh root the waypoint verifies the control
 	// plane with (nil: not yet known; the ConfigMap waits).
 	RootPEM func() []byte
+	// CRLPEM, if set, returns the CRLs the node proxies enforce (the
+	// chart's ztunnel.peerCaCrl, mounted into ztunnel-cp), read on every
+	// reconcile: each waypoint namespace gets them as ConfigMap
+	// CRLConfigMap and each waypoint enforces them (CRL_PATH). An error
+	// leaves every Gateway Programmed=False and its Deployment as it was:
+	// no waypoint is deployed without the CRLs it must enforce. nil: none.
+	CRLPEM func() ([]byte, error)
 	// TemplateFile, if set, is the waypoint Deployment as a Go
 	// text/template (Template), read again on every reconcile so an
 	// edited ConfigMap takes effect; ValuesFile holds its .Values (YAML).
@@ -165,6 +178,16 @@ func (c *Controller) Reconcile(ctx context.Context, objs *cluster.Objects) (fail
 	if c.cfg.TemplateFile != "" {
 		tmpl, tmplErr = LoadTemplate(c.cfg.TemplateFile, c.cfg.ValuesFile)
 	}
+	var crlPEM []byte
+	if c.cfg.CRLPEM != nil {
+		var err error
+		if crlPEM, err = c.cfg.CRLPEM(); err == nil && len(crlPEM) == 0 {
+			err = errors.New("empty")
+		}
+		if err != nil {
+			tmplErr = errors.Join(tmplErr, fmt.Errorf("waypoint CRLs (the node proxies' peerCaCrl): %w", err))
+		}
+	}
 	roots := map[string]bool{}
 	for _, gw := range objs.Gateways {
 		if !Managed(gw) {
@@ -176,7 +199,13 @@ func (c *Controller) Reconcile(ctx context.Context, objs *cluster.Objects) (fail
 			}
 			roots[gw.Namespace] = true
 		}
-		if err := c.apply(ctx, gw, tmpl, tmplErr); err != nil {
+		gwErr := tmplErr
+		if len(crlPEM) > 0 {
+			if err := c.applyCRL(ctx, gw.Namespace, crlPEM); err != nil {
+				gwErr = errors.Join(gwErr, fmt.Errorf("CRL ConfigMap %s/%s: %w", gw.Namespace, CRLConfigMap, err))
+			}
+		}
+		if err := c.apply(ctx, gw, tmpl, gwErr); err != nil {
 			failed++
 			c.log.Warn("waypoint not reconciled", zap.String("gateway", gw.Namespace+"/"+gw.Name), zap.Error(err))
 		}
@@ -193,6 +222,13 @@ func (c *Controller) applyRoot(ctx context.Context, ns string) error {
 		return errors.New("mesh root not known yet")
 	}
 	cm := corev1ac.ConfigMap(RootConfigMap, ns).WithData(map[string]string{"root-cert.pem": string(pem)})
+	_, err := c.cfg.Kube.CoreV1().ConfigMaps(ns).Apply(ctx, cm, apply())
+	return err
+}
+
+// applyCRL writes the CRLs into namespace ns for its waypoints to mount.
+func (c *Controller) applyCRL(ctx context.Context, ns string, pem []byte) error {
+	cm := corev1ac.ConfigMap(CRLConfigMap, ns).WithData(map[string]string{CRLKey: string(pem)})
 	_, err := c.cfg.Kube.CoreV1().ConfigMaps(ns).Apply(ctx, cm, apply())
 	return err
 }
@@ -284,6 +320,10 @@ func (c *Controller) builtinDeployment(gw *gatewayv1.Gateway, labels map[string]
 		WithSecurityContext(corev1ac.SecurityContext().WithRunAsNonRoot(true).WithRunAsUser(1337).WithRunAsGroup(1337).
 			WithAllowPrivilegeEscalation(false).WithReadOnlyRootFilesystem(true).
 			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")))
+	if c.cfg.CRLPEM != nil {
+		container.WithEnv(corev1ac.EnvVar().WithName("CRL_PATH").WithValue(CRLDir + "/" + CRLKey)).
+			WithVolumeMounts(corev1ac.VolumeMount().WithName("istio-ca-crl").WithMountPath(CRLDir).WithReadOnly(true))
+	}
 	pod := corev1ac.PodTemplateSpec().
 		WithLabels(labels).
 		// The waypoint's own traffic is not captured (it is the mesh).
@@ -296,6 +336,9 @@ func (c *Controller) builtinDeployment(gw *gatewayv1.Gateway, labels map[string]
 						WithAudience("istio-ca").WithExpirationSeconds(43200).WithPath("istio-token")))),
 				corev1ac.Volume().WithName("istio-ca-root-cert").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(RootConfigMap)),
 			))
+	if c.cfg.CRLPEM != nil {
+		pod.Spec.WithVolumes(corev1ac.Volume().WithName("istio-ca-crl").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(CRLConfigMap)))
+	}
 	return appsv1ac.Deployment(gw.Name, gw.Namespace).WithLabels(labels).WithOwnerReferences(owner).
 		WithSpec(appsv1ac.DeploymentSpec().WithReplicas(1).
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{GatewayNameLabel: gw.Name})).
