@@ -106,11 +106,12 @@ images:
 ## test-node: a real single-node cluster on this machine (internal/testing/realnode: etcd, kube-apiserver,
 ## controller manager, scheduler, kube-proxy and kubelet v1.37.2 from hack/k8s/build.sh; containerd and runc from
 ## apt; bridge + host-local CNI), the chart installed with helm from the images of `make images`, the TestNode*
-## tests of e2e/node, teardown (root; under the e2e lock). RUN=regexp picks tests.
+## tests of e2e/node, teardown (root; under the e2e lock). CoreDNS v1.15.0 (hack/k8s/build.sh coredns) is the
+## cluster DNS, in an image hack/images/testimage writes beside the pause and test-app images. RUN=regexp picks tests.
 NODE_TEST_IMAGES := $(CURDIR)/bin/test-images
 test-node: deps tools images
-	cd hack/images && $(GO) run ./testimage -repo $(CURDIR) -out $(NODE_TEST_IMAGES) >/dev/null
-	@dirs=$$(hack/k8s/build.sh k8s helm node) && \
+	@dirs=$$(hack/k8s/build.sh k8s helm node coredns) && \
+	(cd hack/images && $(GO) run ./testimage -repo $(CURDIR) -out $(NODE_TEST_IMAGES) -coredns $$(sed -n 4p <<<"$$dirs")/coredns >/dev/null) && \
 	flock /tmp/e2e.lock env ZTG_REQUIRE_NODE=1 ZTG_K8S_BIN=$$(sed -n 1p <<<"$$dirs") ZTG_HELM_BIN=$$(sed -n 2p <<<"$$dirs") \
 		ZTG_NODE_BIN=$$(sed -n 3p <<<"$$dirs") ZTG_CNI_BIN=$(CNI_BIN) ZTG_IMAGES=$(CURDIR)/bin/images \
 		ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) $(GO) test -count=1 -v -timeout 20m ./e2e/node/ $(if $(RUN),-run '$(RUN)')

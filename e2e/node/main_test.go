@@ -87,7 +87,9 @@ func runWithNode(m *testing.M) (int, error) {
 	for _, c := range []string{"ztunnel", "ztunnel-cni", "ztunnel-cp"} {
 		images = append(images, filepath.Join(vars["ZTG_IMAGES"], c+".tar"))
 	}
-	images = append(images, filepath.Join(vars["ZTG_TEST_IMAGES"], "pause.tar"), filepath.Join(vars["ZTG_TEST_IMAGES"], "testapp.tar"))
+	for _, c := range []string{"pause", "testapp", "coredns"} {
+		images = append(images, filepath.Join(vars["ZTG_TEST_IMAGES"], c+".tar"))
+	}
 	logf := func(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05.000 ")+f+"\n", a...) }
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -201,6 +203,7 @@ func dumpState(n *realnode.Node, logf func(string, ...any)) {
 		{"logs", "-n", systemNS, "-l", "app=ztunnel-cni", "--tail=60"},
 		{"logs", "-n", systemNS, "-l", "app=ztunnel", "--tail=60"},
 		{"logs", "-n", systemNS, "-l", "app=ztunnel-cp", "--tail=40"},
+		{"logs", "-n", realnode.DNSNamespace, "-l", realnode.DNSLabel + "=kube-dns", "--tail=40"},
 	} {
 		out, _ := n.Kubectl(ctx, args...)
 		logf("--- kubectl %s\n%s", strings.Join(args, " "), out)

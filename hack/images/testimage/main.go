@@ -1,12 +1,15 @@
 // Command testimage builds the real node's test images (make test-node):
 // the pod sandbox (pause) image and the test workload image, both one layer
-// holding the static binary of internal/testing/realnode/testapp, written as
+// holding the static binary of internal/testing/realnode/testapp, and the
+// cluster DNS image, one layer holding the static CoreDNS binary that
+// `hack/k8s/build.sh coredns` builds from CoreDNS's Go module, written as
 // OCI archives that `ctr images import` reads. No registry is reachable on
 // the test machines, so nothing here names a base image.
 //
-//	go -C hack/images run ./testimage -repo "$PWD" -out DIR
+//	go -C hack/images run ./testimage -repo "$PWD" -out DIR [-coredns DIR/coredns]
 //
-// It prints one line per archive: path, reference.
+// It prints one line per archive: path, reference. Without -coredns the
+// CoreDNS image is not written.
 package main
 
 import (
@@ -33,6 +36,7 @@ import (
 const (
 	PauseRef   = "localhost/ztg-node/pause:test"
 	TestAppRef = "localhost/ztg-node/testapp:test"
+	CoreDNSRef = "localhost/ztg-node/coredns:test"
 	appPkg     = "./internal/testing/realnode/testapp"
 )
 
@@ -40,16 +44,17 @@ func main() {
 	log.SetFlags(0)
 	repo := flag.String("repo", "", "repository root (required)")
 	out := flag.String("out", "", "output directory (required)")
+	coredns := flag.String("coredns", "", "the static CoreDNS binary for the cluster DNS image (hack/k8s/build.sh coredns)")
 	flag.Parse()
 	if *repo == "" || *out == "" {
 		log.Fatal("testimage: -repo and -out are required")
 	}
-	if err := run(*repo, *out); err != nil {
+	if err := run(*repo, *out, *coredns); err != nil {
 		log.Fatalf("testimage: %v", err)
 	}
 }
 
-func run(repo, out string) error {
+func run(repo, out, coredns string) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
@@ -68,15 +73,28 @@ func run(repo, out string) error {
 	if err != nil {
 		return err
 	}
-	for _, im := range []struct {
+	type spec struct {
 		ref, file  string
+		bin        string // the path of the binary in the image
+		data       []byte
 		entrypoint []string
 		user       string
-	}{
-		{PauseRef, "pause.tar", []string{"/testapp", "pause"}, "65535:65535"},
-		{TestAppRef, "testapp.tar", []string{"/testapp"}, "65532:65532"},
-	} {
-		img, err := image(data, im.entrypoint, im.user)
+	}
+	images := []spec{
+		{PauseRef, "pause.tar", "testapp", data, []string{"/testapp", "pause"}, "65535:65535"},
+		{TestAppRef, "testapp.tar", "testapp", data, []string{"/testapp"}, "65532:65532"},
+	}
+	if coredns != "" {
+		dns, err := os.ReadFile(coredns)
+		if err != nil {
+			return fmt.Errorf("coredns binary: %w", err)
+		}
+		// Non-root; the Corefile (a ConfigMap mounted by the Deployment)
+		// listens on unprivileged ports, so no capability is needed.
+		images = append(images, spec{CoreDNSRef, "coredns.tar", "coredns", dns, []string{"/coredns"}, "65532:65532"})
+	}
+	for _, im := range images {
+		img, err := image(im.bin, im.data, im.entrypoint, im.user)
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.ref, err)
 		}
@@ -93,12 +111,13 @@ func run(repo, out string) error {
 	return nil
 }
 
-// image is one layer holding /testapp, with a fixed timestamp.
-func image(bin []byte, entrypoint []string, user string) (v1.Image, error) {
+// image is one layer holding the binary bin at /name (and an empty /tmp),
+// with a fixed timestamp.
+func image(name string, bin []byte, entrypoint []string, user string) (v1.Image, error) {
 	epoch := time.Unix(0, 0).UTC()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: "testapp", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
 		return nil, err
 	}
 	if _, err := tw.Write(bin); err != nil {

@@ -38,10 +38,11 @@ const (
 	containerdSocket = RunDir + "/containerd.sock"
 	ctrNamespace     = "k8s.io"
 
-	// PauseImage and TestAppImage are the references hack/images/testimage
-	// writes (imported, never pulled).
+	// PauseImage, TestAppImage and CoreDNSImage are the references
+	// hack/images/testimage writes (imported, never pulled).
 	PauseImage   = "localhost/ztg-node/pause:test"
 	TestAppImage = "localhost/ztg-node/testapp:test"
+	CoreDNSImage = "localhost/ztg-node/coredns:test"
 )
 
 // Directories under BaseDir.

@@ -4,131 +4,283 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/miekg/dns"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 )
 
-// DNSServiceIP is the ClusterIP of kube-system/kube-dns, the pods' resolver.
-const DNSServiceIP = "10.234.0.10"
+// The cluster DNS is CoreDNS (hack/k8s/build.sh coredns, from its Go
+// module, in the image CoreDNSImage of hack/images/testimage), run as a
+// cluster runs it: Deployment kube-system/coredns with its ServiceAccount,
+// ClusterRole and binding, a Corefile ConfigMap, and Service
+// kube-system/kube-dns at DNSServiceIP, which the kubelet writes into the
+// pods' resolv.conf. kube-system is not ambient, so CoreDNS's own traffic
+// is never captured.
+const (
+	// DNSServiceIP is the ClusterIP of kube-system/kube-dns, the pods' resolver.
+	DNSServiceIP = "10.234.0.10"
+	// OutsideName is the one name outside the cluster the cluster DNS
+	// answers (its hosts plugin), with OutsideAddr; it stands for an
+	// external name a real cluster would forward upstream. Every other name
+	// outside cluster.local gets NXDOMAIN from CoreDNS's own root zone:
+	// this machine has no outside network to forward to. OutsideAddr is
+	// in TEST-NET-2, not TEST-NET-1: the node's own address is in 192.0.2.0/24.
+	OutsideName = "outside.ztg.test"
+	OutsideAddr = "198.51.100.53"
+	// DNSNamespace and DNSDeployment name CoreDNS's Deployment; its pods
+	// carry DNSLabel=kube-dns, as kubeadm's do.
+	DNSNamespace  = "kube-system"
+	DNSDeployment = "coredns"
+	DNSLabel      = "k8s-app"
 
-const dnsPort = 1053
+	dnsPort       = 1053 // in the pod: unprivileged, so CoreDNS runs as non-root with no capability
+	dnsHealthPort = 8080
+	dnsReadyPort  = 8181
+	dnsMetrics    = 9153
+)
 
-// clusterDNS answers A queries for <service>.<namespace>.svc.cluster.local
-// with the Service's ClusterIP, read from the API server at each query. It
-// stands in for CoreDNS (not built here): Service kube-dns has no selector
-// and an EndpointSlice pointing at this server on the node's address, so
-// pods reach it through kube-proxy as they would reach CoreDNS. Names
-// outside cluster.local are refused: no test traffic leaves the machine.
-type clusterDNS struct {
-	ServiceIP string
-	client    kubernetes.Interface
-	servers   []*dns.Server
+// corefile is a cluster's Corefile, as kubeadm's with three changes: it
+// listens on dnsPort; the hosts plugin answers OutsideName; and where a
+// cluster forwards to the node's resolv.conf, CoreDNS serves an empty root
+// zone (file plugin) instead, so every other name is NXDOMAIN at once.
+func corefile() string {
+	return fmt.Sprintf(`.:%d {
+    errors
+    health {
+        lameduck 5s
+    }
+    ready
+    log
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 30
+    }
+    hosts {
+        %s %s
+        fallthrough
+    }
+    prometheus :%d
+    file /etc/coredns/root.db .
+    cache 30
+    loop
+    reload
+    loadbalance
+}
+`, dnsPort, OutsideAddr, OutsideName, dnsMetrics)
 }
 
-func startClusterDNS(ctx context.Context, n *Node) (*clusterDNS, error) {
-	d := &clusterDNS{ServiceIP: DNSServiceIP, client: n.Client}
-	addr := net.JoinHostPort(n.IP, strconv.Itoa(dnsPort))
-	for _, netw := range []string{"udp", "tcp"} {
-		started := make(chan error, 1)
-		srv := &dns.Server{Addr: addr, Net: netw, Handler: d, NotifyStartedFunc: func() { started <- nil }}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil {
-				started <- err
-			}
-		}()
-		select {
-		case err := <-started:
-			if err != nil {
-				d.Close()
-				return nil, fmt.Errorf("cluster DNS %s %s: %w", netw, addr, err)
-			}
-		case <-time.After(5 * time.Second):
-			d.Close()
-			return nil, fmt.Errorf("cluster DNS %s %s: not started", netw, addr)
-		}
-		d.servers = append(d.servers, srv)
+// rootZone is the root zone the file plugin serves: only its apex records,
+// so any name that reaches it does not exist.
+const rootZone = `$ORIGIN .
+$TTL 30
+@ IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30
+@ IN NS ns.dns.cluster.local.
+`
+
+// deployClusterDNS creates CoreDNS's objects; the kubelet starts its pod
+// once the node is up. They live in etcd, so they go with its data (Clean).
+func deployClusterDNS(ctx context.Context, n *Node) error {
+	labels := map[string]string{DNSLabel: "kube-dns"}
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: DNSNamespace, Labels: labels}
 	}
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-dns"}},
-		Spec: corev1.ServiceSpec{ClusterIP: DNSServiceIP, Ports: []corev1.ServicePort{
-			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromInt32(dnsPort)},
-			{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(dnsPort)},
+	create := func(what string, err error) error {
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("realnode: cluster DNS %s: %w", what, err)
+		}
+		return nil
+	}
+	c := n.Client
+	// kube-system is made by the API server shortly after it is ready.
+	if err := waitNamespace(ctx, n, DNSNamespace); err != nil {
+		return err
+	}
+	_, err := c.CoreV1().ServiceAccounts(DNSNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: meta(DNSDeployment)}, metav1.CreateOptions{})
+	if err := create("service account", err); err != nil {
+		return err
+	}
+	list := []string{"list", "watch"}
+	_, err = c.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "system:coredns", Labels: labels},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"services", "pods", "namespaces"}, Verbs: list},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: list},
+		},
+	}, metav1.CreateOptions{})
+	if err := create("cluster role", err); err != nil {
+		return err
+	}
+	_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "system:coredns", Labels: labels},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:coredns"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: DNSDeployment, Namespace: DNSNamespace}},
+	}, metav1.CreateOptions{})
+	if err := create("cluster role binding", err); err != nil {
+		return err
+	}
+	_, err = c.CoreV1().ConfigMaps(DNSNamespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: meta(DNSDeployment),
+		Data: map[string]string{"Corefile": corefile(), "root.db": rootZone}}, metav1.CreateOptions{})
+	if err := create("config map", err); err != nil {
+		return err
+	}
+	one, no, yes := int32(1), false, true
+	uid := int64(65532)
+	probe := func(path string, port int) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromInt(port)}},
+			PeriodSeconds: 2, TimeoutSeconds: 2, FailureThreshold: 5}
+	}
+	_, err = c.AppsV1().Deployments(DNSNamespace).Create(ctx, &appsv1.Deployment{
+		ObjectMeta: meta(DNSDeployment),
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: DNSDeployment,
+					PriorityClassName:  "system-cluster-critical",
+					// CoreDNS resolves with the node's resolver, not itself.
+					DNSPolicy:   corev1.DNSDefault,
+					Tolerations: []corev1.Toleration{{Key: "CriticalAddonsOnly", Operator: corev1.TolerationOpExists}},
+					Containers: []corev1.Container{{
+						Name: "coredns", Image: CoreDNSImage, ImagePullPolicy: corev1.PullNever,
+						Args: []string{"-conf", "/etc/coredns/Corefile"},
+						Ports: []corev1.ContainerPort{
+							{Name: "dns", ContainerPort: dnsPort, Protocol: corev1.ProtocolUDP},
+							{Name: "dns-tcp", ContainerPort: dnsPort, Protocol: corev1.ProtocolTCP},
+							{Name: "metrics", ContainerPort: dnsMetrics, Protocol: corev1.ProtocolTCP},
+						},
+						VolumeMounts:   []corev1.VolumeMount{{Name: "config-volume", MountPath: "/etc/coredns", ReadOnly: true}},
+						LivenessProbe:  probe("/health", dnsHealthPort),
+						ReadinessProbe: probe("/ready", dnsReadyPort),
+						SecurityContext: &corev1.SecurityContext{
+							RunAsUser: &uid, RunAsGroup: &uid, RunAsNonRoot: &yes,
+							AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
+							Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+					}},
+					Volumes: []corev1.Volume{{Name: "config-volume", VolumeSource: corev1.VolumeSource{
+						ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: DNSDeployment}}}}},
+				},
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err := create("deployment", err); err != nil {
+		return err
+	}
+	svcLabels := map[string]string{DNSLabel: "kube-dns", "kubernetes.io/name": "CoreDNS"}
+	_, err = c.CoreV1().Services(DNSNamespace).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: DNSNamespace, Labels: svcLabels},
+		Spec: corev1.ServiceSpec{ClusterIP: DNSServiceIP, Selector: labels, Ports: []corev1.ServicePort{
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromString("dns")},
+			{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("dns-tcp")},
+			{Name: "metrics", Port: dnsMetrics, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("metrics")},
 		}},
-	}
-	if _, err := n.Client.CoreV1().Services("kube-system").Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		d.Close()
-		return nil, fmt.Errorf("cluster DNS service: %w", err)
-	}
-	port := int32(dnsPort)
-	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
-	pn, pt := "dns", "dns-tcp"
-	ready := true
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns-realnode", Namespace: "kube-system", Labels: map[string]string{
-			discoveryv1.LabelServiceName: "kube-dns", discoveryv1.LabelManagedBy: "realnode"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{n.IP}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: &pn, Port: &port, Protocol: &udp}, {Name: &pt, Port: &port, Protocol: &tcp}},
-	}
-	if _, err := n.Client.DiscoveryV1().EndpointSlices("kube-system").Create(ctx, es, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		d.Close()
-		return nil, fmt.Errorf("cluster DNS endpoints: %w", err)
-	}
-	return d, nil
+	}, metav1.CreateOptions{})
+	return create("service", err)
 }
 
-// Close stops the servers.
-func (d *clusterDNS) Close() {
-	for _, s := range d.servers {
-		_ = s.Shutdown()
-	}
-}
-
-// ServeDNS implements dns.Handler.
-func (d *clusterDNS) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
-	m := new(dns.Msg)
-	m.SetReply(req)
-	m.Authoritative = true
-	if len(req.Question) != 1 {
-		m.Rcode = dns.RcodeFormatError
-		_ = w.WriteMsg(m)
-		return
-	}
-	q := req.Question[0]
-	name := strings.ToLower(q.Name)
-	const zone = ".svc.cluster.local."
-	if !strings.HasSuffix(name, zone) && name != "cluster.local." && !strings.HasSuffix(name, ".cluster.local.") {
-		m.Rcode = dns.RcodeRefused
-		_ = w.WriteMsg(m)
-		return
-	}
-	parts := strings.Split(strings.TrimSuffix(name, zone), ".")
-	if !strings.HasSuffix(name, zone) || len(parts) != 2 {
-		m.Rcode = dns.RcodeNameError
-		_ = w.WriteMsg(m)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+func waitNamespace(ctx context.Context, n *Node, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	svc, err := d.client.CoreV1().Services(parts[1]).Get(ctx, parts[0], metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		m.Rcode = dns.RcodeNameError
-	case err != nil:
-		m.Rcode = dns.RcodeServerFailure
-	case q.Qtype == dns.TypeA && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone:
-		if ip := net.ParseIP(svc.Spec.ClusterIP).To4(); ip != nil {
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: ip})
+	for {
+		_, err := n.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("realnode: namespace %s: %w", name, err)
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	_ = w.WriteMsg(m)
+}
+
+// waitClusterDNS waits until CoreDNS's Deployment is available and CoreDNS,
+// reached through Service kube-dns as the pods reach it (kube-proxy's
+// rules translate the node's own traffic too), answers a Service name
+// (kubernetes.default, KubernetesServiceIP) and OutsideName, over UDP and TCP.
+func (n *Node) waitClusterDNS(ctx context.Context, kubelet *proc) error {
+	err := waitFor(ctx, 120*time.Second, kubelet, func() error {
+		d, err := n.Client.AppsV1().Deployments(DNSNamespace).Get(ctx, DNSDeployment, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if d.Status.AvailableReplicas < 1 {
+			return fmt.Errorf("deployment %s/%s: %d of %d replicas available%s", DNSNamespace, DNSDeployment,
+				d.Status.AvailableReplicas, *d.Spec.Replicas, n.dnsPodState(ctx))
+		}
+		for _, netw := range []string{"udp", "tcp"} {
+			for _, q := range []struct{ name, want string }{
+				{"kubernetes.default.svc.cluster.local.", KubernetesServiceIP},
+				{OutsideName + ".", OutsideAddr},
+			} {
+				got, err := queryA(ctx, netw, net.JoinHostPort(DNSServiceIP, "53"), q.name)
+				if err != nil {
+					return err
+				}
+				if len(got) != 1 || got[0] != q.want {
+					return fmt.Errorf("cluster DNS over %s answered %v for %s, want [%s]", netw, got, q.name, q.want)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("realnode: cluster DNS (CoreDNS) not serving: %w", err)
+	}
+	return nil
+}
+
+// dnsPodState says why CoreDNS's pod is not ready yet, for the error.
+func (n *Node) dnsPodState(ctx context.Context) string {
+	pods, err := n.Client.CoreV1().Pods(DNSNamespace).List(ctx, metav1.ListOptions{LabelSelector: DNSLabel + "=kube-dns"})
+	if err != nil || len(pods.Items) == 0 {
+		return "; no pod yet"
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "; pod %s %s", p.Name, p.Status.Phase)
+		for _, cs := range p.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil {
+				fmt.Fprintf(&b, " waiting %s %s", w.Reason, w.Message)
+			}
+			if t := cs.State.Terminated; t != nil {
+				fmt.Fprintf(&b, " terminated %s %s", t.Reason, t.Message)
+			}
+			fmt.Fprintf(&b, " ready=%v restarts=%d", cs.Ready, cs.RestartCount)
+		}
+	}
+	return b.String()
+}
+
+// queryA asks server (host:port) over netw ("udp" or "tcp") for name's A
+// records and returns their addresses; an rcode other than NOERROR is an
+// error.
+func queryA(ctx context.Context, netw, server, name string) ([]string, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	cl := &dns.Client{Net: netw, Timeout: 2 * time.Second}
+	r, _, err := cl.ExchangeContext(ctx, m, server)
+	if err != nil {
+		return nil, fmt.Errorf("query %s A over %s to %s: %w", name, netw, server, err)
+	}
+	if r.Rcode != dns.RcodeSuccess {
+		return nil, fmt.Errorf("query %s A over %s to %s: rcode %s", name, netw, server, dns.RcodeToString[r.Rcode])
+	}
+	var out []string
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			out = append(out, a.A.String())
+		}
+	}
+	return out, nil
 }

@@ -4,9 +4,10 @@
 // kubelet at v1.37.2 from hack/k8s/build.sh, containerd and runc from the
 // distribution with a configuration, root and state of their own, the
 // reference bridge + host-local CNI plugins as the primary network on bridge
-// ztgnode0 (10.233.0.0/24), a small cluster DNS for Service names, and the
-// pause and test-app images of hack/images/testimage imported into
-// containerd (no registry is reachable).
+// ztgnode0 (10.233.0.0/24), CoreDNS v1.15.0 (hack/k8s/build.sh coredns) as
+// the cluster DNS, a Deployment behind Service kube-system/kube-dns (dns.go),
+// and the pause, test-app and CoreDNS images of hack/images/testimage
+// imported into containerd (no registry is reachable).
 //
 // Everything it creates is removed by Stop, and Start first removes what a
 // killed earlier run left (processes recorded in BaseDir/pids and the pods'
@@ -52,7 +53,8 @@ type Options struct {
 	// CNIBin holds the reference plugins bridge, host-local and loopback.
 	CNIBin string
 	// Images are OCI or docker archives imported into containerd; the
-	// pause image (PauseImage) must be among them.
+	// pause image (PauseImage) and the CoreDNS image (CoreDNSImage) must
+	// be among them.
 	Images []string
 	// Logf receives progress lines; nil discards them.
 	Logf func(string, ...any)
@@ -66,7 +68,6 @@ type Node struct {
 	Config     *rest.Config
 	Client     kubernetes.Interface
 	procs      []*proc
-	dns        *clusterDNS
 }
 
 // LogDir holds every component's log file.
@@ -131,8 +132,9 @@ func EnsureHostPackages(logf func(string, ...any)) error {
 }
 
 // Start cleans what an earlier run left and brings the node up: it returns
-// once the Node is Ready and the default ServiceAccount exists (~15 s). On
-// failure it tears down what it started.
+// once the Node is Ready, the default ServiceAccount exists and the cluster
+// DNS (CoreDNS) answers through Service kube-dns (~20 s). On failure it
+// tears down what it started.
 func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	n = &Node{opts: opts}
 	if err := EnsureHostPackages(opts.Logf); err != nil {
@@ -259,6 +261,13 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 			return n, err
 		}
 	}
+	for _, ref := range []string{PauseImage, CoreDNSImage} {
+		if ok, err := n.HasImage(ctx, ref); err != nil {
+			return n, err
+		} else if !ok {
+			return n, fmt.Errorf("realnode: image %s is not among Options.Images (hack/images/testimage writes it)", ref)
+		}
+	}
 	for _, plugin := range []string{"bridge", "host-local", "loopback"} {
 		if err := copyFile(filepath.Join(opts.CNIBin, plugin), filepath.Join(CNIBinDir, plugin), 0o755); err != nil {
 			return n, fmt.Errorf("cni plugin: %w", err)
@@ -268,9 +277,9 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		return n, err
 	}
 
-	// The cluster DNS (Service kube-dns in kube-system, answered by this
-	// process on the node's address) before the kubelet, which points pods at it.
-	if n.dns, err = startClusterDNS(ctx, n); err != nil {
+	// The cluster DNS's objects (CoreDNS's Deployment, Service kube-dns in
+	// kube-system) before the kubelet, which points pods at it.
+	if err := deployClusterDNS(ctx, n); err != nil {
 		return n, err
 	}
 
@@ -299,7 +308,7 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if _, err := n.spawn("kube-proxy", filepath.Join(opts.NodeBin, "kube-proxy"), "--config="+filepath.Join(BaseDir, "kube-proxy.yaml"), "--v=1"); err != nil {
 		return n, err
 	}
-	if err := os.WriteFile(filepath.Join(BaseDir, "kubelet.yaml"), []byte(kubeletConfig(n.dns.ServiceIP)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(BaseDir, "kubelet.yaml"), []byte(kubeletConfig(DNSServiceIP)), 0o644); err != nil {
 		return n, err
 	}
 	kubelet, err := n.spawn("kubelet", filepath.Join(opts.NodeBin, "kubelet"),
@@ -313,6 +322,10 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		return n, err
 	}
 	n.logf("realnode: node %s Ready", NodeName)
+	if err := n.waitClusterDNS(ctx, kubelet); err != nil {
+		return n, err
+	}
+	n.logf("realnode: cluster DNS (CoreDNS) answering at %s", DNSServiceIP)
 	return n, nil
 }
 
@@ -329,9 +342,6 @@ func (n *Node) Stop() error {
 			}
 		}
 		n.drainPods(ctx)
-	}
-	if n.dns != nil {
-		n.dns.Close()
 	}
 	// Stop in reverse order of start, gracefully; Clean kills what stays.
 	for i := len(n.procs) - 1; i >= 0; i-- {
