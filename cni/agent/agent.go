@@ -108,6 +108,14 @@ type Config struct {
 	// detected once at start (rules.DetectMode), or with NFTables
 	// rules.NewNFTApplier migrating from that variant.
 	Applier func(uid string, ns *netns.Handle) rules.Applier
+	// PodSysctls sets the sysctls a captured pod's network namespace needs
+	// (KernelPodSysctls: tcp_migrate_req, so a node proxy upgrade resets no
+	// queued connection) when the pod is captured and when the startup
+	// reconciliation checks it; a failure is logged, the pod stays captured.
+	// nil means KernelPodSysctls when Applier is nil too (the kernel's
+	// rules), else none: a test's fake applier works on the test's own
+	// namespace, whose sysctls are not the agent's to change.
+	PodSysctls func(ns *netns.Handle) error
 	// Host manages the node-side probe SNAT. nil means KernelHost (ipset
 	// command and rules.HostProbe in the agent's own network namespace).
 	Host Host
@@ -168,6 +176,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Applier == nil || cfg.Host == nil {
 		mode = rules.DetectMode()
 		cfg.Log.Info("iptables variant", zap.Stringer("mode", mode))
+	}
+	if cfg.Applier == nil && cfg.PodSysctls == nil {
+		cfg.PodSysctls = KernelPodSysctls
 	}
 	switch {
 	case cfg.Applier != nil:

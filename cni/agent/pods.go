@@ -170,6 +170,7 @@ func (a *Agent) enroll(ctx context.Context, req enrollReq) error {
 		return fail(StateFailed, fmt.Errorf("%w: %s: %w", ErrRules, rec.netnsPath, err))
 	}
 	rec.settings, rec.rulesIn = settings, true
+	a.podSysctls(rec)
 	if err := a.cfg.Host.AddPodIPs(rec.ips); err != nil {
 		// Probes from the node would be captured; the pod still is.
 		log.Warn("adding pod IPs to the probe ipset failed; kubelet probes may fail", zap.Error(err))
@@ -181,6 +182,19 @@ func (a *Agent) enroll(ctx context.Context, req enrollReq) error {
 	rec.state = StateEnabled
 	a.put(ctx, rec)
 	return nil
+}
+
+// podSysctls applies Config.PodSysctls to rec's netns (best effort: the
+// pod is captured either way; without them a node proxy upgrade may reset
+// a connection).
+func (a *Agent) podSysctls(rec *podRec) {
+	if a.cfg.PodSysctls == nil || rec.ns == nil {
+		return
+	}
+	if err := a.cfg.PodSysctls(rec.ns); err != nil {
+		a.log.Warn("setting the pod's sysctls failed; a node proxy upgrade may reset its queued connections",
+			append(rec.logFields(), zap.Error(err))...)
+	}
 }
 
 // addToProxy hands rec's netns to the newest proxy and waits for the ack.
@@ -422,6 +436,8 @@ func (a *Agent) reconcile(ctx context.Context, objs *cluster.Objects) {
 			log.Error("reconcile: cannot build rules", zap.Error(err))
 			continue
 		}
+		// Pods an older agent captured get the sysctls too.
+		a.podSysctls(rec)
 		ap := a.cfg.Applier(rec.uid, rec.ns)
 		diff, err := ap.Check(rs)
 		if err != nil {
