@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html"
 	"net/http"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -19,8 +20,9 @@ import (
 // /logging (GET shows the level; POST ?level=<lvl> sets it, POST ?reset
 // restores the level the process started with) and the Go profiles under
 // /debug/pprof/ (index, profile?seconds=N for CPU, and every named
-// profile). Changing state takes POST, as in Istio's ztunnel and Envoy, so
-// a browser cannot change it by following a link.
+// profile; heap?gc=1 collects garbage first). Changing state takes POST, as
+// in Istio's ztunnel and Envoy, so a browser cannot change it by following
+// a link.
 func DebugHandlers(mux *http.ServeMux, level zap.AtomicLevel) {
 	mux.Handle("/logging", &logging{level: level, initial: level.Level()})
 	mux.HandleFunc("GET /debug/pprof/", pprofIndex)
@@ -91,7 +93,15 @@ func pprofNamed(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("unknown profile %q", name), http.StatusNotFound)
 		return
 	}
-	debug, _ := strconv.Atoi(r.URL.Query().Get("debug"))
+	q := r.URL.Query()
+	// heap?gc=1 collects first, as net/http/pprof does, so the profile and
+	// its HeapAlloc line describe the live heap rather than whatever garbage
+	// the last cycle left (a heap that has gone quiet may not collect again
+	// for minutes).
+	if gc, _ := strconv.Atoi(q.Get("gc")); gc > 0 && name == "heap" {
+		runtime.GC()
+	}
+	debug, _ := strconv.Atoi(q.Get("debug"))
 	if debug > 0 {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	} else {
