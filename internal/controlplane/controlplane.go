@@ -110,6 +110,9 @@ type ControlPlane struct {
 	wps         map[string]*waypointapi.Config
 	wpsPolicies []translate.PolicyStatus
 	wpsDone     bool
+	// keysChanged: a key set the waypoints' JWT rules name was fetched
+	// (translate.Config.JWKS): rebuild the waypoint configs.
+	keysChanged bool
 	// ignoredSeen: ignored objects already logged (reportIgnored).
 	ignoredSeen map[string]bool
 	// invalidSeen: invalid policy values already logged (reportInvalid).
@@ -300,6 +303,10 @@ func stopGracefully(g *grpc.Server, d time.Duration) {
 // a change so a burst of changes costs one translation.
 func (c *ControlPlane) loop(ctx context.Context) {
 	var last *cluster.Objects
+	var keys <-chan struct{} // nil: never
+	if k, ok := c.cfg.Translate.JWKS.(interface{ Changed() <-chan struct{} }); ok {
+		keys = k.Changed()
+	}
 	for {
 		objs, changed := c.cfg.Source.Current()
 		if objs != nil && objs != last {
@@ -313,6 +320,14 @@ func (c *ControlPlane) loop(ctx context.Context) {
 		case <-c.cfg.Allocator.Changed():
 			// Leadership changed: allocate again for the same objects.
 			if last != nil {
+				c.Apply(last)
+			}
+			continue
+		case <-keys:
+			// A JWKS fetch finished: the same objects, new keys for the
+			// waypoints (and the RequestAuthentications' status).
+			if last != nil {
+				c.keysChanged = true
 				c.Apply(last)
 			}
 			continue
@@ -344,7 +359,8 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	// them (only when a waypoint Gateway exists); the xDS server pushes
 	// only changed ones. WaypointConfigs scans every address per waypoint,
 	// so a pod change that binds nothing to a waypoint reuses the last ones.
-	wpsChanged := ch.Full || ch.Routes || !c.wpsDone || touchesWaypoint(before, ch)
+	wpsChanged := ch.Full || ch.Routes || !c.wpsDone || c.keysChanged || touchesWaypoint(before, ch)
+	c.keysChanged = false
 	if wpsChanged {
 		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
 		c.wpsDone = true

@@ -29,6 +29,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/jwks"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
@@ -172,10 +173,15 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		},
 		CA: authority, ServingNames: o.ServingNames(), Log: log, Registerer: reg,
 	}
+	// RequestAuthentication key sets named by jwksUri (or found by OpenID
+	// discovery) are fetched here and sent to the waypoints inline, as
+	// istiod does; until a fetch succeeds that issuer's tokens get 401.
+	keys := jwks.New(jwks.Config{Log: log.Named("jwks")})
+	cfg.Translate.JWKS = keys
 	var (
 		k *kubeParts
 		// background runs beside the control plane until it stops.
-		background []func(context.Context) error
+		background = []func(context.Context) error{func(ctx context.Context) error { keys.Run(ctx); return nil }}
 	)
 	if o.KubeMode() {
 		if k, err = kubeWiring(o, log); err != nil {

@@ -2,6 +2,7 @@ package translate
 
 import (
 	"encoding/json"
+	"errors"
 	"sort"
 	"strings"
 
@@ -89,7 +90,7 @@ func (t *translator) authnFor(key string, bound map[string][]string, st *authnSt
 		rk := ra.Namespace + "/" + ra.Name
 		conv := st.converted[rk]
 		if conv == nil {
-			conv = convertRequestAuthn(ra)
+			conv = convertRequestAuthn(ra, t.cfg.JWKS)
 			st.converted[rk] = conv
 		}
 		a := &waypointapi.RequestAuthn{Name: ra.Name, Namespace: ra.Namespace, Rules: conv.rules, Target: strings.Join(targets, ", ")}
@@ -112,10 +113,11 @@ func (t *translator) authnFor(key string, bound map[string][]string, st *authnSt
 }
 
 // convertRequestAuthn converts the jwtRules. What the waypoint cannot do
-// is listed in bad and narrows access: a rule without an inline key set
-// (jwksUri, OIDC discovery) or with one that does not parse carries an error,
-// so every token of its issuer is rejected (401).
-func convertRequestAuthn(ra *securityv1.RequestAuthentication) *convertedAuthn {
+// is listed in bad and narrows access: a rule whose key set is not known
+// (no resolver for jwksUri or OIDC discovery, or not fetched, or the fetch
+// failed) or does not parse carries an error, so every token of its issuer
+// is rejected (401). Fetched key sets are sent inline, as istiod does.
+func convertRequestAuthn(ra *securityv1.RequestAuthentication, keys JWKSResolver) *convertedAuthn {
 	c := &convertedAuthn{}
 	var bad problems
 	for i, r := range ra.Spec.JwtRules {
@@ -143,10 +145,34 @@ func convertRequestAuthn(ra *securityv1.RequestAuthentication) *convertedAuthn {
 			if why := checkJWKS(r.Jwks); why != "" {
 				reject(".jwks", why)
 			}
+		case r.JwksUri != "" && keys == nil:
+			reject(".jwksUri", "jwksUri "+r.JwksUri+" is not fetched: this control plane has no JWKS resolver (inline jwks only)")
 		case r.JwksUri != "":
-			reject(".jwksUri", "jwksUri "+r.JwksUri+" is not fetched by ztunnel-go (inline jwks only)")
+			set, err := keys.JWKS(r.JwksUri)
+			if err == nil {
+				if why := checkJWKS(set); why != "" {
+					err = errors.New(why)
+				}
+			}
+			if err != nil {
+				reject(".jwksUri", "jwksUri "+r.JwksUri+": "+err.Error())
+			} else {
+				jr.Jwks = set
+			}
+		case keys == nil:
+			reject(".jwks", "no jwks: OpenID discovery is not done by this control plane (no JWKS resolver; inline jwks only)")
 		default:
-			reject(".jwks", "no jwks: OpenID discovery is not done by ztunnel-go (inline jwks only)")
+			set, err := keys.OIDC(r.Issuer)
+			if err == nil {
+				if why := checkJWKS(set); why != "" {
+					err = errors.New(why)
+				}
+			}
+			if err != nil {
+				reject(".jwks", "no jwks, and OpenID discovery from issuer "+r.Issuer+" gave none: "+err.Error())
+			} else {
+				jr.Jwks = set
+			}
 		}
 		if len(r.FromCookies) > 0 {
 			if len(r.FromHeaders)+len(r.FromParams) == 0 {
@@ -202,7 +228,7 @@ func checkJWKS(s string) string {
 // (setAuthnStatus); what cannot be enforced is in Invalid.
 func (t *translator) translateRequestAuthentications() {
 	for _, ra := range t.objs.RequestAuthentications {
-		s := PolicyStatus{Kind: kindRA, Name: ra.Namespace + "/" + ra.Name, Invalid: convertRequestAuthn(ra).bad}
+		s := PolicyStatus{Kind: kindRA, Name: ra.Namespace + "/" + ra.Name, Invalid: convertRequestAuthn(ra, t.cfg.JWKS).bad}
 		if len(raTargetRefs(ra)) > 0 {
 			s.Message = "not enforced: its targetRefs name no waypoint and no service bound to one"
 		} else {
@@ -215,6 +241,11 @@ func (t *translator) translateRequestAuthentications() {
 // setAuthnStatus rewrites the status of a RequestAuthentication that
 // waypoint configs carry.
 func setAuthnStatus(st *PolicyStatus, as *authnState) {
+	if conv := as.converted[st.Name]; conv != nil {
+		// Converted now, with the key sets fetched since the last full
+		// translation.
+		st.Invalid = conv.bad
+	}
 	wps := as.enforcedBy[st.Name]
 	if len(wps) == 0 {
 		return

@@ -61,6 +61,18 @@ type Config struct {
 	// mesh service as alias Services (see ExternalNameAliasExtension).
 	// Off: ExternalName Services are not part of the mesh, as in istiod.
 	EnableExternalNameAlias bool
+	// JWKS resolves the key sets RequestAuthentication rules name by
+	// jwksUri, or leave to OpenID discovery from the issuer (jwks.Resolver,
+	// which fetches in the background); its answers go to the waypoints
+	// inline. nil: only inline jwks, every other rule rejects its tokens.
+	JWKS JWKSResolver
+}
+
+// JWKSResolver answers key sets from a cache without blocking: the JSON
+// Web Key Set, or why there is none yet (the rule's tokens are rejected).
+type JWKSResolver interface {
+	JWKS(uri string) (string, error)
+	OIDC(issuer string) (string, error)
 }
 
 // LocalDefaults returns the local-mode configuration.

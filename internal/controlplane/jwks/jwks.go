@@ -1,0 +1,305 @@
+// Package jwks fetches the JSON Web Key Sets that RequestAuthentication
+// rules name by jwksUri (or, with neither jwks nor jwksUri, find by OpenID
+// Connect discovery from the issuer), so the control plane can hand
+// waypoints the keys inline, as istiod resolves jwksUri for Envoy.
+//
+// A Resolver never blocks translation: Lookup answers from its cache, and
+// a URI it has not fetched yet is fetched in the background (ErrPending
+// until then); when a fetch changes what Lookup would answer, Changed
+// fires and the control plane translates again. Key sets are refreshed
+// every Refresh; a refresh that fails keeps the last good set (logged), a
+// URI that never fetched keeps failing (every token of that issuer is
+// rejected: fail closed), retried every Retry. URIs no translation asked
+// for during Forget are dropped. Only http and https URIs are fetched, each
+// answer at most MaxBody bytes and a JSON object with a keys array.
+package jwks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Defaults, as istiod's JWKS resolver: refresh every 20 minutes, retry a
+// failed fetch sooner.
+const (
+	DefaultRefresh = 20 * time.Minute
+	DefaultRetry   = 30 * time.Second
+	DefaultTimeout = 5 * time.Second
+	DefaultForget  = time.Hour
+	// MaxBody bounds a key set or discovery document.
+	MaxBody = 1 << 20
+)
+
+// ErrPending is Lookup's error for a key set not fetched yet.
+var ErrPending = errors.New("not fetched yet")
+
+// Config configures a Resolver; zero fields take the defaults.
+type Config struct {
+	// Client does the fetches; nil: an http.Client with Timeout.
+	Client  *http.Client
+	Timeout time.Duration
+	Refresh time.Duration
+	Retry   time.Duration
+	Forget  time.Duration
+	Log     *zap.Logger
+	// Now is the clock; nil: time.Now. Tests set it.
+	Now func() time.Time
+}
+
+// Resolver caches key sets by URI. Create it with New and Run it.
+type Resolver struct {
+	cfg     Config
+	mu      sync.Mutex
+	entries map[string]*entry // key: "uri <url>" or "issuer <iss>"
+	wake    chan struct{}     // a new key to fetch
+	changed chan struct{}     // cap 1: Lookup answers changed
+}
+
+type entry struct {
+	keys      string // last good key set ("" none)
+	err       error  // last fetch error (nil after a success)
+	fetched   time.Time
+	attempted time.Time
+	used      time.Time
+	busy      bool
+}
+
+// New returns a Resolver; Run fetches.
+func New(cfg Config) *Resolver {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = DefaultRefresh
+	}
+	if cfg.Retry <= 0 {
+		cfg.Retry = DefaultRetry
+	}
+	if cfg.Forget <= 0 {
+		cfg.Forget = DefaultForget
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Resolver{cfg: cfg, entries: map[string]*entry{}, wake: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
+}
+
+// Changed fires (coalesced) when some Lookup would answer differently.
+func (r *Resolver) Changed() <-chan struct{} { return r.changed }
+
+// JWKS answers the key set at uri from the cache: the keys, or why there
+// are none (ErrPending before the first fetch, else the fetch's error). It
+// never blocks on the network.
+func (r *Resolver) JWKS(uri string) (string, error) {
+	if err := checkURI(uri); err != nil {
+		return "", err
+	}
+	return r.lookup("uri " + uri)
+}
+
+// OIDC answers the key set of issuer found by OpenID Connect discovery
+// (issuer/.well-known/openid-configuration, its jwks_uri), as JWKS does.
+func (r *Resolver) OIDC(issuer string) (string, error) {
+	if err := checkURI(issuer); err != nil {
+		return "", fmt.Errorf("issuer is not a URL to discover keys from: %w", err)
+	}
+	return r.lookup("issuer " + issuer)
+}
+
+func checkURI(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return err
+	case u.Scheme != "https" && u.Scheme != "http":
+		return fmt.Errorf("%q: only http and https are fetched", s)
+	case u.Host == "":
+		return fmt.Errorf("%q: no host", s)
+	}
+	return nil
+}
+
+func (r *Resolver) lookup(key string) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[key]
+	if e == nil {
+		e = &entry{err: ErrPending}
+		r.entries[key] = e
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+	e.used = r.cfg.Now()
+	if e.keys != "" {
+		return e.keys, nil
+	}
+	return "", e.err
+}
+
+// Run fetches new keys at once and refreshes known ones until ctx ends.
+func (r *Resolver) Run(ctx context.Context) {
+	tick := time.NewTicker(min(r.cfg.Retry, r.cfg.Refresh) / 2)
+	defer tick.Stop()
+	for {
+		r.fetchDue(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// fetchDue starts a fetch for every entry that is due: never attempted,
+// failed and Retry passed, or fetched and Refresh passed; and drops
+// entries unused for Forget.
+func (r *Resolver) fetchDue(ctx context.Context) {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	var due []string
+	for k, e := range r.entries {
+		switch {
+		case now.Sub(e.used) > r.cfg.Forget:
+			delete(r.entries, k)
+		case e.busy:
+		case e.attempted.IsZero(),
+			e.err != nil && now.Sub(e.attempted) >= r.cfg.Retry,
+			e.err == nil && now.Sub(e.fetched) >= r.cfg.Refresh:
+			e.busy, e.attempted = true, now
+			due = append(due, k)
+		}
+	}
+	r.mu.Unlock()
+	for _, k := range due {
+		go r.fetch(ctx, k)
+	}
+}
+
+func (r *Resolver) fetch(ctx context.Context, key string) {
+	kind, target, _ := strings.Cut(key, " ")
+	var keys string
+	var err error
+	if kind == "issuer" {
+		keys, err = r.discover(ctx, target)
+	} else {
+		keys, err = r.get(ctx, target)
+	}
+	r.mu.Lock()
+	e := r.entries[key]
+	if e == nil { // forgotten meanwhile
+		r.mu.Unlock()
+		return
+	}
+	e.busy = false
+	before, beforeErr := e.keys, e.err
+	if err != nil {
+		e.err = err
+		if e.keys != "" {
+			r.cfg.Log.Warn("JWKS refresh failed; the last key set fetched stays in force", zap.String(kind, target), zap.Error(err))
+		} else {
+			r.cfg.Log.Warn("JWKS fetch failed; tokens of this issuer are rejected until it succeeds", zap.String(kind, target), zap.Error(err))
+		}
+	} else {
+		e.keys, e.err, e.fetched = keys, nil, r.cfg.Now()
+		if keys != before {
+			r.cfg.Log.Info("JWKS fetched", zap.String(kind, target), zap.Int("bytes", len(keys)))
+		}
+	}
+	changed := e.keys != before || (e.keys == "" && errString(e.err) != errString(beforeErr))
+	r.mu.Unlock()
+	if changed {
+		select {
+		case r.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// get fetches a key set and checks its shape.
+func (r *Resolver) get(ctx context.Context, uri string) (string, error) {
+	body, err := r.getBody(ctx, uri)
+	if err != nil {
+		return "", err
+	}
+	var set struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	if err := json.Unmarshal(body, &set); err != nil {
+		return "", fmt.Errorf("GET %s: not a JSON Web Key Set: %w", uri, err)
+	}
+	if len(set.Keys) == 0 {
+		return "", fmt.Errorf("GET %s: the key set has no keys", uri)
+	}
+	return string(body), nil
+}
+
+// discover reads issuer's OpenID configuration and fetches its jwks_uri.
+func (r *Resolver) discover(ctx context.Context, issuer string) (string, error) {
+	doc := strings.TrimSuffix(issuer, "/") + "/.well-known/openid-configuration"
+	body, err := r.getBody(ctx, doc)
+	if err != nil {
+		return "", err
+	}
+	var cfg struct {
+		JWKSURI string `json:"jwks_uri"`
+	}
+	if err := json.Unmarshal(body, &cfg); err != nil {
+		return "", fmt.Errorf("GET %s: not an OpenID configuration: %w", doc, err)
+	}
+	if err := checkURI(cfg.JWKSURI); err != nil {
+		return "", fmt.Errorf("GET %s: jwks_uri: %w", doc, err)
+	}
+	return r.get(ctx, cfg.JWKSURI)
+}
+
+func (r *Resolver) getBody(ctx context.Context, uri string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, uri, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := r.cfg.Client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", uri, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", uri, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", uri, err)
+	}
+	if len(body) > MaxBody {
+		return nil, fmt.Errorf("GET %s: larger than %d bytes", uri, MaxBody)
+	}
+	return body, nil
+}
