@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -266,11 +267,18 @@ func (p *WorkloadProxy) listen(port uint16) (ln net.Listener, transparent bool, 
 // namespace (best-effort). With SO_REUSEPORT, a listener that closes while
 // a newer proxy's listener shares its port would reset the connections
 // still in its accept queue; with migration the kernel hands them to the
-// other listener, so a restart loses no new connection.
+// other listener, so a restart loses no new connection. On a node the
+// agent sets it when it captures the pod (cni/agent KernelPodSysctls):
+// the node proxy's container has a read-only /proc/sys, so it only writes
+// where it is not on yet (a proxy run as root, the netns tests).
 func (p *WorkloadProxy) migrateOnClose() {
+	const path = "/proc/sys/net/ipv4/tcp_migrate_req"
 	err := p.ns.Do(func() error {
 		// /proc/sys/net resolves against the calling thread's namespace.
-		return os.WriteFile("/proc/sys/net/ipv4/tcp_migrate_req", []byte("1"), 0)
+		if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == "1" {
+			return nil
+		}
+		return os.WriteFile(path, []byte("1"), 0)
 	})
 	if err != nil {
 		p.log.Info("proxy: cannot enable tcp_migrate_req; a restart may reset connections queued on the old listener",
