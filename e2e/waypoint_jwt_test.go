@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,6 +110,27 @@ func TestWaypointJWT(t *testing.T) {
 	}
 	waitCode(t, "/secure", "", http.StatusOK) // no policy yet
 
+	// The key set is served by jwksUri, as in Istio's JWT task: an HTTP
+	// server in node 0's namespace, where ztunnel-cp runs and fetches it
+	// for the waypoint (internal/controlplane/jwks).
+	keysLn, err := m.Cluster.Node(0).Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keyFetches atomic.Int32
+	keysSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/jwks.json" {
+			http.NotFound(w, r)
+			return
+		}
+		keyFetches.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, istioDemoJWKS)
+	})}
+	go func() { _ = keysSrv.Serve(keysLn) }()
+	t.Cleanup(func() { keysSrv.Close() })
+	jwksURI := "http://" + keysLn.Addr().String() + "/jwks.json"
+
 	apply(t, m, "e2e-wp-jwt", `
 apiVersion: security.istio.io/v1
 kind: RequestAuthentication
@@ -117,7 +139,7 @@ spec:
   targetRefs: [{kind: Service, group: "", name: api}]
   jwtRules:
   - issuer: `+istioDemoIssuer+`
-    jwks: '`+istioDemoJWKS+`'
+    jwksUri: `+jwksURI+`
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -134,6 +156,12 @@ spec:
 	// The policy arrives with a push: no token turns to 403.
 	if body := waitCode(t, "/secure", "", http.StatusForbidden); body != waypoint.DeniedBody {
 		t.Errorf("no token: body %q, want %q", body, waypoint.DeniedBody)
+	}
+	// Until ztunnel-cp has fetched the keys the token is refused (401),
+	// then accepted.
+	waitCode(t, "/secure", istioDemoJWT, http.StatusOK)
+	if keyFetches.Load() == 0 {
+		t.Error("the jwksUri was never fetched")
 	}
 	code, body := get(t, "/secure", istioDemoJWT)
 	if code != http.StatusOK || !strings.Contains(body, "path=/secure") || !strings.Contains(body, `authorization=""`) {
