@@ -61,6 +61,14 @@ type workload struct {
 	Locality              state.Locality        `json:"locality"`
 	HostNetwork           bool                  `json:"hostNetwork"`
 	Capacity              uint32                `json:"capacity"`
+	// ApplicationTunnel: a sandwiched workload (PROXY protocol inbound).
+	ApplicationTunnel *appTunnel `json:"applicationTunnel"`
+}
+
+// appTunnel mirrors state.ApplicationTunnel, whose protocol prints by name.
+type appTunnel struct {
+	Protocol string `json:"protocol"`
+	Port     uint32 `json:"port"`
 }
 
 type service struct {
@@ -72,7 +80,9 @@ type service struct {
 	Ports           []port                 `json:"ports"`
 	SubjectAltNames []identity.Identity    `json:"subjectAltNames"`
 	Waypoint        *state.GatewayAddress  `json:"waypoint"`
-	LoadBalancing   *loadBalancing         `json:"loadBalancing"`
+	// WeightedWaypoints: a canary set, one drawn per connection.
+	WeightedWaypoints []state.WeightedWaypoint `json:"weightedWaypoints"`
+	LoadBalancing     *loadBalancing           `json:"loadBalancing"`
 	// IPFamilies, Visibility, Canonical and Extensions (an ExternalName
 	// alias is one) decide DNS answers.
 	IPFamilies string            `json:"ipFamilies"`
@@ -153,8 +163,8 @@ func enumOf[E interface {
 
 // snapshot rebuilds the node's state from the dump through the same
 // conversion xDS updates take (workloads and services back to WDS protos).
-// Load-balancing settings are rebuilt (the proxy's endpoint choice depends on
-// them); weighted waypoints, application tunnels and extensions are not.
+// Load-balancing settings, weighted waypoints and application tunnels are
+// rebuilt too (the proxy's choices depend on them).
 func (d *dump) snapshot() (*state.Snapshot, error) {
 	addrs := make(map[string]*workloadapi.Address, len(d.Workloads)+len(d.Services))
 	for _, w := range d.Workloads {
@@ -178,6 +188,13 @@ func (d *dump) snapshot() (*state.Snapshot, error) {
 		if w.HostNetwork {
 			pw.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
 		}
+		if at := w.ApplicationTunnel; at != nil {
+			p, ok := workloadapi.ApplicationTunnel_Protocol_value[at.Protocol]
+			if !ok {
+				return nil, fmt.Errorf("workload %s application tunnel: unknown protocol %q", w.UID, at.Protocol)
+			}
+			pw.ApplicationTunnel = &workloadapi.ApplicationTunnel{Protocol: workloadapi.ApplicationTunnel_Protocol(p), Port: at.Port}
+		}
 		if len(w.Services) > 0 {
 			pw.Services = map[string]*workloadapi.PortList{}
 		}
@@ -192,6 +209,9 @@ func (d *dump) snapshot() (*state.Snapshot, error) {
 	}
 	for _, s := range d.Services {
 		ps := &workloadapi.Service{Name: s.Name, Namespace: s.Namespace, Hostname: s.Hostname, Waypoint: gatewayProto(s.Waypoint)}
+		for _, ww := range s.WeightedWaypoints {
+			ps.WeightedWaypoints = append(ps.WeightedWaypoints, &workloadapi.WeightedWaypoint{Destination: gatewayProto(&ww.Destination), Weight: ww.Weight})
+		}
 		for _, v := range s.VIPs {
 			na := &workloadapi.NetworkAddress{Network: v.Network, Address: v.Prefix.Addr().AsSlice()}
 			if v.Prefix.Bits() != v.Prefix.Addr().BitLen() {

@@ -5,8 +5,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
 
 // TestConfigDumpIstioctlShape: config-dump takes istioctl ztunnel-config's
@@ -75,5 +81,57 @@ func TestConfigDumpIstioctlShape(t *testing.T) {
 	}
 	if _, err := zctl("workload", "-o", "xml"); err == nil {
 		t.Error("-o xml accepted")
+	}
+}
+
+// TestDumpRebuildsWeightedWaypointsAndAppTunnels: the state zctl rebuilds
+// from a node's config dump (for explain) keeps a service's weighted
+// (canary) waypoints and a sandwiched workload's application tunnel, so
+// explain decides as the node proxy does.
+func TestDumpRebuildsWeightedWaypointsAndAppTunnels(t *testing.T) {
+	s := state.NewStore()
+	svc := proxytest.ServiceKey("demo", "reviews")
+	proxytest.Apply(t, s,
+		proxytest.Pod("demo", "waypoint", "10.0.5.1", proxytest.OnNode("node1"), func(w *workloadapi.Workload) {
+			w.ApplicationTunnel = &workloadapi.ApplicationTunnel{Protocol: workloadapi.ApplicationTunnel_PROXY, Port: 15088}
+		}),
+		proxytest.Pod("demo", "reviews-v1", "10.0.6.1", proxytest.OnNode("node1"), proxytest.InService(svc, 9080, 9080)),
+		proxytest.Service("demo", "reviews", "10.96.0.50", []uint32{9080, 9080}, func(ps *workloadapi.Service) {
+			ps.WeightedWaypoints = []*workloadapi.WeightedWaypoint{
+				{Destination: &workloadapi.GatewayAddress{HboneMtlsPort: 15008, Destination: &workloadapi.GatewayAddress_Hostname{
+					Hostname: &workloadapi.NamespacedHostname{Namespace: "demo", Hostname: "waypoint.demo.svc.cluster.local"}}}, Weight: 90},
+				{Destination: &workloadapi.GatewayAddress{HboneMtlsPort: 15008, Destination: &workloadapi.GatewayAddress_Hostname{
+					Hostname: &workloadapi.NamespacedHostname{Namespace: "demo", Hostname: "waypoint-canary.demo.svc.cluster.local"}}}, Weight: 10},
+			}
+		}),
+	)
+	b, err := json.Marshal((&admin.Dumper{State: s}).Build())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := parseDump(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := d.snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := s.Load()
+	want, got := orig.ServiceByHost(svc), snap.ServiceByHost(svc)
+	if got == nil || !reflect.DeepEqual(got.WeightedWaypoints, want.WeightedWaypoints) || len(got.WeightedWaypoints) != 2 {
+		t.Errorf("weighted waypoints rebuilt as %+v, want %+v", got, want.WeightedWaypoints)
+	}
+	var out bytes.Buffer
+	if err := render(&out, d, "services", dumpFilter{}); err != nil {
+		t.Fatal(err)
+	}
+	// The waypoints are not services of this dump: shown by address.
+	if !strings.Contains(out.String(), "demo/waypoint.demo.svc.cluster.local(90),demo/waypoint-canary.demo.svc.cluster.local(10)") {
+		t.Errorf("services table does not show the weighted waypoints:\n%s", out.String())
+	}
+	uid := proxytest.UID("demo", "waypoint")
+	if at := snap.WorkloadByUID(uid).ApplicationTunnel; at == nil || *at != *orig.WorkloadByUID(uid).ApplicationTunnel {
+		t.Errorf("application tunnel rebuilt as %+v, want %+v", at, orig.WorkloadByUID(uid).ApplicationTunnel)
 	}
 }

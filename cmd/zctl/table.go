@@ -110,7 +110,7 @@ func render(w io.Writer, d *dump, section string, f dumpFilter) error {
 					}
 				}
 			}
-			row(s.Namespace, or(s.Name, s.Hostname), strings.Join(vips, ","), waypointName(d, s.Waypoint), fmt.Sprintf("%d/%d", healthy, total))
+			row(s.Namespace, or(s.Name, s.Hostname), strings.Join(vips, ","), serviceWaypoints(d, &s), fmt.Sprintf("%d/%d", healthy, total))
 		}
 	case "policies":
 		row("NAMESPACE", "POLICY NAME", "ACTION", "SCOPE")
@@ -175,6 +175,19 @@ func certRow(identity, kind, status string, ci certmanager.CertInfo) []string {
 		}
 	}
 	return []string{identity, kind, status, fmt.Sprint(valid), serial, or(ci.ExpirationTime, "NA"), or(ci.ValidFrom, "NA")}
+}
+
+// serviceWaypoints is a service's waypoint, or its weighted (canary) set
+// as name(weight) each, comma-separated, as the node proxy draws one.
+func serviceWaypoints(d *dump, s *service) string {
+	if len(s.WeightedWaypoints) == 0 {
+		return waypointName(d, s.Waypoint)
+	}
+	parts := make([]string, 0, len(s.WeightedWaypoints))
+	for _, ww := range s.WeightedWaypoints {
+		parts = append(parts, fmt.Sprintf("%s(%d)", waypointName(d, &ww.Destination), ww.Weight))
+	}
+	return strings.Join(parts, ",")
 }
 
 // waypointName is the waypoint's service name when the dump holds it (as
