@@ -3,10 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -35,9 +38,28 @@ type waypointDump struct {
 type request struct {
 	waypoints    []*waypointDump
 	method, path string
+	// header holds the request headers (--header, and --jwt as
+	// Authorization: Bearer).
+	header http.Header
 }
 
-func (r *request) given() bool { return r.method != "" || r.path != "" }
+func (r *request) given() bool { return r.method != "" || r.path != "" || len(r.header) > 0 }
+
+// parseHeaders turns --header "Name: value" flags (and --jwt) into headers.
+func parseHeaders(flags []string, jwt string) (http.Header, error) {
+	h := http.Header{}
+	for _, f := range flags {
+		k, v, ok := strings.Cut(f, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("--header %q: want \"Name: value\"", f)
+		}
+		h.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	if jwt != "" {
+		h.Set("Authorization", "Bearer "+jwt)
+	}
+	return h, nil
+}
 
 // parseWaypointDump decodes and compiles a waypoint's /config_dump.
 func parseWaypointDump(from string, b []byte) (*waypointDump, error) {
@@ -145,8 +167,38 @@ func waypointAuthz(e *explanation, req *request, wd *waypointDump, src *state.Wo
 			return outcome{verdict: verdictDepends, why: "L7 policies " + strings.Join(l7, ", ") + " read the request"}
 		}
 		a.Method, a.Path, a.Host = or(req.method, "GET"), or(req.path, "/"), or(host, b.Hostname)
-		a.Header = func(string) (string, bool) { return "", false }
+		hr, err := http.NewRequest(a.Method, "http://"+a.Host+a.Path, nil)
+		if err != nil {
+			return outcome{verdict: verdictRefused, why: "the request: " + err.Error()}
+		}
+		hr.Host = a.Host
+		for k, vs := range req.header {
+			hr.Header[k] = append([]string(nil), vs...)
+		}
+		// 2. authentication, as the waypoint runs it before any policy.
+		auth, err := wd.cfg.Authenticate(b.Hostname, hr, time.Now())
+		switch {
+		case err != nil:
+			e.add("waypoint authn", "REJECTED (401): "+err.Error(), gw, "a RequestAuthentication applies and the token is not valid for it")
+			return outcome{verdict: verdictDeny, why: "JWT rejected with 401: " + err.Error()}
+		case auth != nil:
+			e.add("waypoint authn", "request principal "+auth.Principal, gw, "a valid JWT (RequestAuthentication)")
+		case hr.Header.Get("Authorization") != "":
+			e.add("waypoint authn", "no RequestAuthentication applies", gw, "the token is passed on unread; the request is anonymous")
+		}
+		a.Auth = auth
+		a.Header = func(name string) (string, bool) {
+			vs, ok := hr.Header[http.CanonicalHeaderKey(name)]
+			if !ok {
+				return "", false
+			}
+			return strings.Join(vs, ","), true
+		}
 		reqDesc = fmt.Sprintf("%s %s host %s, no request headers", a.Method, a.Path, a.Host)
+		if len(hr.Header) > 0 {
+			names := slices.Sorted(maps.Keys(hr.Header))
+			reqDesc = fmt.Sprintf("%s %s host %s, headers %s", a.Method, a.Path, a.Host, strings.Join(names, ", "))
+		}
 		if len(l7) == 0 {
 			reqDesc = "any request: no applying policy reads request fields"
 		}

@@ -99,6 +99,8 @@ type options struct {
 	admin, file, output string
 	// explain's waypoint inputs.
 	waypointAdmins, waypointFiles stringList
+	headers                       stringList
+	jwt                           string
 	method, path                  string
 	// config-dump's filters.
 	filter dumpFilter
@@ -161,6 +163,8 @@ func run(args []string, out, errOut io.Writer) error {
 		fs.Var(&o.waypointFiles, "waypoint-file", "a waypoint's saved /config_dump (repeatable)")
 		fs.StringVar(&o.method, "method", "", "the HTTP method at the waypoint (default GET when --path is given)")
 		fs.StringVar(&o.path, "path", "", "the HTTP path at the waypoint (default / when --method is given)")
+		fs.Var(&o.headers, "header", "a request header at the waypoint, \"Name: value\" (repeatable)")
+		fs.StringVar(&o.jwt, "jwt", "", "a JWT sent as Authorization: Bearer, checked by the waypoint's RequestAuthentications")
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(out, "usage: zctl %s [flags] %s\n\nflags:\n", name, synopsis)
@@ -197,7 +201,11 @@ func run(args []string, out, errOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e, err := explain(d, from, pos[0], pos[1], &request{waypoints: wps, method: o.method, path: o.path}, nil)
+	hdr, err := parseHeaders(o.headers, o.jwt)
+	if err != nil {
+		return err
+	}
+	e, err := explain(d, from, pos[0], pos[1], &request{waypoints: wps, method: o.method, path: o.path, header: hdr}, nil)
 	if err != nil {
 		return err
 	}

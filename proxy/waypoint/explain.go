@@ -2,8 +2,10 @@ package waypoint
 
 import (
 	"fmt"
+	"net/http"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 )
@@ -38,6 +40,16 @@ func (c *Config) Bind(dst netip.AddrPort) (Binding, error) {
 		return Binding{Protocol: waypointapi.Protocol_TCP}, nil
 	}
 	return Binding{}, fmt.Errorf("%s is not bound to this waypoint", dst)
+}
+
+// Authenticate runs the waypoint's JWT step (RequestAuthentication) on r for
+// service (its hostname, "" for a workload): the very function the data path
+// runs before authorization. No token: (nil, nil), anonymous; a valid one:
+// its request principal and claims; any other token: an error whose text is
+// the 401 body the waypoint answers. r's headers are edited as the data path
+// edits them (token removed unless forwarded, claims copied out).
+func (c *Config) Authenticate(service string, r *http.Request, now time.Time) (*RequestAuth, error) {
+	return authenticate(c.authn, service, r, now)
 }
 
 // Authorize runs the waypoint's authorization on a: the very function the
