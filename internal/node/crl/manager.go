@@ -236,6 +236,10 @@ func (m *Manager) loadLocked() (*Set, error) {
 			n := 0
 			for _, in := range s.Infos() {
 				n += in.Revoked
+				if in.IssuerKind == "intermediate" {
+					m.log.Info("CRL issuer is no mesh trust root: held as an intermediate CA's CRL, checked against that CA's certificate in each peer chain that presents it",
+						zap.String("issuer", in.Issuer))
+				}
 				if !in.NextUpdate.IsZero() && now.After(in.NextUpdate) {
 					m.log.Warn("CRL is past its nextUpdate; its revocations stay in force until a newer CRL is loaded",
 						zap.String("issuer", in.Issuer), zap.Time("next_update", in.NextUpdate))

@@ -103,9 +103,15 @@ func TestNewFirstLoad(t *testing.T) {
 	if _, err := f.manager(t, 0); err == nil || !strings.Contains(err.Error(), f.path) {
 		t.Fatalf("junk: %v, want an error naming the file", err)
 	}
+	f.write(t, pemCRL(newCA(t, "root", nil, newKey(t)).crl(t, 1)))
+	if _, err := f.manager(t, 0); err == nil || !strings.Contains(err.Error(), "not signed by the mesh trust root of that name") {
+		t.Fatalf("CRL of an impostor of the root: %v", err)
+	}
+	// A CRL whose issuer is no root is an intermediate CA's: it loads and
+	// is checked against that intermediate when a peer presents it.
 	f.write(t, pemCRL(newRoot(t, "stranger").crl(t, 1)))
-	if _, err := f.manager(t, 0); err == nil || !strings.Contains(err.Error(), "issuer is not one of the 1 mesh trust roots") {
-		t.Fatalf("CRL of a stranger: %v", err)
+	if m, err := f.manager(t, 0); err != nil || m.Dump().CRLs[0].IssuerKind != "intermediate" {
+		t.Fatalf("CRL of an intermediate: %v", err)
 	}
 	f.write(t, nil)
 	m, err := f.manager(t, 0)
@@ -149,10 +155,9 @@ func TestReloadKeepsLastGood(t *testing.T) {
 
 	bad := map[string][]byte{
 		"junk":                    []byte("-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"),
-		"stranger's CRL":          pemCRL(newRoot(t, "stranger").crl(t, 3)),
 		"impostor of the root":    pemCRL(newCA(t, "root", nil, newKey(t)).crl(t, 3)),
 		"certificate not a CRL":   []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
-		"good CRL then a bad one": append(pemCRL(f.root.crl(t, 3)), pemCRL(newRoot(t, "x").crl(t, 1))...),
+		"good CRL then a bad one": append(pemCRL(f.root.crl(t, 3)), pemCRL(newCA(t, "root", nil, newKey(t)).crl(t, 1))...),
 	}
 	for name, data := range bad {
 		f.write(t, data)
@@ -204,15 +209,22 @@ func TestRootRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The roots rotate to a new one: the CRL no longer verifies. It is
-	// refused, and the revocations in force stay.
-	next := newRoot(t, "next root")
-	f.setRoots(next.cert)
+	// The roots rotate to a new one with the old root's name and another
+	// key: the CRL no longer verifies. It is refused, and the revocations
+	// in force stay.
+	f.setRoots(newCA(t, "root", nil, newKey(t)).cert)
 	if changed, _ := m.reloadIfChanged(); changed {
-		t.Fatal("a CRL of the old root went in force under the new roots")
+		t.Fatal("a CRL of the old root went in force under a new root of its name")
 	}
 	if m.Dump().LastError == "" || !errors.Is(m.CheckPeer([]*x509.Certificate{f.client}, true), ErrRevoked) {
 		t.Fatalf("after the rotation: %+v", m.Dump())
+	}
+	// To a root of another name: the old root's CRL is no root's any more,
+	// so it is held as an intermediate's, checked against a peer's chain.
+	next := newRoot(t, "next root")
+	f.setRoots(next.cert)
+	if changed, err := m.reloadIfChanged(); !changed || err != nil || m.Dump().CRLs[0].IssuerKind != "intermediate" {
+		t.Fatalf("rotation to another name: %v %v %+v", changed, err, m.Dump())
 	}
 	// Both roots in the bundle (a rotation's overlap): it verifies again
 	// and is swapped in, verified against the new bundle.

@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
+	"sync"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
@@ -26,16 +28,26 @@ type RevokedError struct {
 	Subject string
 	// Position in the chain the peer presented: 0 is the leaf.
 	Position int
-	// Issuer is the CRL's issuer, a mesh trust root.
+	// Issuer is the CRL's issuer: a mesh trust root, or the intermediate
+	// CA that issued the certificate.
 	Issuer string
 	// RevokedAt is the revocation date the CRL gives.
 	RevokedAt time.Time
+	// Unverified, when set, is why the certificate is refused without
+	// being listed: a CRL names its issuer but does not verify against the
+	// issuer certificate the peer presented (fail closed, as rustls-webpki
+	// refuses a CRL whose signature does not verify).
+	Unverified error
 }
 
 func (e *RevokedError) Error() string {
 	what := "certificate"
 	if e.Position > 0 {
 		what = fmt.Sprintf("intermediate certificate (chain position %d)", e.Position)
+	}
+	if e.Unverified != nil {
+		return fmt.Sprintf("crl: peer %s serial %s (%s): a CRL of its issuer %q does not verify against the issuer certificate presented (%v), so its revocation status is unknown: %s",
+			what, SerialHex(e.Serial), e.Subject, e.Issuer, e.Unverified, ErrRevoked)
 	}
 	return fmt.Sprintf("crl: peer %s serial %s (%s) revoked by the CRL of %q: %s",
 		what, SerialHex(e.Serial), e.Subject, e.Issuer, ErrRevoked)
@@ -64,10 +76,34 @@ type Set struct {
 }
 
 type list struct {
-	rl      *x509.RevocationList
-	root    *x509.Certificate // the trust root whose key signed it
+	rl *x509.RevocationList
+	// root is the trust root whose key signed it; nil for the CRL of an
+	// intermediate CA, verified on use against the issuer certificate a
+	// peer's chain presents (that certificate is itself verified up to a
+	// root by the handshake), each issuer key once (checked).
+	root    *x509.Certificate
 	issuer  string
 	revoked map[string]time.Time // serialKey → revocation time
+
+	mu      sync.Mutex
+	checked map[[sha256.Size]byte]error // issuer certificate → signature check
+}
+
+// verifiedBy checks l's signature against issuer (an intermediate from a
+// peer's chain), once per issuer certificate.
+func (l *list) verifiedBy(issuer *x509.Certificate) error {
+	sum := sha256.Sum256(issuer.Raw)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err, ok := l.checked[sum]; ok {
+		return err
+	}
+	err := l.rl.CheckSignatureFrom(issuer)
+	if l.checked == nil {
+		l.checked = map[[sha256.Size]byte]error{}
+	}
+	l.checked[sum] = err
+	return err
 }
 
 // serialKey is a serial number as a map key: its sign and magnitude.
@@ -127,10 +163,12 @@ func parse(data []byte) ([]*x509.RevocationList, error) {
 	return out, nil
 }
 
-// Verify builds a Set from parsed CRLs: each must be issued by one of roots
-// (subject equal to the CRL's issuer, subject key id equal to its authority
-// key id when both are present) and carry that root's signature. The first
-// CRL that fails refuses them all, with an error naming it.
+// Verify builds a Set from parsed CRLs. A CRL whose issuer names one of
+// roots must be issued by it (subject key id equal to its authority key id
+// when both are present) and carry its signature. A CRL of an issuer that is
+// no root is an intermediate CA's (as Istio's plugged-in CAs issue them):
+// it is verified when a peer's chain presents that issuer (Revoked). The
+// first CRL that fails refuses them all, with an error naming it.
 func Verify(lists []*x509.RevocationList, roots []*x509.Certificate) (*Set, error) {
 	s, err := verify(lists, roots)
 	if err != nil {
@@ -143,6 +181,9 @@ func verify(lists []*x509.RevocationList, roots []*x509.Certificate) (*Set, erro
 	s := &Set{byIssuer: make(map[string][]*list)}
 	for i, rl := range lists {
 		root, err := issuerRoot(rl, roots)
+		if errors.Is(err, errNotARoot) {
+			root, err = nil, nil // an intermediate's: verified on use
+		}
 		if err != nil {
 			return nil, fmt.Errorf("CRL %d (issuer %q): %w", i+1, rl.Issuer.String(), err)
 		}
@@ -176,27 +217,67 @@ func issuerRoot(rl *x509.RevocationList, roots []*x509.Certificate) (*x509.Certi
 		return r, nil
 	}
 	if !named {
-		return nil, fmt.Errorf("issuer is not one of the %d mesh trust roots (CRLs of intermediate CAs are not supported)", len(roots))
+		return nil, errNotARoot
 	}
 	return nil, sigErr
 }
 
+// errNotARoot: the CRL's issuer names none of the roots.
+var errNotARoot = errors.New("issuer is not a mesh trust root")
+
 // Revoked returns the first certificate of chain (leaf first, as the peer
 // presented it) that a CRL of s lists: a CRL applies to the certificates
-// its root issued (issuer DN equal, and authority key id equal to the
-// root's subject key id when both are present). Nil when none is.
+// its issuer issued (issuer DN equal, and authority key id equal to the
+// issuer's subject key id when both are present). A root's CRL was
+// verified at load; an intermediate's applies to a certificate signed by
+// another certificate of chain (the intermediate), against which the CRL
+// must verify, or the certificate is refused (Unverified). Nil when none
+// is revoked.
 func (s *Set) Revoked(chain []*x509.Certificate) *RevokedError {
 	if s == nil || len(s.byIssuer) == 0 {
 		return nil
 	}
 	for i, c := range chain {
 		for _, l := range s.byIssuer[string(c.RawIssuer)] {
-			if len(c.AuthorityKeyId) > 0 && len(l.root.SubjectKeyId) > 0 && !bytes.Equal(c.AuthorityKeyId, l.root.SubjectKeyId) {
+			issuer := l.root
+			if issuer == nil {
+				// An intermediate's CRL: it applies when the chain holds
+				// the certificate that signed c (else the handshake
+				// verified c against a root, whose CRLs are the ones that
+				// apply). By signature, not by position or name: a peer
+				// could add a certificate of the issuer's name with
+				// another key id to make the CRL look like another's.
+				if issuer = signerIn(chain, i); issuer == nil {
+					continue
+				}
+				if len(l.rl.AuthorityKeyId) > 0 && len(issuer.SubjectKeyId) > 0 && !bytes.Equal(l.rl.AuthorityKeyId, issuer.SubjectKeyId) {
+					continue // a CRL of another key of that name
+				}
+			}
+			if len(c.AuthorityKeyId) > 0 && len(issuer.SubjectKeyId) > 0 && !bytes.Equal(c.AuthorityKeyId, issuer.SubjectKeyId) {
 				continue
+			}
+			if l.root == nil {
+				if err := l.verifiedBy(issuer); err != nil {
+					return &RevokedError{Serial: c.SerialNumber, Subject: subjectOf(c), Position: i, Issuer: l.issuer, Unverified: err}
+				}
 			}
 			if at, ok := l.revoked[serialKey(c.SerialNumber)]; ok {
 				return &RevokedError{Serial: c.SerialNumber, Subject: subjectOf(c), Position: i, Issuer: l.issuer, RevokedAt: at}
 			}
+		}
+	}
+	return nil
+}
+
+// signerIn returns the certificate of chain, other than chain[i], whose
+// key signed chain[i] (a CA of the name chain[i] gives as its issuer), or
+// nil when none did.
+func signerIn(chain []*x509.Certificate, i int) *x509.Certificate {
+	c := chain[i]
+	for j, p := range chain {
+		if j != i && bytes.Equal(p.RawSubject, c.RawIssuer) && c.CheckSignatureFrom(p) == nil {
+			return p
 		}
 	}
 	return nil
@@ -225,7 +306,10 @@ func (s *Set) Len() int {
 
 // Info describes one CRL of a Set for the config dump.
 type Info struct {
-	Issuer     string    `json:"issuer"`
+	Issuer string `json:"issuer"`
+	// IssuerKind is "root" (verified at load) or "intermediate" (verified
+	// against the issuer certificate a peer presents).
+	IssuerKind string    `json:"issuerKind"`
 	Number     string    `json:"number,omitempty"`
 	ThisUpdate time.Time `json:"thisUpdate"`
 	NextUpdate time.Time `json:"nextUpdate,omitzero"`
@@ -239,7 +323,10 @@ func (s *Set) Infos() []Info {
 	}
 	out := make([]Info, 0, len(s.lists))
 	for _, l := range s.lists {
-		in := Info{Issuer: l.issuer, ThisUpdate: l.rl.ThisUpdate, NextUpdate: l.rl.NextUpdate, Revoked: len(l.revoked)}
+		in := Info{Issuer: l.issuer, IssuerKind: "root", ThisUpdate: l.rl.ThisUpdate, NextUpdate: l.rl.NextUpdate, Revoked: len(l.revoked)}
+		if l.root == nil {
+			in.IssuerKind = "intermediate"
+		}
 		if l.rl.Number != nil {
 			in.Number = l.rl.Number.String()
 		}

@@ -67,9 +67,9 @@ func TestVerify(t *testing.T) {
 	}{
 		{"signed by the root", root.crl(t, 1, big.NewInt(5)), []*x509.Certificate{other.cert, root.cert}, ""},
 		{"signed by a key of the root's name", impostor.crl(t, 1), []*x509.Certificate{root.cert}, "not signed by the mesh trust root of that name (authority key id"},
-		{"issuer is not a root", other.crl(t, 1), []*x509.Certificate{root.cert}, "issuer is not one of the 1 mesh trust roots"},
-		{"intermediate CA's CRL", inter.crl(t, 1), []*x509.Certificate{root.cert}, "CRLs of intermediate CAs are not supported"},
-		{"no roots", root.crl(t, 1), nil, "issuer is not one of the 0 mesh trust roots"},
+		// Not a root's: an intermediate's, verified on use (TestRevokedByIntermediate).
+		{"issuer is not a root", other.crl(t, 1), []*x509.Certificate{root.cert}, ""},
+		{"intermediate CA's CRL", inter.crl(t, 1), []*x509.Certificate{root.cert}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := Verify(parse1(t, tc.crl), tc.roots)
@@ -97,7 +97,7 @@ func TestVerify(t *testing.T) {
 		}
 	})
 	t.Run("one bad CRL refuses the bundle", func(t *testing.T) {
-		lists := append(parse1(t, root.crl(t, 1)), parse1(t, other.crl(t, 1))...)
+		lists := append(parse1(t, root.crl(t, 1)), parse1(t, impostor.crl(t, 1))...)
 		if _, err := Verify(lists, []*x509.Certificate{root.cert}); err == nil || !strings.Contains(err.Error(), "CRL 2") {
 			t.Fatalf("Verify: %v, want CRL 2 refused", err)
 		}
@@ -165,5 +165,108 @@ func BenchmarkRevoked(b *testing.B) {
 		if s.Revoked(chain) != nil {
 			b.Fatal("revoked")
 		}
+	}
+}
+
+// TestRevokedByIntermediate: the CRL of an intermediate CA (as Istio's
+// plugged-in CAs issue ca-crl.pem) revokes the leaves it issued when a
+// peer presents the chain through it; it is checked against that
+// intermediate, so a CRL of the intermediate's name signed by another key
+// refuses the peer (fail closed) and one for another intermediate key
+// (authority key id) does not apply. A root's CRL still revokes the
+// intermediate itself.
+func TestRevokedByIntermediate(t *testing.T) {
+	root := newRoot(t, "root")
+	inter := newCA(t, "intermediate", root, newKey(t))
+	forger := newCA(t, "intermediate", nil, newKey(t)) // the intermediate's name, another key
+	deep := inter.leaf(t, "spiffe://cluster.local/ns/a/sa/deep")
+	fine := inter.leaf(t, "spiffe://cluster.local/ns/a/sa/fine")
+	rootLeaf := root.leaf(t, "spiffe://cluster.local/ns/a/sa/direct")
+	roots := []*x509.Certificate{root.cert}
+
+	s, err := Verify(parse1(t, inter.crl(t, 1, deep.SerialNumber, rootLeaf.SerialNumber)), roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := s.Infos(); len(in) != 1 || in[0].IssuerKind != "intermediate" {
+		t.Fatalf("infos %+v, want one intermediate CRL", in)
+	}
+	re := s.Revoked([]*x509.Certificate{deep, inter.cert})
+	if re == nil || re.Unverified != nil || re.Position != 0 || !strings.Contains(re.Issuer, "CN=intermediate") || !errors.Is(re, ErrRevoked) {
+		t.Fatalf("leaf of the intermediate, listed: %+v", re)
+	}
+	if re := s.Revoked([]*x509.Certificate{fine, inter.cert}); re != nil {
+		t.Fatalf("leaf of the intermediate, not listed: %v", re)
+	}
+	// The intermediate's CRL says nothing of the root's leaves, whatever
+	// their serial.
+	if re := s.Revoked([]*x509.Certificate{rootLeaf}); re != nil {
+		t.Fatalf("a root-issued leaf: %v", re)
+	}
+	// Twice: the signature check is cached, the answer the same.
+	if re := s.Revoked([]*x509.Certificate{deep, inter.cert}); re == nil {
+		t.Fatal("second check of the same chain: not revoked")
+	}
+
+	forged, err := Verify(parse1(t, forger.crl(t, 1)), roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The forger's CRL carries its own key id, which is not the
+	// intermediate's: it does not apply.
+	if re := forged.Revoked([]*x509.Certificate{fine, inter.cert}); re != nil {
+		t.Fatalf("a CRL for another key of the intermediate's name applied: %v", re)
+	}
+	// Without key ids to tell them apart, its signature must fail: refused.
+	rl := parse1(t, forger.crl(t, 1))[0]
+	rl.AuthorityKeyId = nil
+	noKid, err := Verify([]*x509.RevocationList{rl}, roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noKidLeaf := *fine
+	noKidLeaf.AuthorityKeyId = nil
+	re = noKid.Revoked([]*x509.Certificate{&noKidLeaf, inter.cert})
+	if re == nil || re.Unverified == nil || !strings.Contains(re.Error(), "does not verify against the issuer certificate presented") {
+		t.Fatalf("a CRL of the intermediate's name that does not verify: %v, want the peer refused", re)
+	}
+
+	// The root revokes the intermediate: every leaf under it is refused.
+	both, err := Verify(append(parse1(t, root.crl(t, 2, inter.cert.SerialNumber)), parse1(t, inter.crl(t, 3))...), roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if re := both.Revoked([]*x509.Certificate{fine, inter.cert}); re == nil || re.Position != 1 {
+		t.Fatalf("leaf under a revoked intermediate: %v", re)
+	}
+}
+
+// TestRevokedByIntermediateDecoy: a revoked leaf whose peer adds, before
+// the real intermediate, a decoy CA of the intermediate's name and another
+// key id (so the CRL would look like another key's) is still revoked: the
+// CRL's CA is found by who signed the leaf, not by position or name.
+func TestRevokedByIntermediateDecoy(t *testing.T) {
+	root := newRoot(t, "root")
+	inter := newCA(t, "intermediate", root, newKey(t))
+	decoy := newCA(t, "intermediate", nil, newKey(t))
+	revoked := inter.leaf(t, "spiffe://cluster.local/ns/a/sa/revoked")
+	s, err := Verify(parse1(t, inter.crl(t, 1, revoked.SerialNumber)), []*x509.Certificate{root.cert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, chain := range map[string][]*x509.Certificate{
+		"decoy first":   {revoked, decoy.cert, inter.cert},
+		"decoy last":    {revoked, inter.cert, decoy.cert},
+		"no decoy":      {revoked, inter.cert},
+		"reversed tail": {inter.cert, revoked},
+	} {
+		if re := s.Revoked(chain); re == nil || re.Unverified != nil || re.Serial.Cmp(revoked.SerialNumber) != 0 {
+			t.Errorf("%s: %v, want the leaf revoked", name, re)
+		}
+	}
+	// Without the intermediate the CRL cannot apply (and the handshake
+	// would not verify the chain).
+	if re := s.Revoked([]*x509.Certificate{revoked, decoy.cert}); re != nil {
+		t.Errorf("chain without the signer: %v", re)
 	}
 }
