@@ -205,35 +205,64 @@ func TestNodeAgentUpgrade(t *testing.T) {
 		}
 	}()
 
-	// New ambient pods, one every 400 ms from a second before the roll on,
-	// until the roll is done or there are maxProbePods (the node takes 60
-	// pods, and the agent's own pod must still fit).
+	// New ambient pods: two before the roll, then, from the moment the old
+	// agent is told to stop (its deletionTimestamp), one every 300 ms until
+	// two seconds after the roll is done, at most maxProbePods in all (the
+	// node takes 60 pods, and the new agent's own pod must still fit).
 	const maxProbePods = 24
-	var created []string
-	var createErr error
+	var (
+		created   []string
+		createErr error
+		stopping  time.Time // when the old agent's pod was seen marked for deletion
+	)
 	createStop, createDone := make(chan struct{}), make(chan struct{})
+	create := func(i int) bool {
+		name := fmt.Sprintf("p%02d", i)
+		if _, err := e.node.Client.CoreV1().Pods(ns).Create(ctx, probePod(ns, name, srvURL), metav1.CreateOptions{}); err != nil {
+			createErr = err
+			return false
+		}
+		created = append(created, name)
+		return true
+	}
 	go func() {
 		defer close(createDone)
-		for i := 0; i < maxProbePods; i++ {
-			name := fmt.Sprintf("p%02d", i)
-			if _, err := e.node.Client.CoreV1().Pods(ns).Create(ctx, probePod(ns, name, srvURL), metav1.CreateOptions{}); err != nil {
+		if !create(0) || !create(1) {
+			return
+		}
+		for stopping.IsZero() {
+			p, err := e.node.Client.CoreV1().Pods(systemNS).Get(ctx, oldAgent, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				stopping = time.Now()
+			case err != nil:
 				createErr = err
 				return
+			case p.DeletionTimestamp != nil: // set to the deletion's time plus the grace period
+				stopping = time.Now()
 			}
-			created = append(created, name)
 			select {
 			case <-createStop:
 				return
-			case <-time.After(400 * time.Millisecond):
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		for i := 2; i < maxProbePods; i++ {
+			if !create(i) {
+				return
+			}
+			select {
+			case <-createStop:
+				return
+			case <-time.After(300 * time.Millisecond):
 			}
 		}
 	}()
-	time.Sleep(time.Second)
 	rollStart := time.Now()
 	e.helmUpgrade(t, ctx, "cni.tag="+tag)
 	e.waitRolledOut(t, ctx, "ztunnel-cni", oldAgent)
 	rolled := time.Since(rollStart)
-	time.Sleep(3 * time.Second)
+	time.Sleep(2 * time.Second)
 	close(createStop)
 	<-createDone
 	close(watchStop)
@@ -241,6 +270,10 @@ func TestNodeAgentUpgrade(t *testing.T) {
 	if createErr != nil {
 		t.Fatalf("creating pods: %v", createErr)
 	}
+	if stopping.IsZero() {
+		t.Fatalf("never saw the old agent %s being deleted", oldAgent)
+	}
+	t.Logf("old agent %s seen marked for deletion at %s, %v after helm upgrade started", oldAgent, stopping.Format("15:04:05.000"), stopping.Sub(rollStart).Round(time.Millisecond))
 	t.Logf("agent %s rolled to tag %s in %v; %d pods created around it", oldAgent, tag, rolled.Round(time.Millisecond), len(created))
 
 	// The old agent told the upgrade from an uninstall (its DaemonSet is
@@ -476,9 +509,10 @@ func outboundFrom(lines []logLine, src string, since time.Time) int {
 }
 
 // TestNodeProxyUpgrade: the node proxy DaemonSet rolls to a new tag (maxSurge
-// 1, maxUnavailable 0) while a client pod opens a new connection to a
-// ClusterIP Service every 50 ms and resolves the Service's name (DNS
-// captured to the node proxy) every 50 ms. The new proxy binds the pods'
+// 1, maxUnavailable 0) while a client pod opens new connections to a
+// ClusterIP Service (four at a time, each followed by a 20 ms pause: over
+// a hundred a second) and resolves the Service's name (DNS captured to the
+// node proxy) every 20 ms. The new proxy binds the pods'
 // listeners beside the old one's (SO_REUSEPORT), takes the pods from the
 // agent, and the old one drains on SIGTERM: no connection and no query
 // fails or stalls, and both proxies carried some of the connections.
@@ -499,7 +533,7 @@ func TestNodeProxyUpgrade(t *testing.T) {
 	}
 	host := "srv." + ns + ".svc.cluster.local."
 	cli := e.pod(t, ns, "cli", nil, "loop", "-url", "http://"+svc.Spec.ClusterIP+"/", "-want", "pod=srv",
-		"-lookup", host, "-interval", "50ms", "-timeout", "3s", "-slow", "2s")
+		"-workers", "4", "-lookup", host, "-interval", "20ms", "-timeout", "3s", "-slow", "2s")
 
 	// The handoff's premise: the old proxy's listeners, closing, hand the
 	// connections queued on them to the new one's (tcp_migrate_req in each
@@ -552,7 +586,7 @@ func TestNodeProxyUpgrade(t *testing.T) {
 	if st.DNS.Fail+st.DNS.Slow > 0 {
 		t.Errorf("%d failed and %d slow DNS queries during the node proxy upgrade:\n%s", st.DNS.Fail, st.DNS.Slow, strings.Join(st.DNS.Failures, "\n"))
 	}
-	if st.Conn.OK < 100 || st.DNS.OK < 100 {
+	if st.Conn.OK < 500 || st.DNS.OK < 200 {
 		t.Errorf("the client loop did too little to tell (%d connections, %d queries)", st.Conn.OK, st.DNS.OK)
 	}
 

@@ -116,6 +116,7 @@ func loop(args []string) error {
 	timeout := fs.Duration("timeout", 3*time.Second, "bound of one probe")
 	slow := fs.Duration("slow", 4*time.Second, "a success slower than this counts as slow")
 	control := fs.String("control", "127.0.0.1:9090", "address of /stats, /reset and /stop")
+	workers := fs.Int("workers", 1, "connection probes running at once")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -125,11 +126,13 @@ func loop(args []string) error {
 	l := &looper{slow: *slow, stop: make(chan struct{}), st: loopStats{Since: time.Now(), Running: true}}
 	if *url != "" {
 		client := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
-		l.run(*interval, func() {
-			start := time.Now()
-			err := getOnce(client, *url, *want)
-			l.record(func(s *loopStats) *counter { return &s.Conn }, "GET "+*url, start, err)
-		})
+		for range max(*workers, 1) {
+			l.run(*interval, func() {
+				start := time.Now()
+				err := getOnce(client, *url, *want)
+				l.record(func(s *loopStats) *counter { return &s.Conn }, "GET "+*url, start, err)
+			})
+		}
 	}
 	if *host != "" {
 		r := &net.Resolver{PreferGo: true}

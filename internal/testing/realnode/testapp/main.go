@@ -9,7 +9,7 @@
 //	                         GET URL once, print the body; exit 1 on any failure
 //	testapp lookup [-timeout 5s] HOST
 //	                         resolve HOST through the pod's resolv.conf, print its addresses one a line
-//	testapp loop [-url URL -want TEXT] [-lookup HOST] [-interval 50ms] [-timeout 3s] [-slow 4s] [-control 127.0.0.1:9090]
+//	testapp loop [-url URL -want TEXT] [-workers 1] [-lookup HOST] [-interval 50ms] [-timeout 3s] [-slow 4s] [-control 127.0.0.1:9090]
 //	                         until stopped: GET URL on a new connection each time, and resolve HOST,
 //	                         counting every failure; the control address serves /stats, /reset, /stop (loop.go)
 package main
