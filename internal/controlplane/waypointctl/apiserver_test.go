@@ -22,10 +22,15 @@ import (
 // ConfigMap, and the Gateway's status gets the Service's cluster IP and
 // Programmed=False until a replica is available, then True. An unmanaged
 // Gateway is left alone, and a replica that does not lead writes nothing.
-func TestControllerOnAPIServer(t *testing.T) {
+// demoAPI starts a real API server with the CRDs and namespace demo; ctx
+// ends with the test (or timeout), and mkGateway creates a waypoint
+// Gateway there.
+func demoAPI(t *testing.T, timeout time.Duration) (ctx context.Context, clients *kube.Clients,
+	mkGateway func(name string, annotations map[string]string) *gatewayv1.Gateway) {
+	t.Helper()
 	api := kubeapi.Start(t, kubeapi.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
 	if err := api.ApplyCRDs(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -36,10 +41,9 @@ func TestControllerOnAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gws := clients.Gateway.GatewayV1().Gateways("demo")
-	mkGateway := func(name string, annotations map[string]string) {
+	mkGateway = func(name string, annotations map[string]string) *gatewayv1.Gateway {
 		t.Helper()
-		_, err := gws.Create(ctx, &gatewayv1.Gateway{
+		gw, err := clients.Gateway.GatewayV1().Gateways("demo").Create(ctx, &gatewayv1.Gateway{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name, Annotations: annotations},
 			Spec: gatewayv1.GatewaySpec{GatewayClassName: WaypointClass,
 				Listeners: []gatewayv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}},
@@ -47,7 +51,14 @@ func TestControllerOnAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		return gw
 	}
+	return ctx, clients, mkGateway
+}
+
+func TestControllerOnAPIServer(t *testing.T) {
+	ctx, clients, mkGateway := demoAPI(t, 90*time.Second)
+	gws := clients.Gateway.GatewayV1().Gateways("demo")
 	mkGateway("waypoint", nil)
 	mkGateway("byo", map[string]string{ManagedAnnotation: "false"})
 

@@ -1,7 +1,6 @@
 package waypointctl
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 )
 
 // TestControllerCRLOnAPIServer: with CRLPEM set, every waypoint namespace
@@ -24,27 +22,8 @@ import (
 // reconcile; CRLs that cannot be read leave the Gateway Programmed=False
 // naming them, and its Deployment as it was (never one without the CRLs).
 func TestControllerCRLOnAPIServer(t *testing.T) {
-	api := kubeapi.Start(t, kubeapi.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := api.ApplyCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := api.EnsureNamespace(ctx, "demo", nil); err != nil {
-		t.Fatal(err)
-	}
-	clients, err := kube.NewClients(api.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := clients.Gateway.GatewayV1().Gateways("demo").Create(ctx, &gatewayv1.Gateway{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "waypoint"},
-		Spec: gatewayv1.GatewaySpec{GatewayClassName: WaypointClass,
-			Listeners: []gatewayv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, clients, mkGateway := demoAPI(t, 60*time.Second)
+	gw := mkGateway("waypoint", nil)
 	type crlRead struct {
 		pem []byte
 		err error

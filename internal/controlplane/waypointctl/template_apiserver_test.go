@@ -15,7 +15,6 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
@@ -26,27 +25,9 @@ import (
 // with a message naming the file and the Gateway, its address kept (the
 // traffic bound to it fails rather than bypasses it).
 func TestControllerTemplateOnAPIServer(t *testing.T) {
-	api := kubeapi.Start(t, kubeapi.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	if err := api.ApplyCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := api.EnsureNamespace(ctx, "demo", nil); err != nil {
-		t.Fatal(err)
-	}
-	clients, err := kube.NewClients(api.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, clients, mkGateway := demoAPI(t, 90*time.Second)
 	gws := clients.Gateway.GatewayV1().Gateways("demo")
-	if _, err := gws.Create(ctx, &gatewayv1.Gateway{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "waypoint"},
-		Spec: gatewayv1.GatewaySpec{GatewayClassName: WaypointClass,
-			Listeners: []gatewayv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	mkGateway("waypoint", nil)
 
 	dir := t.TempDir()
 	file, values := filepath.Join(dir, "deployment.yaml"), filepath.Join(dir, "values.yaml")
