@@ -37,17 +37,7 @@ func TestRequestAuthenticationFetchesJwksURI(t *testing.T) {
 	}))
 	defer srv.Close()
 	dir := t.TempDir()
-	data := `apiVersion: v1
-kind: Namespace
-metadata: {name: demo}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: waypoint, namespace: demo, annotations: {ztunnel-go.io/waypoint-address: 10.96.9.1}}
-spec:
-  gatewayClassName: istio-waypoint
-  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
----
+	data := demoWaypointYAML + `---
 apiVersion: security.istio.io/v1
 kind: RequestAuthentication
 metadata: {name: remote-keys, namespace: demo}

@@ -13,15 +13,8 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 )
 
-// TestRequestAuthenticationJwksURI: in local mode a RequestAuthentication
-// whose rule has jwksUri (not fetched) still reaches its waypoint, with the
-// rule marked so that its issuer's tokens are rejected; the config dump
-// says which waypoint enforces it and lists the rule's problem with file,
-// document and field, logged once.
-func TestRequestAuthenticationJwksURI(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "jwt.yaml")
-	const data = `apiVersion: v1
+// demoWaypointYAML is namespace demo with waypoint Gateway demo/waypoint.
+const demoWaypointYAML = `apiVersion: v1
 kind: Namespace
 metadata: {name: demo}
 ---
@@ -31,7 +24,17 @@ metadata: {name: waypoint, namespace: demo, annotations: {ztunnel-go.io/waypoint
 spec:
   gatewayClassName: istio-waypoint
   listeners: [{name: mesh, port: 15008, protocol: HBONE}]
----
+`
+
+// TestRequestAuthenticationJwksURI: in local mode a RequestAuthentication
+// whose rule has jwksUri (not fetched) still reaches its waypoint, with the
+// rule marked so that its issuer's tokens are rejected; the config dump
+// says which waypoint enforces it and lists the rule's problem with file,
+// document and field, logged once.
+func TestRequestAuthenticationJwksURI(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "jwt.yaml")
+	const data = demoWaypointYAML + `---
 apiVersion: security.istio.io/v1
 kind: RequestAuthentication
 metadata: {name: remote-keys, namespace: demo}
