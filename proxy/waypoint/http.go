@@ -40,8 +40,18 @@ type tunnelMeta struct {
 type tunnelConn struct {
 	net.Conn
 	meta *tunnelMeta
+	pre  []byte // read before the tunnel: what the fast path read and hands on (h1.go)
 	once sync.Once
 	done chan struct{} // closed by Close
+}
+
+func (c *tunnelConn) Read(p []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }
 
 // CloseWrite half-closes the tunnel (net/http ends a response this way
@@ -61,10 +71,15 @@ func (c *tunnelConn) Close() error {
 	return err
 }
 
-// serveTunnel hands the tunnel to the HTTP server and returns once the
-// server has closed it (hbone.Reply.Serve).
+// serveTunnel serves the tunnel's HTTP/1.1 requests on the fast path
+// (h1.go), and hands it to the HTTP server (HTTP/2, h2c, what the fast path
+// leaves to net/http) and returns once the server has closed it
+// (hbone.Reply.Serve).
 func (w *Waypoint) serveTunnel(t *hbone.Tunnel, meta *tunnelMeta) error {
 	tc := &tunnelConn{Conn: t, meta: meta, done: make(chan struct{})}
+	if meta.protocol != waypointapi.Protocol_HTTP2 && !w.slowPath && w.serveH1(tc) {
+		return nil
+	}
 	if !w.httpLn.push(tc) {
 		return net.ErrClosed
 	}
@@ -167,7 +182,7 @@ func (w *Waypoint) initHTTP() {
 			if err != nil {
 				return nil, err
 			}
-			return w.dial(ctx, ap, "")
+			return w.dialUpstream(ctx, ap)
 		},
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
@@ -179,7 +194,7 @@ func (w *Waypoint) initHTTP() {
 			if err != nil {
 				return nil, err
 			}
-			return w.dial(ctx, ap, "")
+			return w.dialUpstream(ctx, ap)
 		},
 	}
 	handler := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { w.serveHTTP(rw, r, proxy) })
@@ -194,11 +209,23 @@ func (w *Waypoint) initHTTP() {
 		ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog:          zap.NewStdLog(w.log.Named("http")),
 	}
-	w.wg.Add(1)
+	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()
 		_ = w.httpSrv.Serve(w.httpLn)
 	}()
+	go func() {
+		defer w.wg.Done()
+		w.reapUpstreams()
+	}()
+}
+
+// dialUpstream opens an upstream connection for net/http's transports.
+func (w *Waypoint) dialUpstream(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+	if w.upstreamDial != nil {
+		return w.upstreamDial(ctx, ap, "")
+	}
+	return w.dial(ctx, ap, "")
 }
 
 // serveHTTP is one request: the filters (decide), then the proxy, then stats.
@@ -239,25 +266,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		return byteSizes{request: req, response: resp}
 	}
 	if err := w.decide(ex); err != nil {
-		var nr *errNoRoute
-		code := http.StatusServiceUnavailable
-		if errors.As(err, &nr) {
-			code = nr.code
-		}
-		ex.err = err
-		if code == http.StatusForbidden {
-			sw.Header().Set("Content-Type", "text/plain")
-			sw.WriteHeader(code)
-			_, _ = io.WriteString(sw, DeniedBody)
-		} else if code == http.StatusUnauthorized && nr != nil {
-			// As Envoy's jwt_authn answers an invalid token.
-			sw.Header().Set("Content-Type", "text/plain")
-			sw.Header().Set("WWW-Authenticate", `Bearer realm="http://`+r.Host+r.URL.Path+`", error="invalid_token"`)
-			sw.WriteHeader(code)
-			_, _ = io.WriteString(sw, nr.body)
-		} else {
-			http.Error(sw, http.StatusText(code), code)
-		}
+		code := answerRefusal(sw, r, ex, err)
 		w.record(ex, code, flagFor(code), time.Since(start), sizes())
 		return
 	}
@@ -415,6 +424,12 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			timer.Stop()
 		}
 		last := i == attempts-1
+		if rwc, ok := resp.Body.(io.ReadWriteCloser); err == nil && resp.StatusCode == http.StatusSwitchingProtocols && ok {
+			// An upgrade: ReverseProxy needs a body it can write to (the
+			// connection itself, as the Transport hands it over).
+			resp.Body = &cancelRWBody{ReadWriteCloser: rwc, cancel: cancel}
+			return resp, nil
+		}
 		if err == nil && (last || ex.rule == nil || !ex.rule.retryOn[resp.StatusCode]) {
 			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 			return resp, nil
@@ -441,6 +456,18 @@ type cancelBody struct {
 
 func (b *cancelBody) Close() error {
 	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// cancelRWBody is an upgraded connection's body: ReverseProxy writes to it.
+type cancelRWBody struct {
+	io.ReadWriteCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelRWBody) Close() error {
+	err := b.ReadWriteCloser.Close()
 	b.cancel()
 	return err
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,6 +70,20 @@ type Waypoint struct {
 	h1, h2  http.RoundTripper
 	wg      sync.WaitGroup
 	pools   pools // DestinationRule endpoint state (lb.go, outlier.go)
+
+	// The HTTP/1.1 fast path (h1.go): its connections (Shutdown closes
+	// the idle ones) and its idle upstream connections.
+	h1mu      sync.Mutex
+	h1conns   map[*h1Conn]struct{}
+	h1closing atomic.Bool
+	upstreams upstreamPool
+	// slowPath serves every tunnel with net/http's server and
+	// ReverseProxy (tests compare the two).
+	slowPath bool
+	// upstreamDial replaces dial on the fast path (tests: an endpoint of
+	// their own); fallbacks counts tunnels it handed to net/http.
+	upstreamDial func(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error)
+	fallbacks    atomic.Int64
 }
 
 // New builds a waypoint. Hand Sink to the xDS client and a listener to Serve.
@@ -123,16 +138,19 @@ func (w *Waypoint) Serve(l net.Listener) error { return w.srv.Serve(l) }
 // Shutdown stops accepting, lets open tunnels and requests finish until ctx
 // ends, then closes what is left.
 func (w *Waypoint) Shutdown(ctx context.Context) error {
+	w.shutdownH1()
 	err := w.srv.Shutdown(ctx)
 	herr := w.httpSrv.Shutdown(ctx)
 	if herr != nil {
 		w.httpSrv.Close()
 	}
+	w.closeH1()
 	return errors.Join(err, herr)
 }
 
 // Close stops everything now.
 func (w *Waypoint) Close() error {
+	w.closeH1()
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 

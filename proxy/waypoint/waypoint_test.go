@@ -153,6 +153,7 @@ func newLab(t *testing.T, cfg *waypointapi.Config) *lab { return newLabWith(t, c
 type labOptions struct {
 	ca         ca.Options
 	revocation hbone.Revocation
+	configure  func(*Waypoint) // runs before the waypoint serves (test knobs)
 }
 
 func newLabWith(t *testing.T, cfg *waypointapi.Config, o labOptions) *lab {
@@ -200,6 +201,9 @@ func newLabWith(t *testing.T, cfg *waypointapi.Config, o labOptions) *lab {
 		proxytest.Service("demo", "other", otherVIP, []uint32{80, 8080}),
 	)
 	l.setConfig(cfg)
+	if o.configure != nil {
+		o.configure(l.w)
+	}
 	go l.w.Serve(listen(t, wpIP+":15008"))
 	t.Cleanup(func() { l.w.Close() })
 	return l

@@ -1,0 +1,368 @@
+package waypoint
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
+)
+
+// The HTTP/1.1 fast path. A tunnel to an HTTP (not HTTP2) port is served
+// here, on the goroutine that serves the tunnel, instead of by net/http's
+// server, ReverseProxy and Transport: each request's head is read once
+// (http.ReadRequest), the filters run (decide, the same as serveHTTP), the
+// request line, headers and a held body go upstream in one write on a
+// keep-alive connection this downstream connection keeps (h1up.go), and
+// the response head is read (http.ReadResponse) and sent on with its body
+// on the same goroutine: no per-connection read and write loops, no
+// channel hand-offs, no deep header copy.
+//
+// What it does not do goes to the net/http path (serveTunnel pushes the
+// tunnel to the HTTP server, the bytes already read replayed first), for
+// the rest of that connection: a request head that is not HTTP/1.1 (h2c
+// prior knowledge "PRI * HTTP/2.0", HTTP/1.0), Upgrade (WebSocket, h2c
+// upgrade), Expect (100-continue), request trailers (a Trailer header),
+// and a head larger than the read buffer (h1BufSize). gRPC and HTTP2
+// ports never start here. A head the fast path refuses (RFC 9112 framing
+// it will not guess at) is answered 400 and the connection closed:
+// Content-Length with Transfer-Encoding, differing Content-Lengths, an
+// obsolete folded header line, a malformed head (http.ReadRequest's own
+// checks: bad chunk sizes surface when the body is read, a held body
+// before anything goes upstream).
+
+// h1BufSize is the downstream read buffer: a request head must fit in it
+// to be served on the fast path.
+const h1BufSize = 8 << 10
+
+// errFallback: the connection goes to the net/http path from this request on.
+var errFallback = errors.New("waypoint: request needs the net/http path")
+
+var h1Readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1BufSize) }}
+
+// h1Conn is one downstream HTTP/1.1 connection on the fast path.
+type h1Conn struct {
+	w    *Waypoint
+	tc   *tunnelConn
+	br   *bufio.Reader
+	held map[netip.AddrPort]*upConn // upstream connections kept between this connection's requests
+	idle atomic.Bool                // between requests: Shutdown closes it
+}
+
+// serveH1 serves the tunnel's requests until it closes (true) or a request
+// needs the net/http path (false: tc.pre holds the bytes read and not yet
+// served, for the HTTP server to read first).
+func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
+	c := &h1Conn{w: w, tc: tc, br: h1Readers.Get().(*bufio.Reader)}
+	c.br.Reset(tc)
+	if !w.trackH1(c, true) {
+		tc.Close()
+		return true
+	}
+	defer func() {
+		w.trackH1(c, false)
+		for _, uc := range c.held {
+			w.upstreams.put(uc)
+		}
+		c.br.Reset(nil)
+		h1Readers.Put(c.br)
+	}()
+	for {
+		err := c.serveOne()
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, errFallback) {
+			// The HTTP server reads what is buffered first, then the tunnel.
+			b, _ := c.br.Peek(c.br.Buffered())
+			tc.pre = bytes.Clone(b)
+			w.fallbacks.Add(1)
+			return false
+		}
+		if errors.Is(err, io.EOF) {
+			tc.Close() // the client closed first
+		} else {
+			closeWriteAndWait(tc)
+		}
+		return true
+	}
+}
+
+// closeWriteAndWait closes as net/http's server does when it ends a
+// connection itself: the write side first, so the client reads the last
+// response whole, then (after the client closes, or half a second) the
+// tunnel; closing at once would reset it under the response.
+func closeWriteAndWait(tc *tunnelConn) {
+	_ = tc.CloseWrite()
+	_ = tc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	_, _ = io.Copy(io.Discard, io.LimitReader(tc, 256<<10))
+	tc.Close()
+}
+
+// trackH1 adds (or removes) a fast-path connection to the set Shutdown
+// closes when idle; false: the waypoint is shutting down.
+func (w *Waypoint) trackH1(c *h1Conn, add bool) bool {
+	w.h1mu.Lock()
+	defer w.h1mu.Unlock()
+	if !add {
+		delete(w.h1conns, c)
+		return true
+	}
+	if w.h1closing.Load() {
+		return false
+	}
+	if w.h1conns == nil {
+		w.h1conns = map[*h1Conn]struct{}{}
+	}
+	w.h1conns[c] = struct{}{}
+	return true
+}
+
+// setIdle marks the connection between requests (an idle one Shutdown
+// closes); false: it is shutting down, close it.
+func (c *h1Conn) setIdle(idle bool) bool {
+	c.idle.Store(idle)
+	return !c.w.h1closing.Load()
+}
+
+// shutdownH1 stops the fast path taking new requests and closes its idle
+// connections; busy ones close after their response.
+func (w *Waypoint) shutdownH1() {
+	w.h1mu.Lock()
+	defer w.h1mu.Unlock()
+	w.h1closing.Store(true)
+	for c := range w.h1conns {
+		if c.idle.Load() {
+			c.tc.Close()
+		}
+	}
+}
+
+// closeH1 closes every fast-path connection and the idle upstream ones.
+func (w *Waypoint) closeH1() {
+	w.h1mu.Lock()
+	w.h1closing.Store(true)
+	for c := range w.h1conns {
+		c.tc.Close()
+	}
+	w.h1mu.Unlock()
+	w.upstreams.close()
+}
+
+// serveOne reads and serves one request. nil: the connection stays open
+// for the next; errFallback: hand it to the net/http path; other: close.
+func (c *h1Conn) serveOne() error {
+	if !c.setIdle(true) {
+		return errShuttingDown
+	}
+	if _, err := c.br.Peek(1); err != nil {
+		return err // the client closed (or reset) between requests
+	}
+	if !c.setIdle(false) {
+		return errShuttingDown
+	}
+	head, err := c.peekHead()
+	if err != nil {
+		return err
+	}
+	info := scanHead(head)
+	if info.fallback {
+		return errFallback
+	}
+	if info.bad != "" {
+		c.refuse(info.bad)
+		return errors.New("waypoint: refused request head: " + info.bad)
+	}
+	r, err := http.ReadRequest(c.br)
+	if err != nil {
+		c.refuse(err.Error())
+		return err
+	}
+	if msg := checkRequest(r); msg != "" {
+		c.refuse(msg)
+		return errors.New("waypoint: refused request: " + msg)
+	}
+	keep := c.serveRequest(r, len(head))
+	if !keep || !c.finishBody(r) {
+		return errConnDone
+	}
+	return nil
+}
+
+var (
+	errConnDone     = errors.New("waypoint: connection done")
+	errShuttingDown = errors.New("waypoint: shutting down")
+)
+
+// peekHead returns the request head (through its blank line) from the
+// read buffer without consuming it, reading more while it is incomplete.
+// A head that does not fit the buffer: errFallback.
+func (c *h1Conn) peekHead() ([]byte, error) {
+	deadline := false
+	defer func() {
+		if deadline {
+			_ = c.tc.SetReadDeadline(time.Time{})
+		}
+	}()
+	for {
+		buf, _ := c.br.Peek(c.br.Buffered())
+		if n := headEnd(buf); n > 0 {
+			return buf[:n], nil
+		}
+		if len(buf) >= c.br.Size() {
+			return nil, errFallback
+		}
+		if !deadline {
+			// As the HTTP server's ReadHeaderTimeout, once a head has begun.
+			deadline = true
+			_ = c.tc.SetReadDeadline(time.Now().Add(30 * time.Second))
+		}
+		if _, err := c.br.Peek(len(buf) + 1); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// headEnd is the length of the head in b through the empty line that ends
+// it (lines end in LF or CRLF, as net/textproto reads them); 0: incomplete.
+func headEnd(b []byte) int {
+	for i, first := 0, true; ; first = false {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return 0
+		}
+		line := b[i : i+j]
+		i += j + 1
+		if !first && (len(line) == 0 || len(line) == 1 && line[0] == '\r') {
+			return i
+		}
+	}
+}
+
+// headInfo is what scanHead learns from a raw request head.
+type headInfo struct {
+	fallback bool   // the net/http path serves it
+	bad      string // refused with 400: why
+}
+
+// scanHead reads the raw head for what http.ReadRequest would accept but the
+// fast path must not forward as parsed (request smuggling: RFC 9112 §6.3,
+// §11.2), and for what it leaves to the net/http path.
+func scanHead(head []byte) headInfo {
+	var info headInfo
+	first := true
+	var cl []byte
+	te := false
+	for len(head) > 0 {
+		j := bytes.IndexByte(head, '\n')
+		line := head[:j]
+		head = head[j+1:]
+		line = bytes.TrimSuffix(line, []byte{'\r'})
+		if first {
+			first = false
+			if !bytes.HasSuffix(line, []byte(" HTTP/1.1")) {
+				info.fallback = true // HTTP/1.0, h2c prior knowledge ("PRI * HTTP/2.0"), or malformed: net/http answers
+				return info
+			}
+			continue
+		}
+		if len(line) == 0 {
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			info.bad = "obsolete line folding"
+			return info
+		}
+		k := bytes.IndexByte(line, ':')
+		if k < 0 {
+			continue // http.ReadRequest refuses it
+		}
+		name, value := line[:k], bytes.TrimSpace(line[k+1:])
+		switch {
+		case asciiEqualFold(name, "content-length"):
+			if cl != nil && !bytes.Equal(cl, value) {
+				info.bad = "differing Content-Length headers"
+				return info
+			}
+			cl = value
+		case asciiEqualFold(name, "transfer-encoding"):
+			te = true
+		case asciiEqualFold(name, "upgrade"), asciiEqualFold(name, "expect"), asciiEqualFold(name, "trailer"):
+			info.fallback = true
+			return info
+		}
+	}
+	if cl != nil && te {
+		info.bad = "both Content-Length and Transfer-Encoding"
+	}
+	return info
+}
+
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// checkRequest is what net/http's server checks of a parsed request
+// before its handler runs ("": fine).
+func checkRequest(r *http.Request) string {
+	hosts, haveHost := r.Header["Host"]
+	if haveHost && len(hosts) > 1 {
+		return "too many Host headers"
+	}
+	if r.Host == "" && !haveHost {
+		return "missing required Host header"
+	}
+	if !httpguts.ValidHostHeader(r.Host) {
+		return "malformed Host header"
+	}
+	for k, vs := range r.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return "invalid header name"
+		}
+		for _, v := range vs {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return "invalid header value"
+			}
+		}
+	}
+	return ""
+}
+
+// refuse answers a request that cannot be served 400, as net/http's server
+// does, and the connection closes.
+func (c *h1Conn) refuse(why string) {
+	c.w.log.Debug("refused an HTTP/1.1 request", zap.String("reason", why))
+	body := "400 Bad Request: " + why
+	_, _ = io.WriteString(c.tc, "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+body)
+}
+
+// finishBody reads what is left of a request body so the next request can
+// be read, as net/http's server does (up to 256 KiB; more: close).
+func (c *h1Conn) finishBody(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return true
+	}
+	n, err := io.CopyN(io.Discard, r.Body, 256<<10+1)
+	return n <= 256<<10 && errors.Is(err, io.EOF)
+}
