@@ -84,7 +84,7 @@ func runWithNode(m *testing.M) (int, error) {
 		return 0, err
 	}
 	var images []string
-	for _, c := range []string{"ztunnel", "ztunnel-cni", "ztunnel-cp"} {
+	for _, c := range []string{"ztunnel", "ztunnel-cni", "ztunnel-cp", "waypoint"} {
 		images = append(images, filepath.Join(vars["ZTG_IMAGES"], c+".tar"))
 	}
 	for _, c := range []string{"pause", "testapp", "coredns"} {

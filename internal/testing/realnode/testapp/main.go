@@ -3,8 +3,10 @@
 // workloads.
 //
 //	testapp pause            block until SIGTERM/SIGINT, reaping orphans (the sandbox image)
-//	testapp serve [-listen :8080]
-//	                         HTTP server answering "pod=<POD_NAME> ns=<POD_NAMESPACE> from=<client addr>"
+//	testapp serve [-listen :8080] [-headers] [-close]
+//	                         HTTP server answering "pod=<POD_NAME> ns=<POD_NAMESPACE> from=<client addr>";
+//	                         -headers adds one "header <Name>: <value>" line per request header,
+//	                         -close answers Connection: close (each request its own connection)
 //	testapp get [-timeout 5s] URL
 //	                         GET URL once, print the body; exit 1 on any failure
 //	testapp lookup [-timeout 5s] HOST
@@ -19,10 +21,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -76,12 +80,24 @@ func pause() {
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	listen := fs.String("listen", ":8080", "address to listen on")
+	headers := fs.Bool("headers", false, "echo the request's headers, one line each")
+	closeConn := fs.Bool("close", false, "answer Connection: close")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	name, ns := os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if *closeConn {
+			w.Header().Set("Connection", "close")
+		}
 		fmt.Fprintf(w, "pod=%s ns=%s from=%s\n", name, ns, r.RemoteAddr)
+		if *headers {
+			for _, k := range slices.Sorted(maps.Keys(r.Header)) {
+				for _, v := range r.Header[k] {
+					fmt.Fprintf(w, "header %s: %s\n", k, v)
+				}
+			}
+		}
 	})
 	l, err := net.Listen("tcp", *listen)
 	if err != nil {
