@@ -19,10 +19,10 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/xds/resmap"
 )
@@ -32,9 +32,10 @@ import (
 //     resmap.Map) behind an atomic pointer; SetResources and UpdateResources
 //     build the next one off to the side, copying only the shards they
 //     change, so one changed resource out of 55k costs O(1), not a copy. An
-//     entry holds the resource already encoded as a discovery.Resource (Any
-//     bytes and version), made once per changed resource and shared read-only
-//     by every stream's responses.
+//     entry holds the resource as a discovery.Resource and already encoded as
+//     a response's resources entry (server_wire.go), made once per changed
+//     resource and shared read-only by every stream's responses, which are
+//     written from those bytes rather than marshalled.
 //   - version = hex sha256 of the deterministic encoding, so a restarted
 //     server gives unchanged resources the versions clients already hold.
 //   - SetResources publishes the snapshot first and then marks the changed and
@@ -95,7 +96,8 @@ func (t *typeState) load() *resmap.Map[*entry] { return t.snap.Load() }
 
 type entry struct {
 	version string
-	res     *discovery.Resource // read-only once published
+	res     *discovery.Resource // read-only once published; its Any's value aliases wire
+	wire    mem.Buffer          // the encoded DeltaDiscoveryResponse.resources entry (server_wire.go)
 }
 
 type serverMetrics struct {
@@ -197,9 +199,7 @@ func (s *Server) update(typeURL string, resources map[string]proto.Message, remo
 		if old, ok := prev.Get(name); ok && old.version == version {
 			continue
 		}
-		e.Set(name, &entry{version: version, res: &discovery.Resource{
-			Name: name, Version: version, Resource: &anypb.Any{TypeUrl: typeURL, Value: b},
-		}})
+		e.Set(name, newEntry(typeURL, name, version, b))
 		changed = append(changed, name)
 	}
 	if whole {
@@ -569,7 +569,7 @@ func (st *stream) flush() error {
 // always: send even when nothing differs (the answer to a first request).
 func (st *stream) respond(typeURL string, sub *subscription, names []string, always bool) error {
 	snap := st.snapshot(typeURL)
-	resp := &discovery.DeltaDiscoveryResponse{TypeUrl: typeURL}
+	resp := &response{typeURL: typeURL}
 	seen := make(map[string]struct{}, len(names))
 	for _, n := range names {
 		if _, dup := seen[n]; dup {
@@ -581,25 +581,31 @@ func (st *stream) respond(typeURL string, sub *subscription, names []string, alw
 		switch {
 		case ok && sub.wants(n):
 			if !holds || held != e.version {
-				resp.Resources = append(resp.Resources, e.res)
+				resp.resources = append(resp.resources, e)
 				sub.sent[n] = e.version
 			}
 		case holds:
-			resp.RemovedResources = append(resp.RemovedResources, n)
+			resp.removed = append(resp.removed, n)
 			delete(sub.sent, n)
 		}
 	}
-	if !always && len(resp.Resources) == 0 && len(resp.RemovedResources) == 0 {
+	if !always && len(resp.resources) == 0 && len(resp.removed) == 0 {
 		return nil
 	}
 	st.nonce++
-	resp.Nonce = strconv.FormatInt(st.nonce, 10)
-	sub.inflight = resp.Nonce
-	if err := st.gs.Send(resp); err != nil {
+	resp.nonce = strconv.FormatInt(st.nonce, 10)
+	sub.inflight = resp.nonce
+	var err error
+	if wireCodecActive() {
+		err = st.gs.SendMsg(resp.wire())
+	} else {
+		err = st.gs.Send(resp.message())
+	}
+	if err != nil {
 		return err
 	}
-	st.status.noteSent(typeURL, resp.Nonce, sub, time.Now())
+	st.status.noteSent(typeURL, resp.nonce, sub, time.Now())
 	st.s.metrics.pushes.WithLabelValues(typeURL).Inc()
-	st.s.metrics.pushed.WithLabelValues(typeURL).Add(float64(len(resp.Resources) + len(resp.RemovedResources)))
+	st.s.metrics.pushed.WithLabelValues(typeURL).Add(float64(len(resp.resources) + len(resp.removed)))
 	return nil
 }

@@ -1,0 +1,192 @@
+package xds
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+)
+
+// decodeWire marshals r's fast path with the registered codec and decodes
+// the bytes as gRPC's client would.
+func decodeWire(t *testing.T, r *response) *discovery.DeltaDiscoveryResponse {
+	t.Helper()
+	bufs, err := registeredCodec.Marshal(r.wire())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &discovery.DeltaDiscoveryResponse{}
+	if err := proto.Unmarshal(bufs.Materialize(), got); err != nil {
+		t.Fatalf("fast-path bytes do not decode: %v", err)
+	}
+	return got
+}
+
+func TestWireEntryDecodes(t *testing.T) {
+	long := strings.Repeat("x", 300) // lengths past one varint byte
+	tests := []struct {
+		name, typeURL, resName, version string
+		value                           []byte
+	}{
+		{name: "workload", typeURL: AddressType, resName: "Kubernetes//Pod/ns/a", version: strings.Repeat("ab", 32), value: []byte{1, 2, 3}},
+		{name: "empty value (an empty message)", typeURL: AddressType, resName: "a", version: "v"},
+		{name: "empty name", typeURL: AuthorizationType, version: "v", value: []byte("p")},
+		{name: "long fields", typeURL: AddressType, resName: long, version: long, value: []byte(long + long)},
+		{name: "non-ASCII name", typeURL: AddressType, resName: "ns/ünï", version: "v", value: []byte{0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEntry(tt.typeURL, tt.resName, tt.version, tt.value)
+			want := &discovery.Resource{Name: tt.resName, Version: tt.version, Resource: &anypb.Any{TypeUrl: tt.typeURL, Value: tt.value}}
+			if !proto.Equal(e.res, want) {
+				t.Errorf("entry message = %v, want %v", e.res, want)
+			}
+			// The stored bytes are one resources field of a response.
+			got := &discovery.DeltaDiscoveryResponse{}
+			if err := proto.Unmarshal(e.wire.ReadOnlyData(), got); err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Resources) != 1 || !proto.Equal(got.Resources[0], want) {
+				t.Errorf("entry bytes decode to %v, want one %v", got, want)
+			}
+		})
+	}
+}
+
+func TestWireResponseDecodes(t *testing.T) {
+	// Entries as the server builds them, from real resources.
+	s := NewServer(ServerConfig{})
+	set := map[string]*workloadapi.Address{}
+	for i := range 300 {
+		uid := fmt.Sprintf("Kubernetes//Pod/default/w-%d", i)
+		set[uid] = workload(uid, fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))
+	}
+	s.SetResources(AddressType, addrSet(set))
+	snap := s.types[AddressType].load()
+	var all []*entry
+	for _, e := range snap.All() {
+		all = append(all, e)
+	}
+	one, _ := snap.Get("Kubernetes//Pod/default/w-7")
+
+	tests := []struct {
+		name string
+		resp response
+	}{
+		{name: "full sync", resp: response{typeURL: AddressType, nonce: "1", resources: all}},
+		{name: "incremental with removals", resp: response{typeURL: AddressType, nonce: "42", resources: []*entry{one}, removed: []string{"gone-1", "gone-2"}}},
+		{name: "removals only", resp: response{typeURL: AuthorizationType, nonce: "7", removed: []string{"ns/p"}}},
+		{name: "empty first answer", resp: response{typeURL: AuthorizationType, nonce: "2"}},
+		{name: "system version info", resp: response{systemVersion: "2026-12-02/17", typeURL: AddressType, nonce: "3", resources: all[:5]}},
+		{name: "an empty removed name is kept", resp: response{typeURL: AddressType, nonce: "9", removed: []string{"", "x"}}},
+		{name: "no nonce, no type", resp: response{resources: []*entry{one}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := tt.resp.message()
+			got := decodeWire(t, &tt.resp)
+			if !proto.Equal(got, want) {
+				t.Errorf("fast path decodes to a different response:\n got %v\nwant %v", got, want)
+			}
+			// The slow path through the same codec (delegated to gRPC's
+			// proto codec) gives the same message.
+			bufs, err := registeredCodec.Marshal(want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slow := &discovery.DeltaDiscoveryResponse{}
+			if err := registeredCodec.Unmarshal(bufs, slow); err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(slow, got) {
+				t.Errorf("slow path %v != fast path %v", slow, got)
+			}
+		})
+	}
+}
+
+func TestWireCodecRegistered(t *testing.T) {
+	if !wireCodecActive() {
+		t.Fatal(`gRPC's "proto" codec is not the xds package's: responses would be marshalled`)
+	}
+	// Every other message goes through gRPC's own proto codec.
+	req := &discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, ResponseNonce: "5", ResourceNamesSubscribe: []string{"a"}}
+	bufs, err := registeredCodec.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &discovery.DeltaDiscoveryRequest{}
+	if err := registeredCodec.Unmarshal(bufs, got); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, req) {
+		t.Errorf("round trip = %v, want %v", got, req)
+	}
+	if _, err := registeredCodec.Marshal(struct{}{}); err == nil {
+		t.Error("a non-message marshalled without error")
+	}
+}
+
+// TestWireOverStream checks what a raw ADS client receives from a real
+// server: the full response and an incremental one with a removal decode to
+// the entries' resources.
+func TestWireOverStream(t *testing.T) {
+	srv := startServer(t, "127.0.0.1:0")
+	set := map[string]*workloadapi.Address{}
+	for i := range 50 {
+		uid := fmt.Sprintf("w-%d", i)
+		set[uid] = workload(uid, fmt.Sprintf("10.1.0.%d", i+1))
+	}
+	srv.SetResources(AddressType, addrSet(set))
+	srv.SetResources(AuthorizationType, nil)
+
+	wantResources := func(names ...string) []*discovery.Resource {
+		snap := srv.types[AddressType].load()
+		var out []*discovery.Resource
+		for _, n := range names {
+			e, ok := snap.Get(n)
+			if !ok {
+				t.Fatalf("%s not served", n)
+			}
+			out = append(out, e.res)
+		}
+		return out
+	}
+	byName := func(rs []*discovery.Resource) []*discovery.Resource {
+		rs = slices.Clone(rs)
+		slices.SortFunc(rs, func(a, b *discovery.Resource) int { return strings.Compare(a.GetName(), b.GetName()) })
+		return rs
+	}
+
+	r := dialRaw(t, srv.addr)
+	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, InitialResourceVersions: map[string]string{"stale": "v0"}})
+	full, names := r.recv()
+	want := &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: full.GetNonce(),
+		Resources: wantResources(names...), RemovedResources: []string{"stale"}}
+	if full.GetNonce() == "" || len(names) != 50 {
+		t.Fatalf("full response: nonce %q, %d resources", full.GetNonce(), len(names))
+	}
+	full.Resources = byName(full.Resources)
+	if !proto.Equal(full, want) {
+		t.Errorf("full response:\n got %v\nwant %v", full, want)
+	}
+
+	delete(set, "w-3")
+	set["w-4"] = workload("w-4", "10.1.1.4")
+	srv.SetResources(AddressType, addrSet(set))
+	inc, names := r.recv()
+	want = &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: inc.GetNonce(),
+		Resources: wantResources(names...), RemovedResources: []string{"w-3"}}
+	if !slices.Equal(names, []string{"w-4"}) || inc.GetNonce() == full.GetNonce() {
+		t.Fatalf("incremental response: nonce %q, resources %v", inc.GetNonce(), names)
+	}
+	if !proto.Equal(inc, want) {
+		t.Errorf("incremental response:\n got %v\nwant %v", inc, want)
+	}
+}
