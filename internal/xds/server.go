@@ -452,11 +452,20 @@ func (st *stream) handleRequest(req *discovery.DeltaDiscoveryRequest) error {
 	if sub == nil {
 		// First request of this type on the stream: compare everything the
 		// client holds with the snapshot.
-		sub = &subscription{names: map[string]struct{}{}, sent: maps.Clone(req.GetInitialResourceVersions())}
-		if sub.sent == nil {
-			sub.sent = map[string]string{}
-		}
+		sub = &subscription{names: map[string]struct{}{}}
 		sub.wildcard = len(req.GetResourceNamesSubscribe()) == 0
+		initial := req.GetInitialResourceVersions()
+		if sub.wildcard {
+			// It will hold the whole snapshot: size it once (a full
+			// sync of 110k names otherwise regrows it ~17 times).
+			sub.sent = make(map[string]string, max(st.snapshot(typeURL).Len(), len(initial)))
+			maps.Copy(sub.sent, initial)
+		} else {
+			sub.sent = maps.Clone(initial)
+			if sub.sent == nil {
+				sub.sent = map[string]string{}
+			}
+		}
 		st.subs[typeURL] = sub
 		st.updateNames(sub, req)
 		st.status.noteSubscription(typeURL, sub)
@@ -570,12 +579,9 @@ func (st *stream) flush() error {
 func (st *stream) respond(typeURL string, sub *subscription, names []string, always bool) error {
 	snap := st.snapshot(typeURL)
 	resp := &response{typeURL: typeURL}
-	seen := make(map[string]struct{}, len(names))
+	// names may repeat (a first request lists the snapshot's names and then
+	// the client's): a repeat finds sub.sent already updated and adds nothing.
 	for _, n := range names {
-		if _, dup := seen[n]; dup {
-			continue
-		}
-		seen[n] = struct{}{}
 		e, ok := snap.Get(n)
 		held, holds := sub.sent[n]
 		switch {

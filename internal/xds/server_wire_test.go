@@ -134,8 +134,8 @@ func TestWireCodecRegistered(t *testing.T) {
 }
 
 // TestWireOverStream checks what a raw ADS client receives from a real
-// server: the full response and an incremental one with a removal decode to
-// the entries' resources.
+// server: the full response of a resumed subscription and an incremental one
+// with a removal decode to the entries' resources.
 func TestWireOverStream(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
 	set := map[string]*workloadapi.Address{}
@@ -165,12 +165,15 @@ func TestWireOverStream(t *testing.T) {
 	}
 
 	r := dialRaw(t, srv.addr)
-	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, InitialResourceVersions: map[string]string{"stale": "v0"}})
+	// Resuming: one name the server no longer has, one held at an old
+	// version (sent once), one held at the current version (not sent).
+	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, InitialResourceVersions: map[string]string{
+		"stale": "v0", "w-0": "old", "w-1": srv.Versions(AddressType)["w-1"]}})
 	full, names := r.recv()
 	want := &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: full.GetNonce(),
 		Resources: wantResources(names...), RemovedResources: []string{"stale"}}
-	if full.GetNonce() == "" || len(names) != 50 {
-		t.Fatalf("full response: nonce %q, %d resources", full.GetNonce(), len(names))
+	if full.GetNonce() == "" || len(names) != 49 || slices.Contains(names, "w-1") || !slices.Contains(names, "w-0") {
+		t.Fatalf("full response: nonce %q, %d resources (want 49: all but w-1, w-0 once): %v", full.GetNonce(), len(names), names)
 	}
 	full.Resources = byName(full.Resources)
 	if !proto.Equal(full, want) {
