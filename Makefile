@@ -91,7 +91,9 @@ unit: tools k8s-bins
 
 ## e2e: end-to-end tests in network namespaces (root).
 e2e: tools k8s-bins
-	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) $(GO) test -race -count=1 -p 1 -timeout 40m ./e2e/...; fi
+	@# Under the lock the node tests and hand-run e2e tests take too: two runs from one checkout name their
+	@# network namespaces alike.
+	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) flock /tmp/e2e.lock $(GO) test -race -count=1 -p 1 -timeout 40m ./e2e/...; fi
 
 ## deploy-check: helm lint, helm template vs deploy/manifests, server-side dry-run + RBAC check on a real API server.
 deploy-check: k8s-bins
