@@ -53,18 +53,19 @@ func TestNodeWaypoint(t *testing.T) {
 	e.namespace(t, ns, true)
 	ctx := testCtx(t, 3*time.Minute)
 
-	// zctl against the node's admin kubeconfig, as a user runs it; the
-	// server and client pods start while the waypoint comes up.
-	zctl := filepath.Join(t.TempDir(), "zctl")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", zctl, "../../cmd/zctl").CombinedOutput(); err != nil {
-		t.Fatalf("go build zctl: %v\n%s", err, out)
-	}
+	// zctl (built here) against the node's admin kubeconfig, as a user
+	// runs it; the server and client pods start meanwhile.
 	type result struct {
 		out string
 		err error
 	}
 	applied := make(chan result, 1)
+	zctl := filepath.Join(t.TempDir(), "zctl")
 	go func() {
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", zctl, "../../cmd/zctl").CombinedOutput(); err != nil {
+			applied <- result{string(out), fmt.Errorf("go build zctl: %w", err)}
+			return
+		}
 		out, err := exec.CommandContext(ctx, zctl, "waypoint", "apply", "--kubeconfig", e.node.Kubeconfig,
 			"-n", ns, "--enroll-namespace", "--wait").CombinedOutput()
 		applied <- result{string(out), err}
@@ -100,6 +101,15 @@ func TestNodeWaypoint(t *testing.T) {
 	}
 	wp := e.waypointPod(t, ctx, dep)
 	wpID := fmt.Sprintf("spiffe://cluster.local/ns/%s/sa/%s", ns, wp.Spec.ServiceAccountName)
+	// It came up at the first start: no crash while the root ConfigMap,
+	// token or xDS was not there yet.
+	for _, cs := range wp.Status.ContainerStatuses {
+		if cs.RestartCount > 0 {
+			prev, _ := e.node.Kubectl(ctx, "logs", "-n", ns, wp.Name, "-c", cs.Name, "--previous", "--tail=30")
+			t.Errorf("waypoint container %s restarted %d times; its previous log:\n%s", cs.Name, cs.RestartCount, prev)
+		}
+	}
+	t.Logf("waypoint pod %s (%s) Ready as %s", wp.Name, wp.Status.PodIP, wpID)
 
 	e.apply(t, fmt.Sprintf(`apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
