@@ -72,7 +72,9 @@ func accessLogger(lc daemon.LogConfig, level zap.AtomicLevel, out zapcore.WriteS
 	if err != nil {
 		return nil, nil, err
 	}
-	l = l.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+	// No caller: it is always record's line, and finding it (a stack
+	// walk per line) was 5 % of the waypoint's CPU at 1k req/s.
+	l = l.WithOptions(zap.WithCaller(false), zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		if lc, err := zapcore.NewIncreaseLevelCore(c, level); err == nil {
 			return lc
 		}

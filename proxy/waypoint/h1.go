@@ -29,7 +29,7 @@ import (
 // What it does not do goes to the net/http path (serveTunnel pushes the
 // tunnel to the HTTP server, the bytes already read replayed first), for
 // the rest of that connection: a request head that is not HTTP/1.1 (h2c
-// prior knowledge "PRI * HTTP/2.0", HTTP/1.0), Upgrade (WebSocket, h2c
+// prior knowledge "PRI * HTTP/2.0", HTTP/1.0), CONNECT, Upgrade (WebSocket, h2c
 // upgrade), Expect (100-continue), request trailers (a Trailer header),
 // and a head larger than the read buffer (h1BufSize). gRPC and HTTP2
 // ports never start here. A head the fast path refuses (RFC 9112 framing
@@ -55,6 +55,8 @@ type h1Conn struct {
 	br   *bufio.Reader
 	held map[netip.AddrPort]*upConn // upstream connections kept between this connection's requests
 	idle atomic.Bool                // between requests: Shutdown closes it
+	xff  string                     // X-Forwarded-For and Forwarded, once per tunnel
+	fwd  string
 }
 
 // serveH1 serves the tunnel's requests until it closes (true) or a request
@@ -268,8 +270,10 @@ func scanHead(head []byte) headInfo {
 		line = bytes.TrimSuffix(line, []byte{'\r'})
 		if first {
 			first = false
-			if !bytes.HasSuffix(line, []byte(" HTTP/1.1")) {
-				info.fallback = true // HTTP/1.0, h2c prior knowledge ("PRI * HTTP/2.0"), or malformed: net/http answers
+			if !bytes.HasSuffix(line, []byte(" HTTP/1.1")) || bytes.HasPrefix(line, []byte("CONNECT ")) {
+				// HTTP/1.0, h2c prior knowledge ("PRI * HTTP/2.0"), CONNECT,
+				// or malformed: net/http answers.
+				info.fallback = true
 				return info
 			}
 			continue

@@ -82,12 +82,18 @@ func (c *h1Conn) writeResponse(r *http.Request, resp *http.Response, uc *upConn,
 			n, rerr = resp.Body.Read(buf[pre+chunkReserve : len(buf)-2])
 		} else {
 			want := int64(len(buf) - pre)
-			if left := resp.ContentLength - bodyN; left < want {
-				want = left
+			left := resp.ContentLength - bodyN
+			if left <= want && first {
+				// It fits: all of it with the head, one write.
+				n, rerr = io.ReadFull(resp.Body, buf[pre:pre+int(left)])
+			} else {
+				// On as it comes, as ReverseProxy copies.
+				n, rerr = resp.Body.Read(buf[pre : pre+int(min(want, left))])
 			}
-			n, rerr = io.ReadFull(resp.Body, buf[pre:pre+int(want)])
-			if rerr == io.EOF {
+			if rerr == io.EOF && bodyN+int64(n) < resp.ContentLength {
 				rerr = io.ErrUnexpectedEOF // short of its Content-Length
+			} else if rerr == io.EOF {
+				rerr = nil
 			}
 		}
 		bodyN += int64(n)

@@ -209,10 +209,15 @@ func (c *h1Conn) upstreamHeader(ex *exchange, r *http.Request) {
 	delete(h, "X-Forwarded-For")
 	delete(h, "X-Forwarded-Host")
 	delete(h, "X-Forwarded-Proto")
-	h["X-Forwarded-For"] = []string{ex.src.Addr().String()}
-	h["X-Forwarded-Host"] = []string{r.Host}
-	h["X-Forwarded-Proto"] = []string{"http"}
-	h["Forwarded"] = []string{hbone.BuildForwarded(ex.src, ex.attrs.Service)}
+	if c.xff == "" {
+		// The same for every request of the tunnel (its source, its service).
+		c.xff, c.fwd = ex.src.Addr().String(), hbone.BuildForwarded(ex.src, ex.attrs.Service)
+	}
+	vs := &[4]string{c.xff, r.Host, "http", c.fwd} // one allocation for the four
+	h["X-Forwarded-For"] = vs[0:1:1]
+	h["X-Forwarded-Host"] = vs[1:2:2]
+	h["X-Forwarded-Proto"] = vs[2:3:3]
+	h["Forwarded"] = vs[3:4:4]
 	if ex.rule != nil {
 		ex.rule.modify(h)
 	}

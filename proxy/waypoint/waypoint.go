@@ -276,7 +276,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 		ex.dstPrincipal = strings.TrimPrefix(d.UpstreamIdentity.String(), "spiffe://")
 	}
 	ex.target = target(d)
-	ex.upstream = fmt.Sprintf("%s %s", d.Kind, ex.target)
+	ex.upstream = d.Kind.String() + " " + ex.target.String() // not Sprintf: 2.5 % of a request's CPU
 	return nil
 }
 
