@@ -18,12 +18,12 @@ import (
 )
 
 // TestWaypointCRLPath: --crl-path loads CRLs signed by the --root-cert
-// root; one the waypoint cannot load (missing, signed by another root, no
+// root; one the waypoint cannot load (missing, signed by another key of the root's name, no
 // roots) stops it with an error naming the flag, never a waypoint without
 // the checks it was told to make.
 func TestWaypointCRLPath(t *testing.T) {
 	dir := t.TempDir()
-	mkRoot := func(name string) (string, *x509.Certificate, *ecdsa.PrivateKey) {
+	mkRoot := func(name, file string) (string, *x509.Certificate, *ecdsa.PrivateKey) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			t.Fatal(err)
@@ -36,14 +36,15 @@ func TestWaypointCRLPath(t *testing.T) {
 			t.Fatal(err)
 		}
 		c, _ := x509.ParseCertificate(der)
-		p := filepath.Join(dir, name+".pem")
+		p := filepath.Join(dir, file)
 		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return p, c, key
 	}
-	rootPath, root, key := mkRoot("mesh-root")
-	otherPath, _, _ := mkRoot("other-root")
+	rootPath, root, key := mkRoot("mesh-root", "root.pem")
+	// The mesh root's name with another key: its CRL cannot verify.
+	otherPath, _, _ := mkRoot("mesh-root", "impostor.pem")
 	b, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: big.NewInt(1), ThisUpdate: time.Now(),
 		NextUpdate: time.Now().Add(time.Hour), RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: big.NewInt(7), RevocationTime: time.Now()}}}, root, key)
 	if err != nil {
@@ -62,7 +63,7 @@ func TestWaypointCRLPath(t *testing.T) {
 	}
 	for name, o := range map[string]options{
 		"missing CRL file": {RootCert: rootPath, CRLPath: filepath.Join(dir, "none.pem")},
-		"another root":     {RootCert: otherPath, CRLPath: crlPath},
+		"impostor root":    {RootCert: otherPath, CRLPath: crlPath},
 		"no roots":         {RootCert: filepath.Join(dir, "none.pem"), CRLPath: crlPath},
 	} {
 		if _, err := newRevocation(&o, zap.NewNop(), nil); err == nil || !strings.HasPrefix(err.Error(), "--crl-path: ") {
