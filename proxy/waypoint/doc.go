@@ -19,6 +19,12 @@
 // config pushes); VirtualService fault injection runs before the request
 // goes upstream (fault.go).
 //
+// HTTP/1.1 is forwarded by a path of the waypoint's own (h1.go: one
+// request at a time on the tunnel's goroutine, keep-alive upstream
+// connections per endpoint); HTTP/2, h2c, upgrades, Expect: 100-continue and
+// the rest of what it leaves go through net/http's server and ReverseProxy
+// (http.go).
+//
 // Authentication (jwt.go) validates the JWTs of the RequestAuthentications
 // that apply (keys parsed once per config): a request without a token is
 // anonymous, one with an invalid token is answered 401; a valid token gives

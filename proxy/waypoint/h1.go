@@ -143,7 +143,11 @@ func (w *Waypoint) shutdownH1() {
 	w.h1closing.Store(true)
 	for c := range w.h1conns {
 		if c.idle.Load() {
-			c.tc.Close()
+			// The client reads EOF and closes, which ends the goroutine's
+			// wait for the next request; one that does not is closed in a
+			// second.
+			_ = c.tc.CloseWrite()
+			time.AfterFunc(time.Second, func() { c.tc.Close() })
 		}
 	}
 }

@@ -657,3 +657,27 @@ func TestScanHead(t *testing.T) {
 		}
 	}
 }
+
+// TestFastPathShutdown: Shutdown ends an idle keep-alive connection of the
+// fast path (EOF to the client, closed in a second if it does not close)
+// instead of waiting for its context to end. This client never closes.
+func TestFastPathShutdown(t *testing.T) {
+	addr, _ := goBackend(t, func(rw http.ResponseWriter, r *http.Request) { io.WriteString(rw, "up") })
+	f := newFastLab(t, baseConfig(), addr)
+	rc := f.rawClient(t)
+	if resp, body := rc.do("GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n", http.MethodGet); resp.StatusCode != 200 || body != "up" {
+		t.Fatalf("GET / = %d %q", resp.StatusCode, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := f.w.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Shutdown took %v with one idle connection, want it closed within a second", d)
+	}
+	if !rc.closed() {
+		t.Error("the idle connection is still open after Shutdown")
+	}
+}
