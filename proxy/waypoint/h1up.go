@@ -35,7 +35,7 @@ type upConn struct {
 	nc     net.Conn
 	br     *bufio.Reader
 	target netip.AddrPort
-	since  time.Time // idle since (in the pool)
+	since  time.Time // idle since (kept or in the pool)
 	reused bool      // it served a request before this one
 }
 
@@ -138,8 +138,11 @@ func (c *h1Conn) upstream(target netip.AddrPort, fresh bool, deadline time.Time)
 	if !fresh {
 		if uc := c.held[target]; uc != nil {
 			delete(c.held, target)
-			uc.reused = true
-			return uc, nil
+			if time.Since(uc.since) < upIdleTimeout {
+				uc.reused = true
+				return uc, nil
+			}
+			uc.nc.Close() // idle too long, as in the pool
 		}
 		if uc := c.w.upstreams.get(target); uc != nil {
 			uc.reused = true
@@ -166,6 +169,7 @@ func (c *h1Conn) upstream(target netip.AddrPort, fresh bool, deadline time.Time)
 // release keeps a connection whose exchange ended cleanly for this
 // downstream connection's next request.
 func (c *h1Conn) release(uc *upConn) {
+	uc.since = time.Now()
 	if c.held == nil {
 		c.held = make(map[netip.AddrPort]*upConn, 1)
 	}
