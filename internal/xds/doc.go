@@ -10,7 +10,11 @@
 // small delta implementation on the ADS gRPC interface (go-control-plane
 // provides only the protos here): the control plane replaces the whole
 // desired set of a type with SetResources and only changed or removed
-// resources are pushed, encoded once and shared by all streams.
+// resources are pushed, encoded once and shared by all streams: responses are
+// written from each resource's stored encoding. For that the package
+// registers, at init, gRPC's "proto" codec for the whole process, extended
+// with the pre-encoded response type; every other message goes through
+// gRPC's own proto codec unchanged (server_wire.go).
 //
 // A waypoint's client (ClientConfig.Waypoint) also subscribes to
 // ztunnel-go's own WaypointType (internal/api/waypointapi) with exactly its
