@@ -326,16 +326,28 @@ func (t *Tunnel) wakeWrite() {
 
 // SetDeadline sets the read and write deadlines.
 func (t *Tunnel) SetDeadline(d time.Time) error {
+	_ = t.SetReadDeadline(d)
+	return t.SetWriteDeadline(d)
+}
+
+// SetReadDeadline sets the read deadline, for a Read already blocked too
+// (as net.Conn requires): it is woken to wait on the new deadline.
+func (t *Tunnel) SetReadDeadline(d time.Time) error {
 	t.rdl.set(d)
-	t.wdl.set(d)
+	select {
+	case t.rnotify <- struct{}{}:
+	default:
+	}
 	return nil
 }
 
-// SetReadDeadline sets the read deadline.
-func (t *Tunnel) SetReadDeadline(d time.Time) error { t.rdl.set(d); return nil }
-
-// SetWriteDeadline sets the write deadline.
-func (t *Tunnel) SetWriteDeadline(d time.Time) error { t.wdl.set(d); return nil }
+// SetWriteDeadline sets the write deadline, for a Write already blocked on
+// flow control too.
+func (t *Tunnel) SetWriteDeadline(d time.Time) error {
+	t.wdl.set(d)
+	t.wakeWrite()
+	return nil
+}
 
 // waitReadable blocks until bytes, EOF or an error can be read, without
 // holding a buffer (the splice loop reads only then).
