@@ -63,9 +63,8 @@ func ipKey(network string, ip netip.Addr) netAddr { return netAddr{network: netw
 
 // builder edits a snapshot's indexes copy-on-write for one Apply call.
 type builder struct {
-	old      *Snapshot
-	changed  bool
-	parallel bool // a large build: finish on every core (finishParallel)
+	old     *Snapshot
+	changed bool
 
 	workloads  shardEditor[string, *Workload]
 	workloadIP shardEditor[netAddr, *Workload]

@@ -104,15 +104,8 @@ func (s *Store) ApplyAddresses(upserts map[string]*workloadapi.Address, removes 
 			b.removeService(name)
 		}
 	}
-	out, parallel := s.convertAddresses(upserts)
-	if parallel {
-		errs := s.indexParallel(b, out)
-		b.parallel = true
-		s.publish(b)
-		return applyError(errs)
-	}
 	var errs []*ResourceError
-	for _, c := range out {
+	for _, c := range s.convertAddresses(upserts) {
 		switch {
 		case c.err != nil:
 			errs = append(errs, resourceError(c.name, c.err))
@@ -168,13 +161,11 @@ type converted struct {
 // CPUs (full syncs); smaller updates convert inline.
 const parallelThreshold = 2048
 
-// convertAddresses converts and validates upserts. Small updates are
-// converted inline through the store's interner. Large updates are split
-// across GOMAXPROCS workers, each with a private validate-only interner, and
-// parallel is true: the results still have to be interned through the
-// store's interner (indexParallel does it). Called with s.mu held.
-func (s *Store) convertAddresses(upserts map[string]*workloadapi.Address) (out []converted, parallel bool) {
-	out = make([]converted, 0, len(upserts))
+// convertAddresses converts and validates upserts. Large updates are split
+// across GOMAXPROCS workers, each with a private interner; the results are
+// then re-interned through the store's interner. Called with s.mu held.
+func (s *Store) convertAddresses(upserts map[string]*workloadapi.Address) []converted {
+	out := make([]converted, 0, len(upserts))
 	ins := make([]*workloadapi.Address, 0, len(upserts))
 	for name, a := range upserts {
 		out = append(out, converted{name: name})
@@ -185,7 +176,7 @@ func (s *Store) convertAddresses(upserts map[string]*workloadapi.Address) (out [
 		for i := range out {
 			convertAddress(&s.in, ins[i], &out[i])
 		}
-		return out, false
+		return out
 	}
 	var wg sync.WaitGroup
 	chunk := (len(out) + workers - 1) / workers
@@ -199,7 +190,15 @@ func (s *Store) convertAddresses(upserts map[string]*workloadapi.Address) (out [
 		})
 	}
 	wg.Wait()
-	return out, true
+	for i := range out {
+		switch {
+		case out[i].w != nil:
+			s.in.canonWorkload(out[i].w)
+		case out[i].s != nil:
+			s.in.canonService(out[i].s)
+		}
+	}
+	return out
 }
 
 func convertAddress(in *interner, a *workloadapi.Address, c *converted) {
@@ -244,12 +243,7 @@ func (s *Store) publish(b *builder) {
 		return
 	}
 	old := s.cur.Load()
-	var next *Snapshot
-	if b.parallel {
-		next = b.finishParallel()
-	} else {
-		next = b.finish()
-	}
+	next := b.finish()
 	s.cur.Store(next)
 	close(old.changed)
 }
