@@ -535,33 +535,7 @@ spec:
 `, ns, host, srv.Status.PodIP))
 
 	// status.addresses, written by the control plane's leader.
-	var allocated []netip.Addr
-	waitUntil(t, 60*time.Second, func() error {
-		out, err := e.node.Kubectl(ctx, "get", "serviceentries.networking.istio.io", "-n", ns, "ext-api", "-o", "jsonpath={.status.addresses}")
-		if err != nil {
-			return err
-		}
-		var addrs []struct {
-			Value string `json:"value"`
-			Host  string `json:"host"`
-		}
-		if strings.TrimSpace(out) == "" {
-			return fmt.Errorf("no status.addresses yet")
-		}
-		if err := json.Unmarshal([]byte(out), &addrs); err != nil {
-			return fmt.Errorf("status.addresses %q: %w", out, err)
-		}
-		allocated = allocated[:0]
-		for _, a := range addrs {
-			if ip, err := netip.ParseAddr(a.Value); err == nil && a.Host == host {
-				allocated = append(allocated, ip)
-			}
-		}
-		if len(allocated) == 0 {
-			return fmt.Errorf("status.addresses %s has none for %s", out, host)
-		}
-		return nil
-	})
+	allocated := e.serviceEntryAddrs(t, ctx, ns, "ext-api", host)
 	t.Logf("status.addresses of %s: %v", host, allocated)
 	autoRange := netip.MustParsePrefix("240.240.0.0/16")
 
