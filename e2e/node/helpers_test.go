@@ -91,14 +91,22 @@ func (e *nodeEnv) pod(t *testing.T, ns, name string, labels map[string]string, a
 		if err != nil {
 			return err
 		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				return nil
-			}
+		if podReady(got) {
+			return nil
 		}
 		return fmt.Errorf("pod %s/%s not Ready: phase %s %s", ns, name, got.Status.Phase, podWhy(got))
 	})
 	return got
+}
+
+// podReady: p's Ready condition is True.
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 func podWhy(p *corev1.Pod) string {

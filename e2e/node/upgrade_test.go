@@ -140,15 +140,6 @@ func probePod(ns, name, url string) *corev1.Pod {
 	}
 }
 
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
-}
-
 // TestNodeAgentUpgrade: the agent DaemonSet rolls to a new tag while ambient
 // pods are being created. With maxUnavailable 1 no agent runs for a moment;
 // the chained plugin stays installed (an upgrade, not an uninstall) and

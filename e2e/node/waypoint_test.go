@@ -253,11 +253,8 @@ func (e *nodeEnv) waypointPod(t *testing.T, ctx context.Context, dep *appsv1.Dep
 		t.Fatal(err)
 	}
 	for i := range pods.Items {
-		p := &pods.Items[i]
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
-				return p
-			}
+		if p := &pods.Items[i]; podReady(p) && p.DeletionTimestamp == nil {
+			return p
 		}
 	}
 	t.Fatalf("no Ready pod of Deployment %s/%s among %d", dep.Namespace, dep.Name, len(pods.Items))
