@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 )
@@ -44,7 +45,10 @@ type groupTask struct {
 	stop   func()
 	cancel context.CancelFunc
 	done   chan struct{}
-	state  taskState // guarded by Group.mu
+	// asked is set before OnStop runs, so that a task returning from its
+	// graceful stop counts as stopped, not as ended early.
+	asked atomic.Bool
+	state taskState // guarded by Group.mu
 }
 
 type taskState int
@@ -124,7 +128,7 @@ func (g *Group) Go(name string, run func(ctx context.Context) error, opts ...Tas
 func (g *Group) run(ctx context.Context, t *groupTask, run func(context.Context) error) {
 	defer close(t.done)
 	err := run(ctx)
-	stopped := ctx.Err() != nil // the group asked it to stop
+	stopped := ctx.Err() != nil || t.asked.Load() // the group asked it to stop
 	if stopped && errors.Is(err, context.Canceled) {
 		err = nil
 	}
@@ -198,6 +202,7 @@ func (g *Group) Wait() error {
 			case <-t.done:
 			default:
 				g.log.Debug("stopping task", zap.String("task", t.name))
+				t.asked.Store(true)
 				if t.stop != nil {
 					t.stop()
 				}
