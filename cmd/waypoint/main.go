@@ -28,8 +28,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
-	"github.com/ztunnel-go/ztunnel-go/internal/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -20,8 +19,11 @@ import (
 // group, is logged once with the task's name, and is what Wait returns. A
 // task started with Once may finish with nil and leave the others running.
 //
-// Readiness holds while every task is ready: running, not stopping, and
-// passing its ReadyWhen condition if it has one. A task that failed or
+// Readiness holds once Wait is called, which says every task is started, and
+// while every task is ready: running, not stopping, and passing its
+// ReadyWhen condition if it has one. Until Wait, "startup" is pending, so a
+// readiness server started before the tasks it reports on never answers
+// ready too early. A task that failed or
 // finished early is therefore never ready, and neither is a stopping
 // daemon, so a load balancer stops sending it work while it drains.
 type Group struct {
@@ -30,6 +32,8 @@ type Group struct {
 	ready    *Readiness
 	stopping chan struct{}
 	stopOnce sync.Once
+	started  chan struct{} // closed by Wait
+	startOne sync.Once
 
 	mu       sync.Mutex
 	tasks    []*groupTask
@@ -82,8 +86,9 @@ func OnStop(stop func()) TaskOption { return func(t *groupTask) { t.stop = stop 
 func NewGroup(parent context.Context, log *zap.Logger) *Group {
 	g := &Group{
 		log: log, base: context.WithoutCancel(parent), ready: NewReadiness(),
-		stopping: make(chan struct{}), watched: make(chan struct{}),
+		stopping: make(chan struct{}), watched: make(chan struct{}), started: make(chan struct{}),
 	}
+	g.ready.Add(Task{Name: "startup", Ready: Closed(g.started)})
 	// The one goroutine that is not a task: it turns the parent's end into
 	// a stop, and leaves when the group stops for another reason.
 	go func() {
@@ -141,13 +146,19 @@ func (g *Group) run(ctx context.Context, t *groupTask, run func(context.Context)
 	}
 	first := err != nil && g.err == nil
 	if first {
-		g.err = fmt.Errorf("%s: %w", t.name, err)
+		g.err = &TaskError{Task: t.name, Err: err}
 	}
 	g.mu.Unlock()
+	// A group running inside a task (an agent's Run in its daemon's group)
+	// logged its failure already: log each failure once.
+	var inner *TaskError
+	logged := errors.As(err, &inner)
 	switch {
-	case first:
+	case first && !logged:
 		g.log.Error("task failed; stopping", zap.String("task", t.name), zap.Error(err))
-	case err != nil:
+	case first:
+		g.log.Info("task failed; stopping", zap.String("task", t.name))
+	case err != nil && !logged:
 		g.log.Warn("task failed while stopping", zap.String("task", t.name), zap.Error(err))
 	}
 	if err != nil || (!t.once && !stopped) {
@@ -174,6 +185,15 @@ func (g *Group) taskReady(t *groupTask) bool {
 	return t.ready == nil || t.ready()
 }
 
+// TaskError is the first failure of a Group's task, as Wait returns it.
+type TaskError struct {
+	Task string
+	Err  error
+}
+
+func (e *TaskError) Error() string { return e.Task + ": " + e.Err.Error() }
+func (e *TaskError) Unwrap() error { return e.Err }
+
 // Stop begins the shutdown; Wait carries it out. It is safe to call more
 // than once and from any goroutine (an admin /quitquitquit).
 func (g *Group) Stop() {
@@ -191,6 +211,7 @@ func (g *Group) Stopping() <-chan struct{} { return g.stopping }
 // of Go (each one's OnStop, then its context, then waiting for it to
 // return), and returns the first task error, prefixed with its name.
 func (g *Group) Wait() error {
+	g.startOne.Do(func() { close(g.started) })
 	<-g.stopping
 	g.waitOnce.Do(func() {
 		g.mu.Lock()

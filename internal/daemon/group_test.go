@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/backoff"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // TestGroupFirstErrorStops: the first task error stops every task, is
@@ -104,7 +104,13 @@ func TestGroupReadiness(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	if code, body := get(); code != 503 || body != "not ready, pending: xds" {
+	// Until Wait says every task is started, startup is pending.
+	if code, body := get(); code != 503 || body != "not ready, pending: startup, xds" {
+		t.Fatalf("before Wait: %d %q", code, body)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- g.Wait() }()
+	if code, body := waitFor(func(_ int, b string) bool { return !strings.Contains(b, "startup") }); code != 503 || body != "not ready, pending: xds" {
 		t.Fatalf("before sync: %d %q", code, body)
 	}
 	close(synced)
@@ -119,7 +125,7 @@ func TestGroupReadiness(t *testing.T) {
 	if code, _ := get(); code != 503 {
 		t.Fatalf("stopping: %d, want 503", code)
 	}
-	if err := g.Wait(); err != nil {
+	if err := <-waited; err != nil {
 		t.Fatal(err)
 	}
 }
@@ -138,5 +144,34 @@ func TestGroupServiceEnds(t *testing.T) {
 	case <-stopped:
 	default:
 		t.Fatal("the other task was not stopped")
+	}
+}
+
+// TestGroupNestedLogsOnce: a group running inside another's task (the CNI
+// agent's Run in its daemon's group) logs the failure once, and the outer
+// Wait names both tasks.
+func TestGroupNestedLogsOnce(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	log := zap.New(core)
+	outer := NewGroup(context.Background(), log)
+	outer.Go("node agent", func(ctx context.Context) error {
+		inner := NewGroup(ctx, log)
+		inner.Go("cluster source", func(context.Context) error { return errors.New("no such directory") })
+		return inner.Wait()
+	})
+	err := outer.Wait()
+	if err == nil || err.Error() != "node agent: cluster source: no such directory" {
+		t.Fatalf("Wait = %v", err)
+	}
+	var n int
+	for _, e := range logs.All() {
+		for _, f := range e.Context {
+			if f.Key == "error" {
+				n++
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the error was logged %d times, want once: %v", n, logs.All())
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/backoff"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // ReadyPath is where every daemon serves readiness (the path Istio's probes
