@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // Attrs is what authorization sees of one request (or TCP connection).
@@ -24,7 +25,7 @@ type Attrs struct {
 	Host, Method, Path string
 	Header             func(name string) (string, bool)
 	// Auth is what a valid JWT said (authentication); nil: anonymous.
-	Auth *RequestAuth
+	Auth *stream.RequestAuth
 }
 
 func (a *Attrs) requestPrincipal() string {
@@ -382,7 +383,7 @@ func (c *condition) matches(a *Attrs, deny bool) bool {
 
 // authValues are the values of a request.auth.* key for an authenticated
 // request (none for an anonymous one); ok false for an unknown key.
-func authValues(c *condition, auth *RequestAuth) (vs []string, ok bool) {
+func authValues(c *condition, auth *stream.RequestAuth) (vs []string, ok bool) {
 	switch c.key {
 	case "request.auth.principal":
 		if auth != nil {
@@ -400,7 +401,7 @@ func authValues(c *condition, auth *RequestAuth) (vs []string, ok bool) {
 		if c.claim == nil {
 			return nil, false
 		}
-		vs = claimValues(auth, c.claim)
+		vs = auth.ClaimValues(c.claim)
 	}
 	return vs, true
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 )
 
 // boundService is one service bound to the waypoint, compiled.
@@ -26,7 +27,7 @@ type Config struct {
 	services  map[netip.Addr]*boundService // by VIP
 	workloads map[netip.Addr]*waypointapi.Workload
 	policies  []*policy
-	authn     []*authnPolicy // RequestAuthentications, keys parsed
+	authn     []*authn.Policy // RequestAuthentications, keys parsed
 }
 
 // Compile checks and compiles c. A nil c compiles to the empty config
@@ -62,7 +63,7 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 	for _, p := range c.GetPolicies() {
 		out.policies = append(out.policies, compilePolicy(p))
 	}
-	out.authn = compileAuthn(c.GetAuthentications())
+	out.authn = authn.Compile(c.GetAuthentications())
 	return out, nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // What zctl explain needs to run this waypoint's own decisions on a
@@ -48,8 +50,8 @@ func (c *Config) Bind(dst netip.AddrPort) (Binding, error) {
 // its request principal and claims; any other token: an error whose text is
 // the 401 body the waypoint answers. r's headers are edited as the data path
 // edits them (token removed unless forwarded, claims copied out).
-func (c *Config) Authenticate(service string, r *http.Request, now time.Time) (*RequestAuth, error) {
-	return authenticate(c.authn, service, r, now)
+func (c *Config) Authenticate(service string, r *http.Request, now time.Time) (*stream.RequestAuth, error) {
+	return authn.Authenticate(c.authn, service, r, now)
 }
 
 // Authorize runs the waypoint's authorization on a: the very function the

@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 )
 
 // DeniedBody is the body of a 403 from authorization, as Istio's.
@@ -216,9 +217,9 @@ func (w *Waypoint) decide(ex *exchange) error {
 	// certificate); the request by its JWT (RequestAuthentication): none
 	// is anonymous, an invalid one is a 401. Plain TCP has no request.
 	if ex.attrs.HTTP {
-		auth, err := authenticate(ex.cfg.authn, ex.attrs.Service, ex.req, time.Now())
+		auth, err := authn.Authenticate(ex.cfg.authn, ex.attrs.Service, ex.req, time.Now())
 		if err != nil {
-			return &errNoRoute{code: http.StatusUnauthorized, msg: err.Error(), body: err.(*authnError).msg}
+			return &errNoRoute{code: http.StatusUnauthorized, msg: err.Error(), body: err.(*authn.Error).Body()}
 		}
 		ex.attrs.Auth = auth
 	}
