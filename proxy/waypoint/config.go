@@ -11,6 +11,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
 )
 
 // boundService is one service bound to the waypoint, compiled.
@@ -26,7 +27,7 @@ type Config struct {
 	raw       *waypointapi.Config
 	services  map[netip.Addr]*boundService // by VIP
 	workloads map[netip.Addr]*waypointapi.Workload
-	policies  []*policy
+	policies  []*authz.Policy
 	authn     []*authn.Policy // RequestAuthentications, keys parsed
 }
 
@@ -61,7 +62,7 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 		}
 	}
 	for _, p := range c.GetPolicies() {
-		out.policies = append(out.policies, compilePolicy(p))
+		out.policies = append(out.policies, authz.Compile(p))
 	}
 	out.authn = authn.Compile(c.GetAuthentications())
 	return out, nil

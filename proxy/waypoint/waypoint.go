@@ -23,6 +23,8 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // DeniedBody is the body of a 403 from authorization, as Istio's.
@@ -166,12 +168,12 @@ type exchange struct {
 	svc          *boundService // nil when a workload was addressed
 	protocol     waypointapi.Protocol
 	mirror       string // what request mirroring did ("": no mirror)
-	attrs        Attrs
+	attrs        stream.Attrs
 	h2           bool
 	req          *http.Request
 	cfg          *Config
 	snap         *state.Snapshot
-	verdict      Verdict
+	verdict      stream.Verdict
 	rule         *routeRule
 	route        string
 	target       netip.AddrPort // routing result: the endpoint (or VIP for TCP)
@@ -225,7 +227,7 @@ func (w *Waypoint) decide(ex *exchange) error {
 	}
 
 	// 3. authorization.
-	ex.verdict = authorize(ex.cfg.policies, &ex.attrs)
+	ex.verdict = authz.Authorize(ex.cfg.policies, &ex.attrs)
 	if !ex.verdict.Allow {
 		return &errNoRoute{code: http.StatusForbidden, msg: ex.verdict.Reason}
 	}

@@ -6,7 +6,10 @@
 // package proxy/waypoint runs the filters in their order.
 package stream
 
-import "strings"
+import (
+	"net/netip"
+	"strings"
+)
 
 // RequestAuth is the identity a valid JWT gave a request.
 type RequestAuth struct {
@@ -62,4 +65,43 @@ func (a *RequestAuth) ClaimValues(path []string) []string {
 		return out
 	}
 	return nil
+}
+
+// Attrs is what authorization sees of one request (or TCP connection).
+type Attrs struct {
+	// Principal is the client's SPIFFE id without "spiffe://"; Namespace
+	// its namespace ("" for an unauthenticated client, which cannot occur
+	// behind mTLS).
+	Principal, Namespace string
+	SrcIP, DstIP         netip.Addr
+	DstPort              uint16
+	// Service is the hostname of the addressed service ("" for a workload).
+	Service string
+	// HTTP is false for plain TCP: rules using HTTP fields never match as
+	// ALLOW and always match as DENY there (fail closed).
+	HTTP               bool
+	Host, Method, Path string
+	Header             func(name string) (string, bool)
+	// Auth is what a valid JWT said (authentication); nil: anonymous.
+	Auth *RequestAuth
+}
+
+// RequestPrincipal is the JWT's "iss/sub" ("": anonymous).
+func (a *Attrs) RequestPrincipal() string {
+	if a.Auth == nil {
+		return ""
+	}
+	return a.Auth.Principal
+}
+
+// Verdict is the outcome of authorization.
+type Verdict struct {
+	Allow bool
+	// Policy names the deciding policy ("ns/name"); "" when no policy
+	// selected the request (allowed) or when no ALLOW matched (see Reason).
+	Policy string
+	Reason string
+	// DryRun lists "ns/name=allow|deny" of dry-run and AUDIT policies that
+	// matched, for the access log; never enforced.
+	DryRun []string
 }
