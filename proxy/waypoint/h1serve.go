@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 )
 
 // One request on the fast path (h1.go): the same steps as serveHTTP —
@@ -54,7 +55,7 @@ func (c *h1Conn) serveRequest(r *http.Request, headLen int) (keep bool) {
 		if err != nil {
 			keep = false
 		}
-		w.record(ex, code, flags, time.Since(start), byteSizes{request: reqSize(), response: n})
+		w.record(ex, code, flags, time.Since(start), telemetry.Sizes{Request: reqSize(), Response: n})
 		return keep
 	}
 	if err := w.decide(ex); err != nil {
@@ -155,7 +156,7 @@ func (c *h1Conn) serveRequest(r *http.Request, headLen int) (keep bool) {
 				ex.err, keep = err, false
 			}
 			c.done(ex2.up, reuse, !dl.IsZero())
-			w.record(ex, resp.StatusCode, "", time.Since(start), byteSizes{request: reqSize(), response: n})
+			w.record(ex, resp.StatusCode, "", time.Since(start), telemetry.Sizes{Request: reqSize(), Response: n})
 			return keep
 		}
 		// Retried: drain what is small enough to keep the connection.

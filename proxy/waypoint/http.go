@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 )
 
 // tunnelMeta is what the HBONE CONNECT told us, carried to every request
@@ -254,16 +255,16 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
 	}
-	sizes := func() byteSizes {
+	sizes := func() telemetry.Sizes {
 		// Request line "METHOD target HTTP/x.y\r\n" and the Host header.
-		req := int64(len(r.Method)+len(r.URL.RequestURI())+len(r.Proto)+4) + int64(len("Host: \r\n")+len(r.Host)) + headerBytes(r.Header) + body.n.Load()
+		req := int64(len(r.Method)+len(r.URL.RequestURI())+len(r.Proto)+4) + int64(len("Host: \r\n")+len(r.Host)) + telemetry.HeaderBytes(r.Header) + body.n.Load()
 		code := sw.code
 		if code == 0 {
 			code = http.StatusOK
 		}
 		// Status line "HTTP/1.1 200 OK\r\n".
-		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + headerBytes(sw.Header()) + sw.n
-		return byteSizes{request: req, response: resp}
+		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + telemetry.HeaderBytes(sw.Header()) + sw.n
+		return telemetry.Sizes{Request: req, Response: resp}
 	}
 	if err := w.decide(ex); err != nil {
 		code := answerRefusal(sw, r, ex, err)

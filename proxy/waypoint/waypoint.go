@@ -25,6 +25,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 )
 
 // DeniedBody is the body of a 403 from authorization, as Istio's.
@@ -65,9 +66,8 @@ type Waypoint struct {
 	opts    Options
 	sink    *sink
 	srv     *hbone.Server
-	metrics *metrics
+	stats   *telemetry.Recorder
 	log     *zap.Logger
-	access  *zap.Logger
 	httpLn  *connListener
 	httpSrv *http.Server
 	h1, h2  http.RoundTripper
@@ -109,11 +109,11 @@ func New(opts Options) (*Waypoint, error) {
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64N
 	}
-	m, err := newMetrics(opts.Registerer)
+	stats, err := telemetry.New(opts.Registerer, opts.Access)
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
 	}
-	w := &Waypoint{opts: opts, sink: newSink(opts.Name), metrics: m, log: opts.Log, access: opts.Access}
+	w := &Waypoint{opts: opts, sink: newSink(opts.Name), stats: stats, log: opts.Log}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
 		Revocation: opts.Revocation,
@@ -351,7 +351,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		p, ok := svc.ports[req.Authority.Port()]
 		if !ok {
 			ex.err = fmt.Errorf("port %d is not a port of service %s", req.Authority.Port(), svc.hostname)
-			w.record(ex, http.StatusServiceUnavailable, "NR", time.Since(start), byteSizes{})
+			w.record(ex, http.StatusServiceUnavailable, "NR", time.Since(start), telemetry.Sizes{})
 			return hbone.Reply{Status: http.StatusServiceUnavailable}
 		}
 		ex.svc, ex.protocol = svc, p
@@ -359,7 +359,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		// Not bound here: refusing is what keeps the waypoint from being an
 		// open relay.
 		ex.err = fmt.Errorf("%s is not bound to waypoint %s", req.Authority, w.opts.Name)
-		w.record(ex, http.StatusForbidden, "NR", time.Since(start), byteSizes{})
+		w.record(ex, http.StatusForbidden, "NR", time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: http.StatusForbidden}
 	}
 	if ex.protocol == waypointapi.Protocol_TCP {
@@ -384,17 +384,31 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 			code = nr.code
 		}
 		ex.err = err
-		w.record(ex, code, flagFor(code), time.Since(start), byteSizes{})
+		w.record(ex, code, flagFor(code), time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: code}
 	}
 	up, err := w.dial(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service))
 	if err != nil {
 		ex.err = err
-		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), byteSizes{})
+		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
 	}
-	w.record(ex, http.StatusOK, "", time.Since(start), byteSizes{})
+	w.record(ex, http.StatusOK, "", time.Since(start), telemetry.Sizes{})
 	return hbone.Reply{Status: http.StatusOK, Upstream: up}
+}
+
+// record is the stats step, whatever step answered.
+func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration, sizes telemetry.Sizes) {
+	e := telemetry.Entry{
+		Src: ex.src, Dst: ex.dst, Peer: ex.peer, SrcWorkload: ex.srcWorkload, Attrs: &ex.attrs, H2: ex.h2, Req: ex.req,
+		Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror,
+		DstWorkload: ex.dstWorkload, DstNamespace: ex.dstNamespace, DstPrincipal: ex.dstPrincipal, Err: ex.err,
+		Code: code, Flags: flags, Duration: d, Sizes: sizes,
+	}
+	if ex.svc != nil {
+		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace
+	}
+	w.stats.Record(&e)
 }
 
 func flagFor(code int) string {
