@@ -12,13 +12,14 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 )
 
 // boundService is one service bound to the waypoint, compiled.
 type boundService struct {
 	name, namespace, hostname, kind string
 	ports                           map[uint16]waypointapi.Protocol
-	routes                          *routeTable // nil: no HTTPRoute, go to the service itself
+	routes                          *routing.Table // nil: no HTTPRoute, go to the service itself
 }
 
 // Config is the compiled, immutable form of one waypointapi.Config. The data
@@ -37,7 +38,7 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 	out := &Config{raw: c, services: map[netip.Addr]*boundService{}, workloads: map[netip.Addr]*waypointapi.Workload{}}
 	for _, s := range c.GetServices() {
 		bs := &boundService{name: s.GetName(), namespace: s.GetNamespace(), hostname: s.GetHostname(), kind: s.GetKind(),
-			ports: map[uint16]waypointapi.Protocol{}, routes: compileRoutes(s.GetRoutes())}
+			ports: map[uint16]waypointapi.Protocol{}, routes: routing.Compile(s.GetRoutes())}
 		for _, p := range s.GetPorts() {
 			if p.GetPort() == 0 || p.GetPort() > 65535 {
 				return nil, fmt.Errorf("service %s: port %d out of range", s.GetHostname(), p.GetPort())

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // Responses of the fast path (h1.go): an upstream response sent on, and
@@ -206,10 +208,10 @@ func (c *h1Conn) writeLocal(lr *localResponse, keep bool) (int64, error) {
 // answerRefusal answers what decide refused (err), on either path, and
 // returns the status.
 func answerRefusal(rw http.ResponseWriter, r *http.Request, ex *exchange, err error) int {
-	var nr *errNoRoute
+	var nr *stream.Refusal
 	code := http.StatusServiceUnavailable
 	if errors.As(err, &nr) {
-		code = nr.code
+		code = nr.Code
 	}
 	ex.err = err
 	switch {
@@ -222,7 +224,7 @@ func answerRefusal(rw http.ResponseWriter, r *http.Request, ex *exchange, err er
 		rw.Header().Set("Content-Type", "text/plain")
 		rw.Header().Set("WWW-Authenticate", `Bearer realm="http://`+r.Host+r.URL.Path+`", error="invalid_token"`)
 		rw.WriteHeader(code)
-		_, _ = io.WriteString(rw, nr.body)
+		_, _ = io.WriteString(rw, nr.Body)
 	default:
 		http.Error(rw, http.StatusText(code), code)
 	}

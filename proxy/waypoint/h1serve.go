@@ -63,16 +63,17 @@ func (c *h1Conn) serveRequest(r *http.Request, headLen int) (keep bool) {
 		code := answerRefusal(lr, r, ex, err)
 		return local(lr, code, flagFor(code))
 	}
-	if ex.rule != nil && ex.rule.fault != nil {
+	if ex.rule != nil && ex.rule.HasFault() {
 		lr := newLocalResponse()
-		if code, flags, done := w.injectFault(ex, lr, r); done {
+		if code, flags, done, why := w.router.InjectFault(ex.rule, lr, r); done {
+			ex.err = why
 			if code == 0 {
 				keep = false
 			}
 			return local(lr, code, flags)
 		}
 	}
-	if ex.rule != nil && len(ex.rule.mirrors) > 0 {
+	if ex.rule != nil && ex.rule.HasMirrors() {
 		ex.mirror = w.startMirrors(ex, r)
 	}
 
@@ -119,11 +120,11 @@ func (c *h1Conn) serveRequest(r *http.Request, headLen int) (keep bool) {
 	replayable := stream == nil
 	attempts := 1
 	if ex.rule != nil && replayable {
-		attempts += ex.rule.retries
+		attempts += ex.rule.Retries()
 	}
 	var deadline time.Time
-	if ex.rule != nil && ex.rule.timeout > 0 {
-		deadline = time.Now().Add(ex.rule.timeout)
+	if ex.rule != nil && ex.rule.Timeout() > 0 {
+		deadline = time.Now().Add(ex.rule.Timeout())
 	}
 	var lastErr error
 	for i := 0; i < attempts; i++ {
@@ -135,8 +136,8 @@ func (c *h1Conn) serveRequest(r *http.Request, headLen int) (keep bool) {
 			}
 		}
 		dl := deadline
-		if ex.rule != nil && ex.rule.perTry > 0 {
-			if pt := time.Now().Add(ex.rule.perTry); dl.IsZero() || pt.Before(dl) {
+		if ex.rule != nil && ex.rule.PerTry() > 0 {
+			if pt := time.Now().Add(ex.rule.PerTry()); dl.IsZero() || pt.Before(dl) {
 				dl = pt
 			}
 		}
@@ -147,7 +148,7 @@ func (c *h1Conn) serveRequest(r *http.Request, headLen int) (keep bool) {
 			continue
 		}
 		resp := ex2.resp
-		if i == attempts-1 || ex.rule == nil || !ex.rule.retryOn[resp.StatusCode] {
+		if i == attempts-1 || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode) {
 			n, reuse, err := c.writeResponse(r, resp, ex2.up, keep)
 			if !ex2.wait() {
 				reuse, keep = false, false // the rest of the body is not read: close after this one
@@ -220,7 +221,7 @@ func (c *h1Conn) upstreamHeader(ex *exchange, r *http.Request) {
 	h["X-Forwarded-Proto"] = vs[2:3:3]
 	h["Forwarded"] = vs[3:4:4]
 	if ex.rule != nil {
-		ex.rule.modify(h)
+		ex.rule.Modify(h)
 	}
 	delete(h, "Content-Length")
 	delete(h, "Transfer-Encoding")

@@ -155,7 +155,7 @@ func (w *Waypoint) initHTTP() {
 			pr.SetXForwarded()
 			pr.Out.Header.Set("Forwarded", hbone.BuildForwarded(ex.src, ex.attrs.Service))
 			if ex.rule != nil {
-				ex.rule.modify(pr.Out.Header)
+				ex.rule.Modify(pr.Out.Header)
 			}
 		},
 		Transport: &retrier{w: w},
@@ -271,20 +271,21 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		w.record(ex, code, flagFor(code), time.Since(start), sizes())
 		return
 	}
-	if code, flags, done := w.injectFault(ex, sw, r); done {
+	if code, flags, done, why := w.router.InjectFault(ex.rule, sw, r); done {
+		ex.err = why
 		w.record(ex, code, flags, time.Since(start), sizes())
 		return
 	}
-	if ex.rule != nil && len(ex.rule.mirrors) > 0 {
+	if ex.rule != nil && ex.rule.HasMirrors() {
 		ex.mirror = w.startMirrors(ex, r)
 	}
 	if r.GetBody == nil {
 		holdSmallBody(r)
 	}
 	ctx := context.WithValue(r.Context(), exKey{}, ex)
-	if ex.rule != nil && ex.rule.timeout > 0 {
+	if ex.rule != nil && ex.rule.Timeout() > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ex.rule.timeout)
+		ctx, cancel = context.WithTimeout(ctx, ex.rule.Timeout())
 		defer cancel()
 	}
 	proxy.ServeHTTP(sw, r.WithContext(ctx))
@@ -388,7 +389,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	attempts := 1
 	if ex.rule != nil && (r.Body == nil || r.Body == http.NoBody || r.GetBody != nil) {
-		attempts += ex.rule.retries
+		attempts += ex.rule.Retries()
 	}
 	var lastErr error
 	for i := 0; i < attempts; i++ {
@@ -416,8 +417,8 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		ctx, cancel := context.WithCancel(req.Context())
 		var timer *time.Timer
-		if ex.rule != nil && ex.rule.perTry > 0 {
-			timer = time.AfterFunc(ex.rule.perTry, cancel)
+		if ex.rule != nil && ex.rule.PerTry() > 0 {
+			timer = time.AfterFunc(ex.rule.PerTry(), cancel)
 		}
 		resp, err := base.RoundTrip(req.WithContext(ctx))
 		rt.w.endpointDone(r.Context(), ex, resp, err) // outlier detection
@@ -431,7 +432,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			resp.Body = &cancelRWBody{ReadWriteCloser: rwc, cancel: cancel}
 			return resp, nil
 		}
-		if err == nil && (last || ex.rule == nil || !ex.rule.retryOn[resp.StatusCode]) {
+		if err == nil && (last || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode)) {
 			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 			return resp, nil
 		}
@@ -471,4 +472,14 @@ func (b *cancelRWBody) Close() error {
 	err := b.ReadWriteCloser.Close()
 	b.cancel()
 	return err
+}
+
+// startMirrors sends the copies of r the rule's mirrors ask for, in the
+// protocol the client spoke, and says what it did for the access log.
+func (w *Waypoint) startMirrors(ex *exchange, r *http.Request) string {
+	base := w.h1
+	if ex.h2 {
+		base = w.h2
+	}
+	return w.router.StartMirrors(ex.rule, ex.snap, ex.src, ex.dst, r, base)
 }

@@ -105,3 +105,14 @@ type Verdict struct {
 	// matched, for the access log; never enforced.
 	DryRun []string
 }
+
+// Refusal is a request (or stream) a filter answered itself instead of
+// sending it upstream: Code is the HTTP status to answer, Body what to
+// answer instead of the status text ("": the status text).
+type Refusal struct {
+	Code int
+	Msg  string
+	Body string
+}
+
+func (e *Refusal) Error() string { return e.Msg }
