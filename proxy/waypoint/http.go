@@ -23,6 +23,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
 )
 
 // tunnelMeta is what the HBONE CONNECT told us, carried to every request
@@ -41,7 +42,7 @@ type tunnelMeta struct {
 type tunnelConn struct {
 	net.Conn
 	meta *tunnelMeta
-	pre  []byte // read before the tunnel: what the fast path read and hands on (h1.go)
+	pre  []byte // read before the tunnel: what the fast path read and hands on (fastpath.go)
 	once sync.Once
 	done chan struct{} // closed by Close
 }
@@ -73,7 +74,7 @@ func (c *tunnelConn) Close() error {
 }
 
 // serveTunnel serves the tunnel's HTTP/1.1 requests on the fast path
-// (h1.go), and hands it to the HTTP server (HTTP/2, h2c, what the fast path
+// (fastpath.go), and hands it to the HTTP server (HTTP/2, h2c, what the fast path
 // leaves to net/http) and returns once the server has closed it
 // (hbone.Reply.Serve).
 func (w *Waypoint) serveTunnel(t *hbone.Tunnel, meta *tunnelMeta) error {
@@ -127,20 +128,6 @@ func (l *connListener) Close() error {
 
 func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "waypoint-tunnels", Net: "unix"} }
 
-// copyBuffers lends ReverseProxy its response copy buffers: without a pool
-// it allocates 32 KiB per request (5 % of the waypoint's CPU at 1k req/s in
-// bench/waypoint, plus the GC work).
-type copyBuffers struct{ p sync.Pool }
-
-func (b *copyBuffers) Get() []byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
-	}
-	return make([]byte, 32<<10)
-}
-
-func (b *copyBuffers) Put(buf []byte) { b.p.Put(&buf) }
-
 type metaKey struct{}
 type exKey struct{}
 
@@ -165,7 +152,7 @@ func (w *Waypoint) initHTTP() {
 		// ReverseProxy still flushes every write of a streaming response
 		// (no Content-Length: gRPC, chunked, text/event-stream).
 		FlushInterval: 0,
-		BufferPool:    &copyBuffers{},
+		BufferPool:    &wire.BufferPool{},
 		ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
 			ex := r.Context().Value(exKey{}).(*exchange)
 			ex.err = err
@@ -217,7 +204,7 @@ func (w *Waypoint) initHTTP() {
 	}()
 	go func() {
 		defer w.wg.Done()
-		w.reapUpstreams()
+		w.upstreams.ReapUntil(w.httpLn.closed)
 	}()
 }
 

@@ -24,9 +24,11 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/upstream"
 )
 
 // DeniedBody is the body of a 403 from authorization, as Istio's.
@@ -75,12 +77,10 @@ type Waypoint struct {
 	wg      sync.WaitGroup
 	router  *routing.Router // its endpoint state outlives config pushes
 
-	// The HTTP/1.1 fast path (h1.go): its connections (Shutdown closes
-	// the idle ones) and its idle upstream connections.
-	h1mu      sync.Mutex
-	h1conns   map[*h1Conn]struct{}
-	h1closing atomic.Bool
-	upstreams upstreamPool
+	// The HTTP/1.1 fast path (fastpath.go): its connections (Shutdown
+	// closes the idle ones) and its idle upstream connections.
+	fast      *h1.Server
+	upstreams upstream.Pool
 	// slowPath serves every tunnel with net/http's server and
 	// ReverseProxy (tests compare the two).
 	slowPath bool
@@ -115,7 +115,7 @@ func New(opts Options) (*Waypoint, error) {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
 	}
 	w := &Waypoint{opts: opts, sink: newSink(opts.Name), stats: stats, log: opts.Log,
-		router: routing.New(opts.IP, opts.Rand, opts.Log)}
+		router: routing.New(opts.IP, opts.Rand, opts.Log), fast: h1.NewServer(opts.Log)}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
 		Revocation: opts.Revocation,
@@ -143,19 +143,21 @@ func (w *Waypoint) Serve(l net.Listener) error { return w.srv.Serve(l) }
 // Shutdown stops accepting, lets open tunnels and requests finish until ctx
 // ends, then closes what is left.
 func (w *Waypoint) Shutdown(ctx context.Context) error {
-	w.shutdownH1()
+	w.fast.Shutdown()
 	err := w.srv.Shutdown(ctx)
 	herr := w.httpSrv.Shutdown(ctx)
 	if herr != nil {
 		w.httpSrv.Close()
 	}
-	w.closeH1()
+	w.fast.Close()
+	w.upstreams.Close()
 	return errors.Join(err, herr)
 }
 
 // Close stops everything now.
 func (w *Waypoint) Close() error {
-	w.closeH1()
+	w.fast.Close()
+	w.upstreams.Close()
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
