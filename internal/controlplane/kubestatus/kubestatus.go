@@ -47,7 +47,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
-
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
@@ -81,6 +80,9 @@ type Config struct {
 	// LeaseDuration, RenewDeadline, RetryPeriod tune leader election; 0
 	// means the defaults (15 s, 10 s, 2 s, as most controllers).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Retries lists the write loop on the daemon's readiness page; nil: a
+	// Retry of its own that logs to Log.
+	Retries *backoff.Set
 	// Log: nil means no logging.
 	Log *zap.Logger
 }
@@ -274,7 +276,11 @@ const settleTime = time.Second
 func (w *Writer) lead(ctx context.Context) {
 	// Failed writes back off from 500 ms to maxBackoff, logged once per
 	// step.
-	retry := backoff.New("ServiceEntry address writes", backoff.Policy{Initial: 500 * time.Millisecond, Max: maxBackoff}, w.log)
+	policy := backoff.Policy{Initial: 500 * time.Millisecond, Max: maxBackoff}
+	retry := backoff.New("ServiceEntry address writes", policy, w.log)
+	if w.cfg.Retries != nil {
+		retry = w.cfg.Retries.New("ServiceEntry address writes", policy)
+	}
 	settled := false
 	for {
 		objs, changed := w.cfg.Source.Current()

@@ -37,6 +37,9 @@ type ServerConfig struct {
 	Client kubernetes.Interface
 	// Validation configures Handler.
 	Validation Config
+	// Retries lists the caBundle patch loop on the daemon's readiness page;
+	// nil: a Retry of its own that logs to Log.
+	Retries *backoff.Set
 	// Log: nil means no logging.
 	Log *zap.Logger
 }
@@ -97,7 +100,11 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) patchUntilDone(ctx context.Context) {
 	// Failures back off from 1 s to a minute, logged once per step; once
 	// set, the bundle is checked again every minute.
-	retry := backoff.New("webhook caBundle", backoff.Policy{Initial: time.Second, Max: time.Minute}, s.log)
+	policy := backoff.Policy{Initial: time.Second, Max: time.Minute}
+	retry := backoff.New("webhook caBundle", policy, s.log)
+	if s.cfg.Retries != nil {
+		retry = s.cfg.Retries.New("webhook caBundle", policy)
+	}
 	for {
 		wait := time.Minute
 		if err := PatchCABundle(ctx, s.cfg.Client, ConfigurationName, s.cfg.CABundle); err != nil {
