@@ -426,3 +426,27 @@ spec:
 		})
 	}
 }
+
+// TestReferenceGrantChangeRebuildsRoutes: adding a ReferenceGrant is a
+// route change for the incremental translator, so the waypoint configs
+// are rebuilt and the granted backend resolves without any other change.
+func TestReferenceGrantChangeRebuildsRoutes(t *testing.T) {
+	before := tenantObjects(t, crossNamespaceRoute)
+	grant := tenantObjects(t, `
+apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: allow-evil, namespace: shop}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: evil}]
+  to: [{group: "", kind: Service}]
+`).ReferenceGrants
+	// The same objects (same pointers) plus the grant.
+	after := *before
+	after.ReferenceGrants = grant
+	tr := NewTranslator(LocalDefaults())
+	tr.Update(before, nil)
+	_, ch := tr.Update(&after, nil)
+	if !ch.Full && !ch.Routes {
+		t.Fatalf("a new ReferenceGrant changed nothing the waypoint configs follow: %+v", ch)
+	}
+}
