@@ -43,6 +43,8 @@ const (
 	codeTranslationWarn = "ZTG0011" // any other translation warning
 	// ZTG0012-0014: analyze_kube.go, analyze_dns.go.
 	codeRouteNotApplied = "ZTG0015" // a VirtualService or DestinationRule no waypoint applies
+	// ZTG0016: a ServiceEntry address owned by someone else (tenant-addr).
+	codeRouteStatus = "ZTG0017" // an HTTPRoute/GRPCRoute parent not accepted, or a backendRef refused
 )
 
 // finding is one problem analyze reports.
@@ -104,6 +106,7 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 	out = append(out, strictFindings(cfg, objs)...)
 	out = append(out, serviceEntryFindings(objs)...)
 	out = append(out, dnsCaptureFindings(objs, pods)...)
+	out = append(out, routeStatusFindings(cfg, objs)...)
 	for _, o := range objs.Ignored {
 		note := ignoredNotes[o.Kind]
 		if note == "" {
@@ -119,6 +122,32 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 		}
 		return out[i].Object < out[j].Object
 	})
+	return out
+}
+
+// routeStatusFindings reports what the control plane writes into the
+// routes' status.parents (translate.RouteStatuses, the same code) when it
+// is not Accepted or not ResolvedRefs.
+func routeStatusFindings(cfg translate.Config, objs *cluster.Objects) []finding {
+	var out []finding
+	for _, st := range translate.RouteStatuses(cfg, objs) {
+		obj := st.Kind + " " + st.Namespace + "/" + st.Name
+		seen := map[string]bool{}
+		for _, p := range st.Parents {
+			for _, c := range []translate.RouteCondition{p.Accepted, p.ResolvedRefs} {
+				if c.Status || seen[c.Message] {
+					continue
+				}
+				seen[c.Message] = true
+				fix := "correct the parentRef, or the rule as the message says"
+				if c.Reason == "RefNotPermitted" {
+					fix = "the target namespace's owner creates a ReferenceGrant from this route's kind and namespace, or the route uses a backend in its own namespace"
+				}
+				out = append(out, finding{Code: codeRouteStatus, Level: levelWarning, Object: obj,
+					Message: string(c.Reason) + ": " + c.Message, Fix: fix})
+			}
+		}
+	}
 	return out
 }
 

@@ -163,3 +163,39 @@ spec:
 		t.Errorf("CUSTOM policy: %+v", fs)
 	}
 }
+
+// TestAnalyzeRouteRefNotPermitted: a route whose backendRef names another
+// namespace without a ReferenceGrant is reported with the reason the
+// control plane writes into its status.parents, and a fix naming the grant.
+func TestAnalyzeRouteRefNotPermitted(t *testing.T) {
+	dir := t.TempDir()
+	doc := `apiVersion: v1
+kind: Service
+metadata: {name: front, namespace: evil}
+spec: {selector: {app: front}, clusterIP: 10.96.0.20, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: payments, namespace: shop}
+spec: {selector: {app: payments}, clusterIP: 10.96.0.21, ports: [{name: http, port: 80}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: steal, namespace: evil}
+spec:
+  parentRefs: [{group: "", kind: Service, name: front}]
+  rules: [{backendRefs: [{name: payments, namespace: shop, port: 80}]}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "r.yaml"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := analyzeDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := codesOf(fs)
+	if len(c[codeRouteStatus]) != 1 || c[codeRouteStatus][0].Object != "HTTPRoute evil/steal" ||
+		!strings.HasPrefix(c[codeRouteStatus][0].Message, "RefNotPermitted: ") || !strings.Contains(c[codeRouteStatus][0].Fix, "ReferenceGrant") {
+		t.Errorf("route findings: %+v", fs)
+	}
+}

@@ -55,6 +55,8 @@ type waypoint struct {
 	// binding is how the waypoint's own pods take traffic from their node
 	// proxy (ambient.istio.io/waypoint-inbound-binding); nil: plain HBONE.
 	binding *workloadapi.ApplicationTunnel
+	// allowed decides which namespaces' objects may use it (waypoints.go).
+	allowed allowedNamespaces
 }
 
 type index struct {
