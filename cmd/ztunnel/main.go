@@ -31,6 +31,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/configdump"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
@@ -209,7 +210,8 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: stop,
 		Connections: func() any { return factory.Proxy.Metrics.Connections() }, // GET /connections (zctl connections)
 		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
-			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }, dumpKeyCRL: crlDump(rev)}},
+			Pods: mgr.Dump, Connections: func() []configdump.Connection { return dumpConnections(factory.Proxy.Metrics.Connections()) },
+			TrustDomain: cfg.TrustDomain, Sections: map[string]func() any{dumpKeyCRL: crlDump(rev)}},
 		Readiness: daemon.NewReadiness(daemon.Task{Name: admin.TaskStateManager, Ready: daemon.Closed(xc.Synced())},
 			daemon.Task{Name: admin.TaskWorkloadProxyManager, Ready: daemon.Closed(mgr.Ready())}),
 	})
@@ -233,4 +235,18 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	stopServices()
 	wg.Wait()
 	return fatal
+}
+
+// dumpConnections hands the open connections to the config dump's
+// workloadState (configdump does not link the proxy).
+func dumpConnections(cs []proxy.Connection) []configdump.Connection {
+	out := make([]configdump.Connection, len(cs))
+	for i, c := range cs {
+		out[i] = configdump.Connection{
+			Inbound: c.Direction == "inbound", Src: c.Src.Addr, Dst: c.Dst.Addr,
+			SrcWorkload: c.Src.Workload, SrcNamespace: c.Src.Namespace, DstWorkload: c.Dst.Workload, DstNamespace: c.Dst.Namespace,
+			OriginalDst: c.OriginalDst, HBONE: c.HBONEAddr, Service: c.Service, Tunnelled: c.HBONEAddr != "" || c.MTLS,
+		}
+	}
+	return out
 }
