@@ -211,7 +211,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		Connections: func() any { return factory.Proxy.Metrics.Connections() }, // GET /connections (zctl connections)
 		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
 			Pods: mgr.Dump, Connections: func() []configdump.Connection { return dumpConnections(factory.Proxy.Metrics.Connections()) },
-			TrustDomain: cfg.TrustDomain, Sections: map[string]func() any{dumpKeyCRL: crlDump(rev)}},
+			Network: cfg.Network, TrustDomain: cfg.TrustDomain, Sections: map[string]func() any{dumpKeyCRL: crlDump(rev)}},
 		Readiness: daemon.NewReadiness(daemon.Task{Name: admin.TaskStateManager, Ready: daemon.Closed(xc.Synced())},
 			daemon.Task{Name: admin.TaskWorkloadProxyManager, Ready: daemon.Closed(mgr.Ready())}),
 	})
@@ -244,7 +244,6 @@ func dumpConnections(cs []proxy.Connection) []configdump.Connection {
 	for i, c := range cs {
 		out[i] = configdump.Connection{
 			Inbound: c.Direction == "inbound", Src: c.Src.Addr, Dst: c.Dst.Addr,
-			SrcWorkload: c.Src.Workload, SrcNamespace: c.Src.Namespace, DstWorkload: c.Dst.Workload, DstNamespace: c.Dst.Namespace,
 			OriginalDst: c.OriginalDst, HBONE: c.HBONEAddr, Service: c.Service, Tunnelled: c.HBONEAddr != "" || c.MTLS,
 		}
 	}

@@ -36,6 +36,9 @@ type Dumper struct {
 	// Connections lists the open connections, attributed to the pod
 	// proxies in workloadState.
 	Connections func() []configdump.Connection
+	// Network is the node's network, where a connection's local IP is
+	// looked up to find its pod.
+	Network string
 	// TrustDomain is shown in each workloadState entry's info.
 	TrustDomain string
 	// Config is the static configuration shown under "config"
@@ -86,7 +89,7 @@ func (d *Dumper) Build() map[string]any {
 			conns = d.Connections()
 		}
 		var pp *configdump.PodProxies
-		ws, pp = configdump.WorkloadStates(d.Pods(), conns, d.TrustDomain)
+		ws, pp = configdump.WorkloadStates(d.Pods(), conns, snap, d.Network, d.TrustDomain)
 		out[KeyPodProxies] = pp
 	}
 	out[KeyWorkloadState] = ws

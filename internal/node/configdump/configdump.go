@@ -578,24 +578,24 @@ func (s StringMatch) RBAC() (rbac.StringMatch, error) {
 }
 
 // Connection is one open connection as the proxy reports it
-// (proxy.Connection, without linking the proxy).
+// (proxy.Connection, without linking the proxy). Addresses are ip:port.
 type Connection struct {
 	Inbound bool
-	// Src and Dst are the accepting side's peer and the connection's
-	// destination (outbound: the next hop); SrcWorkload/DstWorkload and
-	// namespaces name the workloads at each end when known.
-	Src, Dst                    string
-	SrcWorkload, SrcNamespace   string
-	DstWorkload, DstNamespace   string
+	// Src is the client; Dst the connection's destination (outbound: the
+	// next hop; inbound: where it arrived).
+	Src, Dst string
+	// OriginalDst is where the application connected (outbound), HBONE the
+	// tunnel's inner authority, Service the destination service's hostname.
 	OriginalDst, HBONE, Service string
 	Tunnelled                   bool
 }
 
 // WorkloadStates builds workloadState from the in-pod manager's dump and
 // the open connections: each connection goes to the pod proxy of its local
-// end (inbound: the destination workload; outbound: the source), matched by
-// pod name and namespace. Draining proxies go to PodProxies.
-func WorkloadStates(d inpodstate.Dump, conns []Connection, trustDomain string) (map[string]WorkloadState, *PodProxies) {
+// end (outbound: the source; inbound: the pod served), found by that IP in
+// snap on the node's network and matched to a pod proxy by namespace and
+// name. Draining proxies go to PodProxies.
+func WorkloadStates(d inpodstate.Dump, conns []Connection, snap *state.Snapshot, network, trustDomain string) (map[string]WorkloadState, *PodProxies) {
 	out := make(map[string]WorkloadState, len(d.Pods))
 	byName := map[[2]string]string{}
 	for uid, p := range d.Pods {
@@ -603,11 +603,19 @@ func WorkloadStates(d inpodstate.Dump, conns []Connection, trustDomain string) (
 		byName[[2]string{p.Info.Namespace, p.Info.Name}] = uid
 	}
 	for _, c := range conns {
-		local := [2]string{c.SrcNamespace, c.SrcWorkload}
+		local := c.Src
 		if c.Inbound {
-			local = [2]string{c.DstNamespace, c.DstWorkload}
+			local = cmp.Or(c.HBONE, c.Dst)
 		}
-		uid, ok := byName[local]
+		ap, err := netip.ParseAddrPort(local)
+		if err != nil || snap == nil {
+			continue
+		}
+		w := snap.WorkloadByIP(network, ap.Addr().Unmap())
+		if w == nil {
+			continue
+		}
+		uid, ok := byName[[2]string{w.Namespace, w.Name}]
 		if !ok {
 			continue
 		}
@@ -620,7 +628,7 @@ func WorkloadStates(d inpodstate.Dump, conns []Connection, trustDomain string) (
 			proto = "HBONE"
 		}
 		if c.Inbound {
-			ic := InboundConnection{Src: c.Src, ActualDst: cmp.Or(c.HBONE, c.Dst), Protocol: proto}
+			ic := InboundConnection{Src: c.Src, ActualDst: local, Protocol: proto}
 			if c.Service != "" {
 				s := c.Service
 				ic.OriginalDst = &s
