@@ -19,6 +19,10 @@ FORTIO_VERSION := v1.68.2
 
 APT_PACKAGES := iptables nftables iproute2 tcpdump iperf3 ipset haproxy containerd runc prometheus
 FUZZTIME ?= 5s
+# The release every binary reports (zctl status, the admin config dump,
+# ISTIO_VERSION to the control plane); hack/images stamps the same.
+VERSION := $(shell cat VERSION)
+VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
 .PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test test-node
 
@@ -27,7 +31,7 @@ all: build
 ## build: the four binaries into bin/ (ztunnel, ztunnel-cni, ztunnel-cp, zctl).
 build:
 	@mkdir -p bin
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/ ./cmd/...
 
 ## demo: a two-node mesh in network namespaces on this machine, a scripted tour, then teardown (KEEP=1 keeps it).
 # The demo runs from its built binary, not `go run`: with KEEP=1, Ctrl-C

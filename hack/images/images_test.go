@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"crypto/sha256"
+	"debug/buildinfo"
 	"debug/elf"
 	"encoding/hex"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -202,6 +205,16 @@ func TestImageConfig(t *testing.T) {
 						t.Errorf("%s is dynamically linked", bin)
 					}
 				}
+			}
+			// The binary reports the image's version (zctl status shows it),
+			// stamped at link time as make build does.
+			bi, err := buildinfo.Read(bytes.NewReader(data[bin]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stamp := "-X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=" + testMeta.Version
+			if !slices.ContainsFunc(bi.Settings, func(s debug.BuildSetting) bool { return s.Key == "-ldflags" && strings.Contains(s.Value, stamp) }) {
+				t.Errorf("%s is not stamped with %q: %v", bin, stamp, bi.Settings)
 			}
 			if _, ok := hdrs["usr/sbin/iptables-legacy"]; ok != (r.Component == "ztunnel-cni") {
 				t.Errorf("iptables present = %v; only the agent carries the Debian userspace", ok)
