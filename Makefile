@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test test-node
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check test-node
 
 all: build
 
@@ -124,6 +124,12 @@ test-node: deps tools images
 		ZTG_NODE_BIN=$$(sed -n 3p <<<"$$dirs") ZTG_CNI_BIN=$(CNI_BIN) ZTG_IMAGES=$(CURDIR)/bin/images \
 		ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) $(GO) test -count=1 -v -timeout 20m ./e2e/node/ $(if $(RUN),-run '$(RUN)')
 
+## istioctl-check: Istio's own istioctl code (hack/istioctl, a module of its own: istio.io/istio stays out of go.mod)
+## reads a live node proxy's config dump: every ztunnel-config view, the same rows zctl shows. ~75 s warm
+## (builds ztunnel, ztunnel-cp and zctl); the first run also compiles the istio packages (~10 min on 2 cores).
+istioctl-check:
+	cd hack/istioctl && $(GO) vet ./... && $(GO) test -count=1 -timeout 30m ./...
+
 ## images-test: the image builder's vet and tests (two full builds give the same digests; root runs its iptables).
 images-test:
 	cd hack/images && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
@@ -147,7 +153,7 @@ fuzz:
 	done
 
 ## test: everything CI runs, the real node (test-node) included.
-test: deps tools lint proto-check unit e2e deploy-check images-test test-node
+test: deps tools lint proto-check unit e2e deploy-check images-test istioctl-check test-node
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 bench-hbone:
