@@ -236,16 +236,3 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	wg.Wait()
 	return fatal
 }
-
-// dumpConnections hands the open connections to the config dump's
-// workloadState (configdump does not link the proxy).
-func dumpConnections(cs []proxy.Connection) []configdump.Connection {
-	out := make([]configdump.Connection, len(cs))
-	for i, c := range cs {
-		out[i] = configdump.Connection{
-			Inbound: c.Direction == "inbound", Src: c.Src.Addr, Dst: c.Dst.Addr,
-			OriginalDst: c.OriginalDst, HBONE: c.HBONEAddr, Service: c.Service, Tunnelled: c.HBONEAddr != "" || c.MTLS,
-		}
-	}
-	return out
-}
