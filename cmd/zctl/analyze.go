@@ -325,6 +325,25 @@ func inAmbient(objs *cluster.Objects, p *corev1.Pod) bool {
 	return ns != nil && ns.Labels[translate.LabelDataplaneMode] == "ambient"
 }
 
+// isWaypointPod reports whether p is a waypoint's: it carries the waypoint
+// controller's managed label, or its gateway-name label names an
+// istio-waypoint Gateway of its namespace.
+func isWaypointPod(objs *cluster.Objects, p *corev1.Pod) bool {
+	if p.Labels[translate.LabelGatewayManaged] == translate.ManagedMeshController {
+		return true
+	}
+	gw, ok := p.Labels[translate.LabelGatewayName]
+	if !ok {
+		return false
+	}
+	for _, g := range objs.Gateways {
+		if g.Namespace == p.Namespace && g.Name == gw && string(g.Spec.GatewayClassName) == translate.WaypointClass {
+			return true
+		}
+	}
+	return false
+}
+
 // strictFindings: STRICT PeerAuthentications while pods outside the mesh
 // exist; their plaintext connections to the STRICT workloads are refused.
 func strictFindings(cfg translate.Config, objs *cluster.Objects) []finding {
@@ -335,7 +354,9 @@ func strictFindings(cfg translate.Config, objs *cluster.Objects) []finding {
 		if systemNamespaces[p.Namespace] || p.Namespace == cfg.RootNamespace {
 			continue
 		}
-		if !inAmbient(objs, p) && !p.Spec.HostNetwork {
+		// A waypoint is not captured (istio.io/dataplane-mode: none) but is
+		// in the mesh: it terminates and originates HBONE itself.
+		if !inAmbient(objs, p) && !p.Spec.HostNetwork && !isWaypointPod(objs, p) {
 			outside[p.Namespace] = true
 		}
 	}

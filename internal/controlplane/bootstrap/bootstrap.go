@@ -188,7 +188,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	log.Info("starting", zap.Any("options", o))
+	log.Info("starting", zap.String("version", daemon.Version()), zap.Any("options", o))
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
