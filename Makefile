@@ -20,7 +20,7 @@ FORTIO_VERSION := v1.68.2
 APT_PACKAGES := iptables nftables iproute2 tcpdump iperf3 ipset haproxy containerd runc prometheus
 FUZZTIME ?= 5s
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test test-node
+.PHONY: all build check test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test test-node
 
 all: build
 
@@ -73,6 +73,11 @@ proto-check:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^\.tools/')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+## check: the inner loop (gofmt, go vet, go test -short): no root, no Kubernetes binaries, no race detector.
+## Tests that need root, namespaces, etcd or kube-apiserver, or take long skip with "short: needs ...".
+check: lint
+	$(GO) test -short -count=1 -timeout 10m ./...
 
 ## unit: every package's tests with the race detector (root-only tests run too when root).
 ## k8s-bins: etcd, kube-apiserver, kubectl and helm built from their Go modules (hack/k8s; ~15 min on
