@@ -167,20 +167,16 @@ status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.
 		Workloads    []struct{ Name string } `json:"workloads"`
 		Certificates []struct{ Identity, State string }
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.EventuallyErr(t, 30*time.Second, "the node proxy synced", func() error {
 		code, body := get(readyAddr, "/healthz/ready")
 		ready := code == 503 && body == "not ready, pending: workload proxy manager"
 		_, raw := get(adminAddr, "/config_dump")
 		_ = json.Unmarshal([]byte(raw), &dump)
 		if ready && len(dump.Certificates) == 1 && dump.Certificates[0].State == "Available" {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not synced: readiness %d %q; dump %s", code, body, raw)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("readiness %d %q; dump %s", code, body, raw)
+	})
 	if dump.Generation == 0 || len(dump.Workloads) != 2 {
 		t.Errorf("dump: generation %d, %d workloads", dump.Generation, len(dump.Workloads))
 	}
