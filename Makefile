@@ -76,8 +76,9 @@ lint:
 
 ## check: the inner loop (gofmt, go vet, go test -short): no root, no Kubernetes binaries, no race detector.
 ## Tests that need root, namespaces, etcd or kube-apiserver, or take long skip with "short: needs ...".
+## Go's test cache stays on: a package whose inputs did not change is not run again.
 check: lint
-	$(GO) test -short -count=1 -timeout 10m ./...
+	$(GO) test -short -timeout 10m ./...
 
 ## unit: every package's tests with the race detector (root-only tests run too when root).
 ## k8s-bins: etcd, kube-apiserver, kubectl and helm built from their Go modules (hack/k8s; ~15 min on
