@@ -16,6 +16,7 @@ package translate
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
@@ -180,6 +181,10 @@ type translator struct {
 	// selectorPolicies are WORKLOAD_SELECTOR authorizations, for matching.
 	selectorPolicies []selectorPolicy
 	pa               *peerAuthn
+	// seAddrs are every ServiceEntry's spec.addresses (accepted or not):
+	// a Pod, Service or Node holding one of them decides its ownership,
+	// so changing one re-translates everything (ownershipChange).
+	seAddrs []netip.Prefix
 }
 
 func newTranslator(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *translator {
