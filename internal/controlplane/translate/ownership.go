@@ -32,7 +32,8 @@ import (
 //     (a range merely containing such a pod is the namespace's own
 //     business; node proxies never let a range take a workload's address).
 //  3. An address or range overlapping an accepted one of another
-//     namespace's older ServiceEntry is refused: the oldest
+//     namespace's older ServiceEntry that some namespace sees together
+//     with this one (exportTo) is refused: the oldest
 //     creationTimestamp wins, then namespace/name only between equal
 //     timestamps (as istiod orders conflicting config). A tenant cannot
 //     win by picking a name, only by having been there first, and being
@@ -128,13 +129,14 @@ func (o *owned) ownerIn(p netip.Prefix, ns string) (netip.Addr, owner, bool) {
 type addrClaim struct {
 	prefix netip.Prefix // masked
 	se     *networkingv1.ServiceEntry
+	export exportSet
 }
 
 // claimAddresses applies the rules to one ServiceEntry's parsed addresses
 // (oldest entries first, so claims holds the accepted ones of every older
 // entry) and returns the ones it keeps; refusals are added to bad as
 // "spec.addresses[i]: why".
-func (o *owned) claimAddresses(se *networkingv1.ServiceEntry, parsed []parsedAddr, claims *[]addrClaim, bad *[]string) []parsedAddr {
+func (o *owned) claimAddresses(se *networkingv1.ServiceEntry, exp exportSet, parsed []parsedAddr, claims *[]addrClaim, bad *[]string) []parsedAddr {
 	var keep []parsedAddr
 	for _, pa := range parsed {
 		p := pa.prefix
@@ -155,7 +157,7 @@ func (o *owned) claimAddresses(se *networkingv1.ServiceEntry, parsed []parsedAdd
 		}
 		var holder *networkingv1.ServiceEntry
 		for _, c := range *claims {
-			if c.se.Namespace != se.Namespace && c.prefix.Overlaps(p) {
+			if c.se.Namespace != se.Namespace && c.prefix.Overlaps(p) && c.export.meets(c.se.Namespace, exp, se.Namespace) {
 				holder = c.se
 				break
 			}
@@ -168,7 +170,9 @@ func (o *owned) claimAddresses(se *networkingv1.ServiceEntry, parsed []parsedAdd
 			refuse("overlaps an address of ServiceEntry %s/%s, which holds it (%s; the oldest ServiceEntry keeps an address)", holder.Namespace, holder.Name, why)
 			continue
 		}
-		*claims = append(*claims, addrClaim{prefix: p.Masked(), se: se})
+		if !exp.none() { // an entry nobody sees holds nothing against others
+			*claims = append(*claims, addrClaim{prefix: p.Masked(), se: se, export: exp})
+		}
 		keep = append(keep, pa)
 	}
 	return keep

@@ -70,6 +70,17 @@ func (t *translator) translateService(s *corev1.Service) {
 	svc.IpFamilies = ipFamilies(s.Spec.IPFamilies, fams)
 	svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
 	svc.WeightedWaypoints = t.weightedWaypoints("Service", s.Namespace, s.Name, s.Labels, s.Annotations, svc.Waypoint)
+	exp, bad := t.serviceExport(s)
+	for _, b := range bad {
+		t.warnf("Service", s.Namespace, s.Name, "%s", b)
+	}
+	if exp.none() {
+		// Exported to no namespace: no client may resolve or route to it
+		// as this service (its ClusterIP stays its own: see ownership.go).
+		t.warnf("Service", s.Namespace, s.Name, "exported to no namespace (exportTo ~); not sent to node proxies")
+		return
+	}
+	exp.apply(svc)
 	t.addresses[svc.Namespace+"/"+svc.Hostname] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
 }
 
@@ -215,7 +226,8 @@ func (t *translator) translateServiceEntries() {
 		}
 		var refused []string
 		var fixed []*workloadapi.NetworkAddress
-		for _, pa := range own.claimAddresses(se, parsed, &taken, &refused) {
+		exp, expBad := t.serviceEntryExport(se)
+		for _, pa := range own.claimAddresses(se, exp, parsed, &taken, &refused) {
 			p := pa.prefix
 			na := netAddr(network, p.Addr())
 			if p.Bits() != p.Addr().BitLen() {
@@ -227,13 +239,24 @@ func (t *translator) translateServiceEntries() {
 			}
 			fixed = append(fixed, na)
 		}
-		if len(refused) > 0 {
-			msg := "addresses owned by others are refused; the rest of the ServiceEntry applies"
-			if len(fixed) == 0 {
-				msg = "every address is refused (owned by others); its hosts have no address"
+		if len(refused) > 0 || len(expBad) > 0 || exp.none() {
+			var msg []string
+			switch {
+			case len(refused) > 0 && len(fixed) == 0:
+				msg = append(msg, "every address is refused (owned by others); its hosts have no address")
+			case len(refused) > 0:
+				msg = append(msg, "addresses owned by others are refused; the rest of the ServiceEntry applies")
+			}
+			if exp.none() {
+				msg = append(msg, "visible to no namespace; not sent to node proxies")
+			} else if len(expBad) > 0 {
+				msg = append(msg, "visible to its own namespace only")
 			}
 			t.policies = append(t.policies, PolicyStatus{Kind: "ServiceEntry", Name: se.Namespace + "/" + se.Name,
-				Sent: true, Message: msg, Invalid: refused})
+				Sent: !exp.none(), Message: strings.Join(msg, "; "), Invalid: append(refused, expBad...)})
+		}
+		if exp.none() {
+			continue
 		}
 		var ports []*workloadapi.Port
 		for _, p := range se.Spec.Ports {
@@ -267,6 +290,7 @@ func (t *translator) translateServiceEntries() {
 				Waypoint:        wp,
 			}
 			svc.WeightedWaypoints = wws
+			exp.apply(svc)
 			if len(parsed) == 0 {
 				var fams [2]bool
 				for _, ip := range t.allocs.Lookup(se.Namespace, se.Name, h) {

@@ -74,9 +74,7 @@ func (snap *Snapshot) ownedByWorkload(network string, ip netip.Addr) bool {
 }
 
 // hidden reports whether s is invisible to clients of namespace ns.
-func hidden(s *Service, ns string) bool {
-	return ns != "" && s.Visibility == VisibilityNamespace && s.Namespace != ns
-}
+func hidden(s *Service, ns string) bool { return !s.VisibleTo(ns) }
 
 // pickService picks from services sorted by key: preferNamespace, then
 // canonical, then the first; nil when none is visible.

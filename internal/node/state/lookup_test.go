@@ -5,6 +5,9 @@ import (
 	"net/netip"
 	"testing"
 
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 )
 
@@ -249,5 +252,34 @@ func TestServiceByVIPRangeSkipsOwned(t *testing.T) {
 		if svc := s.Load().ServiceByVIP("", ip(a), "evil"); svc == nil || svc.Hostname != "all.example" {
 			t.Errorf("%s after its owners left: %v, want the range", a, svc)
 		}
+	}
+}
+
+// TestServiceExportToExtension: a NAMESPACE service widened by the
+// export-to extension is seen by the namespaces it lists and its own, by
+// no other; a malformed extension is refused, not read as PUBLIC.
+func TestServiceExportToExtension(t *testing.T) {
+	cfg, err := anypb.New(wrapperspb.String("team-b,team-c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := func(s *workloadapi.Service) {
+		s.Visibility = workloadapi.Service_NAMESPACE
+		s.Extensions = append(s.Extensions, &workloadapi.Extension{Name: ExportToExtension, Config: cfg})
+	}
+	s := NewStore()
+	mustApply(t, s, svcOpts("team-a", "web", "10.96.0.1", []uint32{80, 80}, shared))
+	snap := s.Load()
+	for ns, want := range map[string]bool{"team-a": true, "team-b": true, "team-c": true, "team-d": false, "": true} {
+		if got := snap.ServiceByVIP("", ip("10.96.0.1"), ns) != nil; got != want {
+			t.Errorf("visible to %q: %v, want %v", ns, got, want)
+		}
+	}
+	bad := func(s *workloadapi.Service) {
+		s.Visibility = workloadapi.Service_NAMESPACE
+		s.Extensions = append(s.Extensions, &workloadapi.Extension{Name: ExportToExtension})
+	}
+	if err := s.ApplyAddresses(addrs(svcOpts("team-a", "api", "10.96.0.2", []uint32{80, 80}, bad)), nil); err == nil {
+		t.Error("export-to extension without config accepted")
 	}
 }
