@@ -105,6 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.WaypointValues, "waypoint-values", "", "the --waypoint-template's .Values (YAML file)")
 	fs.StringVar(&o.WaypointCRLFile, "waypoint-crl-file", "", "Kubernetes mode, with --waypoint-image: CRLs every waypoint enforces (copied into each waypoint namespace as ConfigMap istio-ca-crl, CRL_PATH), read on every reconcile; unreadable leaves the Gateways Programmed=False (\"\": none)")
 	fs.BoolVar(&o.ExternalNameAlias, "external-name-alias", true, "serve ExternalName Services that point at mesh services as DNS aliases")
+	fs.StringVar(&o.MeshConfig, "mesh-config", "", "Istio MeshConfig file (YAML): defaultServiceExportTo, defaultVirtualServiceExportTo, defaultDestinationRuleExportTo and serviceEntryVisibility are honoured (\"\": every Service and ServiceEntry is exported everywhere unless its exportTo says otherwise)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
 	fs.StringVar(&o.TrustedNodeAccounts, "trusted-node-accounts", "istio-system/ztunnel", "Kubernetes mode: comma-separated namespace/name ServiceAccounts of node proxies (CA_TRUSTED_NODE_ACCOUNTS)")
