@@ -78,6 +78,9 @@ func parseExportTo(vals, def []string, own, field string) (exportSet, []string) 
 	return e, nil
 }
 
+// visibleTo reports whether namespace ns sees an object exported as e.
+func (e exportSet) visibleTo(ns string) bool { return e.all || slices.Contains(e.ns, ns) }
+
 // narrowTo keeps only what both allow.
 func (e exportSet) narrowTo(o exportSet) exportSet {
 	switch {
