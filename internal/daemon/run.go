@@ -43,19 +43,36 @@ func PrintCheck(w io.Writer, v any) error {
 // with exit code 1, or a "stopped" line and exit code 0 when nil.
 func Exit(log *zap.Logger, name string, err error) {
 	code := 0
-	if err != nil {
+	var te *TaskError
+	switch {
+	case errors.As(err, &te):
+		// The Group logged the error when it happened; name the task only.
+		log.Error(name+" failed", zap.String("task", te.Task))
+		code = 1
+	case err != nil:
 		log.Error(name+" failed", zap.Error(err))
 		code = 1
-	} else {
+	default:
 		log.Info(name + " stopped")
 	}
 	_ = log.Sync()
 	os.Exit(code)
 }
 
-// Version is the main module's version from the build information, or
+// version is the release, stamped at link time from the VERSION file
+// (make build and hack/images pass
+// -ldflags=-X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=...):
+// a build of the main module's own tree has no module version, only
+// "(devel)".
+var version string
+
+// Version is the stamped version, else the main module's version from the
+// build information ("(devel)" for a tree built in place), else
 // "unknown".
 func Version() string {
+	if version != "" {
+		return version
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		return bi.Main.Version
 	}
