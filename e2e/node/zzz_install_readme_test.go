@@ -100,7 +100,7 @@ func installSteps(t *testing.T) []installStep {
 		names = append(names, s.name)
 	}
 	want := []string{"vars", "gateway-api-crds", "ca", "images", "precheck", "install", "precheck-after", "enroll",
-		"strict", "mtls-in-mesh", "plaintext-refused", "waypoint", "l7-allowed", "l7-denied", "uninstall"}
+		"first-request", "strict", "mtls-in-mesh", "plaintext-refused", "waypoint", "l7-allowed", "l7-denied", "uninstall"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("%s steps %v, want %v (TestNodeInstallByREADME checks what each proves)", installDoc, names, want)
 	}
