@@ -1,12 +1,34 @@
-package waypoint
+// Package h1 is the downstream side of the waypoint's HTTP/1.1 fast path,
+// Envoy's HTTP/1.1 codec. A tunnel to an HTTP (not HTTP2) port is served
+// here, on the goroutine that serves the tunnel, instead of by net/http's
+// server, ReverseProxy and Transport: each request's head is read once
+// (http.ReadRequest) and handed to the filter chain (a Handler, which the
+// root package proxy/waypoint assembles: the same filters as its net/http
+// path), which sends it upstream (package upstream) and writes the
+// response with WriteResponse on the same goroutine: no per-connection
+// read and write loops, no channel hand-offs, no deep header copy.
+//
+// What it does not do goes to the net/http path (Serve returns the bytes
+// already read, which the HTTP server reads first), for
+// the rest of that connection: a request head that is not HTTP/1.1 (h2c
+// prior knowledge "PRI * HTTP/2.0", HTTP/1.0), CONNECT, Upgrade (WebSocket, h2c
+// upgrade), Expect (100-continue), request trailers (a Trailer header),
+// and a head larger than the read buffer (BufSize). gRPC and HTTP2
+// ports never start here. A head the fast path refuses (RFC 9112 framing
+// it will not guess at) is answered 400 and the connection closed:
+// Content-Length with Transfer-Encoding, differing Content-Lengths, an
+// obsolete folded header line, a malformed head (http.ReadRequest's own
+// checks: bad chunk sizes surface when the body is read, a held body
+// before anything goes upstream).
+package h1
 
 import (
 	"bufio"
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,64 +38,61 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// The HTTP/1.1 fast path. A tunnel to an HTTP (not HTTP2) port is served
-// here, on the goroutine that serves the tunnel, instead of by net/http's
-// server, ReverseProxy and Transport: each request's head is read once
-// (http.ReadRequest), the filters run (decide, the same as serveHTTP), the
-// request line, headers and a held body go upstream in one write on a
-// keep-alive connection this downstream connection keeps (h1up.go), and
-// the response head is read (http.ReadResponse) and sent on with its body
-// on the same goroutine: no per-connection read and write loops, no
-// channel hand-offs, no deep header copy.
-//
-// What it does not do goes to the net/http path (serveTunnel pushes the
-// tunnel to the HTTP server, the bytes already read replayed first), for
-// the rest of that connection: a request head that is not HTTP/1.1 (h2c
-// prior knowledge "PRI * HTTP/2.0", HTTP/1.0), CONNECT, Upgrade (WebSocket, h2c
-// upgrade), Expect (100-continue), request trailers (a Trailer header),
-// and a head larger than the read buffer (h1BufSize). gRPC and HTTP2
-// ports never start here. A head the fast path refuses (RFC 9112 framing
-// it will not guess at) is answered 400 and the connection closed:
-// Content-Length with Transfer-Encoding, differing Content-Lengths, an
-// obsolete folded header line, a malformed head (http.ReadRequest's own
-// checks: bad chunk sizes surface when the body is read, a held body
-// before anything goes upstream).
-
-// h1BufSize is the downstream read buffer: a request head must fit in it
+// BufSize is the downstream read buffer: a request head must fit in it
 // to be served on the fast path.
-const h1BufSize = 8 << 10
+const BufSize = 8 << 10
 
 // errFallback: the connection goes to the net/http path from this request on.
 var errFallback = errors.New("waypoint: request needs the net/http path")
 
-var h1Readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1BufSize) }}
+var h1Readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, BufSize) }}
 
-// h1Conn is one downstream HTTP/1.1 connection on the fast path.
-type h1Conn struct {
-	w    *Waypoint
-	tc   *tunnelConn
-	br   *bufio.Reader
-	held map[netip.AddrPort]*upConn // upstream connections kept between this connection's requests
-	idle atomic.Bool                // between requests: Shutdown closes it
-	xff  string                     // X-Forwarded-For and Forwarded, once per tunnel
-	fwd  string
+// Tunnel is the downstream connection: an HBONE tunnel, which can
+// half-close.
+type Tunnel interface {
+	net.Conn
+	CloseWrite() error
 }
 
-// serveH1 serves the tunnel's requests until it closes (true) or a request
-// needs the net/http path (false: tc.pre holds the bytes read and not yet
+// Handler serves one request whose head (headLen bytes) c read: it
+// answers with c.WriteLocal or c.WriteResponse, and returns false to close
+// the connection after it. Its body, if any, is r.Body; what the handler
+// leaves of it is read and dropped before the next request.
+type Handler func(c *Conn, r *http.Request, headLen int) (keep bool)
+
+// Server is the fast path's set of downstream connections: Shutdown
+// closes the idle ones.
+type Server struct {
+	log     *zap.Logger
+	mu      sync.Mutex
+	conns   map[*Conn]struct{}
+	closing atomic.Bool
+}
+
+// NewServer returns a Server logging refused requests to log.
+func NewServer(log *zap.Logger) *Server { return &Server{log: log} }
+
+// Conn is one downstream HTTP/1.1 connection on the fast path.
+type Conn struct {
+	srv   *Server
+	tc    Tunnel
+	br    *bufio.Reader
+	serve Handler
+	idle  atomic.Bool // between requests: Shutdown closes it
+}
+
+// Serve serves the tunnel's requests with serve until it closes (closed) or
+// a request needs the net/http path (pre holds the bytes read and not yet
 // served, for the HTTP server to read first).
-func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
-	c := &h1Conn{w: w, tc: tc, br: h1Readers.Get().(*bufio.Reader)}
+func (s *Server) Serve(tc Tunnel, serve Handler) (closed bool, pre []byte) {
+	c := &Conn{srv: s, tc: tc, serve: serve, br: h1Readers.Get().(*bufio.Reader)}
 	c.br.Reset(tc)
-	if !w.trackH1(c, true) {
+	if !s.track(c, true) {
 		tc.Close()
-		return true
+		return true, nil
 	}
 	defer func() {
-		w.trackH1(c, false)
-		for _, uc := range c.held {
-			w.upstreams.put(uc)
-		}
+		s.track(c, false)
 		c.br.Reset(nil)
 		h1Readers.Put(c.br)
 	}()
@@ -85,16 +104,14 @@ func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
 		if errors.Is(err, errFallback) {
 			// The HTTP server reads what is buffered first, then the tunnel.
 			b, _ := c.br.Peek(c.br.Buffered())
-			tc.pre = bytes.Clone(b)
-			w.fallbacks.Add(1)
-			return false
+			return false, bytes.Clone(b)
 		}
 		if errors.Is(err, io.EOF) {
 			tc.Close() // the client closed first
 		} else {
 			closeWriteAndWait(tc)
 		}
-		return true
+		return true, nil
 	}
 }
 
@@ -102,46 +119,46 @@ func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
 // connection itself: the write side first, so the client reads the last
 // response whole, then (after the client closes, or half a second) the
 // tunnel; closing at once would reset it under the response.
-func closeWriteAndWait(tc *tunnelConn) {
+func closeWriteAndWait(tc Tunnel) {
 	_ = tc.CloseWrite()
 	_ = tc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 	_, _ = io.Copy(io.Discard, io.LimitReader(tc, 256<<10))
 	tc.Close()
 }
 
-// trackH1 adds (or removes) a fast-path connection to the set Shutdown
+// track adds (or removes) a fast-path connection to the set Shutdown
 // closes when idle; false: the waypoint is shutting down.
-func (w *Waypoint) trackH1(c *h1Conn, add bool) bool {
-	w.h1mu.Lock()
-	defer w.h1mu.Unlock()
+func (s *Server) track(c *Conn, add bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if !add {
-		delete(w.h1conns, c)
+		delete(s.conns, c)
 		return true
 	}
-	if w.h1closing.Load() {
+	if s.closing.Load() {
 		return false
 	}
-	if w.h1conns == nil {
-		w.h1conns = map[*h1Conn]struct{}{}
+	if s.conns == nil {
+		s.conns = map[*Conn]struct{}{}
 	}
-	w.h1conns[c] = struct{}{}
+	s.conns[c] = struct{}{}
 	return true
 }
 
 // setIdle marks the connection between requests (an idle one Shutdown
 // closes); false: it is shutting down, close it.
-func (c *h1Conn) setIdle(idle bool) bool {
+func (c *Conn) setIdle(idle bool) bool {
 	c.idle.Store(idle)
-	return !c.w.h1closing.Load()
+	return !c.srv.closing.Load()
 }
 
-// shutdownH1 stops the fast path taking new requests and closes its idle
+// Shutdown stops the fast path taking new requests and closes its idle
 // connections; busy ones close after their response.
-func (w *Waypoint) shutdownH1() {
-	w.h1mu.Lock()
-	defer w.h1mu.Unlock()
-	w.h1closing.Store(true)
-	for c := range w.h1conns {
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing.Store(true)
+	for c := range s.conns {
 		if c.idle.Load() {
 			// The client reads EOF and closes, which ends the goroutine's
 			// wait for the next request; one that does not is closed in a
@@ -152,20 +169,19 @@ func (w *Waypoint) shutdownH1() {
 	}
 }
 
-// closeH1 closes every fast-path connection and the idle upstream ones.
-func (w *Waypoint) closeH1() {
-	w.h1mu.Lock()
-	w.h1closing.Store(true)
-	for c := range w.h1conns {
+// Close closes every fast-path connection.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closing.Store(true)
+	for c := range s.conns {
 		c.tc.Close()
 	}
-	w.h1mu.Unlock()
-	w.upstreams.close()
+	s.mu.Unlock()
 }
 
 // serveOne reads and serves one request. nil: the connection stays open
 // for the next; errFallback: hand it to the net/http path; other: close.
-func (c *h1Conn) serveOne() error {
+func (c *Conn) serveOne() error {
 	if !c.setIdle(true) {
 		return errShuttingDown
 	}
@@ -196,7 +212,7 @@ func (c *h1Conn) serveOne() error {
 		c.refuse(msg)
 		return errors.New("waypoint: refused request: " + msg)
 	}
-	keep := c.serveRequest(r, len(head))
+	keep := c.serve(c, r, len(head))
 	if !keep || !c.finishBody(r) {
 		return errConnDone
 	}
@@ -211,7 +227,7 @@ var (
 // peekHead returns the request head (through its blank line) from the
 // read buffer without consuming it, reading more while it is incomplete.
 // A head that does not fit the buffer: errFallback.
-func (c *h1Conn) peekHead() ([]byte, error) {
+func (c *Conn) peekHead() ([]byte, error) {
 	deadline := false
 	defer func() {
 		if deadline {
@@ -358,8 +374,8 @@ func checkRequest(r *http.Request) string {
 
 // refuse answers a request that cannot be served 400, as net/http's server
 // does, and the connection closes.
-func (c *h1Conn) refuse(why string) {
-	c.w.log.Debug("refused an HTTP/1.1 request", zap.String("reason", why))
+func (c *Conn) refuse(why string) {
+	c.srv.log.Debug("refused an HTTP/1.1 request", zap.String("reason", why))
 	body := "400 Bad Request: " + why
 	_, _ = io.WriteString(c.tc, "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: "+
 		strconv.Itoa(len(body))+"\r\n\r\n"+body)
@@ -367,7 +383,7 @@ func (c *h1Conn) refuse(why string) {
 
 // finishBody reads what is left of a request body so the next request can
 // be read, as net/http's server does (up to 256 KiB; more: close).
-func (c *h1Conn) finishBody(r *http.Request) bool {
+func (c *Conn) finishBody(r *http.Request) bool {
 	if r.Body == nil || r.Body == http.NoBody {
 		return true
 	}
