@@ -635,3 +635,36 @@ func TestFastPathShutdown(t *testing.T) {
 		t.Error("the idle connection is still open after Shutdown")
 	}
 }
+
+// TestInvalidRequestTarget: a request target the filters would read as one
+// path and the endpoint be sent as another ("scheme:opaque", whose path is
+// empty to routes and authorization; "http://host", whose empty path goes
+// upstream as "/") is refused 400 on both paths, and never reaches the
+// endpoint: here a DENY on exactly "/" would not have matched it.
+func TestInvalidRequestTarget(t *testing.T) {
+	addr, conns := goBackend(t, func(rw http.ResponseWriter, r *http.Request) { io.WriteString(rw, "up "+r.RequestURI) })
+	cfg := baseConfig(&waypointapi.Policy{Name: "deny-root", Namespace: "demo", Action: waypointapi.Action_DENY,
+		Rules: []*waypointapi.Rule{{To: []*waypointapi.Operation{{Paths: []*waypointapi.StringMatch{exact("/")}}}}}})
+	f := newFastLab(t, cfg, addr)
+	for _, tc := range []struct{ name, raw string }{
+		{"opaque target", "GET a:b HTTP/1.1\r\nHost: " + host + "\r\n\r\n"},
+		{"absolute form without a path", "GET http://" + host + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n"},
+		{"another scheme", "GET ftp:/x HTTP/1.1\r\nHost: " + host + "\r\n\r\n"},
+		{"opaque target, HTTP/1.0 (the net/http path)", "GET a:b HTTP/1.0\r\nHost: " + host + "\r\n\r\n"},
+		{"absolute form without a path, HTTP/1.0", "GET http://" + host + " HTTP/1.0\r\nHost: " + host + "\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := f.rawClient(t)
+			if resp, body := rc.do(tc.raw, http.MethodGet); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "invalid request target") {
+				t.Errorf("= %d %q, want 400 invalid request target", resp.StatusCode, body)
+			}
+		})
+	}
+	if n := conns.Load(); n != 0 {
+		t.Errorf("%d connections reached the endpoint, want none", n)
+	}
+	rc := f.rawClient(t)
+	if resp, body := rc.do("GET /ok HTTP/1.1\r\nHost: "+host+"\r\n\r\n", http.MethodGet); resp.StatusCode != 200 || body != "up /ok" {
+		t.Errorf("origin form = %d %q", resp.StatusCode, body)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
 )
@@ -252,6 +253,15 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		// Status line "HTTP/1.1 200 OK\r\n".
 		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + telemetry.HeaderBytes(sw.Header()) + sw.n
 		return telemetry.Sizes{Request: req, Response: resp}
+	}
+	if r.ProtoMajor == 1 && !h1.ServedTarget(r.URL) {
+		// As the fast path refuses it: the filters would match one path
+		// and the endpoint be sent another (HTTP/2 servers refuse such a
+		// :path themselves).
+		ex.err = fmt.Errorf("invalid request target %q", r.RequestURI)
+		http.Error(sw, "400 Bad Request: invalid request target", http.StatusBadRequest)
+		w.record(ex, http.StatusBadRequest, "DPE", time.Since(start), sizes())
+		return
 	}
 	if err := w.decide(ex); err != nil {
 		code := answerRefusal(sw, r, ex, err)

@@ -50,7 +50,7 @@ type ownerWatch interface {
 // installed where the runtime looks (the agent's log says why not).
 const (
 	TaskAgent  = "node agent"
-	TaskPlugin = "CNI plugin installed and chained (see the agent's log)"
+	TaskPlugin = "CNI plugin installed and chained"
 )
 
 // InstallCheckInterval spaces re-checks of the installed plugin besides the
@@ -210,7 +210,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		refresh    func() error
 		status     agent.StatusWriter
 		pluginKube string
-		background []func(context.Context)
+		tasks      []bootTask
 		owner      ownerWatch // nil: no DaemonSet to follow
 	)
 	if o.KubeMode() {
@@ -218,7 +218,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		if err != nil {
 			return err
 		}
-		src, status, pluginKube, background = k.src, k.status, k.pluginKubeconfig, k.background
+		src, status, pluginKube, tasks = k.src, k.status, k.pluginKubeconfig, k.tasks
 		if k.owner != nil {
 			owner = k.owner
 		}
@@ -286,26 +286,28 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	if err != nil {
 		return err
 	}
+	// Every goroutine is a task of g, stopped in the reverse order of its
+	// start: the agent first (it asks the owner watch whether this is an
+	// uninstall), then the installer and the servers, then the API links.
+	g := daemon.NewGroup(ctx, log)
+	for _, t := range tasks {
+		g.Go(t.name, t.run)
+	}
 	// The agent's handler serves /pods (and more); only /pods is routed to it.
-	servers, err := daemon.Listen(log, Servers(o, a.AdminHandler(), level,
-		readiness(a, installed))...)
+	servers, err := daemon.Listen(log, Servers(o, a.AdminHandler(), level, g.Readiness())...)
 	if err != nil {
-		return err
+		g.Stop()
+		return errors.Join(err, g.Wait())
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var bg sync.WaitGroup
-	background = append(background, func(ctx context.Context) { _ = servers.Serve(ctx) })
+	g.Go("http servers", servers.Serve)
 	if o.Install {
-		background = append(background, func(ctx context.Context) { keeper.Run(ctx, log.Named("install")) })
+		// Not ready until the plugin is copied and chained where the
+		// runtime reads it: the readiness page names this task.
+		g.Go(TaskPlugin, forever(func(ctx context.Context) { keeper.Run(ctx, log.Named("install")) }),
+			daemon.ReadyWhen(func() bool { return installed() == nil }))
 	}
-	for _, f := range background {
-		bg.Add(1)
-		go func() { defer bg.Done(); f(runCtx) }()
-	}
-	err = a.Run(runCtx)
-	cancel()
-	bg.Wait()
+	g.Go(TaskAgent, a.Run, daemon.ReadyWhen(a.Serving))
+	err = g.Wait()
 	if exit(context.WithoutCancel(ctx)) {
 		ucfg := keeper.Config()
 		if ucfg.ConfDir == "" {
@@ -322,16 +324,6 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		log.Info("leaving the plugin installed (--keep-on-exit): new ambient pods wait for the next agent")
 	}
 	return err
-}
-
-// readiness is the public readiness: the agent serves, and (when it
-// installs the plugin) the plugin is installed and chained.
-func readiness(a *agent.Agent, installed func() error) *daemon.Readiness {
-	tasks := []daemon.Task{{Name: TaskAgent, Ready: a.Serving}}
-	if installed != nil {
-		tasks = append(tasks, daemon.Task{Name: TaskPlugin, Ready: func() bool { return installed() == nil }})
-	}
-	return daemon.NewReadiness(tasks...)
 }
 
 // warnIfRuntimeDisagrees logs, when the flags name CNI directories, any

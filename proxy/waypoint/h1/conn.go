@@ -29,7 +29,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -195,22 +197,13 @@ func (c *Conn) serveOne() error {
 	if err != nil {
 		return err
 	}
-	info := scanHead(head)
-	if info.fallback {
+	r, fallback, refusal := readRequest(c.br, head)
+	if fallback {
 		return errFallback
 	}
-	if info.bad != "" {
-		c.refuse(info.bad)
-		return errors.New("waypoint: refused request head: " + info.bad)
-	}
-	r, err := http.ReadRequest(c.br)
-	if err != nil {
-		c.refuse(err.Error())
-		return err
-	}
-	if msg := checkRequest(r); msg != "" {
-		c.refuse(msg)
-		return errors.New("waypoint: refused request: " + msg)
+	if refusal != "" {
+		c.refuse(refusal)
+		return errors.New("waypoint: refused request: " + refusal)
 	}
 	keep := c.serve(c, r, len(head))
 	if !keep || !c.finishBody(r) {
@@ -269,10 +262,39 @@ func headEnd(b []byte) int {
 	}
 }
 
+// readRequest is the fast path's decision on the request whose head is at
+// the start of br (head: its bytes through the blank line, as peekHead
+// found them): the request, its body still to read from br; fallback, the
+// net/http path serves it; or why it is refused with 400.
+// FuzzH1HeadDifferential holds it to net/http's decision on the same bytes.
+func readRequest(br *bufio.Reader, head []byte) (r *http.Request, fallback bool, refusal string) {
+	info := scanHead(head)
+	if info.fallback {
+		return nil, true, ""
+	}
+	if info.bad != "" {
+		return nil, false, info.bad
+	}
+	r, err := http.ReadRequest(br)
+	if err != nil {
+		return nil, false, err.Error()
+	}
+	if msg := checkRequest(r, &info); msg != "" {
+		return nil, false, msg
+	}
+	return r, false, ""
+}
+
 // headInfo is what scanHead learns from a raw request head.
 type headInfo struct {
 	fallback bool   // the net/http path serves it
 	bad      string // refused with 400: why
+	// hosts counts the Host lines; badHost: the first one's value is not
+	// a valid host. http.ReadRequest deletes the Host field from the
+	// header it returns, so only the raw head tells an empty Host from
+	// none, and the field from an absolute-form target's authority.
+	hosts   int
+	badHost bool
 }
 
 // scanHead reads the raw head for what http.ReadRequest would accept but the
@@ -319,6 +341,11 @@ func scanHead(head []byte) headInfo {
 			cl = value
 		case asciiEqualFold(name, "transfer-encoding"):
 			te = true
+		case asciiEqualFold(name, "host"):
+			info.hosts++
+			if info.hosts == 1 {
+				info.badHost = !httpguts.ValidHostHeader(string(trimSP(line[k+1:])))
+			}
 		case asciiEqualFold(name, "upgrade"), asciiEqualFold(name, "expect"), asciiEqualFold(name, "trailer"):
 			info.fallback = true
 			return info
@@ -328,6 +355,17 @@ func scanHead(head []byte) headInfo {
 		info.bad = "both Content-Length and Transfer-Encoding"
 	}
 	return info
+}
+
+// trimSP trims spaces and tabs, as net/textproto trims a field value.
+func trimSP(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
 }
 
 func asciiEqualFold(b []byte, s string) bool {
@@ -347,17 +385,20 @@ func asciiEqualFold(b []byte, s string) bool {
 }
 
 // checkRequest is what net/http's server checks of a parsed request
-// before its handler runs ("": fine).
-func checkRequest(r *http.Request) string {
-	hosts, haveHost := r.Header["Host"]
-	if haveHost && len(hosts) > 1 {
-		return "too many Host headers"
-	}
-	if r.Host == "" && !haveHost {
+// before its handler runs ("": fine), given what scanHead saw of its Host
+// lines: an HTTP/1.1 request needs a Host field, possibly empty (RFC 9112
+// §3.2), whose value is a valid host, even when an absolute-form target
+// names the authority instead. More than one Host is http.ReadRequest's
+// own refusal.
+func checkRequest(r *http.Request, info *headInfo) string {
+	if info.hosts == 0 {
 		return "missing required Host header"
 	}
-	if !httpguts.ValidHostHeader(r.Host) {
+	if info.hosts == 1 && info.badHost {
 		return "malformed Host header"
+	}
+	if !ServedTarget(r.URL) {
+		return "invalid request target"
 	}
 	for k, vs := range r.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
@@ -370,6 +411,27 @@ func checkRequest(r *http.Request) string {
 		}
 	}
 	return ""
+}
+
+// ServedTarget reports whether a request target is one the waypoint
+// serves: origin-form ("/path"), absolute-form with scheme http or https
+// and a path, or "*". The filters (routes, authorization) match URL.Path
+// and the target sent upstream is URL.RequestURI(): for these forms the
+// two name the same path. net/http also reads "scheme:opaque" targets,
+// whose path is empty while the opaque part would go upstream, and
+// "http://host", whose empty path would go upstream as "/"; such a request
+// is refused instead.
+func ServedTarget(u *url.URL) bool {
+	if u.Opaque != "" {
+		return false
+	}
+	switch u.Scheme {
+	case "":
+		return u.Path == "*" || strings.HasPrefix(u.Path, "/")
+	case "http", "https":
+		return strings.HasPrefix(u.Path, "/")
+	}
+	return false
 }
 
 // refuse answers a request that cannot be served 400, as net/http's server
