@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/waypointctl"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // kubeParts are Kubernetes mode's source, authenticator, live placement,
@@ -25,12 +26,13 @@ type kubeParts struct {
 	placement *kubeauth.Placement
 	alloc     *autoalloc.Allocator
 	status    *kubestatus.Writer
+	routes    *kubestatus.RouteWriter
 	root      *RootPublisher
 	kube      kubernetes.Interface
 	gateway   gatewayclient.Interface
 }
 
-func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
+func kubeWiring(o Options, log *zap.Logger, retries *backoff.Set) (*kubeParts, error) {
 	rc, err := kube.RESTConfig(o.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -56,7 +58,7 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 	}
 	status, err := kubestatus.New(kubestatus.Config{
 		Istio: clients.Istio, Kube: clients.Kube, Source: src,
-		LeaseNamespace: o.LeaseNamespace, LeaseName: o.LeaseName, Log: log.Named("se-status"),
+		LeaseNamespace: o.LeaseNamespace, LeaseName: o.LeaseName, Log: log.Named("se-status"), Retries: retries,
 	})
 	if err != nil {
 		return nil, err
@@ -65,8 +67,14 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 	if err != nil {
 		return nil, err
 	}
+	routes, err := kubestatus.NewRouteWriter(kubestatus.RouteConfig{
+		Gateway: clients.Gateway, Source: src, Translate: translateConfig(o), Leading: status.Leading, Log: log.Named("route-status"),
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &kubeParts{
-		src: src, auth: auth, alloc: alloc, status: status, kube: clients.Kube, gateway: clients.Gateway,
+		src: src, auth: auth, alloc: alloc, status: status, routes: routes, kube: clients.Kube, gateway: clients.Gateway,
 		placement: &kubeauth.Placement{Client: clients.Kube, Log: log.Named("placement")},
 		root:      &RootPublisher{Client: clients.Kube, Namespace: o.SystemNamespace, Log: log.Named("root-configmap")},
 	}, nil

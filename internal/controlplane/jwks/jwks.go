@@ -20,13 +20,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // Defaults, as istiod's JWKS resolver: refresh every 20 minutes, retry a
@@ -43,10 +48,29 @@ const (
 // ErrPending is Lookup's error for a key set not fetched yet.
 var ErrPending = errors.New("not fetched yet")
 
+// ErrRefused is wrapped by the error of a fetch refused by the address or
+// scheme rules (see the package comment).
+var ErrRefused = errors.New("refused")
+
 // Config configures a Resolver; zero fields take the defaults.
 type Config struct {
-	// Client does the fetches; nil: an http.Client with Timeout.
-	Client  *http.Client
+	// Client does the fetches; nil: an http.Client with Timeout whose
+	// dialer enforces the address rules. A Client given here is used as
+	// is (tests).
+	Client *http.Client
+	// AllowHTTP lets http:// URIs be fetched; false: https only.
+	AllowHTTP bool
+	// AllowInternal lets fetches reach loopback, link-local and
+	// cluster-internal addresses.
+	AllowInternal bool
+	// InternalCIDRs are the cluster's own ranges (Service CIDR, pod
+	// CIDRs): never dialled unless AllowInternal.
+	InternalCIDRs []netip.Prefix
+	// Internal, if set, also reports addresses the cluster holds (a pod,
+	// node or Service IP the control plane knows of): never dialled unless
+	// AllowInternal.
+	Internal func(netip.Addr) bool
+
 	Timeout time.Duration
 	Refresh time.Duration
 	Retry   time.Duration
@@ -72,15 +96,36 @@ type entry struct {
 	attempted time.Time
 	used      time.Time
 	busy      bool
+	// retry spaces the attempts after a failure, from Config.Retry up to
+	// maxRetry, and logs the streak once per backoff step.
+	retry *backoff.Retry
+	next  time.Time // when a failed entry is due again
 }
+
+// maxRetry caps the wait between attempts of a failing key set: ten times
+// Retry, and never more than Refresh.
+func (r *Resolver) maxRetry() time.Duration { return min(10*r.cfg.Retry, r.cfg.Refresh) }
 
 // New returns a Resolver; Run fetches.
 func New(cfg Config) *Resolver {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	r := &Resolver{entries: map[string]*entry{}, wake: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+		d := &net.Dialer{Timeout: cfg.Timeout, Control: r.checkDial}
+		cfg.Client = &http.Client{
+			Timeout: cfg.Timeout,
+			// No proxy from the environment: the address checked at dial
+			// time must be the key server's, not a proxy's.
+			Transport: &http.Transport{DialContext: d.DialContext, TLSHandshakeTimeout: cfg.Timeout, ForceAttemptHTTP2: true},
+			CheckRedirect: func(req *http.Request, via []*http.Request) error {
+				if len(via) >= 5 {
+					return errors.New("stopped after 5 redirects")
+				}
+				return r.checkURI(req.URL.String())
+			},
+		}
 	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = DefaultRefresh
@@ -97,7 +142,52 @@ func New(cfg Config) *Resolver {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Resolver{cfg: cfg, entries: map[string]*entry{}, wake: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
+	r.cfg = cfg
+	return r
+}
+
+// checkDial is the dialer's Control hook: it sees the resolved address
+// about to be connected to, so DNS cannot smuggle a refused one past
+// checkURI.
+func (r *Resolver) checkDial(network, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("jwks: dial %s: %w", address, err)
+	}
+	return r.checkAddr(ap.Addr())
+}
+
+// checkAddr refuses the addresses a tenant must not make the control plane
+// fetch from, unless AllowInternal.
+func (r *Resolver) checkAddr(a netip.Addr) error {
+	if r.cfg.AllowInternal {
+		return nil
+	}
+	a = a.Unmap()
+	why := ""
+	switch {
+	case a.IsLoopback():
+		why = "loopback"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		why = "link-local"
+	case a.IsUnspecified():
+		why = "unspecified"
+	case a.IsMulticast():
+		why = "multicast"
+	case r.cfg.Internal != nil && r.cfg.Internal(a):
+		why = "held by a pod, node or Service of the cluster"
+	default:
+		for _, p := range r.cfg.InternalCIDRs {
+			if p.Contains(a) {
+				why = "in the cluster-internal range " + p.String()
+				break
+			}
+		}
+	}
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: address %s is %s (the control plane fetches keys only from outside the cluster unless the chart allows internal addresses: controlPlane.jwks.allowInternal)", ErrRefused, a, why)
 }
 
 // Changed fires (coalesced) when some Lookup would answer differently.
@@ -107,7 +197,7 @@ func (r *Resolver) Changed() <-chan struct{} { return r.changed }
 // are none (ErrPending before the first fetch, else the fetch's error). It
 // never blocks on the network.
 func (r *Resolver) JWKS(uri string) (string, error) {
-	if err := checkURI(uri); err != nil {
+	if err := r.checkURI(uri); err != nil {
 		return "", err
 	}
 	return r.lookup("uri " + uri)
@@ -116,21 +206,30 @@ func (r *Resolver) JWKS(uri string) (string, error) {
 // OIDC answers the key set of issuer found by OpenID Connect discovery
 // (issuer/.well-known/openid-configuration, its jwks_uri), as JWKS does.
 func (r *Resolver) OIDC(issuer string) (string, error) {
-	if err := checkURI(issuer); err != nil {
+	if err := r.checkURI(issuer); err != nil {
 		return "", fmt.Errorf("issuer is not a URL to discover keys from: %w", err)
 	}
 	return r.lookup("issuer " + issuer)
 }
 
-func checkURI(s string) error {
+// checkURI checks the scheme, and a literal IP host (a name is checked
+// when dialled).
+func (r *Resolver) checkURI(s string) error {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:
 		return err
+	case u.Scheme == "http" && !r.cfg.AllowHTTP:
+		return fmt.Errorf("%w: %q: only https is fetched (http needs the chart's controlPlane.jwks.allowHTTP)", ErrRefused, s)
 	case u.Scheme != "https" && u.Scheme != "http":
-		return fmt.Errorf("%q: only http and https are fetched", s)
+		return fmt.Errorf("%q: only https is fetched", s)
 	case u.Host == "":
 		return fmt.Errorf("%q: no host", s)
+	}
+	if a, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
+		if err := r.checkAddr(a); err != nil {
+			return fmt.Errorf("%q: %w", s, err)
+		}
 	}
 	return nil
 }
@@ -140,7 +239,8 @@ func (r *Resolver) lookup(key string) (string, error) {
 	defer r.mu.Unlock()
 	e := r.entries[key]
 	if e == nil {
-		e = &entry{err: ErrPending}
+		e = &entry{err: ErrPending, retry: backoff.New("jwks "+key,
+			backoff.Policy{Initial: r.cfg.Retry, Max: r.maxRetry()}, r.cfg.Log)}
 		r.entries[key] = e
 		select {
 		case r.wake <- struct{}{}:
@@ -182,7 +282,7 @@ func (r *Resolver) fetchDue(ctx context.Context) {
 			delete(r.entries, k)
 		case e.busy:
 		case e.attempted.IsZero(),
-			e.err != nil && now.Sub(e.attempted) >= r.cfg.Retry,
+			e.err != nil && !now.Before(e.next),
 			e.err == nil && now.Sub(e.fetched) >= r.cfg.Refresh:
 			e.busy, e.attempted = true, now
 			due = append(due, k)
@@ -213,13 +313,14 @@ func (r *Resolver) fetch(ctx context.Context, key string) {
 	before, beforeErr := e.keys, e.err
 	if err != nil {
 		e.err = err
+		consequence := "tokens of this issuer are rejected until it succeeds"
 		if e.keys != "" {
-			r.cfg.Log.Warn("JWKS refresh failed; the last key set fetched stays in force", zap.String(kind, target), zap.Error(err))
-		} else {
-			r.cfg.Log.Warn("JWKS fetch failed; tokens of this issuer are rejected until it succeeds", zap.String(kind, target), zap.Error(err))
+			consequence = "the last key set fetched stays in force"
 		}
+		e.next = r.cfg.Now().Add(e.retry.Failed(fmt.Errorf("%w; %s", err, consequence)))
 	} else {
 		e.keys, e.err, e.fetched = keys, nil, r.cfg.Now()
+		e.retry.Succeeded()
 		if keys != before {
 			r.cfg.Log.Info("JWKS fetched", zap.String(kind, target), zap.Int("bytes", len(keys)))
 		}
@@ -272,7 +373,7 @@ func (r *Resolver) discover(ctx context.Context, issuer string) (string, error) 
 	if err := json.Unmarshal(body, &cfg); err != nil {
 		return "", fmt.Errorf("GET %s: not an OpenID configuration: %w", doc, err)
 	}
-	if err := checkURI(cfg.JWKSURI); err != nil {
+	if err := r.checkURI(cfg.JWKSURI); err != nil {
 		return "", fmt.Errorf("GET %s: jwks_uri: %w", doc, err)
 	}
 	return r.get(ctx, cfg.JWKSURI)
