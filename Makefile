@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check check test-node
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check check test-node node-up node-down
 
 all: build
 
@@ -129,6 +129,19 @@ test-node: deps tools images
 	flock /tmp/e2e.lock env ZTG_REQUIRE_NODE=1 ZTG_K8S_BIN=$$(sed -n 1p <<<"$$dirs") ZTG_HELM_BIN=$$(sed -n 2p <<<"$$dirs") \
 		ZTG_NODE_BIN=$$(sed -n 3p <<<"$$dirs") ZTG_CNI_BIN=$(CNI_BIN) ZTG_IMAGES=$(CURDIR)/bin/images \
 		ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) $(GO) test -count=1 -v -timeout 20m ./e2e/node/ $(if $(RUN),-run '$(RUN)')
+
+## node-up: the real node of test-node with our images (make images) and the test images imported, left running for
+## a person to follow docs/install.md by hand (prints KUBECONFIG, PATH and the containerd socket); node-down tears it
+## down (safe twice). The lock is taken while it starts (flock -o: the node's processes do not keep it).
+node-up: deps tools images
+	@dirs=$$(hack/k8s/build.sh k8s helm node coredns) && \
+	(cd hack/images && $(GO) run ./testimage -repo $(CURDIR) -out $(NODE_TEST_IMAGES) -coredns $$(sed -n 4p <<<"$$dirs")/coredns >/dev/null) && \
+	flock -o /tmp/e2e.lock $(GO) run ./internal/testing/realnode/nodeup -k8s-bin $$(sed -n 1p <<<"$$dirs") \
+		-helm-bin $$(sed -n 2p <<<"$$dirs") -node-bin $$(sed -n 3p <<<"$$dirs") -cni-bin $(CNI_BIN) \
+		-images $(CURDIR)/bin/images -test-images $(NODE_TEST_IMAGES)
+
+node-down:
+	flock -o /tmp/e2e.lock $(GO) run ./internal/testing/realnode/nodeup -down
 
 ## istioctl-check: Istio's own istioctl code (hack/istioctl, a module of its own: istio.io/istio stays out of go.mod)
 ## reads a live node proxy's config dump (every ztunnel-config view, the same rows zctl shows), and istioctl

@@ -126,8 +126,9 @@ func runWithNode(m *testing.M) (int, error) {
 			"HELM_DATA_HOME="+helmHome+"/data", "KUBECONFIG="+n.Kubeconfig),
 		values: []string{
 			"image.registry=ghcr.io/ztunnel-go", "image.tag=" + strings.TrimSpace(string(version)), "image.pullPolicy=Never",
+			// No cni.cniBinDir/cniConfDir: the agent reads them from the
+			// node's containerd configuration, as on any node.
 			"controlPlane.replicas=1", "logLevel=debug",
-			"cni.cniBinDir=" + realnode.CNIBinDir, "cni.cniConfDir=" + realnode.CNIConfDir,
 		},
 	}
 	if err := createCASecret(ctx, n); err != nil {
