@@ -41,6 +41,12 @@ func (t *translator) translateAuthorizationPolicies() {
 				targets = t.newTargetIndex()
 			}
 			st.Message = t.attachToWaypoints(ap, refs, targets)
+			// The values are checked even when no waypoint takes the
+			// policy, so its status (and the webhook) name them now.
+			if _, bad := convertWaypointPolicy(ap); len(bad) > 0 {
+				st.Invalid = bad
+				st.Message += "; values that cannot be enforced fail closed: " + strings.Join(bad, "; ")
+			}
 			t.warnf(kindAP, ap.Namespace, ap.Name, "%s", st.Message)
 			t.policies = append(t.policies, st)
 			continue
@@ -399,11 +405,14 @@ func dedupe(s []string) []string {
 	return out
 }
 
-// policiesFor returns the WORKLOAD_SELECTOR policy keys selecting labels in ns.
+// policiesFor returns the WORKLOAD_SELECTOR policy keys selecting labels
+// of a workload in ns: the policies of ns and, as istiod attaches them
+// (buildWorkloadPolicies), those of the root namespace, whose selector
+// policies select matching workloads in every namespace.
 func (t *translator) policiesFor(ns string, labels map[string]string) []string {
 	var out []string
 	for _, p := range t.selectorPolicies {
-		if p.namespace == ns && subset(p.selector, labels) {
+		if (p.namespace == ns || p.namespace == t.cfg.RootNamespace) && subset(p.selector, labels) {
 			out = append(out, p.key)
 		}
 	}
@@ -411,20 +420,22 @@ func (t *translator) policiesFor(ns string, labels map[string]string) []string {
 }
 
 // ValidateAuthorizationPolicy returns the values of ap that cannot be
-// enforced, each "<field path>: <why>" (what PolicyStatus.Invalid reports
-// after translation), for an admission webhook to reject. A policy with
-// targetRefs is only checked for its action: its rules are for waypoints.
+// enforced, each "<field path>: <why>", for an admission webhook to reject.
+// It runs the conversion translation runs, so it returns exactly what
+// PolicyStatus.Invalid reports after translation: for a policy without
+// targetRefs the node proxies' conversion, for one with targetRefs the
+// waypoints' (L7 fields included; CUSTOM, which no waypoint of ours
+// enforces, is refused). A node-proxy CUSTOM policy is not sent (its status
+// says so) and is not invalid.
 func ValidateAuthorizationPolicy(rootNamespace string, ap *securityv1.AuthorizationPolicy) []string {
 	if rootNamespace == "" {
 		rootNamespace = DefaultRootNamespace
 	}
-	if ap.Spec.Action == securityv1beta1.AuthorizationPolicy_CUSTOM {
-		return nil
-	}
 	if len(targetRefs(ap)) > 0 {
-		if _, known := securityv1beta1.AuthorizationPolicy_Action_name[int32(ap.Spec.Action)]; !known {
-			return []string{fmt.Sprintf("spec.action: unknown value %d", int32(ap.Spec.Action))}
-		}
+		_, bad := convertWaypointPolicy(ap)
+		return bad
+	}
+	if ap.Spec.Action == securityv1beta1.AuthorizationPolicy_CUSTOM {
 		return nil
 	}
 	_, _, bad := convertAuthorizationPolicy(rootNamespace, ap)
