@@ -104,6 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.WaypointTemplate, "waypoint-template", "", "Kubernetes mode, with --waypoint-image: render each waypoint's Deployment from this Go text/template file (the chart's ConfigMap ztunnel-go-waypoint-template), re-read on every reconcile; one that fails to render leaves the Gateway Programmed=False (\"\": the built-in Deployment)")
 	fs.StringVar(&o.WaypointValues, "waypoint-values", "", "the --waypoint-template's .Values (YAML file)")
 	fs.StringVar(&o.WaypointCRLFile, "waypoint-crl-file", "", "Kubernetes mode, with --waypoint-image: CRLs every waypoint enforces (copied into each waypoint namespace as ConfigMap istio-ca-crl, CRL_PATH), read on every reconcile; unreadable leaves the Gateways Programmed=False (\"\": none)")
+	fs.StringVar(&o.PathNormalization, "path-normalization", "", "meshConfig pathNormalization: how waypoints normalize request paths before authorization and routing, and forward them: NONE, BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES (\"\": BASE, Istio's default)")
 	fs.BoolVar(&o.ExternalNameAlias, "external-name-alias", true, "serve ExternalName Services that point at mesh services as DNS aliases")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")

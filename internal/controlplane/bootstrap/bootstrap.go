@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -33,6 +34,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 )
 
 // ServiceName is the chart's Service in front of the replicas; node proxies
@@ -57,6 +59,9 @@ type Options struct {
 	NodeTokens, RootCert, RootKey         string
 	EnrollmentFromLabels                  bool
 	ExternalNameAlias                     bool
+	// PathNormalization is meshConfig pathNormalization.normalization
+	// (NONE, BASE, MERGE_SLASHES, DECODE_AND_MERGE_SLASHES; "": BASE).
+	PathNormalization string
 	// Kubernetes mode.
 	Kubeconfig          string
 	InCluster           bool
@@ -86,6 +91,9 @@ func (o Options) KubeMode() bool { return o.Kubeconfig != "" || o.InCluster }
 
 // Validate checks what can be checked without files or the network.
 func (o Options) Validate() error {
+	if _, err := pathnorm.ParseMode(o.PathNormalization); err != nil {
+		return fmt.Errorf("--path-normalization: %w", err)
+	}
 	switch {
 	case o.KubeMode() && o.ConfigDir != "":
 		return errors.New("--config-dir (local mode) and --kubeconfig/--in-cluster (Kubernetes mode) exclude each other")
@@ -170,6 +178,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		Translate: translate.Config{
 			ClusterID: o.ClusterID, TrustDomain: o.TrustDomain, RootNamespace: o.RootNamespace,
 			EnrollmentFromLabels: o.EnrollmentFromLabels, EnableExternalNameAlias: o.ExternalNameAlias,
+			PathNormalization: pathNormalization(o.PathNormalization),
 		},
 		CA: authority, ServingNames: o.ServingNames(), Log: log, Registerer: reg,
 	}
@@ -269,4 +278,10 @@ func localWiring(o Options, log *zap.Logger, cfg *controlplane.Config) error {
 	ls := local.New(o.ConfigDir, log.Named("source"), 0)
 	cfg.Source, cfg.SourceErrors, cfg.Auth, cfg.Allocator = ls, ls.Errors, auth, alloc
 	return nil
+}
+
+// pathNormalization converts a validated --path-normalization value.
+func pathNormalization(s string) waypointapi.PathNormalization {
+	m, _ := pathnorm.ParseMode(s)
+	return waypointapi.PathNormalization(m)
 }

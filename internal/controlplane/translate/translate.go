@@ -19,6 +19,7 @@ import (
 	"sort"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -66,6 +67,9 @@ type Config struct {
 	// which fetches in the background); its answers go to the waypoints
 	// inline. nil: only inline jwks, every other rule rejects its tokens.
 	JWKS JWKSResolver
+	// PathNormalization is meshConfig pathNormalization, sent to every
+	// waypoint (the zero value is Istio's default, BASE).
+	PathNormalization waypointapi.PathNormalization
 }
 
 // JWKSResolver answers key sets from a cache without blocking: the JSON

@@ -64,7 +64,8 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 			Name: name, Namespace: ns, TrafficType: w.trafficType,
 			// The waypoint Deployment runs as a ServiceAccount named after
 			// the Gateway, as istiod's waypoint controller creates it.
-			Identity: "spiffe://" + cfg.TrustDomain + "/ns/" + ns + "/sa/" + name,
+			Identity:          "spiffe://" + cfg.TrustDomain + "/ns/" + ns + "/sa/" + name,
+			PathNormalization: cfg.PathNormalization,
 		}
 		if a := w.addr.GetAddress(); a != nil {
 			c.Addresses = [][]byte{a.GetAddress()}
