@@ -88,6 +88,9 @@ type Options struct {
 	// ProxyEnv are extra KEY=value variables for every node proxy (after
 	// the ones Start sets, so they win), e.g. CRL_PATH. nil means none.
 	ProxyEnv []string
+	// ControlPlaneArgs are extra ztunnel-cp flags (after the ones Start
+	// sets), e.g. --path-normalization. nil means none.
+	ControlPlaneArgs []string
 }
 
 // Mesh is a running mesh. Its methods are safe for concurrent use.
@@ -258,10 +261,10 @@ func (m *Mesh) startCP(ctx context.Context) error {
 	if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		return fmt.Errorf("meshlab: %w", err)
 	}
-	p, err := n0.Start(testcluster.Process{Name: "ztunnel-cp", Path: m.bin(BinCP), Args: []string{
+	p, err := n0.Start(testcluster.Process{Name: "ztunnel-cp", Path: m.bin(BinCP), Args: append([]string{
 		"--config-dir", m.rootDir, "--listen", m.CPAddr.String(), "--state-dir", stateDir,
 		"--node-tokens", tokens, "--trust-domain", m.opts.TrustDomain, "--admin", CPAdminAddr,
-	}})
+	}, m.opts.ControlPlaneArgs...)})
 	if err != nil {
 		return err
 	}
