@@ -73,9 +73,9 @@ func TestInboundHBONEHostname(t *testing.T) {
 		{"upper case is the same name", strings.ToUpper(pt.Hostname("apps", "reviews")), 9080, 0, "", nil},
 		{"named port from the endpoint", pt.Hostname("apps", "named"), 9081, 0, "", nil},
 		{"policy sees the resolved port", pt.Hostname("apps", "denied"), 80, 401, "policy_denied", nil},
-		{"unknown hostname", pt.Hostname("apps", "nope"), 80, 503, "unknown_destination", errUnknownHostname},
-		{"service without this pod", pt.Hostname("apps", "other"), 80, 503, "unknown_destination", errNotLocalHostname},
-		{"undeclared service port", pt.Hostname("apps", "reviews"), 9999, 503, "unknown_destination", errNoTargetPort},
+		{"unknown hostname", pt.Hostname("apps", "nope"), 80, 503, "unknown_destination", route.ErrUnknownHostname},
+		{"service without this pod", pt.Hostname("apps", "other"), 80, 503, "unknown_destination", route.ErrNotLocalHostname},
+		{"undeclared service port", pt.Hostname("apps", "reviews"), 9999, 503, "unknown_destination", route.ErrNoTargetPort},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tun, err := e.connectHost(t, tc.host, tc.port)
@@ -117,63 +117,12 @@ func TestInboundHBONEHostname(t *testing.T) {
 		"destination_service_name": "reviews"}, 2)
 }
 
-// TestResolveHostTarget covers the choice among services of one hostname
-// (ServiceEntries in several namespaces), a sandwiched waypoint named by
-// its service's hostname, and the port fallbacks, without sockets.
-func TestResolveHostTarget(t *testing.T) {
-	const shared = "shared.example.com"
-	k := pt.ServiceKey
-	entry := func(ns string, ports []uint32, opts ...pt.ServiceOpt) *workloadapi.Address {
-		a := pt.Service(ns, "se", "", ports, opts...)
-		a.GetService().Hostname = shared
-		return a
-	}
+// TestServiceVIP: a PROXY header names the service by one of its
+// addresses.
+func TestServiceVIP(t *testing.T) {
 	s := state.NewStore()
-	pt.Apply(t, s,
-		pt.Pod("apps", "both", "10.0.0.1", pt.InService("apps/"+shared, 80, 8080), pt.InService("other/"+shared, 80, 9090)),
-		pt.Pod("apps", "remote-only", "10.0.0.2", pt.InService("other/"+shared, 80, 9090)),
-		pt.Pod("apps", "wp", "10.0.0.3", pt.InService(k("apps", "wp"), 15008, 15008)),
-		entry("apps", []uint32{80, 8080}),
-		entry("other", []uint32{80, 0}),
-		pt.Service("apps", "wp", "10.96.0.9", []uint32{15008, 15008}),
-		pt.Service("apps", "guarded", "10.96.0.10", []uint32{80, 8080}, pt.ServiceWaypoint(pt.WaypointHost("apps", "wp"))),
-		pt.Service("apps", "canaried", "10.96.0.11", []uint32{80, 8081}, func(svc *workloadapi.Service) {
-			svc.WeightedWaypoints = []*workloadapi.WeightedWaypoint{{Destination: pt.WaypointHost("apps", "wp"), Weight: 1}}
-		}),
-	)
-	snap := s.Load()
-	w := func(name string) *state.Workload { return snap.WorkloadByUID(pt.UID("apps", name)) }
-	for _, tc := range []struct {
-		name    string
-		local   string
-		host    string
-		port    uint16
-		wantKey string
-		want    uint16
-		wantErr error
-	}{
-		{"own namespace first", "both", shared, 80, "apps/" + shared, 8080, nil},
-		{"another namespace's entry when the pod serves only that", "remote-only", shared, 80, "other/" + shared, 9090, nil},
-		{"waypoint of the service: its target port", "wp", pt.Hostname("apps", "guarded"), 80, k("apps", "guarded"), 8080, nil},
-		{"weighted waypoint of the service", "wp", pt.Hostname("apps", "canaried"), 80, k("apps", "canaried"), 8081, nil},
-		{"not served here", "remote-only", pt.Hostname("apps", "guarded"), 80, "", 0, errNotLocalHostname},
-		{"no such name", "both", "nope.example.com", 80, "", 0, errUnknownHostname},
-		{"port not in the service", "both", shared, 81, "", 0, errNoTargetPort},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			svc, port, err := resolveHostTarget(snap, w(tc.local), tc.host, tc.port)
-			if tc.wantErr != nil {
-				if !errors.Is(err, tc.wantErr) {
-					t.Fatalf("err = %v, want %v", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil || svc.Key != tc.wantKey || port != tc.want {
-				t.Fatalf("= %v, %d, %v; want %s, %d", svc, port, err, tc.wantKey, tc.want)
-			}
-		})
-	}
-	if vip, ok := serviceVIP(snap.ServiceByHost(k("apps", "guarded")), ""); !ok || vip != netip.MustParseAddr("10.96.0.10") {
+	pt.Apply(t, s, pt.Service("apps", "guarded", "10.96.0.10", []uint32{80, 8080}))
+	if vip, ok := serviceVIP(s.Load().ServiceByHost(pt.ServiceKey("apps", "guarded")), ""); !ok || vip != netip.MustParseAddr("10.96.0.10") {
 		t.Errorf("serviceVIP = %v, %v", vip, ok)
 	}
 }

@@ -103,8 +103,8 @@ func firstAddr(w *state.Workload) netip.Addr {
 // proxies run: route.OutboundWith at the source node proxy (with the
 // service's load-balancing settings), the waypoint's own binding check and
 // authorization (proxy/waypoint) when its config was given, and
-// rbac.Evaluate at the destination node proxy, each with the identity that
-// enforcement point sees. It flags an indirect path (direct access and the
+// route.Inbound then rbac.Evaluate at the destination node proxy, each with
+// the identity that enforcement point sees. It flags an indirect path (direct access and the
 // way through the waypoint decided differently). rnd draws the endpoint
 // (nil: random, as for a real connection).
 func explain(d *dump, proxy, srcRef, dstArg string, req *request, rnd func(int) int) (*explanation, error) {
@@ -184,7 +184,7 @@ func explain(d *dump, proxy, srcRef, dstArg string, req *request, rnd func(int) 
 	if r.Service != nil {
 		e.add("endpoint", dw.Namespace+"/"+dw.Name+" "+r.Authority.String(), serviceRef(r.Service), endpointWhy(r.Service))
 	}
-	direct := authorize(e, snap, dw, rbac.Conn{SrcIP: srcIP, DstIP: r.Authority.Addr(), DstPort: r.Authority.Port(), SrcIdentity: src.Identity()}, "the client's, over mTLS")
+	direct := inbound(e, snap, dw, r.NextHop, r.Authority, route.Peer{Addr: netip.AddrPortFrom(srcIP, 0), Identity: src.Identity()}, "the client's, over mTLS")
 	if r.Service == nil {
 		viaWaypoint(e, snap, req, src, dw, r.Authority, direct, rnd)
 	}
@@ -242,7 +242,14 @@ func explainWaypoint(e *explanation, snap *state.Snapshot, req *request, src *st
 	if r.Service != nil {
 		e.add("endpoint", dw.Namespace+"/"+dw.Name+" "+target.String(), serviceRef(r.Service), endpointWhy(r.Service))
 	}
-	node := authorize(e, snap, dw, rbac.Conn{SrcIP: firstAddr(wp), DstIP: target.Addr(), DstPort: target.Port(), SrcIdentity: wp.Identity()}, "the waypoint's, over mTLS")
+	var node outcome
+	if dw.Protocol == state.TunnelHBONE {
+		// The waypoint opens HBONE to the endpoint's address on its 15008.
+		node = inbound(e, snap, dw, netip.AddrPortFrom(target.Addr(), route.HBONEPort), target,
+			route.Peer{Addr: netip.AddrPortFrom(firstAddr(wp), 0), Identity: wp.Identity()}, "the waypoint's, over mTLS")
+	} else {
+		node = authorize(e, snap, dw, rbac.Conn{SrcIP: firstAddr(wp), DstIP: target.Addr(), DstPort: target.Port(), SrcIdentity: wp.Identity()}, "the waypoint's, over mTLS")
+	}
 	if wo != nil && wo.verdict == verdictDepends && e.Verdict == verdictAllow {
 		e.Verdict = verdictDepends
 	}

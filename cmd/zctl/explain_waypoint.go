@@ -16,6 +16,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // verdictDepends: the waypoint's L7 policies read request fields and no
@@ -149,7 +150,7 @@ func waypointAuthz(e *explanation, req *request, wd *waypointDump, src *state.Wo
 	e.add("waypoint policies", or(strings.Join(keys, ", "), "none"), gw,
 		fmt.Sprintf("applying at the waypoint to %s port %d (%s); read from %s", what, authority.Port(), b.Protocol, wd.from))
 	id := src.Identity()
-	a := &waypoint.Attrs{
+	a := &stream.Attrs{
 		Principal: strings.TrimPrefix(id.String(), "spiffe://"), Namespace: id.Namespace,
 		SrcIP: firstAddr(src), DstIP: authority.Addr(), DstPort: authority.Port(), Service: b.Hostname,
 		HTTP: b.Protocol != waypointapi.Protocol_TCP,

@@ -168,7 +168,7 @@ func OutboundWith(snap *state.Snapshot, src *state.Workload, origDst netip.AddrP
 	}
 
 	if svc := snap.ServiceByVIP(network, dst.Addr(), ns); svc != nil {
-		if g := serviceWaypoint(svc, rnd); g != nil && !isServiceWaypoint(snap, src, svc) {
+		if g := serviceWaypoint(svc, rnd); g != nil && !isWaypointOf(snap, svc, src) {
 			wp, wsvc, err := resolveGateway(snap, src, g, rnd)
 			if err != nil {
 				return Decision{}, fmt.Errorf("proxy: route to %s (service %s): %w", dst, svc.Hostname, err)
@@ -371,58 +371,6 @@ func intn(rnd func(int) int, n int) int {
 		return rand.IntN(n)
 	}
 	return rnd(n)
-}
-
-// isServiceWaypoint reports whether src is one of svc's waypoints (the
-// primary or any weighted entry, weight 0 included): a sandwiched waypoint
-// forwarding to the service must reach the endpoints, never a sibling
-// waypoint of the canary set (a loop through the other revision).
-func isServiceWaypoint(snap *state.Snapshot, src *state.Workload, svc *state.Service) bool {
-	if src == nil {
-		return false
-	}
-	if designates(snap, svc.Waypoint, src) {
-		return true
-	}
-	for i := range svc.WeightedWaypoints {
-		if designates(snap, &svc.WeightedWaypoints[i].Destination, src) {
-			return true
-		}
-	}
-	return false
-}
-
-// designates reports whether the gateway address g names w: w is an
-// endpoint of g's service, owns g's IP, or is an endpoint of the service
-// with g's IP as VIP.
-func designates(snap *state.Snapshot, g *state.GatewayAddress, w *state.Workload) bool {
-	if g == nil {
-		return false
-	}
-	if g.IsHostname() {
-		return inService(w, g.Hostname.Namespace, g.Hostname.Hostname)
-	}
-	for _, a := range w.Addresses {
-		if a == g.Address.IP {
-			return true
-		}
-	}
-	if svc := snap.ServiceByVIP(g.Address.Network, g.Address.IP, ""); svc != nil {
-		return w.PortsFor(svc.Key) != nil
-	}
-	return false
-}
-
-// inService reports whether w is an endpoint of the service with key
-// "ns/host", without building the key (the route does not allocate).
-func inService(w *state.Workload, ns, host string) bool {
-	for i := range w.Services {
-		k := w.Services[i].Service
-		if len(k) == len(ns)+1+len(host) && k[len(ns)] == '/' && k[:len(ns)] == ns && k[len(ns)+1:] == host {
-			return true
-		}
-	}
-	return false
 }
 
 // isSelf reports whether the source is the waypoint itself (a sandwiched

@@ -10,13 +10,16 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 )
 
 // boundService is one service bound to the waypoint, compiled.
 type boundService struct {
 	name, namespace, hostname, kind string
 	ports                           map[uint16]waypointapi.Protocol
-	routes                          *routeTable // nil: no HTTPRoute, go to the service itself
+	routes                          *routing.Table // nil: no HTTPRoute, go to the service itself
 }
 
 // Config is the compiled, immutable form of one waypointapi.Config. The data
@@ -25,8 +28,8 @@ type Config struct {
 	raw       *waypointapi.Config
 	services  map[netip.Addr]*boundService // by VIP
 	workloads map[netip.Addr]*waypointapi.Workload
-	policies  []*policy
-	authn     []*authnPolicy // RequestAuthentications, keys parsed
+	policies  []*authz.Policy
+	authn     []*authn.Policy // RequestAuthentications, keys parsed
 }
 
 // Compile checks and compiles c. A nil c compiles to the empty config
@@ -35,7 +38,7 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 	out := &Config{raw: c, services: map[netip.Addr]*boundService{}, workloads: map[netip.Addr]*waypointapi.Workload{}}
 	for _, s := range c.GetServices() {
 		bs := &boundService{name: s.GetName(), namespace: s.GetNamespace(), hostname: s.GetHostname(), kind: s.GetKind(),
-			ports: map[uint16]waypointapi.Protocol{}, routes: compileRoutes(s.GetRoutes())}
+			ports: map[uint16]waypointapi.Protocol{}, routes: routing.Compile(s.GetRoutes())}
 		for _, p := range s.GetPorts() {
 			if p.GetPort() == 0 || p.GetPort() > 65535 {
 				return nil, fmt.Errorf("service %s: port %d out of range", s.GetHostname(), p.GetPort())
@@ -60,9 +63,9 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 		}
 	}
 	for _, p := range c.GetPolicies() {
-		out.policies = append(out.policies, compilePolicy(p))
+		out.policies = append(out.policies, authz.Compile(p))
 	}
-	out.authn = compileAuthn(c.GetAuthentications())
+	out.authn = authn.Compile(c.GetAuthentications())
 	return out, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
@@ -23,12 +22,41 @@ func TestRouteAndPolicyMetrics(t *testing.T) {
 	for _, path := range []string{"/admin/a", "/admin/b", "/ok"} {
 		get(t, c, path)
 	}
-	value := func(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
 	testkit.Eventually(t, 2*time.Second, "2 denials by demo/deny-admin and 1 route request answered 200", func() bool {
-		return value(l.w.metrics.denials.WithLabelValues("demo/deny-admin")) == 2 &&
-			value(l.w.metrics.routeRequests.WithLabelValues("-", "200")) == 1
+		return l.metric(t, "ztunnel_waypoint_authorization_denials_total", "policy", "demo/deny-admin") == 2 &&
+			l.metric(t, "ztunnel_waypoint_route_requests_total", "route", "-", "response_code", "200") == 1
 	})
-	if n := testutil.CollectAndCount(l.w.metrics.routeDuration); n != 1 {
-		t.Errorf("%d route duration series, want 1", n)
+	if n, err := testutil.GatherAndCount(l.reg, "ztunnel_waypoint_route_duration_milliseconds"); err != nil || n != 1 {
+		t.Errorf("%d route duration series (%v), want 1", n, err)
 	}
+}
+
+// metric sums the counters named name whose labels include the name, value
+// pairs of labels.
+func (l *lab) metric(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := l.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue series
+				}
+			}
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
 }

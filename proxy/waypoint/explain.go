@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // What zctl explain needs to run this waypoint's own decisions on a
@@ -48,46 +50,16 @@ func (c *Config) Bind(dst netip.AddrPort) (Binding, error) {
 // its request principal and claims; any other token: an error whose text is
 // the 401 body the waypoint answers. r's headers are edited as the data path
 // edits them (token removed unless forwarded, claims copied out).
-func (c *Config) Authenticate(service string, r *http.Request, now time.Time) (*RequestAuth, error) {
-	return authenticate(c.authn, service, r, now)
+func (c *Config) Authenticate(service string, r *http.Request, now time.Time) (*stream.RequestAuth, error) {
+	return authn.Authenticate(c.authn, service, r, now)
 }
 
 // Authorize runs the waypoint's authorization on a: the very function the
 // data path runs for each request and TCP tunnel.
-func (c *Config) Authorize(a *Attrs) Verdict { return authorize(c.policies, a) }
-
-// PolicyInfo is one policy that selects requests for a service here.
-type PolicyInfo struct {
-	Key    string // ns/name
-	Action waypointapi.Action
-	DryRun bool
-	// HTTP is true when a rule reads request fields (host, method, path,
-	// request headers, the JWT's request principal and claims): its match
-	// then depends on the request, not only on the connection.
-	HTTP bool
-}
+func (c *Config) Authorize(a *stream.Attrs) stream.Verdict { return authz.Authorize(c.policies, a) }
 
 // PoliciesFor lists, in evaluation order, the policies that select
 // requests for hostname ("" for a workload) at this waypoint.
-func (c *Config) PoliciesFor(hostname string) []PolicyInfo {
-	var out []PolicyInfo
-	for _, p := range c.policies {
-		if !p.applies(hostname) {
-			continue
-		}
-		info := PolicyInfo{Key: p.key, Action: p.action, DryRun: p.dryRun}
-		for _, r := range p.rules {
-			for i := range r.from {
-				info.HTTP = info.HTTP || len(r.from[i].requestPrincipals)+len(r.from[i].notRequestPrincipals) > 0
-			}
-			for i := range r.to {
-				info.HTTP = info.HTTP || r.to[i].usesHTTP()
-			}
-			for _, w := range r.when {
-				info.HTTP = info.HTTP || strings.HasPrefix(w.key, "request.")
-			}
-		}
-		out = append(out, info)
-	}
-	return out
+func (c *Config) PoliciesFor(hostname string) []authz.PolicyInfo {
+	return authz.PoliciesFor(c.policies, hostname)
 }

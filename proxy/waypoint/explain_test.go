@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // TestExplainAPI: Bind, PoliciesFor and Authorize answer as the data path
@@ -47,7 +48,7 @@ func TestExplainAPI(t *testing.T) {
 	if len(ps) != 2 || ps[0].Key != "l7/deny-admin" || !ps[0].HTTP || ps[1].Key != "l7/allow-curl" || ps[1].HTTP {
 		t.Errorf("PoliciesFor = %+v", ps)
 	}
-	a := &Attrs{Principal: "cluster.local/ns/l7/sa/curl", Namespace: "l7", DstPort: 80, Service: "web.l7.svc.cluster.local", HTTP: true, Method: "GET", Path: "/admin"}
+	a := &stream.Attrs{Principal: "cluster.local/ns/l7/sa/curl", Namespace: "l7", DstPort: 80, Service: "web.l7.svc.cluster.local", HTTP: true, Method: "GET", Path: "/admin"}
 	if v := cfg.Authorize(a); v.Allow || v.Policy != "l7/deny-admin" {
 		t.Errorf("GET /admin = %+v", v)
 	}

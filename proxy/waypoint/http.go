@@ -22,6 +22,9 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
 )
 
 // tunnelMeta is what the HBONE CONNECT told us, carried to every request
@@ -40,7 +43,7 @@ type tunnelMeta struct {
 type tunnelConn struct {
 	net.Conn
 	meta *tunnelMeta
-	pre  []byte // read before the tunnel: what the fast path read and hands on (h1.go)
+	pre  []byte // read before the tunnel: what the fast path read and hands on (fastpath.go)
 	once sync.Once
 	done chan struct{} // closed by Close
 }
@@ -72,7 +75,7 @@ func (c *tunnelConn) Close() error {
 }
 
 // serveTunnel serves the tunnel's HTTP/1.1 requests on the fast path
-// (h1.go), and hands it to the HTTP server (HTTP/2, h2c, what the fast path
+// (fastpath.go), and hands it to the HTTP server (HTTP/2, h2c, what the fast path
 // leaves to net/http) and returns once the server has closed it
 // (hbone.Reply.Serve).
 func (w *Waypoint) serveTunnel(t *hbone.Tunnel, meta *tunnelMeta) error {
@@ -126,20 +129,6 @@ func (l *connListener) Close() error {
 
 func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "waypoint-tunnels", Net: "unix"} }
 
-// copyBuffers lends ReverseProxy its response copy buffers: without a pool
-// it allocates 32 KiB per request (5 % of the waypoint's CPU at 1k req/s in
-// bench/waypoint, plus the GC work).
-type copyBuffers struct{ p sync.Pool }
-
-func (b *copyBuffers) Get() []byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
-	}
-	return make([]byte, 32<<10)
-}
-
-func (b *copyBuffers) Put(buf []byte) { b.p.Put(&buf) }
-
 type metaKey struct{}
 type exKey struct{}
 
@@ -154,7 +143,7 @@ func (w *Waypoint) initHTTP() {
 			pr.SetXForwarded()
 			pr.Out.Header.Set("Forwarded", hbone.BuildForwarded(ex.src, ex.attrs.Service))
 			if ex.rule != nil {
-				ex.rule.modify(pr.Out.Header)
+				ex.rule.Modify(pr.Out.Header)
 			}
 		},
 		Transport: &retrier{w: w},
@@ -164,7 +153,7 @@ func (w *Waypoint) initHTTP() {
 		// ReverseProxy still flushes every write of a streaming response
 		// (no Content-Length: gRPC, chunked, text/event-stream).
 		FlushInterval: 0,
-		BufferPool:    &copyBuffers{},
+		BufferPool:    &wire.BufferPool{},
 		ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
 			ex := r.Context().Value(exKey{}).(*exchange)
 			ex.err = err
@@ -216,7 +205,7 @@ func (w *Waypoint) initHTTP() {
 	}()
 	go func() {
 		defer w.wg.Done()
-		w.reapUpstreams()
+		w.upstreams.ReapUntil(w.httpLn.closed)
 	}()
 }
 
@@ -254,36 +243,46 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
 	}
-	sizes := func() byteSizes {
+	sizes := func() telemetry.Sizes {
 		// Request line "METHOD target HTTP/x.y\r\n" and the Host header.
-		req := int64(len(r.Method)+len(r.URL.RequestURI())+len(r.Proto)+4) + int64(len("Host: \r\n")+len(r.Host)) + headerBytes(r.Header) + body.n.Load()
+		req := int64(len(r.Method)+len(r.URL.RequestURI())+len(r.Proto)+4) + int64(len("Host: \r\n")+len(r.Host)) + telemetry.HeaderBytes(r.Header) + body.n.Load()
 		code := sw.code
 		if code == 0 {
 			code = http.StatusOK
 		}
 		// Status line "HTTP/1.1 200 OK\r\n".
-		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + headerBytes(sw.Header()) + sw.n
-		return byteSizes{request: req, response: resp}
+		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + telemetry.HeaderBytes(sw.Header()) + sw.n
+		return telemetry.Sizes{Request: req, Response: resp}
+	}
+	if r.ProtoMajor == 1 && !h1.ServedTarget(r.URL) {
+		// As the fast path refuses it: the filters would match one path
+		// and the endpoint be sent another (HTTP/2 servers refuse such a
+		// :path themselves).
+		ex.err = fmt.Errorf("invalid request target %q", r.RequestURI)
+		http.Error(sw, "400 Bad Request: invalid request target", http.StatusBadRequest)
+		w.record(ex, http.StatusBadRequest, "DPE", time.Since(start), sizes())
+		return
 	}
 	if err := w.decide(ex); err != nil {
 		code := answerRefusal(sw, r, ex, err)
 		w.record(ex, code, flagFor(code), time.Since(start), sizes())
 		return
 	}
-	if code, flags, done := w.injectFault(ex, sw, r); done {
+	if code, flags, done, why := w.router.InjectFault(ex.rule, sw, r); done {
+		ex.err = why
 		w.record(ex, code, flags, time.Since(start), sizes())
 		return
 	}
-	if ex.rule != nil && len(ex.rule.mirrors) > 0 {
+	if ex.rule != nil && ex.rule.HasMirrors() {
 		ex.mirror = w.startMirrors(ex, r)
 	}
 	if r.GetBody == nil {
 		holdSmallBody(r)
 	}
 	ctx := context.WithValue(r.Context(), exKey{}, ex)
-	if ex.rule != nil && ex.rule.timeout > 0 {
+	if ex.rule != nil && ex.rule.Timeout() > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ex.rule.timeout)
+		ctx, cancel = context.WithTimeout(ctx, ex.rule.Timeout())
 		defer cancel()
 	}
 	proxy.ServeHTTP(sw, r.WithContext(ctx))
@@ -387,7 +386,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	attempts := 1
 	if ex.rule != nil && (r.Body == nil || r.Body == http.NoBody || r.GetBody != nil) {
-		attempts += ex.rule.retries
+		attempts += ex.rule.Retries()
 	}
 	var lastErr error
 	for i := 0; i < attempts; i++ {
@@ -415,8 +414,8 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		ctx, cancel := context.WithCancel(req.Context())
 		var timer *time.Timer
-		if ex.rule != nil && ex.rule.perTry > 0 {
-			timer = time.AfterFunc(ex.rule.perTry, cancel)
+		if ex.rule != nil && ex.rule.PerTry() > 0 {
+			timer = time.AfterFunc(ex.rule.PerTry(), cancel)
 		}
 		resp, err := base.RoundTrip(req.WithContext(ctx))
 		rt.w.endpointDone(r.Context(), ex, resp, err) // outlier detection
@@ -430,7 +429,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			resp.Body = &cancelRWBody{ReadWriteCloser: rwc, cancel: cancel}
 			return resp, nil
 		}
-		if err == nil && (last || ex.rule == nil || !ex.rule.retryOn[resp.StatusCode]) {
+		if err == nil && (last || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode)) {
 			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 			return resp, nil
 		}
@@ -470,4 +469,14 @@ func (b *cancelRWBody) Close() error {
 	err := b.ReadWriteCloser.Close()
 	b.cancel()
 	return err
+}
+
+// startMirrors sends the copies of r the rule's mirrors ask for, in the
+// protocol the client spoke, and says what it did for the access log.
+func (w *Waypoint) startMirrors(ex *exchange, r *http.Request) string {
+	base := w.h1
+	if ex.h2 {
+		base = w.h2
+	}
+	return w.router.StartMirrors(ex.rule, ex.snap, ex.src, ex.dst, r, base)
 }

@@ -22,6 +22,13 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/upstream"
 )
 
 // DeniedBody is the body of a 403 from authorization, as Istio's.
@@ -62,21 +69,18 @@ type Waypoint struct {
 	opts    Options
 	sink    *sink
 	srv     *hbone.Server
-	metrics *metrics
+	stats   *telemetry.Recorder
 	log     *zap.Logger
-	access  *zap.Logger
 	httpLn  *connListener
 	httpSrv *http.Server
 	h1, h2  http.RoundTripper
 	wg      sync.WaitGroup
-	pools   pools // DestinationRule endpoint state (lb.go, outlier.go)
+	router  *routing.Router // its endpoint state outlives config pushes
 
-	// The HTTP/1.1 fast path (h1.go): its connections (Shutdown closes
-	// the idle ones) and its idle upstream connections.
-	h1mu      sync.Mutex
-	h1conns   map[*h1Conn]struct{}
-	h1closing atomic.Bool
-	upstreams upstreamPool
+	// The HTTP/1.1 fast path (fastpath.go): its connections (Shutdown
+	// closes the idle ones) and its idle upstream connections.
+	fast      *h1.Server
+	upstreams upstream.Pool
 	// slowPath serves every tunnel with net/http's server and
 	// ReverseProxy (tests compare the two).
 	slowPath bool
@@ -106,11 +110,12 @@ func New(opts Options) (*Waypoint, error) {
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64N
 	}
-	m, err := newMetrics(opts.Registerer)
+	stats, err := telemetry.New(opts.Registerer, opts.Access)
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
 	}
-	w := &Waypoint{opts: opts, sink: newSink(opts.Name), metrics: m, log: opts.Log, access: opts.Access}
+	w := &Waypoint{opts: opts, sink: newSink(opts.Name), stats: stats, log: opts.Log,
+		router: routing.New(opts.IP, opts.Rand, opts.Log), fast: h1.NewServer(opts.Log)}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
 		Revocation: opts.Revocation,
@@ -138,19 +143,21 @@ func (w *Waypoint) Serve(l net.Listener) error { return w.srv.Serve(l) }
 // Shutdown stops accepting, lets open tunnels and requests finish until ctx
 // ends, then closes what is left.
 func (w *Waypoint) Shutdown(ctx context.Context) error {
-	w.shutdownH1()
+	w.fast.Shutdown()
 	err := w.srv.Shutdown(ctx)
 	herr := w.httpSrv.Shutdown(ctx)
 	if herr != nil {
 		w.httpSrv.Close()
 	}
-	w.closeH1()
+	w.fast.Close()
+	w.upstreams.Close()
 	return errors.Join(err, herr)
 }
 
 // Close stops everything now.
 func (w *Waypoint) Close() error {
-	w.closeH1()
+	w.fast.Close()
+	w.upstreams.Close()
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
@@ -165,16 +172,16 @@ type exchange struct {
 	svc          *boundService // nil when a workload was addressed
 	protocol     waypointapi.Protocol
 	mirror       string // what request mirroring did ("": no mirror)
-	attrs        Attrs
+	attrs        stream.Attrs
 	h2           bool
 	req          *http.Request
 	cfg          *Config
 	snap         *state.Snapshot
-	verdict      Verdict
-	rule         *routeRule
+	verdict      stream.Verdict
+	rule         *routing.Rule
 	route        string
-	target       netip.AddrPort // routing result: the endpoint (or VIP for TCP)
-	picked       *picked        // the endpoint a DestinationRule policy picked (lb.go)
+	target       netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
+	picked       *routing.Picked // the endpoint a DestinationRule policy picked
 	upstream     string
 	dstWorkload  string
 	dstNamespace string
@@ -182,19 +189,10 @@ type exchange struct {
 	err          error
 }
 
-// errNoRoute is a routing failure; code is what to answer.
-type errNoRoute struct {
-	code int
-	msg  string
-	body string // answered instead of the status text ("": the status text)
-}
-
-func (e *errNoRoute) Error() string { return e.msg }
-
 // decide runs the filters in their one order: metadata → authentication →
 // authorization → routing. Stats is the caller's last step (record), once the
 // outcome is known. It returns nil when the request may proceed to
-// ex.target; an *errNoRoute (with the HTTP status to answer) otherwise.
+// ex.target; a *stream.Refusal (with the HTTP status to answer) otherwise.
 func (w *Waypoint) decide(ex *exchange) error {
 	// 1. metadata: who is asking, from the verified certificate; baggage and
 	// the workload API name the source workload for telemetry only.
@@ -216,100 +214,56 @@ func (w *Waypoint) decide(ex *exchange) error {
 	// certificate); the request by its JWT (RequestAuthentication): none
 	// is anonymous, an invalid one is a 401. Plain TCP has no request.
 	if ex.attrs.HTTP {
-		auth, err := authenticate(ex.cfg.authn, ex.attrs.Service, ex.req, time.Now())
+		auth, err := authn.Authenticate(ex.cfg.authn, ex.attrs.Service, ex.req, time.Now())
 		if err != nil {
-			return &errNoRoute{code: http.StatusUnauthorized, msg: err.Error(), body: err.(*authnError).msg}
+			return &stream.Refusal{Code: http.StatusUnauthorized, Msg: err.Error(), Body: err.(*authn.Error).Body()}
 		}
 		ex.attrs.Auth = auth
 	}
 
 	// 3. authorization.
-	ex.verdict = authorize(ex.cfg.policies, &ex.attrs)
+	ex.verdict = authz.Authorize(ex.cfg.policies, &ex.attrs)
 	if !ex.verdict.Allow {
-		return &errNoRoute{code: http.StatusForbidden, msg: ex.verdict.Reason}
+		return &stream.Refusal{Code: http.StatusForbidden, Msg: ex.verdict.Reason}
 	}
 	// 4. routing.
 	return w.routeTo(ex)
 }
 
-// routeTo picks the endpoint: for HTTP through the service's HTTPRoutes
-// (weighted backends), else the addressed service or workload itself.
+// routeTo is the routing step: it picks the endpoint (for HTTP through the
+// service's routes) and fills in where the request goes.
 func (w *Waypoint) routeTo(ex *exchange) error {
-	host, ns, port := "", "", ex.dst.Port()
-	var pol *backend // a backend with a DestinationRule policy
-	if ex.attrs.HTTP && ex.svc != nil && ex.svc.routes != nil {
-		ex.rule = ex.svc.routes.pick(ex.req)
-		if ex.rule == nil {
-			return &errNoRoute{code: http.StatusNotFound, msg: "no HTTPRoute rule matches"}
-		}
-		ex.route = ex.rule.route
-		b, ok := ex.rule.choose(w.opts.Rand(max(ex.rule.total, 1)))
-		if !ok {
-			return &errNoRoute{code: http.StatusInternalServerError, msg: "route rule has no backend with weight"}
-		}
-		host, ns = b.hostname, b.namespace
-		if b.port != 0 {
-			port = b.port
-		}
-		if b.missingSubset != "" {
-			return &errNoRoute{code: http.StatusServiceUnavailable, msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
-		}
-		if b.policy != nil {
-			pol = &b
-		}
+	var table *routing.Table
+	if ex.attrs.HTTP && ex.svc != nil {
+		table = ex.svc.routes
 	}
-	var d route.Decision
-	var err error
-	if pol != nil {
-		d, err = w.pickEndpoint(ex, pol, port)
-	} else {
-		d, err = w.resolve(ex.snap, ex.dst, host, ns, port)
+	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req)
+	if table != nil {
+		ex.rule = res.Rule
+		if res.Rule != nil {
+			ex.route = res.Rule.Route()
+		}
 	}
 	if err != nil {
 		return err
 	}
-	if d.DstWorkload != nil {
-		ex.dstWorkload, ex.dstNamespace = d.DstWorkload.Name, d.DstWorkload.Namespace
-		if d.DstWorkload.WorkloadName != "" {
-			ex.dstWorkload = d.DstWorkload.WorkloadName
-		}
-		ex.dstPrincipal = strings.TrimPrefix(d.UpstreamIdentity.String(), "spiffe://")
+	ex.picked = res.Picked
+	if res.DstWorkload != nil {
+		ex.dstWorkload, ex.dstNamespace, ex.dstPrincipal = res.DstName, res.DstNamespace, res.DstPrincipal
 	}
-	ex.target = target(d)
-	ex.upstream = d.Kind.String() + " " + ex.target.String() // not Sprintf: 2.5 % of a request's CPU
+	ex.target, ex.upstream = res.Target, res.Upstream
 	return nil
 }
 
-// resolve picks the endpoint for a backend service (host in namespace ns,
-// at port; host "" means the addressed destination dst itself) with the
-// same routing decision the node proxy makes.
-func (w *Waypoint) resolve(snap *state.Snapshot, dst netip.AddrPort, host, ns string, port uint16) (route.Decision, error) {
-	addr := dst
-	if host != "" {
-		s := snap.ServiceByNamespacedHostname(ns, host)
-		if s == nil || len(s.VIPs) == 0 {
-			return route.Decision{}, &errNoRoute{code: http.StatusServiceUnavailable, msg: "backend " + host + " unknown or headless"}
-		}
-		addr = netip.AddrPortFrom(s.VIPs[0].Prefix.Addr(), port)
+// endpointDone ends the attempt ex.picked made (routing.Router.Done); nil
+// resp and err: it never went upstream.
+func (w *Waypoint) endpointDone(ctx context.Context, ex *exchange, resp *http.Response, err error) {
+	pk := ex.picked
+	if pk == nil {
+		return
 	}
-	self := snap.WorkloadByIP("", w.opts.IP)
-	d, err := route.OutboundWith(snap, self, addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
-	if err != nil {
-		return route.Decision{}, &errNoRoute{code: http.StatusServiceUnavailable, msg: err.Error()}
-	}
-	if d.Kind == route.Passthrough {
-		return route.Decision{}, &errNoRoute{code: http.StatusServiceUnavailable, msg: "destination " + addr.String() + " is not in the mesh"}
-	}
-	return d, nil
-}
-
-// target is where a decision sends bytes: the endpoint, or for HBONE the
-// authority the tunnel is opened for.
-func target(d route.Decision) netip.AddrPort {
-	if d.Kind == route.HBONE {
-		return d.Authority
-	}
-	return d.NextHop
+	ex.picked = nil
+	w.router.Done(ctx, pk, ex.route, resp, err)
 }
 
 // dial opens a connection to an endpoint address (podIP:port) the routing
@@ -348,7 +302,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		p, ok := svc.ports[req.Authority.Port()]
 		if !ok {
 			ex.err = fmt.Errorf("port %d is not a port of service %s", req.Authority.Port(), svc.hostname)
-			w.record(ex, http.StatusServiceUnavailable, "NR", time.Since(start), byteSizes{})
+			w.record(ex, http.StatusServiceUnavailable, "NR", time.Since(start), telemetry.Sizes{})
 			return hbone.Reply{Status: http.StatusServiceUnavailable}
 		}
 		ex.svc, ex.protocol = svc, p
@@ -356,7 +310,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		// Not bound here: refusing is what keeps the waypoint from being an
 		// open relay.
 		ex.err = fmt.Errorf("%s is not bound to waypoint %s", req.Authority, w.opts.Name)
-		w.record(ex, http.StatusForbidden, "NR", time.Since(start), byteSizes{})
+		w.record(ex, http.StatusForbidden, "NR", time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: http.StatusForbidden}
 	}
 	if ex.protocol == waypointapi.Protocol_TCP {
@@ -375,23 +329,37 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 // match) and splices it to the endpoint.
 func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) hbone.Reply {
 	if err := w.decide(ex); err != nil {
-		var nr *errNoRoute
+		var nr *stream.Refusal
 		code := http.StatusServiceUnavailable
 		if errors.As(err, &nr) {
-			code = nr.code
+			code = nr.Code
 		}
 		ex.err = err
-		w.record(ex, code, flagFor(code), time.Since(start), byteSizes{})
+		w.record(ex, code, flagFor(code), time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: code}
 	}
 	up, err := w.dial(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service))
 	if err != nil {
 		ex.err = err
-		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), byteSizes{})
+		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
 	}
-	w.record(ex, http.StatusOK, "", time.Since(start), byteSizes{})
+	w.record(ex, http.StatusOK, "", time.Since(start), telemetry.Sizes{})
 	return hbone.Reply{Status: http.StatusOK, Upstream: up}
+}
+
+// record is the stats step, whatever step answered.
+func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration, sizes telemetry.Sizes) {
+	e := telemetry.Entry{
+		Src: ex.src, Dst: ex.dst, Peer: ex.peer, SrcWorkload: ex.srcWorkload, Attrs: &ex.attrs, H2: ex.h2, Req: ex.req,
+		Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror,
+		DstWorkload: ex.dstWorkload, DstNamespace: ex.dstNamespace, DstPrincipal: ex.dstPrincipal, Err: ex.err,
+		Code: code, Flags: flags, Duration: d, Sizes: sizes,
+	}
+	if ex.svc != nil {
+		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace
+	}
+	w.stats.Record(&e)
 }
 
 func flagFor(code int) string {

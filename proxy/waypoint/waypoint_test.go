@@ -31,6 +31,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 )
 
 // The loopback mesh of these tests: every "pod" is a distinct 127.77.0.x
@@ -95,7 +96,7 @@ func (l *lab) startBackend(ip string, id identity.Identity, n int) {
 	healthpb.RegisterHealthServer(gs, hs)
 	t.Cleanup(gs.Stop)
 	app := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.ProtoMajor == 2 && isGRPC(r.Header.Get("content-type")) {
+		if r.ProtoMajor == 2 && telemetry.IsGRPC(r.Header.Get("content-type")) {
 			l.hits[n].Add(1)
 			gs.ServeHTTP(rw, r)
 			return

@@ -8,6 +8,9 @@
 //     the test trees links internal/testing) are kept;
 //   - each binary links exactly the packages its committed cmd/<bin>/deps.txt
 //     lists, so a new dependency shows up in review;
+//   - the waypoint's filter stages (proxy/waypoint/authn, authz, routing,
+//     telemetry, h1, upstream) never link each other, only the packages
+//     they share (stream, wire);
 //   - our protos never clash with Istio's Go types in the registry.
 //
 // It has no code of its own besides these tests.

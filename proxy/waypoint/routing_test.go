@@ -1,59 +1,17 @@
 package waypoint
 
 import (
-	"math/rand/v2"
-	"net/netip"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
 
-func testCandidates(n int) []candidate {
-	out := make([]candidate, n)
-	for i := range out {
-		out[i] = candidate{w: &state.Workload{UID: string(rune('a' + i)), Capacity: 1},
-			addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), 80), st: &endpointStats{}}
-	}
-	return out
-}
-
-// TestChooseEndpoint: ROUND_ROBIN cycles through the endpoints in order;
-// LEAST_REQUEST never picks the busier of two; RANDOM and the default
-// spread over all of them.
-func TestChooseEndpoint(t *testing.T) {
-	rnd := func(n uint64) uint64 { return rand.Uint64N(n) }
-	cands := testCandidates(3)
-	p := &pool{}
-	var got []string
-	for range 6 {
-		got = append(got, chooseEndpoint(waypointapi.LoadBalancer_ROUND_ROBIN, cands, p, rnd).w.UID)
-	}
-	if s := strings.Join(got, ""); s != "abcabc" {
-		t.Errorf("round robin order %q, want abcabc", s)
-	}
-	two := testCandidates(2)
-	two[0].st.active.Store(5)
-	for range 50 {
-		if c := chooseEndpoint(waypointapi.LoadBalancer_LEAST_REQUEST, two, p, rnd); c.w.UID != "b" {
-			t.Fatalf("least request picked the busier endpoint %s", c.w.UID)
-		}
-	}
-	for _, lb := range []waypointapi.LoadBalancer{waypointapi.LoadBalancer_RANDOM, waypointapi.LoadBalancer_LB_DEFAULT, waypointapi.LoadBalancer_LEAST_REQUEST} {
-		seen := map[string]int{}
-		for range 3000 {
-			seen[chooseEndpoint(lb, cands, p, rnd).w.UID]++
-		}
-		for _, c := range cands {
-			if n := seen[c.w.UID]; n < 800 || n > 1200 {
-				t.Errorf("%s: %s picked %d of 3000 times, want about 1000", lb, c.w.UID, n)
-			}
-		}
-	}
-}
+// faultAbortBody is what Envoy's fault filter answers on abort.
+const faultAbortBody = "fault filter abort"
 
 // subsetLab is the lab with both backend pods in service "server", so a
 // DestinationRule subset (by workload uid) is what tells them apart.
@@ -154,27 +112,66 @@ func TestMirrorSubset(t *testing.T) {
 	}
 }
 
-// TestPoolPrune: the state of endpoints that are gone is dropped once the
-// pool holds more than twice the current ones; current ones keep theirs.
-func TestPoolPrune(t *testing.T) {
-	p := &pool{}
-	var current []state.Endpoint
-	for i := range 40 {
-		uid := string(rune('A' + i))
-		p.stats(uid).ejections.Store(1)
-		if i < 4 {
-			current = append(current, state.Endpoint{Workload: &state.Workload{UID: uid}})
+// TestOutlierEjection: the endpoint that answers 5xx is ejected after
+// consecutive5xxErrors and every later request goes to the other one; once
+// its ejection time is over it is picked again.
+func TestOutlierEjection(t *testing.T) {
+	backend := &waypointapi.Backend{Hostname: proxytest.Hostname("demo", "server"), Namespace: "demo", Weight: 1,
+		TrafficPolicy: &waypointapi.TrafficPolicy{LoadBalancer: waypointapi.LoadBalancer_ROUND_ROBIN,
+			OutlierDetection: &waypointapi.OutlierDetection{ConsecutiveServerErrors: 3, IntervalMs: 100, BaseEjectionTimeMs: 1500, MaxEjectionPercent: 50}}}
+	l := subsetLab(t, &waypointapi.Route{Name: "server", Namespace: "demo", Kind: "DestinationRule",
+		Rules: []*waypointapi.RouteRule{{Backends: []*waypointapi.Backend{backend}}}})
+	c := l.client(clientID, clientIP)
+	l.fail503.Store(1 << 30) // v1 answers 503 from now on
+	codes := map[int]int{}
+	for range 40 {
+		code, _ := get(t, c, "/")
+		codes[code]++
+	}
+	// Round robin: v1's first three requests fail, then it is ejected.
+	if codes[503] != 3 || codes[200] != 37 {
+		t.Fatalf("answers %v, want 3×503 (until ejection) and 37×200 from v2", codes)
+	}
+	l.fail503.Store(0)
+	time.Sleep(1600 * time.Millisecond)
+	before := l.hits[0].Load()
+	for range 10 {
+		if code, body := get(t, c, "/"); code != 200 || !strings.HasPrefix(body, "v") {
+			t.Fatalf("after the ejection: %d %q", code, body)
 		}
 	}
-	p.prune(current)
-	if n := p.entries.Load(); n != 4 {
-		t.Fatalf("%d entries after pruning, want the 4 current endpoints", n)
+	if l.hits[0].Load() == before {
+		t.Error("v1 was not picked again after its ejection time")
 	}
-	if p.stats("A").ejections.Load() != 1 {
-		t.Error("a current endpoint lost its state")
+}
+
+// TestFaultInjection: Istio's ratings test samples at the waypoint: a
+// header-matched abort answers its status with Envoy's body without
+// reaching a backend, a fixed delay holds the request that long, and
+// requests the fault rule does not match pass untouched.
+func TestFaultInjection(t *testing.T) {
+	server := &waypointapi.Backend{Hostname: proxytest.Hostname("demo", "server"), Namespace: "demo", Weight: 1}
+	l := subsetLab(t, &waypointapi.Route{Name: "ratings", Namespace: "demo", Kind: "VirtualService", Rules: []*waypointapi.RouteRule{
+		{Matches: []*waypointapi.RouteMatch{{Headers: []*waypointapi.HeaderMatch{{Name: "end-user", Value: "jason"}}}},
+			Fault: &waypointapi.Fault{AbortStatus: 418, AbortPercent: 100}, Backends: []*waypointapi.Backend{server}},
+		{Matches: []*waypointapi.RouteMatch{{Headers: []*waypointapi.HeaderMatch{{Name: "end-user", Value: "slow"}}}},
+			Fault: &waypointapi.Fault{DelayMs: 300, DelayPercent: 100}, Backends: []*waypointapi.Backend{server}},
+		{Backends: []*waypointapi.Backend{server}},
+	}})
+	c := l.client(clientID, clientIP)
+	before := l.hits[0].Load() + l.hits[1].Load()
+	if code, body := get(t, c, "/ratings/0", "end-user", "jason"); code != http.StatusTeapot || body != faultAbortBody+"\n" {
+		t.Fatalf("abort: %d %q", code, body)
 	}
-	p.prune(current[:1]) // 4 entries ≤ 2×1+16: nothing to do
-	if n := p.entries.Load(); n != 4 {
-		t.Errorf("pruned below the threshold: %d entries", n)
+	if l.hits[0].Load()+l.hits[1].Load() != before {
+		t.Error("an aborted request reached a backend")
+	}
+	start := time.Now()
+	if code, _ := get(t, c, "/ratings/0", "end-user", "slow"); code != 200 || time.Since(start) < 300*time.Millisecond {
+		t.Errorf("delay: %d after %v, want 200 after ≥ 300ms", code, time.Since(start))
+	}
+	start = time.Now()
+	if code, _ := get(t, c, "/ratings/0", "end-user", "other"); code != 200 || time.Since(start) > 250*time.Millisecond {
+		t.Errorf("no fault: %d after %v", code, time.Since(start))
 	}
 }

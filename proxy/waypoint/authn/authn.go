@@ -1,4 +1,10 @@
-package waypoint
+// Package authn is the waypoint's authentication filter: it validates the
+// JWTs of the RequestAuthentications that apply to a request (keys parsed
+// once per config), as Envoy's jwt_authn does for Istio. No token is
+// anonymous; an invalid one is an *Error, answered 401 before any policy
+// runs; a valid one gives the request principal and claims authorization
+// matches (stream.RequestAuth).
+package authn
 
 import (
 	"crypto/ecdsa"
@@ -16,6 +22,7 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // jwtLeeway is the clock skew allowed on exp and nbf: Envoy's jwt_authn
@@ -45,8 +52,8 @@ const (
 	defaultAuthParam  = "access_token"
 )
 
-// authnPolicy is one RequestAuthentication, compiled once per config.
-type authnPolicy struct {
+// Policy is one RequestAuthentication, compiled once per config.
+type Policy struct {
 	key      string          // ns/name
 	services map[string]bool // nil: every request at this waypoint
 	rules    []*jwtRule
@@ -74,21 +81,10 @@ type claimHeader struct {
 	claim  []string // nested path ("a.b" → [a b])
 }
 
-// RequestAuth is the identity a valid JWT gave a request.
-type RequestAuth struct {
-	// Principal is "<iss>/<sub>", Istio's request principal.
-	Principal string
-	Audiences []string
-	// Presenter is the azp claim.
-	Presenter string
-	// Claims is the token's payload.
-	Claims map[string]any
-}
-
-func compileAuthn(in []*waypointapi.RequestAuthn) []*authnPolicy {
-	out := make([]*authnPolicy, 0, len(in))
+func Compile(in []*waypointapi.RequestAuthn) []*Policy {
+	out := make([]*Policy, 0, len(in))
 	for _, ra := range in {
-		p := &authnPolicy{key: ra.GetNamespace() + "/" + ra.GetName()}
+		p := &Policy{key: ra.GetNamespace() + "/" + ra.GetName()}
 		if len(ra.GetServices()) > 0 {
 			p.services = map[string]bool{}
 			for _, s := range ra.GetServices() {
@@ -163,13 +159,16 @@ func parseJWKS(s string) ([]jose.JSONWebKey, error) {
 	return keys, nil
 }
 
-// authnError is a rejected token: answered 401 with msg as the body;
+// Error is a rejected token: answered 401 with msg as the body;
 // detail (for the access log only) says more.
-type authnError struct {
+type Error struct {
 	policy, issuer, msg, detail string
 }
 
-func (e *authnError) Error() string {
+// Body is the 401 body: Envoy's jwt_authn message.
+func (e *Error) Body() string { return e.msg }
+
+func (e *Error) Error() string {
 	s := "authentication: " + e.msg
 	if e.policy != "" {
 		s = fmt.Sprintf("authentication (%s, issuer %q): %s", e.policy, e.issuer, e.msg)
@@ -186,14 +185,14 @@ type foundToken struct {
 	header string // "" when from a query parameter
 }
 
-// authenticate validates the JWTs of r against the RequestAuthentications
+// Authenticate validates the JWTs of r against the RequestAuthentications
 // that apply to service, as Envoy's jwt_authn with Istio's "any provider, or
 // no token" requirement: no token → anonymous (nil, nil); a token valid for
-// a rule of its issuer → its identity; any other token → an *authnError
+// a rule of its issuer → its identity; any other token → an *Error
 // (401). On success the token is removed unless the rule forwards it, and
 // claims are copied into headers (outputClaimToHeaders); those headers are
 // always cleared first so a client cannot forge them.
-func authenticate(policies []*authnPolicy, service string, r *http.Request, now time.Time) (*RequestAuth, error) {
+func Authenticate(policies []*Policy, service string, r *http.Request, now time.Time) (*stream.RequestAuth, error) {
 	var rules []*jwtRule
 	for _, p := range policies {
 		if p.services == nil || p.services[service] {
@@ -209,7 +208,7 @@ func authenticate(policies []*authnPolicy, service string, r *http.Request, now 
 		}
 	}
 	var query map[string][]string
-	var firstErr *authnError
+	var firstErr *Error
 	seen := map[string]bool{}
 	for _, jr := range rules {
 		for _, ft := range jr.tokens(r, &query) {
@@ -273,27 +272,27 @@ func (jr *jwtRule) tokens(r *http.Request, query *map[string][]string) []foundTo
 }
 
 type verified struct {
-	RequestAuth
+	stream.RequestAuth
 	rule *jwtRule
 }
 
 // verifyToken checks one token against the rules of its issuer: signature by
 // a key of the rule's set, exp and nbf with jwtLeeway, and the audiences.
-func verifyToken(rules []*jwtRule, token string, now time.Time) (*verified, *authnError) {
+func verifyToken(rules []*jwtRule, token string, now time.Time) (*verified, *Error) {
 	tok, err := jwt.ParseSigned(token, jwtAlgorithms)
 	if err != nil {
 		if strings.Count(token, ".") != 2 {
-			return nil, &authnError{msg: errJwtMalformed}
+			return nil, &Error{msg: errJwtMalformed}
 		}
-		return nil, &authnError{msg: errJwtVerify}
+		return nil, &Error{msg: errJwtVerify}
 	}
 	var unverified struct {
 		Issuer string `json:"iss"`
 	}
 	if err := tok.UnsafeClaimsWithoutVerification(&unverified); err != nil {
-		return nil, &authnError{msg: errJwtVerify}
+		return nil, &Error{msg: errJwtVerify}
 	}
-	var firstErr *authnError
+	var firstErr *Error
 	for _, jr := range rules {
 		if jr.issuer != unverified.Issuer {
 			continue
@@ -309,17 +308,17 @@ func verifyToken(rules []*jwtRule, token string, now time.Time) (*verified, *aut
 	if firstErr != nil {
 		return nil, firstErr
 	}
-	return nil, &authnError{issuer: unverified.Issuer, msg: errJwtIssuer}
+	return nil, &Error{issuer: unverified.Issuer, msg: errJwtIssuer}
 }
 
-func (jr *jwtRule) verify(tok *jwt.JSONWebToken, now time.Time) (*verified, *authnError) {
-	fail := func(msg string) (*verified, *authnError) {
-		return nil, &authnError{policy: jr.policy, issuer: jr.issuer, msg: msg}
+func (jr *jwtRule) verify(tok *jwt.JSONWebToken, now time.Time) (*verified, *Error) {
+	fail := func(msg string) (*verified, *Error) {
+		return nil, &Error{policy: jr.policy, issuer: jr.issuer, msg: msg}
 	}
 	if jr.unusable != "" {
 		// Fail closed: a rule whose keys could not be had rejects every
 		// token of its issuer.
-		return nil, &authnError{policy: jr.policy, issuer: jr.issuer, msg: errJwtVerify, detail: jr.unusable}
+		return nil, &Error{policy: jr.policy, issuer: jr.issuer, msg: errJwtVerify, detail: jr.unusable}
 	}
 	h := tok.Headers[0]
 	var std jwt.Claims
@@ -357,9 +356,9 @@ func keyFits(k *jose.JSONWebKey, alg string) bool {
 	return false
 }
 
-func (jr *jwtRule) checkClaims(std *jwt.Claims, raw map[string]any, now time.Time) (*verified, *authnError) {
-	fail := func(msg string) (*verified, *authnError) {
-		return nil, &authnError{policy: jr.policy, issuer: jr.issuer, msg: msg}
+func (jr *jwtRule) checkClaims(std *jwt.Claims, raw map[string]any, now time.Time) (*verified, *Error) {
+	fail := func(msg string) (*verified, *Error) {
+		return nil, &Error{policy: jr.policy, issuer: jr.issuer, msg: msg}
 	}
 	if std.Expiry != nil && now.After(std.Expiry.Time().Add(jwtLeeway)) {
 		return fail(errJwtExpired)
@@ -380,7 +379,7 @@ func (jr *jwtRule) checkClaims(std *jwt.Claims, raw map[string]any, now time.Tim
 			return fail(errJwtAudience)
 		}
 	}
-	return &verified{rule: jr, RequestAuth: RequestAuth{
+	return &verified{rule: jr, RequestAuth: stream.RequestAuth{
 		Principal: std.Issuer + "/" + std.Subject,
 		Audiences: []string(std.Audience),
 		Presenter: stringClaim(raw["azp"]),
@@ -396,7 +395,7 @@ func stringClaim(v any) string {
 // claimString renders a claim (nested path) for a header: strings as they
 // are, numbers and booleans in JSON; objects and lists are not copied.
 func claimString(claims map[string]any, path []string) (string, bool) {
-	v, ok := claimAt(claims, path)
+	v, ok := (&stream.RequestAuth{Claims: claims}).Claim(path)
 	if !ok {
 		return "", false
 	}
@@ -409,47 +408,4 @@ func claimString(claims map[string]any, path []string) (string, bool) {
 		return strconv.FormatFloat(x, 'f', -1, 64), true
 	}
 	return "", false
-}
-
-func claimAt(claims map[string]any, path []string) (any, bool) {
-	var cur any = claims
-	for _, p := range path {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[p]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
-}
-
-// claimValues are the strings a `request.auth.claims[...]` condition
-// compares: a string claim (split on spaces for scope and permission, as
-// Istio does), or the strings of a list claim.
-func claimValues(auth *RequestAuth, path []string) []string {
-	if auth == nil || len(path) == 0 {
-		return nil
-	}
-	v, ok := claimAt(auth.Claims, path)
-	if !ok {
-		return nil
-	}
-	switch x := v.(type) {
-	case string:
-		if len(path) == 1 && (path[0] == "scope" || path[0] == "permission") {
-			return strings.Fields(x)
-		}
-		return []string{x}
-	case []any:
-		var out []string
-		for _, e := range x {
-			if s, ok := e.(string); ok {
-				out = append(out, s)
-			}
-		}
-		return out
-	}
-	return nil
 }

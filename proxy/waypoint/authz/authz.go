@@ -1,4 +1,10 @@
-package waypoint
+// Package authz is the waypoint's authorization filter: Istio's
+// AuthorizationPolicy order (dry-run and AUDIT reported only, then DENY,
+// then ALLOW) on the attributes of one request or TCP stream
+// (stream.Attrs), with the request principal and claims authentication
+// proved. On plain TCP, rules on HTTP fields or request principals never
+// allow and always deny: what cannot be evaluated fails closed.
+package authz
 
 import (
 	"net/netip"
@@ -6,45 +12,8 @@ import (
 	"strings"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
-
-// Attrs is what authorization sees of one request (or TCP connection).
-type Attrs struct {
-	// Principal is the client's SPIFFE id without "spiffe://"; Namespace
-	// its namespace ("" for an unauthenticated client, which cannot occur
-	// behind mTLS).
-	Principal, Namespace string
-	SrcIP, DstIP         netip.Addr
-	DstPort              uint16
-	// Service is the hostname of the addressed service ("" for a workload).
-	Service string
-	// HTTP is false for plain TCP: rules using HTTP fields never match as
-	// ALLOW and always match as DENY there (fail closed).
-	HTTP               bool
-	Host, Method, Path string
-	Header             func(name string) (string, bool)
-	// Auth is what a valid JWT said (authentication); nil: anonymous.
-	Auth *RequestAuth
-}
-
-func (a *Attrs) requestPrincipal() string {
-	if a.Auth == nil {
-		return ""
-	}
-	return a.Auth.Principal
-}
-
-// Verdict is the outcome of authorization.
-type Verdict struct {
-	Allow bool
-	// Policy names the deciding policy ("ns/name"); "" when no policy
-	// selected the request (allowed) or when no ALLOW matched (see Reason).
-	Policy string
-	Reason string
-	// DryRun lists "ns/name=allow|deny" of dry-run and AUDIT policies that
-	// matched, for the access log; never enforced.
-	DryRun []string
-}
 
 type stringMatch struct {
 	kind  int // 0 exact, 1 prefix, 2 suffix, 3 presence
@@ -147,7 +116,8 @@ type rule struct {
 	when []condition
 }
 
-type policy struct {
+// Policy is one AuthorizationPolicy, compiled once per config.
+type Policy struct {
 	key      string // ns/name
 	action   waypointapi.Action
 	dryRun   bool
@@ -156,8 +126,9 @@ type policy struct {
 	target   string
 }
 
-func compilePolicy(p *waypointapi.Policy) *policy {
-	cp := &policy{key: p.GetNamespace() + "/" + p.GetName(), action: p.GetAction(), dryRun: p.GetDryRun(), target: p.GetTarget()}
+// Compile compiles one policy of the waypoint's config.
+func Compile(p *waypointapi.Policy) *Policy {
+	cp := &Policy{key: p.GetNamespace() + "/" + p.GetName(), action: p.GetAction(), dryRun: p.GetDryRun(), target: p.GetTarget()}
 	if len(p.GetServices()) > 0 {
 		cp.services = map[string]bool{}
 		for _, s := range p.GetServices() {
@@ -231,9 +202,9 @@ func stringCidrs(in []*waypointapi.StringMatch) []netip.Prefix {
 }
 
 // applies reports whether the policy selects a request for service.
-func (p *policy) applies(service string) bool { return p.services == nil || p.services[service] }
+func (p *Policy) applies(service string) bool { return p.services == nil || p.services[service] }
 
-func (p *policy) matches(a *Attrs) bool {
+func (p *Policy) matches(a *stream.Attrs) bool {
 	deny := p.action == waypointapi.Action_DENY || p.action == waypointapi.Action_AUDIT
 	for i := range p.rules {
 		if p.rules[i].matches(a, deny) {
@@ -245,7 +216,7 @@ func (p *policy) matches(a *Attrs) bool {
 
 // matches evaluates one rule. deny: an HTTP field on a TCP connection
 // matches (fail closed) instead of not matching.
-func (r *rule) matches(a *Attrs, deny bool) bool {
+func (r *rule) matches(a *stream.Attrs, deny bool) bool {
 	if len(r.from) > 0 {
 		ok := false
 		for i := range r.from {
@@ -280,12 +251,12 @@ func (r *rule) matches(a *Attrs, deny bool) bool {
 
 // matches evaluates one source. deny: request principals on a TCP
 // connection (no JWT can be read) match instead of not matching.
-func (s *source) matches(a *Attrs, deny bool) bool {
+func (s *source) matches(a *stream.Attrs, deny bool) bool {
 	if len(s.requestPrincipals)+len(s.notRequestPrincipals) > 0 {
 		if !a.HTTP {
 			return deny
 		}
-		rp := a.requestPrincipal()
+		rp := a.RequestPrincipal()
 		if len(s.requestPrincipals) > 0 && !anyMatch(s.requestPrincipals, rp) || anyMatch(s.notRequestPrincipals, rp) {
 			return false
 		}
@@ -305,7 +276,7 @@ func (s *source) matches(a *Attrs, deny bool) bool {
 	return true
 }
 
-func (o *operation) matches(a *Attrs, deny bool) bool {
+func (o *operation) matches(a *stream.Attrs, deny bool) bool {
 	if len(o.ports) > 0 && !containsPort(o.ports, a.DstPort) || containsPort(o.notPorts, a.DstPort) {
 		return false
 	}
@@ -345,7 +316,7 @@ func stripPort(h string) string {
 	return h
 }
 
-func (c *condition) matches(a *Attrs, deny bool) bool {
+func (c *condition) matches(a *stream.Attrs, deny bool) bool {
 	var v string
 	switch {
 	case ipKey(c.key):
@@ -382,7 +353,7 @@ func (c *condition) matches(a *Attrs, deny bool) bool {
 
 // authValues are the values of a request.auth.* key for an authenticated
 // request (none for an anonymous one); ok false for an unknown key.
-func authValues(c *condition, auth *RequestAuth) (vs []string, ok bool) {
+func authValues(c *condition, auth *stream.RequestAuth) (vs []string, ok bool) {
 	switch c.key {
 	case "request.auth.principal":
 		if auth != nil {
@@ -400,7 +371,7 @@ func authValues(c *condition, auth *RequestAuth) (vs []string, ok bool) {
 		if c.claim == nil {
 			return nil, false
 		}
-		vs = claimValues(auth, c.claim)
+		vs = auth.ClaimValues(c.claim)
 	}
 	return vs, true
 }
@@ -420,12 +391,12 @@ func matchSome(ms []stringMatch, vs []string) bool {
 	return false
 }
 
-// authorize applies Istio's order: dry-run and AUDIT policies are evaluated
+// Authorize applies Istio's order: dry-run and AUDIT policies are evaluated
 // and reported only; then any matching DENY denies; then, when any ALLOW
 // selects the request, one must match; else the request is allowed.
-func authorize(policies []*policy, a *Attrs) Verdict {
-	var v Verdict
-	var allows []*policy
+func Authorize(policies []*Policy, a *stream.Attrs) stream.Verdict {
+	var v stream.Verdict
+	var allows []*Policy
 	for _, p := range policies {
 		if !p.applies(a.Service) {
 			continue
@@ -468,4 +439,40 @@ func authorize(policies []*policy, a *Attrs) Verdict {
 	}
 	v.Reason = "no ALLOW policy matched (" + strings.Join(names, ", ") + ")"
 	return v
+}
+
+// PolicyInfo is one policy that selects requests for a service here.
+type PolicyInfo struct {
+	Key    string // ns/name
+	Action waypointapi.Action
+	DryRun bool
+	// HTTP is true when a rule reads request fields (host, method, path,
+	// request headers, the JWT's request principal and claims): its match
+	// then depends on the request, not only on the connection.
+	HTTP bool
+}
+
+// PoliciesFor lists, in evaluation order, the policies that select
+// requests for hostname ("" for a workload) at this waypoint.
+func PoliciesFor(policies []*Policy, hostname string) []PolicyInfo {
+	var out []PolicyInfo
+	for _, p := range policies {
+		if !p.applies(hostname) {
+			continue
+		}
+		info := PolicyInfo{Key: p.key, Action: p.action, DryRun: p.dryRun}
+		for _, r := range p.rules {
+			for i := range r.from {
+				info.HTTP = info.HTTP || len(r.from[i].requestPrincipals)+len(r.from[i].notRequestPrincipals) > 0
+			}
+			for i := range r.to {
+				info.HTTP = info.HTTP || r.to[i].usesHTTP()
+			}
+			for _, w := range r.when {
+				info.HTTP = info.HTTP || strings.HasPrefix(w.key, "request.")
+			}
+		}
+		out = append(out, info)
+	}
+	return out
 }

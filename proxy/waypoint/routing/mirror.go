@@ -1,13 +1,16 @@
-package waypoint
+package routing
 
 import (
 	"bytes"
 	"context"
 	"io"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
 // mirrorBodyMax is the largest request body that is mirrored: a body must
@@ -18,16 +21,17 @@ const mirrorBodyMax = 64 << 10
 // mirrorTimeout bounds each mirrored request; its answer is discarded.
 const mirrorTimeout = 5 * time.Second
 
-// startMirrors sends a copy of r to each of the rule's mirrors (as many as
+// StartMirrors sends a copy of r to each of the rule's mirrors (as many as
 // their percent picks), in the background, as Envoy's request mirroring
 // does: the Host gets a "-shadow" suffix, the response is drained and
 // dropped, and a failure never touches the original request. It may
 // replace r.Body with a replayable copy (which also lets retries replay
-// it). It returns what it did, for the access log.
-func (w *Waypoint) startMirrors(ex *exchange, r *http.Request) string {
+// it). base sends the copies (the protocol the client spoke). It returns
+// what it did, for the access log.
+func (rt *Router) StartMirrors(rule *Rule, snap *state.Snapshot, src, dst netip.AddrPort, r *http.Request, base http.RoundTripper) string {
 	var picked []mirror
-	for _, m := range ex.rule.mirrors {
-		if m.percent >= 100 || w.opts.Rand(100) < m.percent {
+	for _, m := range rule.mirrors {
+		if m.percent >= 100 || rt.rand(100) < m.percent {
 			picked = append(picked, m)
 		}
 	}
@@ -47,38 +51,34 @@ func (w *Waypoint) startMirrors(ex *exchange, r *http.Request) string {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	base := w.h1
-	if ex.h2 {
-		base = w.h2
-	}
 	sent := 0
 	for _, m := range picked {
 		port := m.backend.port
 		if port == 0 {
-			port = ex.dst.Port()
+			port = dst.Port()
 		}
-		d, err := w.mirrorDecision(ex.snap, &m.backend, ex.dst, port)
+		d, err := rt.mirrorDecision(snap, &m.backend, dst, port)
 		if err != nil {
-			w.log.Debug("mirror not sent", zap.String("backend", m.backend.hostname), zap.Error(err))
+			rt.log.Debug("mirror not sent", zap.String("backend", m.backend.hostname), zap.Error(err))
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), mirrorTimeout)
 		out := r.Clone(ctx)
 		out.Host = r.Host + "-shadow"
-		out.URL.Scheme, out.URL.Host = "http", target(d).String()
+		out.URL.Scheme, out.URL.Host = "http", Target(d).String()
 		out.RequestURI = ""
 		out.Body, out.GetBody, out.ContentLength = http.NoBody, nil, 0
 		if body != nil {
 			out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
-		ex.rule.modify(out.Header)
-		out.Header.Set("X-Forwarded-For", ex.src.Addr().String())
+		rule.modify(out.Header)
+		out.Header.Set("X-Forwarded-For", src.Addr().String())
 		sent++
 		go func() { // bounded by mirrorTimeout
 			defer cancel()
 			resp, err := base.RoundTrip(out)
 			if err != nil {
-				w.log.Debug("mirror failed", zap.String("backend", m.backend.hostname), zap.Error(err))
+				rt.log.Debug("mirror failed", zap.String("backend", m.backend.hostname), zap.Error(err))
 				return
 			}
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))

@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
 )
 
 // fastLab is the lab's waypoint with its upstream connections (both
@@ -164,13 +165,7 @@ func TestFastPathKeepAlive(t *testing.T) {
 	}
 	c.CloseIdleConnections()
 	testkit.Eventually(t, 3*time.Second, "the upstream connection back in the idle pool", func() bool {
-		f.w.upstreams.mu.Lock()
-		defer f.w.upstreams.mu.Unlock()
-		total := 0
-		for _, l := range f.w.upstreams.idle {
-			total += len(l)
-		}
-		return total == 1
+		return f.w.upstreams.IdleCount() == 1
 	})
 	c2 := f.client(clientID, clientIP)
 	for i := 0; i < 3; i++ {
@@ -545,9 +540,9 @@ func TestFastPathFallback(t *testing.T) {
 		t.Errorf("HTTP/1.0 GET = %d %q", resp.StatusCode, body)
 	}
 	rc = f.rawClient(t)
-	big := "GET /bighead HTTP/1.1\r\nHost: " + host + "\r\nX-Big: " + strings.Repeat("b", h1BufSize) + "\r\n\r\n"
+	big := "GET /bighead HTTP/1.1\r\nHost: " + host + "\r\nX-Big: " + strings.Repeat("b", h1.BufSize) + "\r\n\r\n"
 	if resp, body := rc.do(big, http.MethodGet); resp.StatusCode != 200 || body != "HTTP/1.1 /bighead " {
-		t.Errorf("GET with a %d-byte header = %d %q", h1BufSize, resp.StatusCode, body)
+		t.Errorf("GET with a %d-byte header = %d %q", h1.BufSize, resp.StatusCode, body)
 	}
 	if fb := f.w.fallbacks.Load(); fb != 4 {
 		t.Errorf("%d fallbacks, want 4 (upgrade, expect, HTTP/1.0, a head larger than the buffer)", fb)
@@ -617,47 +612,6 @@ func (repeatX) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestScanHead: where a head ends (CRLF or bare LF lines, as net/textproto
-// reads them) and what the raw scan decides before http.ReadRequest.
-func TestScanHead(t *testing.T) {
-	for _, tc := range []struct {
-		head     string
-		end      int // 0: incomplete
-		fallback bool
-		bad      string
-	}{
-		{head: "GET / HTTP/1.1\r\nHost: a\r\n\r\nrest", end: 27},
-		{head: "GET / HTTP/1.1\nHost: a\n\nrest", end: 24},
-		{head: "GET / HTTP/1.1\r\nHost: a\r\n", end: 0},
-		{head: "GET / HTTP/1.0\r\n\r\n", end: -1, fallback: true},
-		{head: "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", end: 18, fallback: true},
-		{head: "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n", end: -1, fallback: true},
-		{head: "GET / HTTP/1.1\r\nHost: a\r\nUPGRADE: websocket\r\n\r\n", end: -1, fallback: true},
-		{head: "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n", end: -1, fallback: true},
-		{head: "POST / HTTP/1.1\r\nHost: a\r\nTrailer: X\r\nTransfer-Encoding: chunked\r\n\r\n", end: -1, fallback: true},
-		{head: "POST / HTTP/1.1\r\nHost: a\r\ncontent-length: 3\r\nTRANSFER-ENCODING: chunked\r\n\r\n", end: -1, bad: "both Content-Length and Transfer-Encoding"},
-		{head: "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", end: -1},
-		{head: "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 03\r\n\r\n", end: -1, bad: "differing Content-Length headers"},
-		{head: "GET / HTTP/1.1\r\nHost: a\r\n\tfolded\r\n\r\n", end: -1, bad: "obsolete line folding"},
-	} {
-		if tc.end < 0 {
-			tc.end = len(tc.head)
-		}
-		end := headEnd([]byte(tc.head))
-		if end != tc.end {
-			t.Errorf("headEnd(%q) = %d, want %d", tc.head, end, tc.end)
-			continue
-		}
-		if end == 0 {
-			continue
-		}
-		info := scanHead([]byte(tc.head[:end]))
-		if info.fallback != tc.fallback || info.bad != tc.bad {
-			t.Errorf("scanHead(%q) = %+v, want fallback %v bad %q", tc.head, info, tc.fallback, tc.bad)
-		}
-	}
-}
-
 // TestFastPathShutdown: Shutdown ends an idle keep-alive connection of the
 // fast path (EOF to the client, closed in a second if it does not close)
 // instead of waiting for its context to end. This client never closes.
@@ -679,5 +633,38 @@ func TestFastPathShutdown(t *testing.T) {
 	}
 	if !rc.closed() {
 		t.Error("the idle connection is still open after Shutdown")
+	}
+}
+
+// TestInvalidRequestTarget: a request target the filters would read as one
+// path and the endpoint be sent as another ("scheme:opaque", whose path is
+// empty to routes and authorization; "http://host", whose empty path goes
+// upstream as "/") is refused 400 on both paths, and never reaches the
+// endpoint: here a DENY on exactly "/" would not have matched it.
+func TestInvalidRequestTarget(t *testing.T) {
+	addr, conns := goBackend(t, func(rw http.ResponseWriter, r *http.Request) { io.WriteString(rw, "up "+r.RequestURI) })
+	cfg := baseConfig(&waypointapi.Policy{Name: "deny-root", Namespace: "demo", Action: waypointapi.Action_DENY,
+		Rules: []*waypointapi.Rule{{To: []*waypointapi.Operation{{Paths: []*waypointapi.StringMatch{exact("/")}}}}}})
+	f := newFastLab(t, cfg, addr)
+	for _, tc := range []struct{ name, raw string }{
+		{"opaque target", "GET a:b HTTP/1.1\r\nHost: " + host + "\r\n\r\n"},
+		{"absolute form without a path", "GET http://" + host + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n"},
+		{"another scheme", "GET ftp:/x HTTP/1.1\r\nHost: " + host + "\r\n\r\n"},
+		{"opaque target, HTTP/1.0 (the net/http path)", "GET a:b HTTP/1.0\r\nHost: " + host + "\r\n\r\n"},
+		{"absolute form without a path, HTTP/1.0", "GET http://" + host + " HTTP/1.0\r\nHost: " + host + "\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := f.rawClient(t)
+			if resp, body := rc.do(tc.raw, http.MethodGet); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "invalid request target") {
+				t.Errorf("= %d %q, want 400 invalid request target", resp.StatusCode, body)
+			}
+		})
+	}
+	if n := conns.Load(); n != 0 {
+		t.Errorf("%d connections reached the endpoint, want none", n)
+	}
+	rc := f.rawClient(t)
+	if resp, body := rc.do("GET /ok HTTP/1.1\r\nHost: "+host+"\r\n\r\n", http.MethodGet); resp.StatusCode != 200 || body != "up /ok" {
+		t.Errorf("origin form = %d %q", resp.StatusCode, body)
 	}
 }

@@ -1,4 +1,4 @@
-package waypoint
+package routing
 
 import (
 	"context"
@@ -76,22 +76,20 @@ func (f *compiledFault) apply(ctx context.Context, rnd func(uint64) uint64) (int
 	return 0, nil
 }
 
-// injectFault runs the fault of the request's rule. done: the request was
-// answered here (an abort, or the client left during a delay) with code and
-// access-log flags.
-func (w *Waypoint) injectFault(ex *exchange, rw http.ResponseWriter, r *http.Request) (code int, flags string, done bool) {
-	if ex.rule == nil || ex.rule.fault == nil {
-		return 0, "", false
+// InjectFault runs the fault of the request's rule (nil: none). done: the
+// request was answered here (an abort, or the client left during a delay)
+// with code and access-log flags, why says so for the access log.
+func (rt *Router) InjectFault(rule *Rule, rw http.ResponseWriter, r *http.Request) (code int, flags string, done bool, why error) {
+	if rule == nil || rule.fault == nil {
+		return 0, "", false, nil
 	}
-	code, err := ex.rule.fault.apply(r.Context(), w.opts.Rand)
+	code, err := rule.fault.apply(r.Context(), rt.rand)
 	switch {
 	case err != nil:
-		ex.err = fmt.Errorf("client left during the fault delay: %w", err)
-		return 0, "DC", true
+		return 0, "DC", true, fmt.Errorf("client left during the fault delay: %w", err)
 	case code != 0:
-		ex.err = errors.New("fault injection abort")
 		http.Error(rw, faultAbortBody, code)
-		return code, "FI", true
+		return code, "FI", true, errors.New("fault injection abort")
 	}
-	return 0, "", false
+	return 0, "", false, nil
 }

@@ -1,4 +1,4 @@
-package waypoint
+package routing
 
 import (
 	"net/http"
@@ -53,7 +53,8 @@ type mirror struct {
 	percent uint64
 }
 
-type routeRule struct {
+// Rule is one compiled route rule.
+type Rule struct {
 	mirrors  []mirror
 	route    string // ns/name
 	matches  []routeMatch
@@ -67,24 +68,26 @@ type routeRule struct {
 	fault    *compiledFault // VirtualService fault injection (fault.go)
 }
 
-// routeTable is the compiled HTTPRoutes of one service, in precedence
+// Table is the compiled HTTPRoutes of one service, in precedence
 // order of their rules (oldest route first, then rule order).
-type routeTable struct {
-	rules []*routeRule
+type Table struct {
+	rules []*Rule
 	// firstMatch: VirtualService rules, which Istio evaluates in order
 	// (the first matching rule wins), not by Gateway API specificity.
 	firstMatch bool
 }
 
-func compileRoutes(routes []*waypointapi.Route) *routeTable {
+// Compile compiles a service's routes (nil: none, the service itself
+// takes its requests).
+func Compile(routes []*waypointapi.Route) *Table {
 	if len(routes) == 0 {
 		return nil
 	}
-	t := &routeTable{}
+	t := &Table{}
 	for _, r := range routes {
 		t.firstMatch = t.firstMatch || r.GetKind() == "VirtualService"
 		for _, rr := range r.GetRules() {
-			cr := &routeRule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers(), fault: compileFault(rr.GetFault())}
+			cr := &Rule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers(), fault: compileFault(rr.GetFault())}
 			for _, m := range rr.GetMatches() {
 				cm := routeMatch{pathType: m.GetPath().GetType(), path: m.GetPath().GetValue(), method: m.GetMethod()}
 				if m.GetPath() == nil {
@@ -236,8 +239,8 @@ func less(a, b [5]int) bool {
 // pick returns the rule for r: the most specific matching match, ties to
 // the earlier rule (VirtualService rules: the first that matches). nil: no
 // rule matches (404).
-func (t *routeTable) pick(r *http.Request) *routeRule {
-	var best *routeRule
+func (t *Table) pick(r *http.Request) *Rule {
+	var best *Rule
 	var bestSpec [5]int
 	for _, rule := range t.rules {
 		for i := range rule.matches {
@@ -257,7 +260,7 @@ func (t *routeTable) pick(r *http.Request) *routeRule {
 }
 
 // choose picks a backend by weight with n a random number in [0, total).
-func (r *routeRule) choose(n uint64) (backend, bool) {
+func (r *Rule) choose(n uint64) (backend, bool) {
 	if r.total == 0 {
 		return backend{}, false
 	}
@@ -272,7 +275,7 @@ func (r *routeRule) choose(n uint64) (backend, bool) {
 }
 
 // modify applies the rule's request header modifiers.
-func (r *routeRule) modify(h http.Header) {
+func (r *Rule) modify(h http.Header) {
 	for _, m := range r.modifers {
 		for k, v := range m.GetSet() {
 			h.Set(k, v)
@@ -285,3 +288,25 @@ func (r *routeRule) modify(h http.Header) {
 		}
 	}
 }
+
+// Route names the route the rule is of ("ns/name").
+func (r *Rule) Route() string { return r.route }
+
+// Timeout is the request timeout (0: none), from the client's request to
+// the end of the upstream response head, retries included.
+func (r *Rule) Timeout() time.Duration { return r.timeout }
+
+// Retries is how many times more a request may be sent upstream; PerTry
+// bounds each attempt (0: no bound); RetryOn reports whether an answer with
+// code is retried.
+func (r *Rule) Retries() int          { return r.retries }
+func (r *Rule) PerTry() time.Duration { return r.perTry }
+func (r *Rule) RetryOn(code int) bool { return r.retryOn[code] }
+
+// HasFault reports whether the rule injects faults; HasMirrors whether it
+// mirrors requests.
+func (r *Rule) HasFault() bool   { return r.fault != nil }
+func (r *Rule) HasMirrors() bool { return len(r.mirrors) > 0 }
+
+// Modify applies the rule's request header modifiers to h.
+func (r *Rule) Modify(h http.Header) { r.modify(h) }

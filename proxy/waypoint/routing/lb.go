@@ -1,4 +1,4 @@
-package waypoint
+package routing
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // backendPolicy is what a DestinationRule adds to a backend (compiled from
@@ -115,8 +116,8 @@ type candidate struct {
 	st   *endpointStats
 }
 
-// picked is the endpoint a request attempt went to, for its outcome.
-type picked struct {
+// Picked is the endpoint a request attempt went to, for its outcome.
+type Picked struct {
 	pool    *pool
 	st      *endpointStats
 	outlier *outlierPolicy
@@ -125,40 +126,39 @@ type picked struct {
 
 // pickEndpoint chooses the endpoint of backend b (its subset, not ejected,
 // healthy, serving port) by the policy's load balancer and returns the
-// routing decision to it. ex.picked records the choice.
-func (w *Waypoint) pickEndpoint(ex *exchange, b *backend, port uint16) (route.Decision, error) {
-	d, c, p, err := w.selectEndpoint(ex.snap, b, port)
+// routing decision to it, and the choice (for Done).
+func (rt *Router) pickEndpoint(snap *state.Snapshot, b *backend, port uint16) (route.Decision, *Picked, error) {
+	d, c, p, err := rt.selectEndpoint(snap, b, port)
 	if err != nil {
-		return d, err
+		return d, nil, err
 	}
 	c.st.active.Add(1)
-	ex.picked = &picked{pool: p, st: c.st, outlier: b.policy.outlier, uid: c.w.UID}
-	return d, nil
+	return d, &Picked{pool: p, st: c.st, outlier: b.policy.outlier, uid: c.w.UID}, nil
 }
 
 // mirrorDecision is where a mirror's copy of a request goes: its subset
 // and load balancer as for a route backend (without counting towards
 // outlier detection: the answer is dropped), else the node proxy's choice.
-func (w *Waypoint) mirrorDecision(snap *state.Snapshot, b *backend, dst netip.AddrPort, port uint16) (route.Decision, error) {
+func (rt *Router) mirrorDecision(snap *state.Snapshot, b *backend, dst netip.AddrPort, port uint16) (route.Decision, error) {
 	switch {
 	case b.missingSubset != "":
-		return route.Decision{}, &errNoRoute{code: 503, msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
+		return route.Decision{}, &stream.Refusal{Code: 503, Msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
 	case b.policy != nil:
-		d, _, _, err := w.selectEndpoint(snap, b, port)
+		d, _, _, err := rt.selectEndpoint(snap, b, port)
 		return d, err
 	}
-	return w.resolve(snap, dst, b.hostname, b.namespace, port)
+	return rt.resolve(snap, dst, b.hostname, b.namespace, port)
 }
 
-func (w *Waypoint) selectEndpoint(snap *state.Snapshot, b *backend, port uint16) (route.Decision, candidate, *pool, error) {
+func (rt *Router) selectEndpoint(snap *state.Snapshot, b *backend, port uint16) (route.Decision, candidate, *pool, error) {
 	bp := b.policy
 	svc := snap.ServiceByNamespacedHostname(b.namespace, b.hostname)
 	if svc == nil || len(svc.VIPs) == 0 {
-		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: "backend " + b.hostname + " unknown or headless"}
+		return route.Decision{}, candidate{}, nil, &stream.Refusal{Code: 503, Msg: "backend " + b.hostname + " unknown or headless"}
 	}
 	vip := svc.VIPs[0].Prefix.Addr()
-	p := w.pools.get(bp.pool + "|" + strconv.Itoa(int(port)))
-	now := w.now()
+	p := rt.pools.get(bp.pool + "|" + strconv.Itoa(int(port)))
+	now := rt.now()
 	eps := snap.Endpoints(svc)
 	cands := make([]candidate, 0, len(eps))
 	total := 0
@@ -190,16 +190,16 @@ func (w *Waypoint) selectEndpoint(snap *state.Snapshot, b *backend, port uint16)
 		if bp.subset != "" {
 			what += " subset " + bp.subset
 		}
-		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: fmt.Sprintf("%s: no healthy upstream (%d endpoints, all ejected or none)", what, total)}
+		return route.Decision{}, candidate{}, nil, &stream.Refusal{Code: 503, Msg: fmt.Sprintf("%s: no healthy upstream (%d endpoints, all ejected or none)", what, total)}
 	}
-	c := chooseEndpoint(bp.lb, cands, p, w.opts.Rand)
-	self := snap.WorkloadByIP("", w.opts.IP)
-	d, err := route.OutboundWith(snap, self, c.addr, func(n int) int { return int(w.opts.Rand(uint64(n))) })
+	c := chooseEndpoint(bp.lb, cands, p, rt.rand)
+	self := snap.WorkloadByIP("", rt.ip)
+	d, err := route.OutboundWith(snap, self, c.addr, func(n int) int { return int(rt.rand(uint64(n))) })
 	if err != nil {
-		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: err.Error()}
+		return route.Decision{}, candidate{}, nil, &stream.Refusal{Code: 503, Msg: err.Error()}
 	}
 	if d.Kind == route.Passthrough {
-		return route.Decision{}, candidate{}, nil, &errNoRoute{code: 503, msg: "endpoint " + c.addr.String() + " is not in the mesh"}
+		return route.Decision{}, candidate{}, nil, &stream.Refusal{Code: 503, Msg: "endpoint " + c.addr.String() + " is not in the mesh"}
 	}
 	return d, c, p, nil
 }

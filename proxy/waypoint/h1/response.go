@@ -1,4 +1,4 @@
-package waypoint
+package h1
 
 import (
 	"bytes"
@@ -7,28 +7,30 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
 )
 
-// Responses of the fast path (h1.go): an upstream response sent on, and
-// the waypoint's own answers (refusals, faults, upstream failures).
+// Responses of the fast path: an upstream response sent on, and the
+// waypoint's own answers (refusals, faults, upstream failures).
 
-// writeResponse sends resp downstream: its status line and header without
+// WriteResponse sends resp downstream: its status line and header without
 // the hop-by-hop fields, framed by its length or chunked (a chunked or
 // close-delimited upstream body goes chunked, its trailers after it), the
 // head and the first body bytes in one write. It returns the bytes written
 // and whether the upstream connection can serve another request.
-func (c *h1Conn) writeResponse(r *http.Request, resp *http.Response, uc *upConn, keep bool) (int64, bool, error) {
-	buf := h1Bufs.Get()
-	defer h1Bufs.Put(buf)
+func (c *Conn) WriteResponse(r *http.Request, resp *http.Response, keep bool) (int64, bool, error) {
+	buf := wire.Bufs.Get()
+	defer wire.Bufs.Put(buf)
 	h := resp.Header
-	removeHopByHop(h, false)
+	wire.RemoveHopByHop(h, false)
 	noBody := r.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
 	if !noBody {
 		delete(h, "Content-Length")
 	}
 	chunked := !noBody && (resp.ContentLength < 0 || len(resp.Trailer) > 0)
 	b := appendStatusLine(buf[:0], resp.StatusCode, resp.Status)
-	b = appendHeaders(b, h)
+	b = wire.AppendHeaders(b, h)
 	b = appendDate(b, h)
 	switch {
 	case chunked:
@@ -79,7 +81,7 @@ func (c *h1Conn) writeResponse(r *http.Request, resp *http.Response, uc *upConn,
 		var n int
 		var rerr error
 		if chunked {
-			n, rerr = resp.Body.Read(buf[pre+chunkReserve : len(buf)-2])
+			n, rerr = resp.Body.Read(buf[pre+wire.ChunkReserve : len(buf)-2])
 		} else {
 			want := int64(len(buf) - pre)
 			left := resp.ContentLength - bodyN
@@ -100,7 +102,7 @@ func (c *h1Conn) writeResponse(r *http.Request, resp *http.Response, uc *upConn,
 		var out []byte
 		switch {
 		case chunked && n > 0:
-			out = frameChunk(buf, pre, n)
+			out = wire.FrameChunk(buf, pre, n)
 		case chunked:
 			out = buf[:pre]
 		default:
@@ -112,7 +114,7 @@ func (c *h1Conn) writeResponse(r *http.Request, resp *http.Response, uc *upConn,
 			if len(out) > 0 && &out[0] != &buf[0] {
 				copy(buf, out)
 			}
-			out = appendLastChunk(buf[:len(out)], resp.Trailer)
+			out = wire.AppendLastChunk(buf[:len(out)], resp.Trailer)
 		}
 		if len(out) > 0 || first {
 			if err := write(out); err != nil {
@@ -122,7 +124,7 @@ func (c *h1Conn) writeResponse(r *http.Request, resp *http.Response, uc *upConn,
 		pre = 0
 		if eof {
 			// A close-delimited body ends its connection (resp.Close).
-			return written, !resp.Close && (rerr == io.EOF || isEOF(resp.Body)), nil
+			return written, !resp.Close && (rerr == io.EOF || wire.IsEOF(resp.Body)), nil
 		}
 		if rerr != nil {
 			return written, false, rerr
@@ -155,41 +157,43 @@ func appendDate(b []byte, h http.Header) []byte {
 	return append(b, "\r\n"...)
 }
 
-// localResponse is an answer of the waypoint's own, built by the same code
-// the net/http path uses (an http.ResponseWriter) and written whole.
-type localResponse struct {
+// LocalResponse is an answer of the waypoint's own, built by the same code
+// the net/http path uses (an http.ResponseWriter) and written whole by
+// WriteLocal.
+type LocalResponse struct {
 	h    http.Header
 	code int
 	body bytes.Buffer
 }
 
-func newLocalResponse() *localResponse { return &localResponse{h: http.Header{}} }
+// NewLocalResponse returns an empty answer.
+func NewLocalResponse() *LocalResponse { return &LocalResponse{h: http.Header{}} }
 
-func (l *localResponse) Header() http.Header { return l.h }
+func (l *LocalResponse) Header() http.Header { return l.h }
 
-func (l *localResponse) WriteHeader(code int) {
+func (l *LocalResponse) WriteHeader(code int) {
 	if l.code == 0 {
 		l.code = code
 	}
 }
 
-func (l *localResponse) Write(p []byte) (int, error) {
+func (l *LocalResponse) Write(p []byte) (int, error) {
 	if l.code == 0 {
 		l.code = http.StatusOK
 	}
 	return l.body.Write(p)
 }
 
-// writeLocal sends lr (nothing when it has no status: the client left).
-func (c *h1Conn) writeLocal(lr *localResponse, keep bool) (int64, error) {
+// WriteLocal sends lr (nothing when it has no status: the client left).
+func (c *Conn) WriteLocal(lr *LocalResponse, keep bool) (int64, error) {
 	if lr.code == 0 {
 		return 0, errors.New("no answer")
 	}
-	buf := h1Bufs.Get()
-	defer h1Bufs.Put(buf)
+	buf := wire.Bufs.Get()
+	defer wire.Bufs.Put(buf)
 	delete(lr.h, "Content-Length")
 	b := appendStatusLine(buf[:0], lr.code, "")
-	b = appendHeaders(b, lr.h)
+	b = wire.AppendHeaders(b, lr.h)
 	b = appendDate(b, lr.h)
 	b = append(b, "Content-Length: "...)
 	b = strconv.AppendInt(b, int64(lr.body.Len()), 10)
@@ -201,30 +205,4 @@ func (c *h1Conn) writeLocal(lr *localResponse, keep bool) (int64, error) {
 	b = append(b, lr.body.Bytes()...)
 	n, err := c.tc.Write(b)
 	return int64(n), err
-}
-
-// answerRefusal answers what decide refused (err), on either path, and
-// returns the status.
-func answerRefusal(rw http.ResponseWriter, r *http.Request, ex *exchange, err error) int {
-	var nr *errNoRoute
-	code := http.StatusServiceUnavailable
-	if errors.As(err, &nr) {
-		code = nr.code
-	}
-	ex.err = err
-	switch {
-	case code == http.StatusForbidden:
-		rw.Header().Set("Content-Type", "text/plain")
-		rw.WriteHeader(code)
-		_, _ = io.WriteString(rw, DeniedBody)
-	case code == http.StatusUnauthorized && nr != nil:
-		// As Envoy's jwt_authn answers an invalid token.
-		rw.Header().Set("Content-Type", "text/plain")
-		rw.Header().Set("WWW-Authenticate", `Bearer realm="http://`+r.Host+r.URL.Path+`", error="invalid_token"`)
-		rw.WriteHeader(code)
-		_, _ = io.WriteString(rw, nr.body)
-	default:
-		http.Error(rw, http.StatusText(code), code)
-	}
-	return code
 }

@@ -1,4 +1,4 @@
-package waypoint
+package routing
 
 import (
 	"context"
@@ -127,24 +127,16 @@ func (o *outlierPolicy) record(p *pool, st *endpointStats, oc outcome, now int64
 	return d
 }
 
-// now is the clock of ejections (unix ns).
-func (w *Waypoint) now() int64 { return time.Now().UnixNano() }
-
-// endpointDone ends the attempt ex.picked made: its outcome (resp or err)
-// feeds outlier detection, and it no longer counts as active. With neither
-// (the attempt never went upstream) it only stops counting.
-func (w *Waypoint) endpointDone(ctx context.Context, ex *exchange, resp *http.Response, err error) {
-	pk := ex.picked
-	if pk == nil {
-		return
-	}
-	ex.picked = nil
+// Done ends the attempt pk made for a request of route: its outcome (resp
+// or err) feeds outlier detection, and it no longer counts as active. With
+// neither (the attempt never went upstream) it only stops counting.
+func (rt *Router) Done(ctx context.Context, pk *Picked, route string, resp *http.Response, err error) {
 	pk.st.active.Add(-1)
 	if pk.outlier == nil || resp == nil && err == nil {
 		return
 	}
-	if d := pk.outlier.record(pk.pool, pk.st, classify(ctx, resp, err), w.now()); d > 0 {
-		w.log.Info("outlier detection ejected an endpoint", zap.String("workload", pk.uid),
-			zap.String("route", ex.route), zap.Duration("for", d))
+	if d := pk.outlier.record(pk.pool, pk.st, classify(ctx, resp, err), rt.now()); d > 0 {
+		rt.log.Info("outlier detection ejected an endpoint", zap.String("workload", pk.uid),
+			zap.String("route", route), zap.Duration("for", d))
 	}
 }

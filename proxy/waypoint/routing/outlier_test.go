@@ -1,15 +1,13 @@
-package waypoint
+package routing
 
 import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
 
 // TestOutlierRecord: consecutive 5xx eject at the threshold (a success in
@@ -61,38 +59,5 @@ func TestOutlierRecord(t *testing.T) {
 	}
 	if got := classify(ctx, &http.Response{StatusCode: 500}, nil); got != outcome5xx {
 		t.Errorf("500 classified %v", got)
-	}
-}
-
-// TestOutlierEjection: the endpoint that answers 5xx is ejected after
-// consecutive5xxErrors and every later request goes to the other one; once
-// its ejection time is over it is picked again.
-func TestOutlierEjection(t *testing.T) {
-	backend := &waypointapi.Backend{Hostname: proxytest.Hostname("demo", "server"), Namespace: "demo", Weight: 1,
-		TrafficPolicy: &waypointapi.TrafficPolicy{LoadBalancer: waypointapi.LoadBalancer_ROUND_ROBIN,
-			OutlierDetection: &waypointapi.OutlierDetection{ConsecutiveServerErrors: 3, IntervalMs: 100, BaseEjectionTimeMs: 1500, MaxEjectionPercent: 50}}}
-	l := subsetLab(t, &waypointapi.Route{Name: "server", Namespace: "demo", Kind: "DestinationRule",
-		Rules: []*waypointapi.RouteRule{{Backends: []*waypointapi.Backend{backend}}}})
-	c := l.client(clientID, clientIP)
-	l.fail503.Store(1 << 30) // v1 answers 503 from now on
-	codes := map[int]int{}
-	for range 40 {
-		code, _ := get(t, c, "/")
-		codes[code]++
-	}
-	// Round robin: v1's first three requests fail, then it is ejected.
-	if codes[503] != 3 || codes[200] != 37 {
-		t.Fatalf("answers %v, want 3×503 (until ejection) and 37×200 from v2", codes)
-	}
-	l.fail503.Store(0)
-	time.Sleep(1600 * time.Millisecond)
-	before := l.hits[0].Load()
-	for range 10 {
-		if code, body := get(t, c, "/"); code != 200 || !strings.HasPrefix(body, "v") {
-			t.Fatalf("after the ejection: %d %q", code, body)
-		}
-	}
-	if l.hits[0].Load() == before {
-		t.Error("v1 was not picked again after its ejection time")
 	}
 }

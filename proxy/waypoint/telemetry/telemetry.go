@@ -1,7 +1,11 @@
-package waypoint
+// Package telemetry is the waypoint's stats filter, the last step of every
+// request and TCP stream whatever step answered it: Istio's istio_* metrics
+// (reporter="waypoint"), ours for the dashboards, and one access-log line.
+package telemetry
 
 import (
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -9,6 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
 // Istio's request metrics, reporter="waypoint". Every label value comes from
@@ -125,16 +132,58 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// record is the stats step: one metric sample and one access-log line per
+// Recorder is the stats step of one waypoint: its metrics and its access
+// log.
+type Recorder struct {
+	m      *metrics
+	access *zap.Logger
+}
+
+// New registers the metrics with reg (nil: not registered) and writes the
+// access log to access.
+func New(reg prometheus.Registerer, access *zap.Logger) (*Recorder, error) {
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Recorder{m: m, access: access}, nil
+}
+
+// Entry is what the stats step reads of one request (one TCP stream): what
+// the earlier steps filled in, and the outcome.
+type Entry struct {
+	Src, Dst    netip.AddrPort
+	Peer        identity.Identity
+	SrcWorkload string
+	// ServiceName and ServiceNamespace name the bound service addressed
+	// ("": a workload was).
+	ServiceName, ServiceNamespace string
+	Attrs                         *stream.Attrs
+	// H2 and Req tell gRPC (HTTP/2 with a gRPC content type) from HTTP.
+	H2                                      bool
+	Req                                     *http.Request
+	Verdict                                 *stream.Verdict
+	Route, Upstream, Mirror                 string
+	DstWorkload, DstNamespace, DstPrincipal string
+	Err                                     error
+	// Code is the status answered; Flags Envoy's response flags ("": none).
+	Code     int
+	Flags    string
+	Duration time.Duration
+	Sizes    Sizes
+}
+
+// Record is the stats step: one metric sample and one access-log line per
 // request (per connection for TCP).
-func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration, sizes byteSizes) {
+func (rec *Recorder) Record(ex *Entry) {
+	code, flags, d, sizes := ex.Code, ex.Flags, ex.Duration, ex.Sizes
 	proto := "http"
 	switch {
-	case !ex.attrs.HTTP:
+	case !ex.Attrs.HTTP:
 		proto = "tcp"
-	case ex.h2:
+	case ex.H2:
 		proto = "grpc"
-		if ex.req == nil || ex.req.Header.Get("content-type") == "" || !isGRPC(ex.req.Header.Get("content-type")) {
+		if ex.Req == nil || ex.Req.Header.Get("content-type") == "" || !IsGRPC(ex.Req.Header.Get("content-type")) {
 			proto = "http"
 		}
 	}
@@ -142,73 +191,74 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 		flags = "-"
 	}
 	svcName, svcNs := "unknown", "unknown"
-	if ex.svc != nil {
-		svcName, svcNs = ex.svc.name, ex.svc.namespace
+	if ex.ServiceName != "" || ex.ServiceNamespace != "" {
+		svcName, svcNs = ex.ServiceName, ex.ServiceNamespace
 	}
 	lv := []string{
-		"waypoint", orUnknown(ex.srcWorkload), orUnknown(ex.peer.Namespace), orUnknown(ex.attrs.Principal),
-		orUnknown(ex.attrs.Service), svcName, svcNs,
-		orUnknown(ex.dstWorkload), orUnknown(ex.dstNamespace), orUnknown(ex.dstPrincipal),
+		"waypoint", orUnknown(ex.SrcWorkload), orUnknown(ex.Peer.Namespace), orUnknown(ex.Attrs.Principal),
+		orUnknown(ex.Attrs.Service), svcName, svcNs,
+		orUnknown(ex.DstWorkload), orUnknown(ex.DstNamespace), orUnknown(ex.DstPrincipal),
 		proto, strconv.Itoa(code), flags, "mutual_tls",
 	}
-	if ex.attrs.HTTP {
-		route := ex.route
+	m := rec.m
+	if ex.Attrs.HTTP {
+		route := ex.Route
 		if route == "" {
 			route = "-"
 		}
 		ms := float64(d.Microseconds()) / 1000
-		hs := w.metrics.httpSeriesFor(lv, route)
+		hs := m.httpSeriesFor(lv, route)
 		hs.requests.Inc()
 		hs.duration.Observe(ms)
-		hs.reqBytes.Observe(float64(sizes.request))
-		hs.respBytes.Observe(float64(sizes.response))
+		hs.reqBytes.Observe(float64(sizes.Request))
+		hs.respBytes.Observe(float64(sizes.Response))
 		hs.routeRequests.Inc()
 		hs.routeDuration.Observe(ms)
 	} else {
-		w.metrics.tcpOpen.WithLabelValues(lv...).Inc()
+		m.tcpOpen.WithLabelValues(lv...).Inc()
 	}
 	// A 403 that authorization decided (not "NR", a destination not bound
 	// here).
-	if code == http.StatusForbidden && flags != "NR" && !ex.verdict.Allow {
-		policy := ex.verdict.Policy
+	if code == http.StatusForbidden && flags != "NR" && !ex.Verdict.Allow {
+		policy := ex.Verdict.Policy
 		if policy == "" {
 			policy = "-"
 		}
-		w.metrics.denials.WithLabelValues(policy).Inc()
+		m.denials.WithLabelValues(policy).Inc()
 	}
 	// Room for every field below: one allocation, no regrowth.
 	fields := append(make([]zap.Field, 0, 24),
-		zap.String("src.addr", ex.src.String()), zap.String("src.identity", ex.peer.String()),
-		zap.String("src.workload", ex.srcWorkload),
-		zap.String("dst.addr", ex.dst.String()), zap.String("dst.service", ex.attrs.Service),
-		zap.String("dst.workload", ex.dstWorkload), zap.String("upstream", ex.upstream),
+		zap.String("src.addr", ex.Src.String()), zap.String("src.identity", ex.Peer.String()),
+		zap.String("src.workload", ex.SrcWorkload),
+		zap.String("dst.addr", ex.Dst.String()), zap.String("dst.service", ex.Attrs.Service),
+		zap.String("dst.workload", ex.DstWorkload), zap.String("upstream", ex.Upstream),
 		zap.String("protocol", proto), zap.Int("code", code), zap.String("flags", flags),
 		zap.Duration("duration", d),
 	)
-	if ex.attrs.HTTP {
-		fields = append(fields, zap.String("method", ex.attrs.Method), zap.String("path", ex.attrs.Path),
-			zap.String("host", ex.attrs.Host), zap.String("route", ex.route),
-			zap.Int64("bytes.request", sizes.request), zap.Int64("bytes.response", sizes.response))
+	if ex.Attrs.HTTP {
+		fields = append(fields, zap.String("method", ex.Attrs.Method), zap.String("path", ex.Attrs.Path),
+			zap.String("host", ex.Attrs.Host), zap.String("route", ex.Route),
+			zap.Int64("bytes.request", sizes.Request), zap.Int64("bytes.response", sizes.Response))
 	}
-	if ex.verdict.Policy != "" || !ex.verdict.Allow {
-		fields = append(fields, zap.String("authz.policy", ex.verdict.Policy), zap.Bool("authz.allow", ex.verdict.Allow))
+	if ex.Verdict.Policy != "" || !ex.Verdict.Allow {
+		fields = append(fields, zap.String("authz.policy", ex.Verdict.Policy), zap.Bool("authz.allow", ex.Verdict.Allow))
 	}
-	if ex.attrs.Auth != nil {
-		fields = append(fields, zap.String("request.principal", ex.attrs.Auth.Principal))
+	if ex.Attrs.Auth != nil {
+		fields = append(fields, zap.String("request.principal", ex.Attrs.Auth.Principal))
 	}
-	if ex.mirror != "" {
-		fields = append(fields, zap.String("mirror", ex.mirror))
+	if ex.Mirror != "" {
+		fields = append(fields, zap.String("mirror", ex.Mirror))
 	}
-	if ex.verdict.Reason != "" {
-		fields = append(fields, zap.String("authz.reason", ex.verdict.Reason))
+	if ex.Verdict.Reason != "" {
+		fields = append(fields, zap.String("authz.reason", ex.Verdict.Reason))
 	}
-	if len(ex.verdict.DryRun) > 0 {
-		fields = append(fields, zap.Strings("authz.dry_run", ex.verdict.DryRun))
+	if len(ex.Verdict.DryRun) > 0 {
+		fields = append(fields, zap.Strings("authz.dry_run", ex.Verdict.DryRun))
 	}
-	if ex.err != nil {
-		fields = append(fields, zap.Error(ex.err))
+	if ex.Err != nil {
+		fields = append(fields, zap.Error(ex.Err))
 	}
-	w.access.Info("request", fields...)
+	rec.access.Info("request", fields...)
 }
 
 func orUnknown(s string) string {
@@ -218,15 +268,16 @@ func orUnknown(s string) string {
 	return s
 }
 
-func isGRPC(ct string) bool { return len(ct) >= 16 && ct[:16] == "application/grpc" }
+// IsGRPC reports whether a content type is gRPC's.
+func IsGRPC(ct string) bool { return len(ct) >= 16 && ct[:16] == "application/grpc" }
 
-// byteSizes are one request's and its response's sizes for the byte
+// Sizes are one request's and its response's sizes for the byte
 // histograms (zero for TCP).
-type byteSizes struct{ request, response int64 }
+type Sizes struct{ Request, Response int64 }
 
-// headerBytes is the size of a header block written as HTTP/1.1 text:
+// HeaderBytes is the size of a header block written as HTTP/1.1 text:
 // "Name: value\r\n" per value and the blank line that ends it.
-func headerBytes(h http.Header) int64 {
+func HeaderBytes(h http.Header) int64 {
 	n := int64(2)
 	for k, vs := range h {
 		for _, v := range vs {

@@ -1,0 +1,244 @@
+package waypoint
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/upstream"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
+)
+
+// The filter chain on the HTTP/1.1 fast path: package h1 reads each
+// request of a tunnel and hands it here, which runs the same steps as
+// serveHTTP (filters, fault, mirrors, the proxy with the route's retries
+// and timeouts, stats) without net/http's server, ReverseProxy or
+// Transport, and sends it upstream on the connections package upstream
+// keeps.
+
+// fastConn is one downstream connection's state on the fast path.
+type fastConn struct {
+	w    *Waypoint
+	meta *tunnelMeta
+	held *upstream.Held // upstream connections kept between this connection's requests
+	xff  string         // X-Forwarded-For and Forwarded, once per tunnel
+	fwd  string
+}
+
+// serveH1 serves the tunnel's requests on the fast path until it closes
+// (true) or a request needs the net/http path (false: tc.pre holds the
+// bytes read and not yet served, for the HTTP server to read first).
+func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
+	fc := &fastConn{w: w, meta: tc.meta, held: upstream.NewHeld(&w.upstreams, w.dialFast)}
+	defer fc.held.Close()
+	closed, pre := w.fast.Serve(tc, fc.serveRequest)
+	if !closed {
+		tc.pre = pre
+		w.fallbacks.Add(1)
+	}
+	return closed
+}
+
+// dialFast opens the fast path's upstream connections.
+func (w *Waypoint) dialFast(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
+	if w.upstreamDial != nil {
+		return w.upstreamDial(ctx, target, forwarded)
+	}
+	return w.dial(ctx, target, forwarded)
+}
+
+// serveRequest serves r, whose head c read (headLen bytes); false: close
+// the connection after it.
+func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep bool) {
+	w := fc.w
+	start := time.Now()
+	meta := fc.meta
+	ex := &exchange{
+		src: meta.src, dst: meta.dst, peer: meta.peer, baggage: meta.baggage, svc: meta.svc, protocol: meta.protocol,
+		req: r, cfg: w.sink.cfg.Load(), snap: w.sink.Load(),
+	}
+	ex.attrs.HTTP, ex.attrs.Host, ex.attrs.Method, ex.attrs.Path = true, r.Host, r.Method, r.URL.Path
+	defer w.endpointDone(context.Background(), ex, nil, nil) // an endpoint picked but never reached
+	hdr := r.Header
+	ex.attrs.Header = func(name string) (string, bool) {
+		vs := hdr.Values(name)
+		if len(vs) == 0 {
+			return "", false
+		}
+		return vs[0], true
+	}
+	keep = !r.Close
+	var body *countingBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &countingBody{ReadCloser: r.Body}
+		r.Body = body
+	}
+	reqSize := func() int64 {
+		if body == nil {
+			return int64(headLen)
+		}
+		return int64(headLen) + body.n.Load()
+	}
+	local := func(lr *h1.LocalResponse, code int, flags string) bool {
+		n, err := c.WriteLocal(lr, keep)
+		if err != nil {
+			keep = false
+		}
+		w.record(ex, code, flags, time.Since(start), telemetry.Sizes{Request: reqSize(), Response: n})
+		return keep
+	}
+	if err := w.decide(ex); err != nil {
+		lr := h1.NewLocalResponse()
+		code := answerRefusal(lr, r, ex, err)
+		return local(lr, code, flagFor(code))
+	}
+	if ex.rule != nil && ex.rule.HasFault() {
+		lr := h1.NewLocalResponse()
+		if code, flags, done, why := w.router.InjectFault(ex.rule, lr, r); done {
+			ex.err = why
+			if code == 0 {
+				keep = false
+			}
+			return local(lr, code, flags)
+		}
+	}
+	if ex.rule != nil && ex.rule.HasMirrors() {
+		ex.mirror = w.startMirrors(ex, r)
+	}
+
+	// The request upstream: its head, and the body held with it when it
+	// is small (so one write carries both, and a retry can send it again).
+	reqBuf := wire.Bufs.Get()
+	defer func() { wire.Bufs.Put(reqBuf) }()
+	var held []byte
+	var stream io.Reader // what is left of the body to send after the head (nil: nothing)
+	chunked := false
+	switch {
+	case body == nil:
+	case r.GetBody != nil: // held by startMirrors
+		b, _ := r.GetBody()
+		held, _ = io.ReadAll(b)
+	case r.ContentLength > 0 && r.ContentLength <= smallBodyMax, r.ContentLength < 0:
+		hb := wire.Bufs.Get()
+		defer wire.Bufs.Put(hb)
+		limit := smallBodyMax + 1
+		if r.ContentLength > 0 {
+			limit = int(r.ContentLength)
+		}
+		n, err := io.ReadFull(r.Body, hb[:limit])
+		switch {
+		case r.ContentLength > 0 && err == nil, r.ContentLength < 0 && (err == io.ErrUnexpectedEOF || err == io.EOF):
+			held = hb[:n]
+		case r.ContentLength < 0 && err == nil:
+			stream, chunked = io.MultiReader(bytes.NewReader(hb[:n]), r.Body), true
+		default:
+			// A body cut short or with a bad chunk: nothing went upstream.
+			ex.err = fmt.Errorf("reading the request body: %w", err)
+			lr := h1.NewLocalResponse()
+			http.Error(lr, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+			keep = false
+			return local(lr, http.StatusBadRequest, "DPE")
+		}
+	default:
+		stream = r.Body
+	}
+	fc.upstreamHeader(ex, r)
+	out := wire.AppendRequestHead(reqBuf[:0], r, held, stream != nil, chunked)
+	out = append(out, held...)
+
+	replayable := stream == nil
+	attempts := 1
+	if ex.rule != nil && replayable {
+		attempts += ex.rule.Retries()
+	}
+	var deadline time.Time
+	if ex.rule != nil && ex.rule.Timeout() > 0 {
+		deadline = time.Now().Add(ex.rule.Timeout())
+	}
+	var lastErr error
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			// Each retry may go to another endpoint of the backend.
+			if err := w.routeTo(ex); err != nil {
+				lastErr = err
+				break
+			}
+		}
+		dl := deadline
+		if ex.rule != nil && ex.rule.PerTry() > 0 {
+			if pt := time.Now().Add(ex.rule.PerTry()); dl.IsZero() || pt.Before(dl) {
+				dl = pt
+			}
+		}
+		ex2 := fc.held.RoundTrip(ex.target, r, out, stream, chunked, dl)
+		w.endpointDone(context.Background(), ex, ex2.Resp, ex2.Err) // outlier detection
+		if ex2.Err != nil {
+			lastErr = ex2.Err
+			continue
+		}
+		resp := ex2.Resp
+		if i == attempts-1 || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode) {
+			n, reuse, err := c.WriteResponse(r, resp, keep)
+			if !ex2.Wait() {
+				reuse, keep = false, false // the rest of the body is not read: close after this one
+			}
+			if err != nil {
+				ex.err, keep = err, false
+			}
+			fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+			w.record(ex, resp.StatusCode, "", time.Since(start), telemetry.Sizes{Request: reqSize(), Response: n})
+			return keep
+		}
+		// Retried: drain what is small enough to keep the connection.
+		_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		reuse := err == nil && !resp.Close && wire.IsEOF(resp.Body)
+		fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+		lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
+	}
+	code := http.StatusServiceUnavailable
+	if wire.IsTimeout(lastErr) {
+		code = http.StatusGatewayTimeout
+	}
+	ex.err = lastErr
+	lr := h1.NewLocalResponse()
+	http.Error(lr, http.StatusText(code), code)
+	if stream != nil {
+		keep = false // the body may be half sent and half read
+	}
+	return local(lr, code, flagFor(code))
+}
+
+// upstreamHeader makes r's header the upstream request's, in place (the
+// filters have read it): hop-by-hop fields out, the forwarding fields ours
+// (as ReverseProxy's Rewrite with SetXForwarded and the HBONE Forwarded),
+// then the route's header modifiers; framing is wire.AppendRequestHead's.
+func (fc *fastConn) upstreamHeader(ex *exchange, r *http.Request) {
+	h := r.Header
+	wire.RemoveHopByHop(h, true)
+	delete(h, "X-Forwarded-For")
+	delete(h, "X-Forwarded-Host")
+	delete(h, "X-Forwarded-Proto")
+	if fc.xff == "" {
+		// The same for every request of the tunnel (its source, its service).
+		fc.xff, fc.fwd = ex.src.Addr().String(), hbone.BuildForwarded(ex.src, ex.attrs.Service)
+	}
+	vs := &[4]string{fc.xff, r.Host, "http", fc.fwd} // one allocation for the four
+	h["X-Forwarded-For"] = vs[0:1:1]
+	h["X-Forwarded-Host"] = vs[1:2:2]
+	h["X-Forwarded-Proto"] = vs[2:3:3]
+	h["Forwarded"] = vs[3:4:4]
+	if ex.rule != nil {
+		ex.rule.Modify(h)
+	}
+	delete(h, "Content-Length")
+	delete(h, "Transfer-Encoding")
+	delete(h, "Host")
+}

@@ -1,0 +1,139 @@
+// Package routing is the waypoint's router filter: HTTPRoute, GRPCRoute and
+// VirtualService rules (router.go), the DestinationRule subsets and load
+// balancing of their backends (lb.go) with outlier detection (outlier.go),
+// VirtualService fault injection (fault.go) and request mirroring
+// (mirror.go). It picks the endpoint a request goes to; the root package
+// proxy/waypoint opens the connection and sends it.
+package routing
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
+)
+
+// Router routes the requests of one waypoint. Its endpoint state
+// (round-robin positions, outlier counters) outlives config pushes.
+type Router struct {
+	ip    netip.Addr
+	rand  func(n uint64) uint64
+	log   *zap.Logger
+	pools pools
+}
+
+// New returns the router of the waypoint whose pod address is ip (the
+// source its own routing decisions are made for). rnd returns a number in
+// [0, n); log receives ejections and mirror failures.
+func New(ip netip.Addr, rnd func(n uint64) uint64, log *zap.Logger) *Router {
+	return &Router{ip: ip, rand: rnd, log: log}
+}
+
+// Result is where routing sends a request (or TCP stream).
+type Result struct {
+	// Rule is the route rule that matched (nil: none, or no routes).
+	Rule *Rule
+	// Target is the endpoint, or the authority an HBONE tunnel is opened
+	// for; Upstream says how, for the access log.
+	Target   netip.AddrPort
+	Upstream string
+	// Picked is the endpoint a DestinationRule policy chose: Done ends it.
+	Picked *Picked
+	// DstWorkload is the workload routed to (nil: not a known workload);
+	// DstName, DstNamespace and DstPrincipal name it for telemetry.
+	DstWorkload                         *state.Workload
+	DstName, DstNamespace, DstPrincipal string
+}
+
+// Route picks the endpoint for a request to dst: through the service's
+// routes (weighted backends) when table is not nil (HTTP to a bound
+// service with routes), else the addressed service or workload itself.
+// Result.Rule is set as soon as a rule matched, even when routing then
+// fails. An error is a *stream.Refusal.
+func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, req *http.Request) (Result, error) {
+	var res Result
+	host, ns, port := "", "", dst.Port()
+	var pol *backend // a backend with a DestinationRule policy
+	if table != nil {
+		res.Rule = table.pick(req)
+		if res.Rule == nil {
+			return res, &stream.Refusal{Code: http.StatusNotFound, Msg: "no HTTPRoute rule matches"}
+		}
+		b, ok := res.Rule.choose(rt.rand(max(res.Rule.total, 1)))
+		if !ok {
+			return res, &stream.Refusal{Code: http.StatusInternalServerError, Msg: "route rule has no backend with weight"}
+		}
+		host, ns = b.hostname, b.namespace
+		if b.port != 0 {
+			port = b.port
+		}
+		if b.missingSubset != "" {
+			return res, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
+		}
+		if b.policy != nil {
+			pol = &b
+		}
+	}
+	var d route.Decision
+	var err error
+	if pol != nil {
+		d, res.Picked, err = rt.pickEndpoint(snap, pol, port)
+	} else {
+		d, err = rt.resolve(snap, dst, host, ns, port)
+	}
+	if err != nil {
+		return res, err
+	}
+	if d.DstWorkload != nil {
+		res.DstWorkload = d.DstWorkload
+		res.DstName, res.DstNamespace = d.DstWorkload.Name, d.DstWorkload.Namespace
+		if d.DstWorkload.WorkloadName != "" {
+			res.DstName = d.DstWorkload.WorkloadName
+		}
+		res.DstPrincipal = strings.TrimPrefix(d.UpstreamIdentity.String(), "spiffe://")
+	}
+	res.Target = Target(d)
+	res.Upstream = d.Kind.String() + " " + res.Target.String() // not Sprintf: 2.5 % of a request's CPU
+	return res, nil
+}
+
+// resolve picks the endpoint for a backend service (host in namespace ns,
+// at port; host "" means the addressed destination dst itself) with the
+// same routing decision the node proxy makes.
+func (rt *Router) resolve(snap *state.Snapshot, dst netip.AddrPort, host, ns string, port uint16) (route.Decision, error) {
+	addr := dst
+	if host != "" {
+		s := snap.ServiceByNamespacedHostname(ns, host)
+		if s == nil || len(s.VIPs) == 0 {
+			return route.Decision{}, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: "backend " + host + " unknown or headless"}
+		}
+		addr = netip.AddrPortFrom(s.VIPs[0].Prefix.Addr(), port)
+	}
+	self := snap.WorkloadByIP("", rt.ip)
+	d, err := route.OutboundWith(snap, self, addr, func(n int) int { return int(rt.rand(uint64(n))) })
+	if err != nil {
+		return route.Decision{}, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: err.Error()}
+	}
+	if d.Kind == route.Passthrough {
+		return route.Decision{}, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: "destination " + addr.String() + " is not in the mesh"}
+	}
+	return d, nil
+}
+
+// Target is where a decision sends bytes: the endpoint, or for HBONE the
+// authority the tunnel is opened for.
+func Target(d route.Decision) netip.AddrPort {
+	if d.Kind == route.HBONE {
+		return d.Authority
+	}
+	return d.NextHop
+}
+
+// now is the clock of ejections (unix ns).
+func (rt *Router) now() int64 { return time.Now().UnixNano() }
