@@ -34,7 +34,6 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
-	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 )
 
 // ServiceName is the chart's Service in front of the replicas; node proxies
@@ -91,8 +90,8 @@ func (o Options) KubeMode() bool { return o.Kubeconfig != "" || o.InCluster }
 
 // Validate checks what can be checked without files or the network.
 func (o Options) Validate() error {
-	if _, err := pathnorm.ParseMode(o.PathNormalization); err != nil {
-		return fmt.Errorf("--path-normalization: %w", err)
+	if _, ok := waypointapi.PathNormalization_value["PATH_NORMALIZATION_"+o.PathNormalization]; !ok && o.PathNormalization != "" {
+		return fmt.Errorf("--path-normalization: unknown %q (NONE, BASE, MERGE_SLASHES, DECODE_AND_MERGE_SLASHES)", o.PathNormalization)
 	}
 	switch {
 	case o.KubeMode() && o.ConfigDir != "":
@@ -280,8 +279,8 @@ func localWiring(o Options, log *zap.Logger, cfg *controlplane.Config) error {
 	return nil
 }
 
-// pathNormalization converts a validated --path-normalization value.
+// pathNormalization converts a validated --path-normalization value ("":
+// the default, BASE).
 func pathNormalization(s string) waypointapi.PathNormalization {
-	m, _ := pathnorm.ParseMode(s)
-	return waypointapi.PathNormalization(m)
+	return waypointapi.PathNormalization(waypointapi.PathNormalization_value["PATH_NORMALIZATION_"+s])
 }
