@@ -57,7 +57,7 @@ spec:
 		}
 	}
 	want := map[string]map[uint32]workloadapi.AppProtocol{
-		"s":               {5432: workloadapi.AppProtocol_TCP, 443: workloadapi.AppProtocol_TLS, 8443: workloadapi.AppProtocol_TLS, 80: workloadapi.AppProtocol_HTTP11, 81: workloadapi.AppProtocol_UNKNOWN},
+		"s":   {5432: workloadapi.AppProtocol_TCP, 443: workloadapi.AppProtocol_TLS, 8443: workloadapi.AppProtocol_TLS, 80: workloadapi.AppProtocol_HTTP11, 81: workloadapi.AppProtocol_UNKNOWN},
 		"ext": {443: workloadapi.AppProtocol_TLS, 9000: workloadapi.AppProtocol_TCP},
 	}
 	for svc, ports := range want {
