@@ -118,39 +118,77 @@ type Baggage struct {
 // maxBaggageLen bounds what ParseBaggage reads (W3C's limit is 8192 bytes).
 const maxBaggageLen = 8192
 
-// String renders b as a baggage header value.
+// String renders b as a baggage header value. Members that would take it
+// past the maxBaggageLen bytes ParseBaggage reads are left out (see fit).
 func (b Baggage) String() string {
 	var sb strings.Builder
-	add := func(k, v string) {
-		if v == "" {
-			return
-		}
+	b = b.fit()
+	b.members(func(k string, v *string) {
 		if sb.Len() > 0 {
 			sb.WriteByte(',')
 		}
 		sb.WriteString(k)
 		sb.WriteByte('=')
-		writeBaggageValue(&sb, v)
-	}
-	add("k8s.cluster.name", b.ClusterName)
-	add("k8s.namespace.name", b.Namespace)
-	if b.WorkloadType != "" && validBaggageKeyPart(b.WorkloadType) {
-		add("k8s."+b.WorkloadType+".name", b.WorkloadName)
-	}
-	add("service.name", b.ServiceName)
-	add("service.version", b.ServiceVersion)
-	add("cloud.region", b.Region)
-	add("cloud.availability_zone", b.Zone)
+		writeBaggageValue(&sb, *v)
+	})
 	return sb.String()
+}
+
+// members calls fn for each member String renders, in render order, with a
+// pointer to its value so fit can clear it.
+func (b *Baggage) members(fn func(k string, v *string)) {
+	add := func(k string, v *string) {
+		if *v != "" {
+			fn(k, v)
+		}
+	}
+	add("k8s.cluster.name", &b.ClusterName)
+	add("k8s.namespace.name", &b.Namespace)
+	if b.WorkloadType != "" && validBaggageKeyPart(b.WorkloadType) {
+		add("k8s."+b.WorkloadType+".name", &b.WorkloadName)
+	}
+	add("service.name", &b.ServiceName)
+	add("service.version", &b.ServiceVersion)
+	add("cloud.region", &b.Region)
+	add("cloud.availability_zone", &b.Zone)
+}
+
+// fit drops, in render order, each member whose escaped form would take the
+// rendering past maxBaggageLen. A member is dropped whole because a cut value
+// would name another workload. String and ParseBaggage both apply it, so
+// whatever ParseBaggage returns renders in full and parses back the same.
+func (b Baggage) fit() Baggage {
+	n := 0
+	b.members(func(k string, v *string) {
+		l := len(k) + 1 + escapedBaggageLen(*v)
+		if n > 0 {
+			l++ // the comma
+		}
+		if n+l > maxBaggageLen {
+			*v = ""
+			return
+		}
+		n += l
+	})
+	if b.WorkloadName == "" {
+		b.WorkloadType = ""
+	}
+	return b
 }
 
 // ParseBaggage reads the keys Istio uses from a baggage header value. It is
 // lenient the way telemetry must be: unknown keys, properties (";...") and
-// malformed members are skipped, values are percent-decoded, and input
-// beyond 8 KiB is ignored.
+// malformed members are skipped, and values are percent-decoded. Input
+// beyond 8 KiB is ignored, including the member it cuts, and members that
+// String could not render within 8 KiB are dropped (see fit).
 func ParseBaggage(s string) Baggage {
 	if len(s) > maxBaggageLen {
 		s = s[:maxBaggageLen]
+		if i := strings.LastIndexByte(s, ','); i >= 0 {
+			s = s[:i]
+		} else {
+			s = ""
+		}
 	}
 	var b Baggage
 	for len(s) > 0 {
@@ -186,7 +224,7 @@ func ParseBaggage(s string) Baggage {
 			}
 		}
 	}
-	return b
+	return b.fit()
 }
 
 func validBaggageKeyPart(s string) bool {
@@ -206,6 +244,17 @@ func validBaggageKeyPart(s string) bool {
 func baggageOctet(c byte) bool {
 	return c == 0x21 || c >= 0x23 && c <= 0x2B || c >= 0x2D && c <= 0x3A ||
 		c >= 0x3C && c <= 0x5B || c >= 0x5D && c <= 0x7E
+}
+
+// escapedBaggageLen is the length writeBaggageValue gives v.
+func escapedBaggageLen(v string) int {
+	n := len(v)
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; !baggageOctet(c) || c == '%' {
+			n += 2
+		}
+	}
+	return n
 }
 
 func writeBaggageValue(sb *strings.Builder, v string) {

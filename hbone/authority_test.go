@@ -102,11 +102,42 @@ func TestBaggage(t *testing.T) {
 	}
 }
 
+// TestBaggageLongValue: String never renders more than ParseBaggage reads.
+// A member that would not fit is dropped whole, in render order, so a long
+// escaped value neither comes back cut nor pushes the members after it out.
+func TestBaggageLongValue(t *testing.T) {
+	long := strings.Repeat("a b", 2000) // 6000 bytes, 10000 escaped
+	b := Baggage{Namespace: "ns", ServiceName: long, ServiceVersion: "v1"}
+	s := b.String()
+	if len(s) > maxBaggageLen {
+		t.Errorf("String() is %d bytes, more than the %d ParseBaggage reads", len(s), maxBaggageLen)
+	}
+	if want := "k8s.namespace.name=ns,service.version=v1"; s != want {
+		t.Errorf("String() = %.80q, want %q", s, want)
+	}
+	// What parses renders in full, so it round-trips.
+	for _, in := range []string{
+		"service.name=" + long,
+		"k8s.namespace.name=ns,service.name=" + strings.Repeat("%41", 2800),
+		"k8s.namespace.name=ns,service.name=" + strings.Repeat("x", 9000),
+	} {
+		got := ParseBaggage(in)
+		if again := ParseBaggage(got.String()); again != got {
+			t.Errorf("round trip of %.60q: %.60q became %.60q", in, got.ServiceName, again.ServiceName)
+		}
+	}
+	// A member cut by the 8 KiB limit is not read as a shorter value.
+	if got := ParseBaggage("k8s.namespace.name=ns,service.name=" + strings.Repeat("x", 9000)); got != (Baggage{Namespace: "ns"}) {
+		t.Errorf("cut member parsed to %.60q", got.ServiceName)
+	}
+}
+
 func FuzzBaggage(f *testing.F) {
 	f.Add("k8s.cluster.name=c,k8s.namespace.name=ns,k8s.deployment.name=d,service.name=s,service.version=v")
 	f.Add("service.name=a%2Cb;p=1, k8s.pod.name = x")
 	f.Add(",,,=,%,%%,%zz,k8s..name=v")
 	f.Add(strings.Repeat("service.name=x,", 1000))
+	f.Add("k8s.namespace.name=ns,service.name=" + strings.Repeat("a b", 2000))
 	f.Fuzz(func(t *testing.T, s string) {
 		b := ParseBaggage(s)
 		// Whatever we parse we can render and parse back to the same thing,

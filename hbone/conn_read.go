@@ -675,20 +675,17 @@ func (c *conn) readGoAway(length uint32, sid uint32) error {
 	if sid != 0 || length < 8 {
 		return protoErr("bad GOAWAY")
 	}
-	if length > 8+1024 {
-		// Keep the first KiB of debug data, skip the rest.
-		p, err := c.payload(8 + 1024)
-		if err != nil {
-			return err
-		}
-		if _, err := io.CopyN(io.Discard, c.nc, int64(length)-8-1024); err != nil {
-			return err
-		}
-		length = uint32(len(p))
-	}
-	p, err := c.payload(length)
+	// Keep the first KiB of debug data and skip the rest, so a peer cannot
+	// make the scratch buffer grow to its frame size with a GOAWAY.
+	const maxDebug = 1024
+	p, err := c.payload(min(length, 8+maxDebug))
 	if err != nil {
 		return err
+	}
+	if length > 8+maxDebug {
+		if _, err := io.CopyN(io.Discard, c.nc, int64(length)-8-maxDebug); err != nil {
+			return err
+		}
 	}
 	last := binary.BigEndian.Uint32(p) & maxStreamID
 	code := http2.ErrCode(binary.BigEndian.Uint32(p[4:]))

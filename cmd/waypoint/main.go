@@ -29,6 +29,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
@@ -96,10 +97,14 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	if err != nil {
 		return err
 	}
-	wctx, wcancel := context.WithCancel(context.Background())
-	wdone := make(chan struct{})
-	go func() { defer close(wdone); up.watch(wctx, 0) }()
-	defer func() { wcancel(); <-wdone }()
+	// Every goroutine of the waypoint is a task of g, stopped in the reverse
+	// order of its start: the HBONE listener drains first, while xDS,
+	// certificates and the admin servers still serve it.
+	g := daemon.NewGroup(ctx, log)
+	defer func() { g.Stop(); _ = g.Wait() }() // an early error return stops the tasks started so far
+	retries := backoff.NewSet(log)
+	g.Readiness().ShowRetries(retries)
+	g.Go("root certificate watcher", func(ctx context.Context) error { up.watch(ctx, 0); return nil })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -118,10 +123,7 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 		return err
 	}
 	if revocation != nil {
-		rctx, rcancel := context.WithCancel(context.Background())
-		rdone := make(chan struct{})
-		go func() { defer close(rdone); _ = revocation.Run(rctx) }()
-		defer func() { rcancel(); <-rdone }()
+		g.Go("crl", revocation.Run)
 	}
 	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: certs, Revocation: revocationOf(revocation)}})
 	if err != nil {
@@ -139,32 +141,20 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	xcfg.Node = xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()},
 		Metadata: map[string]string{"ISTIO_VERSION": daemon.Version()}} // zctl status shows it
 	xcfg.Sink, xcfg.Waypoint, xcfg.Log, xcfg.Registerer = w.Sink(), o.Gateway, log.Named("xds"), reg
+	xcfg.Retry = func(p backoff.Policy) *backoff.Retry { return retries.New("xds", p) }
 	xc, err := xds.NewClient(xcfg)
 	if err != nil {
 		return err
 	}
-	xctx, xcancel := context.WithCancel(context.Background())
-	xdone := make(chan struct{})
-	go func() { defer close(xdone); _ = xc.Run(xctx) }()
-	defer func() { xcancel(); <-xdone }()
-
+	g.Go("xds", xc.Run, daemon.ReadyWhen(daemon.Closed(xc.Synced())))
 	certReady := make(chan struct{})
-	go func() {
-		for ctx.Err() == nil {
-			fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			_, err := certs.Fetch(fctx, id)
-			cancel()
-			if err == nil {
-				close(certReady)
-				return
-			}
-			log.Warn("waypoint certificate not available yet", zap.Stringer("identity", id), zap.Error(err))
+	certRetry := retries.New("certificate", backoff.Policy{})
+	g.Go("certificate", func(ctx context.Context) error {
+		if waitCertificate(ctx, certs, id, certRetry) {
+			close(certReady)
 		}
-	}()
-	ready := daemon.NewReadiness(
-		daemon.Task{Name: "xds", Ready: daemon.Closed(xc.Synced())},
-		daemon.Task{Name: "certificate", Ready: daemon.Closed(certReady)},
-	)
+		return nil
+	}, daemon.Once(), daemon.ReadyWhen(daemon.Closed(certReady)))
 	admin := http.NewServeMux()
 	daemon.DebugHandlers(admin, level)
 	admin.HandleFunc("/config_dump", func(rw http.ResponseWriter, _ *http.Request) {
@@ -175,6 +165,12 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 		}
 		_, _ = rw.Write(b)
 	})
+	// The retry loops' state: the xDS dump above is the control plane's
+	// config as received, so this is its own page.
+	admin.HandleFunc("/retries", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(retries.Status())
+	})
 	if revocation != nil {
 		admin.HandleFunc("/crl", func(rw http.ResponseWriter, _ *http.Request) {
 			rw.Header().Set("Content-Type", "application/json")
@@ -183,38 +179,51 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	}
 	servers, err := daemon.Listen(log,
 		daemon.Spec{Name: "metrics", Addr: o.MetricsAddr, Exposure: daemon.Public, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
-		daemon.Spec{Name: "readiness", Addr: o.ReadinessAddr, Exposure: daemon.Public, Handler: ready},
+		daemon.Spec{Name: "readiness", Addr: o.ReadinessAddr, Exposure: daemon.Public, Handler: g.Readiness()},
 		daemon.Spec{Name: "admin", Addr: o.AdminAddr, Handler: admin},
 	)
 	if err != nil {
 		return err
 	}
-	sctx, scancel := context.WithCancel(context.Background())
-	sdone := make(chan error, 1)
-	go func() { sdone <- servers.Serve(sctx) }()
-	defer func() { scancel(); <-sdone }()
+	g.Go("http servers", servers.Serve)
 
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.Listen, err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- w.Serve(ln) }()
+	g.Go("hbone", func(context.Context) error {
+		if err := w.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, hbone.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}, daemon.OnStop(func() {
+		log.Info("draining", zap.Duration("drain_duration", o.DrainDuration))
+		dctx, dcancel := context.WithTimeout(context.Background(), o.DrainDuration)
+		defer dcancel()
+		if err := w.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			log.Warn("drain ended with an error", zap.Error(err))
+		}
+	}))
 	log.Info("waypoint serving", zap.String("gateway", o.Gateway), zap.Stringer("identity", id),
 		zap.String("listen", ln.Addr().String()), zap.String("name", gw))
+	return g.Wait()
+}
 
-	select {
-	case <-ctx.Done():
-	case err := <-served:
-		if err != nil && !errors.Is(err, net.ErrClosed) {
-			return fmt.Errorf("hbone: %w", err)
+// waitCertificate fetches id's certificate until it has one, and reports
+// whether it got it before ctx ended. While the CA refuses, certs fails at
+// once (its manager retries on its own schedule), so each failure waits out
+// retry's backoff, which logs once per backoff step, not once per attempt.
+func waitCertificate(ctx context.Context, certs identity.CertSource, id identity.Identity, retry *backoff.Retry) bool {
+	for {
+		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := certs.Fetch(fctx, id)
+		cancel()
+		if err == nil {
+			retry.Succeeded()
+			return true
+		}
+		if ctx.Err() != nil || retry.Wait(ctx, err) != nil {
+			return false
 		}
 	}
-	log.Info("draining", zap.Duration("drain_duration", o.DrainDuration))
-	dctx, dcancel := context.WithTimeout(context.Background(), o.DrainDuration)
-	defer dcancel()
-	if err := w.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		log.Warn("drain ended with an error", zap.Error(err))
-	}
-	return nil
 }

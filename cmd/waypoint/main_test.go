@@ -1,8 +1,17 @@
 package main
 
 import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -25,5 +34,61 @@ func TestParseFlags(t *testing.T) {
 		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error naming %s", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestCertificateWaitWhileCADown: while the CA refuses, the waypoint logs
+// about its certificate once per backoff step, not once per attempt. It
+// used to retry in a tight loop, half a million warnings a second.
+func TestCertificateWaitWhileCADown(t *testing.T) {
+	dir := t.TempDir()
+	rootPath := filepath.Join(dir, "root.pem")
+	root, _ := newRoot(t)
+	if err := os.WriteFile(rootPath, root, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := dead.Addr().String()
+	dead.Close() // nothing listens there: the CA and xDS are down
+	o, err := parseFlags([]string{"--gateway", "demo/wp", "--ip", "127.0.0.1", "--node-name", "n1",
+		"--xds-address", addr, "--root-cert", rootPath, "--token", "t", "--listen", "127.0.0.1:0",
+		"--metrics-addr", "", "--readiness-addr", "", "--admin-addr", "", "--drain-duration", "100ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	log := zap.New(core)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		lc, _ := o.log.Config()
+		done <- run(ctx, o, lc, log, zap.NewAtomicLevel())
+	}()
+	const window = 2 * time.Second
+	time.Sleep(window)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	var lines []string
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "certificate") {
+			lines = append(lines, e.Message)
+		}
+	}
+	t.Logf("%d certificate log lines in %v: %q", len(lines), window, lines)
+	// The default backoff (100 ms doubling) has five steps in 2 s; the
+	// certificate manager adds the first failure's line.
+	if len(lines) < 2 || len(lines) > 8 {
+		t.Fatalf("%d certificate log lines in %v with the CA down, want one per backoff step (2..8):\n%s",
+			len(lines), window, strings.Join(lines[:min(len(lines), 20)], "\n"))
 	}
 }

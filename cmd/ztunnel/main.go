@@ -21,13 +21,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/dnsproxy"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
@@ -100,48 +100,40 @@ func localConfigRemoved(dir string) error {
 		"CA_ROOT_CA=STATE/root-cert.pem and AUTH_TOKEN=<file holding this node's token>", removedLocalConfig, dir)
 }
 
+// dumpKeyRetries is the config dump's section listing every retry loop's
+// state (backoff.Status), failing or not.
+const dumpKeyRetries = "retries"
+
 // run serves until ctx is done (SIGTERM) or /quitquitquit, then drains the
 // pods' listeners and stops.
 func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.AtomicLevel) error {
 	log.Info("starting ztunnel-go", zap.String("version", daemon.Version()), zap.Any("config", cfg))
 	reg := admin.NewRegistry()
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	// svcCtx keeps xDS, certificates and the admin servers alive while the
-	// pods' connections drain.
-	svcCtx, stopServices := context.WithCancel(context.Background())
-	var (
-		wg        sync.WaitGroup
-		fatalOnce sync.Once
-		fatal     error
-	)
-	goRun := func(name string, f func(context.Context) error, ctx context.Context) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(ctx); err != nil { // a dead control-plane link or admin server is fatal
-				fatalOnce.Do(func() { fatal = fmt.Errorf("%s: %w", name, err) })
-				stop()
-			}
-		}()
-	}
-	defer func() { stopServices(); wg.Wait() }()
+	// Every goroutine is a task of g, stopped in the reverse order of its
+	// start: the node agent's link and the pods' listeners first, while
+	// xDS, certificates and the admin servers still serve the draining
+	// connections. The first task error stops the rest.
+	g := daemon.NewGroup(ctx, log)
+	defer func() { g.Stop(); _ = g.Wait() }() // an early error return stops the tasks started so far
+	retries := backoff.NewSet(log)
+	g.Readiness().ShowRetries(retries)
 
 	up, err := remoteUpstream(cfg, log.Named("roots"))
 	if err != nil {
 		return err
 	}
 	if up.watch != nil {
-		goRun("root certificate watcher", up.watch, svcCtx)
+		g.Go("root certificate watcher", up.watch)
 	}
 	store := state.NewStore()
 	xcfg := up.xdsConfig(cfg, store)
 	xcfg.Log, xcfg.Registerer = log.Named("xds"), reg
+	xcfg.Retry = func(p backoff.Policy) *backoff.Retry { return retries.New("xds", p) }
 	xc, err := xds.NewClient(xcfg)
 	if err != nil {
 		return err
 	}
-	goRun("xds client", xc.Run, svcCtx)
+	g.Go(admin.TaskStateManager, xc.Run, daemon.ReadyWhen(daemon.Closed(xc.Synced())))
 	req, err := certmanager.NewGRPCRequester(up.caConfig(cfg))
 	if err != nil {
 		return err
@@ -152,25 +144,25 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		return err
 	}
 	defer certs.Close()
-	goRun("certificate watcher", func(ctx context.Context) error {
+	g.Go("certificate watcher", func(ctx context.Context) error {
 		watchWanted(ctx, store, cfg.NodeName, certs.SetWanted)
 		return nil
-	}, svcCtx)
+	})
 	rev, err := newRevocation(cfg, log.Named("crl"), reg) // CRL_PATH; nil when unset
 	if err != nil {
 		return err
 	}
 	if rev != nil {
-		goRun("CRL watcher", rev.Run, svcCtx)
+		g.Go("CRL watcher", rev.Run)
 	}
 
 	// Pool nil: every pod gets its own HBONE pool dialling from inside its
 	// network namespace (proxy.Deps).
 	metrics := proxy.NewMetrics(reg)
-	goRun("metrics of deleted workloads", func(ctx context.Context) error {
+	g.Go("metrics of deleted workloads", func(ctx context.Context) error {
 		metrics.DropDeletedWorkloads(ctx, store, cfg.MetricsGrace, log.Named("metrics"))
 		return nil
-	}, svcCtx)
+	})
 	factory := &inpod.ProxyFactory{Proxy: &proxy.Deps{
 		Store: store, Certs: certs, Metrics: metrics, Log: log.Named("proxy"), Config: cfg,
 		Revocation: revocationOf(rev),
@@ -191,7 +183,8 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	if err != nil {
 		return err
 	}
-	zdsClient, err := zds.NewClient(zds.ClientConfig{Path: cfg.InpodUDS, Handler: mgr, Log: log.Named("zds")})
+	zdsClient, err := zds.NewClient(zds.ClientConfig{Path: cfg.InpodUDS, Handler: mgr, Log: log.Named("zds"),
+		Retry: func(p backoff.Policy) *backoff.Retry { return retries.New("zds", p) }})
 	if err != nil {
 		return err
 	}
@@ -206,31 +199,34 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	adm, err := admin.Listen(admin.Config{
 		AdminAddr: cfg.AdminAddr, StatsAddr: cfg.StatsAddr, ReadinessAddr: cfg.ReadinessAddr, StatsTLS: statsTLS,
 	}, admin.Deps{
-		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: stop,
+		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: g.Stop,
 		Connections: func() any { return factory.Proxy.Metrics.Connections() }, // GET /connections (zctl connections)
 		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
-			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }, dumpKeyCRL: crlDump(rev)}},
-		Readiness: daemon.NewReadiness(daemon.Task{Name: admin.TaskStateManager, Ready: daemon.Closed(xc.Synced())},
-			daemon.Task{Name: admin.TaskWorkloadProxyManager, Ready: daemon.Closed(mgr.Ready())}),
+			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }, dumpKeyCRL: crlDump(rev),
+				dumpKeyRetries: func() any { return retries.Status() }}},
+		Readiness: g.Readiness(),
 	})
 	if err != nil {
 		return err
 	}
-	goRun("admin servers", adm.Serve, svcCtx)
-	goRun("pending pod retries", mgr.Run, ctx)
-
+	g.Go("admin servers", adm.Serve)
+	// The pods' listeners drain when the group reaches this task, after
+	// the node agent's link and the pending pod retries have stopped.
+	g.Go("pod listeners", func(ctx context.Context) error { <-ctx.Done(); return nil }, daemon.OnStop(func() {
+		log.Info("shutting down: draining pod listeners", zap.Duration("deadline", cfg.DrainDeadline))
+		mgr.Shutdown(context.Background()) // each pod bounded by DrainDeadline
+	}))
+	g.Go(admin.TaskWorkloadProxyManager, mgr.Run, daemon.ReadyWhen(daemon.Closed(mgr.Ready())))
 	// Pods are taken (and their listeners opened) only after the first full
 	// xDS sync; until then the agent holds them back.
-	select {
-	case <-xc.Synced():
+	g.Go("zds client", func(ctx context.Context) error {
+		select {
+		case <-xc.Synced():
+		case <-ctx.Done():
+			return nil
+		}
 		log.Info("state synced; connecting to the node agent", zap.String("socket", cfg.InpodUDS))
-		goRun("zds client", zdsClient.Run, ctx)
-	case <-ctx.Done():
-	}
-	<-ctx.Done()
-	log.Info("shutting down: draining pod listeners", zap.Duration("deadline", cfg.DrainDeadline))
-	mgr.Shutdown(context.Background()) // each pod bounded by DrainDeadline
-	stopServices()
-	wg.Wait()
-	return fatal
+		return zdsClient.Run(ctx)
+	})
+	return g.Wait()
 }

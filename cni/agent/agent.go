@@ -36,6 +36,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 )
 
@@ -234,11 +235,14 @@ func (a *Agent) ZDS() *zds.Server { return a.zds }
 
 // Run restores the remembered pods, sets up the host probe rule, serves
 // plugin events and ZDS, and follows the cluster source until ctx is done.
-// It returns nil on a clean stop. The pods' rules stay in place when it
-// returns (the node proxy keeps serving them; a new agent takes over).
+// It returns nil on a clean stop and the first failure of any of those, at
+// once, otherwise: a source that fails before its first read is such a
+// failure. The pods' rules stay in place when it returns (the node proxy
+// keeps serving them; a new agent takes over).
+//
+// Its goroutines are daemon.Group tasks, stopped in reverse order: the
+// plugin and ZDS servers first, then the sync loop, then the source.
 func (a *Agent) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	defer a.closeHandles()
 	if err := a.cfg.Host.Setup(); err != nil {
 		a.zds.Close()
@@ -246,68 +250,53 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	restored := a.restore()
 
-	// The first full view of the cluster, so reconciliation and the first
-	// sync see the pods' current metadata.
-	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	g := daemon.NewGroup(ctx, a.log)
+	g.Go("cluster source", func(ctx context.Context) error {
 		if err := a.cfg.Source.Run(ctx); err != nil && ctx.Err() == nil {
-			errc <- fmt.Errorf("agent: cluster source: %w", err)
+			return fmt.Errorf("agent: cluster source: %w", err)
 		}
-	}()
-	objs, err := a.waitObjects(ctx)
-	if err != nil {
-		cancel()
-		wg.Wait()
-		a.zds.Close()
 		return nil
-	}
-	if a.cfg.ReconcileOnStartup || a.cfg.NFTables {
-		// With nftables, restored pods may still hold an iptables agent's
-		// chains: reconciling is how they migrate.
-		a.reconcile(ctx, objs)
-	} else if restored > 0 {
-		a.log.Info("pod rule reconciliation on startup is off; restored pods keep their rules until restarted", zap.Int("pods", restored))
-	}
-
-	ps, err := ListenPlugin(a.cfg.PluginSocket, a, a.log)
-	if err != nil {
-		cancel()
-		wg.Wait()
-		a.zds.Close()
-		return err
-	}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := a.zds.Serve(ctx); err != nil {
-			errc <- err
+	})
+	zdsServed := false
+	g.Go("pod sync", func(ctx context.Context) error {
+		// The first full view of the cluster, so reconciliation and the
+		// first sync see the pods' current metadata.
+		objs, err := a.waitObjects(ctx)
+		if err != nil {
+			return nil // stopped before the first read
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		if err := ps.Serve(ctx); err != nil {
-			errc <- err
+		if a.cfg.ReconcileOnStartup || a.cfg.NFTables {
+			// With nftables, restored pods may still hold an iptables
+			// agent's chains: reconciling is how they migrate.
+			a.reconcile(ctx, objs)
+		} else if restored > 0 {
+			a.log.Info("pod rule reconciliation on startup is off; restored pods keep their rules until restarted", zap.Int("pods", restored))
 		}
-	}()
+		ps, err := ListenPlugin(a.cfg.PluginSocket, a, a.log)
+		if err != nil {
+			return err
+		}
+		// A task the stopping group does not start leaves its socket to us.
+		if zdsServed = g.Go("zds server", a.zds.Serve); !zdsServed || !g.Go("plugin server", ps.Serve) {
+			ps.Close()
+			return nil
+		}
+		a.mu.Lock()
+		a.ready = true
+		a.mu.Unlock()
+		a.log.Info("node agent ready", zap.String("node", a.cfg.NodeName), zap.String("zds_socket", a.cfg.ZDSSocket),
+			zap.String("plugin_socket", a.cfg.PluginSocket), zap.Int("restored_pods", restored))
+		return a.loop(ctx)
+	})
+	err := g.Wait()
 	a.mu.Lock()
-	a.ready = true
+	a.ready = false
 	a.mu.Unlock()
-	a.log.Info("node agent ready", zap.String("node", a.cfg.NodeName), zap.String("zds_socket", a.cfg.ZDSSocket),
-		zap.String("plugin_socket", a.cfg.PluginSocket), zap.Int("restored_pods", restored))
-
-	err = a.loop(ctx)
-	cancel()
-	wg.Wait()
+	if !zdsServed {
+		a.zds.Close()
+	}
 	if a.cfg.ReleaseOnExit != nil && a.cfg.ReleaseOnExit(context.WithoutCancel(ctx)) {
 		a.releaseAll()
-	}
-	select {
-	case e := <-errc:
-		err = errors.Join(err, e)
-	default:
 	}
 	return err
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/zds"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
@@ -548,5 +549,36 @@ func TestPluginServer(t *testing.T) {
 	}
 	if states["a"] != StateEnabled || states["bad"] != StateFailed || len(states) != 2 {
 		t.Fatalf("GET /pods states %v", states)
+	}
+}
+
+// TestRunSourceFailsBeforeFirstRead: a cluster source that fails before its
+// first read (a missing --local-config directory) ends Run promptly with
+// the source's error. Run used to wait for a first read that never came
+// and, once stopped, return nil.
+func TestRunSourceFailsBeforeFirstRead(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config()
+	missing := filepath.Join(e.dir, "no-such-dir")
+	cfg.Source = local.New(missing, zap.NewNop(), 0)
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "cluster source") || !strings.Contains(err.Error(), missing) {
+			t.Fatalf("Run = %v, want the cluster source's error naming %s", err, missing)
+		}
+	case <-time.After(5 * time.Second):
+		cancel()
+		t.Fatalf("Run still waiting 5s after its cluster source failed; after a stop it returned %v", <-done)
+	}
+	if a.Ready() {
+		t.Fatal("agent reported ready without a cluster view")
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
@@ -253,50 +254,33 @@ func (c *ControlPlane) Run(ctx context.Context, lis net.Listener) error {
 		lis.Close()
 		return err
 	}
-	g := c.NewGRPCServer(tlsCfg)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 3)
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		if err := c.cfg.Source.Run(ctx); err != nil {
-			errc <- fmt.Errorf("controlplane: source: %w", err)
+	srv := c.NewGRPCServer(tlsCfg)
+	// The server stops first (its streams end gracefully), then the
+	// translation loop, then the source.
+	g := daemon.NewGroup(ctx, c.log)
+	g.Go("cluster source", func(ctx context.Context) error {
+		if err := c.cfg.Source.Run(ctx); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("controlplane: source: %w", err)
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		c.loop(ctx)
-	}()
-	go func() {
-		defer wg.Done()
-		if err := g.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			errc <- fmt.Errorf("controlplane: serve %s: %w", lis.Addr(), err)
+		return nil
+	})
+	g.Go("translation", func(ctx context.Context) error { c.loop(ctx); return nil })
+	g.Go("grpc server", func(context.Context) error {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("controlplane: serve %s: %w", lis.Addr(), err)
 		}
-	}()
+		return nil
+	}, daemon.OnStop(func() { stopGracefully(srv, 5*time.Second) }))
 	c.log.Info("control plane serving xDS and CA", zap.Stringer("addr", lis.Addr()))
-	var first error
-	select {
-	case <-ctx.Done():
-	case first = <-errc:
-	}
-	cancel()
-	stopGracefully(g, 5*time.Second)
-	wg.Wait()
-	return first
+	return g.Wait()
 }
 
 // stopGracefully ends the xDS streams (they never finish on their own)
 // after giving unary calls up to d.
 func stopGracefully(g *grpc.Server, d time.Duration) {
-	done := make(chan struct{})
-	go func() { g.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(d):
-		g.Stop()
-	}
+	hard := time.AfterFunc(d, g.Stop) // GracefulStop returns once Stop ends the streams
+	g.GracefulStop()
+	hard.Stop()
 }
 
 // loop re-translates whenever the source publishes, waiting Debounce after

@@ -43,10 +43,16 @@ func PrintCheck(w io.Writer, v any) error {
 // with exit code 1, or a "stopped" line and exit code 0 when nil.
 func Exit(log *zap.Logger, name string, err error) {
 	code := 0
-	if err != nil {
+	var te *TaskError
+	switch {
+	case errors.As(err, &te):
+		// The Group logged the error when it happened; name the task only.
+		log.Error(name+" failed", zap.String("task", te.Task))
+		code = 1
+	case err != nil:
 		log.Error(name+" failed", zap.Error(err))
 		code = 1
-	} else {
+	default:
 		log.Info(name + " stopped")
 	}
 	_ = log.Sync()

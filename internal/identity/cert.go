@@ -124,8 +124,21 @@ func Assemble(want Identity, key crypto.Signer, chain, roots []*x509.Certificate
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
+	// Check the chain now, as a peer's handshake will. istiod backdates a
+	// leaf's start by two minutes but not its root's, so checking at the
+	// leaf's start refused every leaf of a fresh or rotated root for two
+	// minutes. The time is clamped into the leaf's own window because a
+	// leaf minted expired or not yet valid still proves whom it chains to;
+	// the handshake refuses it for its time.
+	at := time.Now()
+	if at.Before(leaf.NotBefore) {
+		at = leaf.NotBefore
+	}
+	if at.After(leaf.NotAfter) {
+		at = leaf.NotAfter
+	}
 	if _, err := leaf.Verify(x509.VerifyOptions{
-		Roots: pool, Intermediates: inter, CurrentTime: leaf.NotBefore.Add(time.Second),
+		Roots: pool, Intermediates: inter, CurrentTime: at,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
 	}); err != nil {
 		return nil, fmt.Errorf("identity: leaf for %s does not chain to the returned roots: %w", want, err)

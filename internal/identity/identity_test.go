@@ -2,9 +2,13 @@ package identity_test
 
 import (
 	"context"
+	"crypto"
+	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"math/big"
 	"net/url"
 	"strings"
 	"testing"
@@ -197,5 +201,68 @@ func TestStaticSource(t *testing.T) {
 	}
 	if _, err := s.Fetch(context.Background(), identity.MustNew("cluster.local", "x", "y")); err == nil {
 		t.Fatal("unknown identity returned a certificate")
+	}
+}
+
+// TestAssembleRootNewerThanLeafStart: istiod backdates a leaf's NotBefore by
+// two minutes but not its root's, so a fresh CA issues leaves that start
+// before their root. Such a leaf is usable now and must be accepted; it used
+// to be checked at its own start time and refused for two minutes.
+func TestAssembleRootNewerThanLeafStart(t *testing.T) {
+	now := time.Now()
+	rootKey, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{Organization: []string{"cluster.local"}},
+		NotBefore: now.Add(-10 * time.Second), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	rootDER, err := x509.CreateCertificate(rand.Reader, rootTmpl, rootTmpl, rootKey.Public(), rootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := x509.ParseCertificate(rootDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := identity.MustNew("cluster.local", "default", "client")
+	u, _ := url.Parse(id.String())
+	leafFor := func(notBefore, notAfter time.Time) (*x509.Certificate, crypto.Signer) {
+		key, err := identity.GenerateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+			SerialNumber: big.NewInt(2), NotBefore: notBefore, NotAfter: notAfter, URIs: []*url.URL{u},
+			KeyUsage:    x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		}, root, key.Public(), rootKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leaf, key
+	}
+	leaf, key := leafFor(now.Add(-2*time.Minute), now.Add(time.Hour))
+	if _, err := identity.Assemble(id, key, []*x509.Certificate{leaf}, []*x509.Certificate{root}); err != nil {
+		t.Fatalf("leaf backdated before its root: %v", err)
+	}
+	// A leaf that chains to no root is still refused.
+	otherKey, _ := identity.GenerateKey()
+	otherDER, _ := x509.CreateCertificate(rand.Reader, rootTmpl, rootTmpl, otherKey.Public(), otherKey)
+	other, _ := x509.ParseCertificate(otherDER)
+	if _, err := identity.Assemble(id, key, []*x509.Certificate{leaf}, []*x509.Certificate{other}); err == nil {
+		t.Fatal("leaf accepted against a root that did not sign it")
+	}
+	// A leaf whose whole life lies outside its root's is refused: there is
+	// no moment at which the chain holds.
+	early, earlyKey := leafFor(now.Add(-time.Hour), now.Add(-30*time.Minute))
+	if _, err := identity.Assemble(id, earlyKey, []*x509.Certificate{early}, []*x509.Certificate{root}); err == nil {
+		t.Fatal("leaf that ended before its root began was accepted")
 	}
 }

@@ -150,7 +150,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		refresh    func() error
 		status     agent.StatusWriter
 		pluginKube string
-		background []func(context.Context)
+		tasks      []bootTask
 		owner      ownerWatch // nil: no DaemonSet to follow
 	)
 	if o.KubeMode() {
@@ -158,7 +158,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		if err != nil {
 			return err
 		}
-		src, status, pluginKube, background = k.src, k.status, k.pluginKubeconfig, k.background
+		src, status, pluginKube, tasks = k.src, k.status, k.pluginKubeconfig, k.tasks
 		if k.owner != nil {
 			owner = k.owner
 		}
@@ -212,26 +212,25 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	} else {
 		icfg.Plugin["local_config_dir"] = o.LocalConfig
 	}
+	// Every goroutine is a task of g, stopped in the reverse order of its
+	// start: the agent first (it asks the owner watch whether this is an
+	// uninstall), then the installer and the servers, then the API links.
+	g := daemon.NewGroup(ctx, log)
+	for _, t := range tasks {
+		g.Go(t.name, t.run)
+	}
 	// The agent's handler serves /pods (and more); only /pods is routed to it.
-	servers, err := daemon.Listen(log, Servers(o, a.AdminHandler(), level,
-		daemon.NewReadiness(daemon.Task{Name: TaskAgent, Ready: a.Ready}))...)
+	servers, err := daemon.Listen(log, Servers(o, a.AdminHandler(), level, g.Readiness())...)
 	if err != nil {
-		return err
+		g.Stop()
+		return errors.Join(err, g.Wait())
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var bg sync.WaitGroup
-	background = append(background, func(ctx context.Context) { _ = servers.Serve(ctx) })
+	g.Go("http servers", servers.Serve)
 	if o.Install {
-		background = append(background, func(ctx context.Context) { install.Keep(ctx, icfg, log.Named("install")) })
+		g.Go("plugin installer", forever(func(ctx context.Context) { install.Keep(ctx, icfg, log.Named("install")) }))
 	}
-	for _, f := range background {
-		bg.Add(1)
-		go func() { defer bg.Done(); f(runCtx) }()
-	}
-	err = a.Run(runCtx)
-	cancel()
-	bg.Wait()
+	g.Go(TaskAgent, a.Run, daemon.ReadyWhen(a.Ready))
+	err = g.Wait()
 	if exit(context.WithoutCancel(ctx)) {
 		if uerr := install.Uninstall(icfg); uerr != nil {
 			err = errors.Join(err, uerr)

@@ -22,8 +22,20 @@ type kubeParts struct {
 	src              cluster.Source
 	status           agent.StatusWriter
 	pluginKubeconfig string
-	background       []func(context.Context)
-	owner            *agentkube.OwnerWatch // nil without Options.DaemonSetName
+	// tasks run beside the agent, as daemon.Group tasks by these names.
+	tasks []bootTask
+	owner *agentkube.OwnerWatch // nil without Options.DaemonSetName
+}
+
+// bootTask is a task of the agent's daemon.Group.
+type bootTask struct {
+	name string
+	run  func(context.Context) error
+}
+
+// forever adapts a run function that returns nothing.
+func forever(run func(context.Context)) func(context.Context) error {
+	return func(ctx context.Context) error { run(ctx); return nil }
 }
 
 func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
@@ -43,7 +55,7 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &kubeParts{src: src, status: sw, pluginKubeconfig: o.Kubeconfig, background: []func(context.Context){sw.Run}}
+	k := &kubeParts{src: src, status: sw, pluginKubeconfig: o.Kubeconfig, tasks: []bootTask{{"status writer", forever(sw.Run)}}}
 	if o.DaemonSetName != "" {
 		ns := o.DaemonSetNamespace
 		if ns == "" {
@@ -52,7 +64,7 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 		if k.owner, err = agentkube.NewOwnerWatch(clients.Kube, ns, o.DaemonSetName, log.Named("owner")); err != nil {
 			return nil, err
 		}
-		k.background = append(k.background, k.owner.Run)
+		k.tasks = append(k.tasks, bootTask{"owner watch", forever(k.owner.Run)})
 	}
 	if o.Kubeconfig == "" {
 		// In a pod: the plugin runs on the host and cannot read our
@@ -63,18 +75,20 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 			return nil, err
 		}
 		k.pluginKubeconfig = path
-		k.background = append(k.background, func(ctx context.Context) {
+		k.tasks = append(k.tasks, bootTask{"plugin kubeconfig refresh", func(ctx context.Context) error {
+			t := time.NewTicker(kubeconfigRefresh)
+			defer t.Stop()
 			for {
 				select {
 				case <-ctx.Done():
-					return
-				case <-time.After(kubeconfigRefresh):
+					return nil
+				case <-t.C:
 				}
 				if _, err := agentkube.WriteKubeconfig(path, rc); err != nil {
 					log.Warn("refreshing the plugin kubeconfig failed", zap.Error(err))
 				}
 			}
-		})
+		}})
 	}
 	return k, nil
 }

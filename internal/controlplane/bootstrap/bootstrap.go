@@ -34,6 +34,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // ServiceName is the chart's Service in front of the replicas; node proxies
@@ -185,32 +186,36 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	// discovery) are fetched here and sent to the waypoints inline, as
 	// istiod does; until a fetch succeeds that issuer's tokens get 401.
 	keys := jwks.New(jwks.Config{Log: log.Named("jwks")})
+	// The retry loops of the Kubernetes writers, listed on the readiness
+	// page below its first line.
+	retries := backoff.NewSet(log)
 	cfg.Translate.JWKS = keys
 	var (
 		k *kubeParts
-		// background runs beside the control plane until it stops.
-		background = []func(context.Context) error{func(ctx context.Context) error { keys.Run(ctx); return nil }}
+		// tasks run beside the control plane, as daemon.Group tasks.
+		tasks = []cpTask{{name: "jwks fetcher", run: func(ctx context.Context) error { keys.Run(ctx); return nil }}}
 	)
 	if o.KubeMode() {
-		if k, err = kubeWiring(o, log); err != nil {
+		if k, err = kubeWiring(o, log, retries); err != nil {
 			return err
 		}
 		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
 		k.root.RootPEM = authority.RootPEM()
-		background = append(background, k.status.Run, func(ctx context.Context) error { k.root.Run(ctx); return nil })
+		tasks = append(tasks, cpTask{name: "status writer", run: k.status.Run},
+			cpTask{name: TaskRootConfigMap, run: func(ctx context.Context) error { k.root.Run(ctx); return nil }, ready: k.root.Published})
 		if o.WaypointImage != "" {
 			wc, err := waypointController(o, k, authority.RootPEM(), log)
 			if err != nil {
 				return err
 			}
-			background = append(background, wc.Run)
+			tasks = append(tasks, cpTask{name: "waypoint controller", run: wc.Run})
 		}
 		if o.WebhookAddr != "" {
-			ws, err := webhookServer(o, authority, k.kube, log)
+			ws, err := webhookServer(o, authority, k.kube, log, retries)
 			if err != nil {
 				return err
 			}
-			background = append(background, ws.Run)
+			tasks = append(tasks, cpTask{name: "webhook server", run: ws.Run})
 		}
 	} else if err := localWiring(o, log, &cfg); err != nil {
 		return err
@@ -219,35 +224,45 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	if err != nil {
 		return err
 	}
-	tasks := []daemon.Task{{Name: TaskTranslation, Ready: daemon.Closed(cp.Synced())}}
 	if k != nil {
 		// Set before Run serves anything: the API server is asked only
 		// when the latest translation does not know the pod.
 		k.placement.Cached = cp.CachedPlacement()
-		tasks = append(tasks, daemon.Task{Name: TaskRootConfigMap, Ready: k.root.Published})
-	}
-	servers, err := daemon.Listen(log, Servers(o, cp, reg, level, daemon.NewReadiness(tasks...))...)
-	if err != nil {
-		return err
 	}
 	lis, err := net.Listen("tcp", o.Listen)
 	if err != nil {
-		servers.Close()
 		return fmt.Errorf("listen %s: %w", o.Listen, err)
 	}
+	// Every goroutine is a task of g, stopped in the reverse order of its
+	// start: the xDS and CA server first, then the HTTP servers, then what
+	// feeds the translation.
+	g := daemon.NewGroup(ctx, log)
+	g.Readiness().ShowRetries(retries)
+	servers, err := daemon.Listen(log, Servers(o, cp, reg, level, g.Readiness())...)
+	if err != nil {
+		lis.Close()
+		g.Stop()
+		return errors.Join(err, g.Wait())
+	}
+	for _, t := range tasks {
+		var opts []daemon.TaskOption
+		if t.ready != nil {
+			opts = append(opts, daemon.ReadyWhen(t.ready))
+		}
+		g.Go(t.name, t.run, opts...)
+	}
+	g.Go("http servers", servers.Serve)
 	log.Info("root certificate written", zap.String("path", rootPath))
-	bctx, cancel := context.WithCancel(ctx)
-	errs := make(chan error, len(background)+1)
-	background = append(background, servers.Serve)
-	for _, f := range background {
-		go func() { errs <- f(bctx) }()
-	}
-	err = cp.Run(ctx, lis)
-	cancel()
-	for range background {
-		err = errors.Join(err, <-errs)
-	}
-	return err
+	g.Go(TaskTranslation, func(ctx context.Context) error { return cp.Run(ctx, lis) }, daemon.ReadyWhen(daemon.Closed(cp.Synced())))
+	return g.Wait()
+}
+
+// cpTask is a task of the control plane's daemon.Group; ready, if set, is
+// its readiness condition.
+type cpTask struct {
+	name  string
+	run   func(context.Context) error
+	ready func() bool
 }
 
 // localWiring fills cfg's source, authenticator and allocator for local
