@@ -33,7 +33,7 @@ const semHost = "web.l7.svc.cluster.local"
 
 func startSemMesh(t *testing.T, cpArgs ...string) *semMesh {
 	t.Helper()
-	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"}, ControlPlaneArgs: cpArgs})
+	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"}, CPArgs: cpArgs})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,8 @@ type Options struct {
 	// build` puts them in bin/). "" means go build them into a temporary
 	// directory (the Go build cache makes repeats cheap).
 	BinDir string
+	// CPArgs are extra ztunnel-cp flags (e.g. --jwks-allow-http).
+	CPArgs []string
 	// Examples are YAML files or directories (*.yaml) of ordinary
 	// Kubernetes objects to load after the mesh is up; see LoadYAML. nil
 	// means none.
@@ -88,9 +90,6 @@ type Options struct {
 	// ProxyEnv are extra KEY=value variables for every node proxy (after
 	// the ones Start sets, so they win), e.g. CRL_PATH. nil means none.
 	ProxyEnv []string
-	// ControlPlaneArgs are extra ztunnel-cp flags (after the ones Start
-	// sets), e.g. --path-normalization. nil means none.
-	ControlPlaneArgs []string
 }
 
 // Mesh is a running mesh. Its methods are safe for concurrent use.
@@ -264,7 +263,7 @@ func (m *Mesh) startCP(ctx context.Context) error {
 	p, err := n0.Start(testcluster.Process{Name: "ztunnel-cp", Path: m.bin(BinCP), Args: append([]string{
 		"--config-dir", m.rootDir, "--listen", m.CPAddr.String(), "--state-dir", stateDir,
 		"--node-tokens", tokens, "--trust-domain", m.opts.TrustDomain, "--admin", CPAdminAddr,
-	}, m.opts.ControlPlaneArgs...)})
+	}, m.opts.CPArgs...)})
 	if err != nil {
 		return err
 	}
