@@ -25,6 +25,7 @@ type kubeParts struct {
 	placement *kubeauth.Placement
 	alloc     *autoalloc.Allocator
 	status    *kubestatus.Writer
+	istio     *kubestatus.IstioWriter
 	root      *RootPublisher
 	kube      kubernetes.Interface
 	gateway   gatewayclient.Interface
@@ -61,12 +62,18 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 	if err != nil {
 		return nil, err
 	}
+	istioStatus, err := kubestatus.NewIstio(kubestatus.IstioConfig{
+		Istio: clients.Istio, Leading: status.Leading, Log: log.Named("istio-status"),
+	})
+	if err != nil {
+		return nil, err
+	}
 	alloc, err := autoalloc.New(autoalloc.Config{Store: status})
 	if err != nil {
 		return nil, err
 	}
 	return &kubeParts{
-		src: src, auth: auth, alloc: alloc, status: status, kube: clients.Kube, gateway: clients.Gateway,
+		src: src, auth: auth, alloc: alloc, status: status, istio: istioStatus, kube: clients.Kube, gateway: clients.Gateway,
 		placement: &kubeauth.Placement{Client: clients.Kube, Log: log.Named("placement")},
 		root:      &RootPublisher{Client: clients.Kube, Namespace: o.SystemNamespace, Log: log.Named("root-configmap")},
 	}, nil
