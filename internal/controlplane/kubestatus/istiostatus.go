@@ -84,7 +84,7 @@ var (
 	// MsgNotEnforced is ztunnel-go's own: Istio has no code for an object
 	// its data plane does not (fully) enforce.
 	MsgNotEnforced = ValidationMessage{Type: MessageType{Name: "NotEnforced", Code: "ZTG0001"},
-		Level: "WARNING", DocumentationURL: "https://github.com/ztunnel-go/ztunnel-go/blob/main/docs/status.md#ztg0001"}
+		Level: "WARNING", DocumentationURL: "https://github.com/ztunnel-go/ztunnel-go/blob/main/docs/istio-status.md#ztg0001-notenforced"}
 )
 
 // ownedCodes are the validationMessages codes this writer replaces.
