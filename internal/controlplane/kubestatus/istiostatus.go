@@ -33,6 +33,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -304,7 +305,17 @@ type IstioWriter struct {
 	objs     *cluster.Objects
 	policies []translate.PolicyStatus
 
-	next time.Time // rate limit: earliest next write; Run's goroutine only
+	// Run's goroutine only:
+	next time.Time // rate limit: earliest next write
+	// written: per "Kind/ns/name", what was last written and the
+	// resourceVersion it was written over, so that a write the source has
+	// not shown yet is not repeated (it would only fail its precondition).
+	written map[string]writtenStatus
+}
+
+type writtenStatus struct {
+	overRV string
+	want   IstioStatus
 }
 
 // NewIstio validates cfg; nothing is contacted before Run.
@@ -319,7 +330,7 @@ func NewIstio(cfg IstioConfig) (*IstioWriter, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &IstioWriter{cfg: cfg, log: log, kick: make(chan struct{}, 1)}, nil
+	return &IstioWriter{cfg: cfg, log: log, kick: make(chan struct{}, 1), written: map[string]writtenStatus{}}, nil
 }
 
 // Update records a translation's objects and statuses (objs must be the
@@ -368,11 +379,18 @@ func (w *IstioWriter) Run(ctx context.Context) error {
 
 // Reconcile writes the status of every object of objs whose status
 // differs from what policies say, and returns how many writes failed.
-// Objects without a PolicyStatus are left alone.
+// Objects without a PolicyStatus are left alone. It stops early when
+// this replica stops leading. Run calls it; it must not run concurrently.
 func (w *IstioWriter) Reconcile(ctx context.Context, objs *cluster.Objects, policies []translate.PolicyStatus) (failed int) {
 	index := statusObjects(objs)
+	for key, ws := range w.written {
+		if o, ok := index[key]; !ok || o.rv != ws.overRV {
+			delete(w.written, key) // the source shows our write (or a newer object)
+		}
+	}
 	for _, ps := range policies {
-		o, ok := index[ps.Kind+"/"+ps.Name]
+		key := ps.Kind + "/" + ps.Name
+		o, ok := index[key]
 		if !ok {
 			continue
 		}
@@ -380,10 +398,19 @@ func (w *IstioWriter) Reconcile(ctx context.Context, objs *cluster.Objects, poli
 		if Unchanged(o.status, want) {
 			continue
 		}
+		if ws, ok := w.written[key]; ok && ws.overRV == o.rv && reflect.DeepEqual(ws.want, want) {
+			continue // written; the source has not shown it yet
+		}
 		if err := w.wait(ctx); err != nil {
 			return failed
 		}
-		if err := w.write(ctx, o, want); err != nil {
+		if !w.cfg.Leading() {
+			return failed
+		}
+		err := w.write(ctx, o, want)
+		if err == nil {
+			w.written[key] = writtenStatus{overRV: o.rv, want: want}
+		} else {
 			failed++
 			w.log.Warn("writing status failed; will retry", zap.String("kind", o.kind),
 				zap.String("name", o.namespace+"/"+o.name), zap.Error(err))

@@ -1,6 +1,7 @@
 package kubestatus
 
 import (
+	"context"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -10,7 +11,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	analysisv1alpha1 "istio.io/api/analysis/v1alpha1"
 	metav1alpha1 "istio.io/api/meta/v1alpha1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	istiofake "istio.io/client-go/pkg/clientset/versioned/fake"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 )
 
@@ -166,5 +171,66 @@ func TestIstioStatusPatch(t *testing.T) {
 	st = decode(b)["status"].(map[string]any)
 	if v, ok := st["validationMessages"]; !ok || v != nil {
 		t.Fatalf("validationMessages not removed: %s", b)
+	}
+}
+
+// TestIstioStatusNoWrite drives Reconcile against a fake clientset that
+// records every call: a status that already matches is never patched, a
+// write the source has not shown yet is not repeated, a follower writes
+// nothing, and a changed status is patched once through the status
+// subresource.
+func TestIstioStatusNoWrite(t *testing.T) {
+	cs := istiofake.NewSimpleClientset()
+	leading := true
+	w, err := NewIstio(IstioConfig{Istio: cs, Leading: func() bool { return leading }, QPS: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := translate.PolicyStatus{Kind: "AuthorizationPolicy", Name: "app/p", Sent: true}
+	ap := func(rv string, st IstioStatus) *securityv1.AuthorizationPolicy {
+		p := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "p", ResourceVersion: rv, Generation: 1}}
+		if st.Condition.Type != "" {
+			p.Status = *current(st, time.Now())
+		}
+		return p
+	}
+	patches := func() int {
+		n := 0
+		for _, a := range cs.Actions() {
+			if a.GetVerb() == "patch" {
+				if a.GetSubresource() != "status" {
+					t.Fatalf("patch outside the status subresource: %v", a)
+				}
+				n++
+			}
+		}
+		return n
+	}
+	ctx := context.Background()
+	settled := &cluster.Objects{AuthorizationPolicies: []*securityv1.AuthorizationPolicy{ap("5", BuildStatus(good, 1))}}
+	if f := w.Reconcile(ctx, settled, []translate.PolicyStatus{good}); f != 0 || patches() != 0 {
+		t.Fatalf("settled status: failed=%d patches=%d", f, patches())
+	}
+	fresh := &cluster.Objects{AuthorizationPolicies: []*securityv1.AuthorizationPolicy{ap("6", IstioStatus{})}}
+	leading = false
+	if w.Reconcile(ctx, fresh, []translate.PolicyStatus{good}); patches() != 0 {
+		t.Fatal("a follower wrote status")
+	}
+	leading = true
+	// The fake has no such object: the patch is sent, answered NotFound,
+	// which counts as done (deleted meanwhile).
+	if f := w.Reconcile(ctx, fresh, []translate.PolicyStatus{good}); f != 0 || patches() != 1 {
+		t.Fatalf("changed status: failed=%d patches=%d", f, patches())
+	}
+	if w.Reconcile(ctx, fresh, []translate.PolicyStatus{good}); patches() != 1 {
+		t.Fatal("a write not yet seen by the source was repeated")
+	}
+	bad := good
+	bad.Invalid = []string{badField}
+	if w.Reconcile(ctx, fresh, []translate.PolicyStatus{bad}); patches() != 2 {
+		t.Fatal("a different status for the same read was not written")
+	}
+	if w.Reconcile(ctx, settled, []translate.PolicyStatus{good}); patches() != 2 {
+		t.Fatal("status shown by the source was written again")
 	}
 }
