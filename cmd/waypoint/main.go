@@ -141,6 +141,7 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	xcfg.Node = xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()},
 		Metadata: map[string]string{"ISTIO_VERSION": daemon.Version()}} // zctl status shows it
 	xcfg.Sink, xcfg.Waypoint, xcfg.Log, xcfg.Registerer = w.Sink(), o.Gateway, log.Named("xds"), reg
+	xcfg.Retry = func(p backoff.Policy) *backoff.Retry { return retries.New("xds", p) }
 	xc, err := xds.NewClient(xcfg)
 	if err != nil {
 		return err

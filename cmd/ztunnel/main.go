@@ -128,6 +128,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	store := state.NewStore()
 	xcfg := up.xdsConfig(cfg, store)
 	xcfg.Log, xcfg.Registerer = log.Named("xds"), reg
+	xcfg.Retry = func(p backoff.Policy) *backoff.Retry { return retries.New("xds", p) }
 	xc, err := xds.NewClient(xcfg)
 	if err != nil {
 		return err
@@ -182,7 +183,8 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	if err != nil {
 		return err
 	}
-	zdsClient, err := zds.NewClient(zds.ClientConfig{Path: cfg.InpodUDS, Handler: mgr, Log: log.Named("zds")})
+	zdsClient, err := zds.NewClient(zds.ClientConfig{Path: cfg.InpodUDS, Handler: mgr, Log: log.Named("zds"),
+		Retry: func(p backoff.Policy) *backoff.Retry { return retries.New("zds", p) }})
 	if err != nil {
 		return err
 	}

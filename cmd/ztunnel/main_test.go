@@ -19,6 +19,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/bootstrap"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
@@ -166,14 +167,20 @@ status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.
 		Generation   uint64                  `json:"generation"`
 		Workloads    []struct{ Name string } `json:"workloads"`
 		Certificates []struct{ Identity, State string }
+		Retries      []backoff.Status `json:"retries"`
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		code, body := get(readyAddr, "/healthz/ready")
-		ready := code == 503 && body == "not ready, pending: workload proxy manager"
+		// The first line says what is pending; the lines below list the
+		// failing retry loops: here ZDS, as no node agent runs.
+		first, rest, _ := strings.Cut(body, "\n")
+		ready := code == 503 && first == "not ready, pending: workload proxy manager" &&
+			strings.HasPrefix(rest, "retrying:\n  zds: ")
 		_, raw := get(adminAddr, "/config_dump")
 		_ = json.Unmarshal([]byte(raw), &dump)
-		if ready && len(dump.Certificates) == 1 && dump.Certificates[0].State == "Available" {
+		if ready && len(dump.Certificates) == 1 && dump.Certificates[0].State == "Available" && len(dump.Retries) == 2 &&
+			dump.Retries[0].Name == "xds" && !dump.Retries[0].Failing && dump.Retries[1].Name == "zds" && dump.Retries[1].Failing {
 			break
 		}
 		if time.Now().After(deadline) {

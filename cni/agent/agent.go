@@ -276,9 +276,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		zdsServed = true
-		g.Go("zds server", a.zds.Serve)
-		g.Go("plugin server", ps.Serve)
+		// A task the stopping group does not start leaves its socket to us.
+		if zdsServed = g.Go("zds server", a.zds.Serve); !zdsServed || !g.Go("plugin server", ps.Serve) {
+			ps.Close()
+			return nil
+		}
 		a.mu.Lock()
 		a.ready = true
 		a.mu.Unlock()

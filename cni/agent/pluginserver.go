@@ -58,6 +58,9 @@ func ListenPlugin(path string, a *Agent, log *zap.Logger) (*PluginServer, error)
 	}}, nil
 }
 
+// Close closes the socket of a server that never served.
+func (s *PluginServer) Close() error { return s.ln.Close() }
+
 // Serve serves until ctx is done, then closes the socket and returns nil.
 func (s *PluginServer) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/zdsapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 )
 
@@ -53,14 +54,19 @@ type ClientConfig struct {
 	// message on a connection; 0
 	// means DefaultMinBackoff / DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
+	// Retry paces reconnects and reports their state (the daemon's
+	// readiness page and config dump list it); the fields above shape its
+	// policy. nil: a Retry of its own, named "zds", logging to Log.
+	Retry func(backoff.Policy) *backoff.Retry
 }
 
 // Client is the node proxy end of ZDS: it keeps a connection to the agent,
 // reconnecting whenever it is lost, and receives a full snapshot on each
 // connection.
 type Client struct {
-	cfg ClientConfig
-	log *zap.Logger
+	cfg   ClientConfig
+	log   *zap.Logger
+	retry *backoff.Retry
 }
 
 // NewClient checks cfg and returns a Client; Run connects.
@@ -83,32 +89,29 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = cfg.MinBackoff
 	}
-	return &Client{cfg: cfg, log: cfg.Log}, nil
+	policy := backoff.Policy{Initial: cfg.MinBackoff, Max: cfg.MaxBackoff}
+	retry := backoff.New("zds", policy, cfg.Log)
+	if cfg.Retry != nil {
+		retry = cfg.Retry(policy)
+	}
+	return &Client{cfg: cfg, log: cfg.Log, retry: retry}, nil
 }
 
 // Run connects to the agent and serves connection after connection until ctx
 // is done; it then returns nil.
 func (c *Client) Run(ctx context.Context) error {
-	backoff := c.cfg.MinBackoff
 	for {
 		conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: c.cfg.Path, Net: "unixpacket"})
 		if err == nil {
-			var served bool
-			served, err = c.serve(ctx, conn)
-			if served {
-				backoff = c.cfg.MinBackoff
-			}
+			_, err = c.serve(ctx, conn) // a served connection ended the streak
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		c.log.Info("agent connection unavailable; retrying", zap.String("socket", c.cfg.Path), zap.Duration("backoff", backoff), zap.Error(err))
-		select {
-		case <-ctx.Done():
+		// The retry logs the streak's start and each backoff step.
+		if c.retry.Wait(ctx, fmt.Errorf("agent connection on %s: %w", c.cfg.Path, err)) != nil {
 			return nil
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, c.cfg.MaxBackoff)
 	}
 }
 
@@ -135,6 +138,9 @@ func (c *Client) serve(ctx context.Context, conn *net.UnixConn) (served bool, er
 			return served, fmt.Errorf("zds: receive: %w", err)
 		default:
 			herr = c.handle(buf[:n], fds, seen)
+		}
+		if !served {
+			c.retry.Succeeded()
 		}
 		served = true
 		if herr != nil {

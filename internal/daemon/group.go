@@ -106,9 +106,10 @@ func NewGroup(parent context.Context, log *zap.Logger) *Group {
 // added with Readiness.Add.
 func (g *Group) Readiness() *Readiness { return g.ready }
 
-// Go starts run as the task name. run must return once ctx is done. A task
-// added after the group began stopping is not started.
-func (g *Group) Go(name string, run func(ctx context.Context) error, opts ...TaskOption) {
+// Go starts run as the task name and reports whether it did. run must
+// return once ctx is done. A task added after the group began stopping is
+// not started, so what it would have closed is the caller's to close.
+func (g *Group) Go(name string, run func(ctx context.Context) error, opts ...TaskOption) bool {
 	t := &groupTask{name: name, done: make(chan struct{})}
 	for _, o := range opts {
 		o(t)
@@ -121,13 +122,14 @@ func (g *Group) Go(name string, run func(ctx context.Context) error, opts ...Tas
 		g.mu.Unlock()
 		cancel()
 		close(t.done)
-		return
+		return false
 	default:
 	}
 	g.tasks = append(g.tasks, t)
 	g.mu.Unlock()
 	g.ready.Add(Task{Name: name, Ready: func() bool { return g.taskReady(t) }})
 	go g.run(ctx, t, run)
+	return true
 }
 
 func (g *Group) run(ctx context.Context, t *groupTask, run func(context.Context) error) {

@@ -76,7 +76,9 @@ func TestGroupShutdownOrder(t *testing.T) {
 		t.Fatalf("order %q, want %q", order, want)
 	}
 	// A task added after the stop does not start.
-	g.Go("late", func(context.Context) error { t.Error("late task ran"); return nil })
+	if g.Go("late", func(context.Context) error { t.Error("late task ran"); return nil }) {
+		t.Error("Go reported a task started after the stop")
+	}
 }
 
 // TestGroupReadiness: a task is ready while it runs and its condition holds;

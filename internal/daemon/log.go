@@ -1,11 +1,16 @@
-// Package daemon is the runtime skeleton the three daemons (ztunnel,
-// ztunnel-cp, ztunnel-cni) share, so that an operator meets one convention
-// everywhere:
+// Package daemon is the runtime skeleton the four daemons (ztunnel,
+// ztunnel-cp, ztunnel-cni, waypoint) share, so that an operator meets one
+// convention everywhere:
 //
 //   - logs: the same --log-level and --log-format json|console flags and the
 //     same zap encoding (NewLogger);
+//   - goroutines: every long-lived one is a named task of a Group, which
+//     stops the daemon on the first error (logged once, with the task's
+//     name) and stops the tasks in the reverse order of their start;
+//   - retries: every retry loop waits out a backoff.Retry (jitter, a cap,
+//     one log line per backoff step);
 //   - readiness: GET /healthz/ready, 200 "ready\n" or 503 "not ready,
-//     pending: <tasks>" (Readiness);
+//     pending: <tasks>" (Readiness), followed by the failing retry loops;
 //   - HTTP servers: Listen binds every configured server at once (a port
 //     conflict fails the start), Serve serves until the context ends and
 //     then shuts down gracefully; a Debug server binds loopback only, a

@@ -7,12 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity/reloadtls"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -104,6 +104,10 @@ type ClientConfig struct {
 	// HealthyStream: a stream that lived this long and received a response
 	// resets the backoff. Zero: DefaultHealthyStream.
 	HealthyStream time.Duration
+	// Retry paces reconnects and reports their state (the daemon's
+	// readiness page and config dump list it); the fields above shape its
+	// policy. nil: a Retry of its own, named "xds", logging to Log.
+	Retry func(backoff.Policy) *backoff.Retry
 	// DialOptions are appended to the client's own (transport credentials,
 	// 200 MiB receive limit). nil: none.
 	DialOptions []grpc.DialOption
@@ -118,6 +122,7 @@ type Client struct {
 	node     *core.Node // sent in the first request of each stream
 	dialOpts []grpc.DialOption
 	running  atomic.Bool
+	retry    *backoff.Retry
 }
 
 // NewClient validates cfg and builds a Client. It does not connect.
@@ -176,13 +181,22 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxReceiveBytes)),
 	}
 	opts = append(opts, cfg.DialOptions...)
+	log = log.With(zap.String("xds.address", cfg.Address))
+	// Jitter ±50 % spreads a fleet reconnecting to a restarted control
+	// plane.
+	policy := backoff.Policy{Initial: cfg.InitialBackoff, Max: cfg.MaxBackoff, Jitter: 0.5, Healthy: cfg.HealthyStream}
+	retry := backoff.New("xds", policy, log)
+	if cfg.Retry != nil {
+		retry = cfg.Retry(policy)
+	}
 	return &Client{
 		cfg:      cfg,
-		log:      log.With(zap.String("xds.address", cfg.Address)),
+		log:      log,
 		metrics:  m,
 		h:        newWaypointHandler(cfg.Sink, cfg.Waypoint),
 		node:     cfg.Node.proto(),
 		dialOpts: opts,
+		retry:    retry,
 	}, nil
 }
 
@@ -206,40 +220,20 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 
-	backoff := c.cfg.InitialBackoff
-	failures := 0 // consecutive streams that never got a response
 	for {
-		start := time.Now()
 		out := c.stream(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
 		c.metrics.terminations.WithLabelValues(out.reason).Inc()
-		if out.served && time.Since(start) >= c.cfg.HealthyStream {
-			backoff = c.cfg.InitialBackoff
-		}
-		switch {
-		case out.served:
-			failures = 0
+		if out.served {
 			c.log.Warn("disconnected", zap.String("reason", out.reason), zap.Error(out.err))
-		case failures == 0:
-			failures++
-			c.log.Warn("connect failed; retrying with backoff", zap.String("reason", out.reason), zap.Error(out.err))
-		default:
-			failures++
-			c.log.Debug("connect failed again", zap.Int("attempts", failures), zap.Error(out.err))
 		}
-		// Jitter in [backoff/2, backoff] spreads a fleet reconnecting to a
-		// restarted control plane.
-		wait := backoff/2 + rand.N(backoff/2+1)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		// The retry logs the streak's start and each backoff step; a stream
+		// that ends before HealthyStream keeps the streak's step.
+		if c.retry.Wait(ctx, fmt.Errorf("%s: %w", out.reason, out.err)) != nil {
 			return nil
-		case <-t.C:
 		}
-		backoff = min(backoff*2, c.cfg.MaxBackoff)
 	}
 }
 
@@ -296,6 +290,7 @@ func (c *Client) stream(ctx context.Context) outcome {
 		if !served {
 			served = true
 			c.log.Info("connected", zap.String("node", c.node.GetId()))
+			c.retry.Succeeded()
 		}
 		ack := c.h.handle(resp)
 		if ack.ErrorDetail != nil {

@@ -347,9 +347,12 @@ func TestRejectedTokenNeverSyncs(t *testing.T) {
 	if n := c.sink.callCount(); n != 0 {
 		t.Errorf("sink got %d calls", n)
 	}
-	// One warning for the first failure, the retries at debug level.
-	if n := c.logs.FilterMessageSnippet("connect failed; retrying").Len(); n != 1 {
-		t.Errorf("%d connect-failure warnings, want 1", n)
+	// One warning per backoff step, not per attempt: the first failures
+	// are at distinct steps, so there is at least one line and never more
+	// than attempts.
+	attempts := counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", ReasonConnectionError)
+	if n := c.logs.FilterMessageSnippet("xds failing; retrying").Len(); n < 1 || float64(n) > attempts {
+		t.Errorf("%d connect-failure warnings for %v attempts, want one per backoff step", n, attempts)
 	}
 }
 

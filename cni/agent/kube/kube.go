@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -38,6 +39,8 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/plugin"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	clusterkube "github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // AnnotationRedirection is the pod annotation istiod keys HBONE enrollment off.
@@ -339,15 +342,17 @@ func (s *PodSource) Lookup(ctx context.Context, namespace, name string) (*corev1
 	if maxWait <= 0 {
 		maxWait = DefaultMaxInterval
 	}
+	policy := backoff.Policy{Initial: wait, Max: maxWait}
 	var last error
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
+			t := time.NewTimer(policy.Delay(i, rand.Float64()))
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return nil, nil, fmt.Errorf("kube: looking up pod %s/%s: %w (last error: %v)", namespace, name, ctx.Err(), last)
-			case <-time.After(wait):
+			case <-t.C:
 			}
-			wait = min(2*wait, maxWait)
 		}
 		pod, ns, err := s.lookupOnce(ctx, namespace, name)
 		if err == nil || errors.Is(err, plugin.ErrPodNotFound) || !Retryable(err) {

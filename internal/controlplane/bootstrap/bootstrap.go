@@ -33,6 +33,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // ServiceName is the chart's Service in front of the replicas; node proxies
@@ -177,6 +178,9 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	// discovery) are fetched here and sent to the waypoints inline, as
 	// istiod does; until a fetch succeeds that issuer's tokens get 401.
 	keys := jwks.New(jwks.Config{Log: log.Named("jwks")})
+	// The retry loops of the Kubernetes writers, listed on the readiness
+	// page below its first line.
+	retries := backoff.NewSet(log)
 	cfg.Translate.JWKS = keys
 	var (
 		k *kubeParts
@@ -184,7 +188,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		tasks = []cpTask{{name: "jwks fetcher", run: func(ctx context.Context) error { keys.Run(ctx); return nil }}}
 	)
 	if o.KubeMode() {
-		if k, err = kubeWiring(o, log); err != nil {
+		if k, err = kubeWiring(o, log, retries); err != nil {
 			return err
 		}
 		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
@@ -201,7 +205,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 			tasks = append(tasks, cpTask{name: "waypoint controller", run: wc.Run})
 		}
 		if o.WebhookAddr != "" {
-			ws, err := webhookServer(o, authority, k.kube, log)
+			ws, err := webhookServer(o, authority, k.kube, log, retries)
 			if err != nil {
 				return err
 			}
@@ -227,6 +231,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	// start: the xDS and CA server first, then the HTTP servers, then what
 	// feeds the translation.
 	g := daemon.NewGroup(ctx, log)
+	g.Readiness().ShowRetries(retries)
 	servers, err := daemon.Listen(log, Servers(o, cp, reg, level, g.Readiness())...)
 	if err != nil {
 		lis.Close()

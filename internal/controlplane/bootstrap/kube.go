@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/waypointctl"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // kubeParts are Kubernetes mode's source, authenticator, live placement,
@@ -31,7 +32,7 @@ type kubeParts struct {
 	gateway   gatewayclient.Interface
 }
 
-func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
+func kubeWiring(o Options, log *zap.Logger, retries *backoff.Set) (*kubeParts, error) {
 	rc, err := kube.RESTConfig(o.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -57,7 +58,7 @@ func kubeWiring(o Options, log *zap.Logger) (*kubeParts, error) {
 	}
 	status, err := kubestatus.New(kubestatus.Config{
 		Istio: clients.Istio, Kube: clients.Kube, Source: src,
-		LeaseNamespace: o.LeaseNamespace, LeaseName: o.LeaseName, Log: log.Named("se-status"),
+		LeaseNamespace: o.LeaseNamespace, LeaseName: o.LeaseName, Log: log.Named("se-status"), Retries: retries,
 	})
 	if err != nil {
 		return nil, err

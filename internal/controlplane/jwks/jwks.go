@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // Defaults, as istiod's JWKS resolver: refresh every 20 minutes, retry a
@@ -72,7 +74,15 @@ type entry struct {
 	attempted time.Time
 	used      time.Time
 	busy      bool
+	// retry spaces the attempts after a failure, from Config.Retry up to
+	// maxRetry, and logs the streak once per backoff step.
+	retry *backoff.Retry
+	next  time.Time // when a failed entry is due again
 }
+
+// maxRetry caps the wait between attempts of a failing key set: ten times
+// Retry, and never more than Refresh.
+func (r *Resolver) maxRetry() time.Duration { return min(10*r.cfg.Retry, r.cfg.Refresh) }
 
 // New returns a Resolver; Run fetches.
 func New(cfg Config) *Resolver {
@@ -140,7 +150,8 @@ func (r *Resolver) lookup(key string) (string, error) {
 	defer r.mu.Unlock()
 	e := r.entries[key]
 	if e == nil {
-		e = &entry{err: ErrPending}
+		e = &entry{err: ErrPending, retry: backoff.New("jwks "+key,
+			backoff.Policy{Initial: r.cfg.Retry, Max: r.maxRetry()}, r.cfg.Log)}
 		r.entries[key] = e
 		select {
 		case r.wake <- struct{}{}:
@@ -182,7 +193,7 @@ func (r *Resolver) fetchDue(ctx context.Context) {
 			delete(r.entries, k)
 		case e.busy:
 		case e.attempted.IsZero(),
-			e.err != nil && now.Sub(e.attempted) >= r.cfg.Retry,
+			e.err != nil && !now.Before(e.next),
 			e.err == nil && now.Sub(e.fetched) >= r.cfg.Refresh:
 			e.busy, e.attempted = true, now
 			due = append(due, k)
@@ -213,13 +224,14 @@ func (r *Resolver) fetch(ctx context.Context, key string) {
 	before, beforeErr := e.keys, e.err
 	if err != nil {
 		e.err = err
+		consequence := "tokens of this issuer are rejected until it succeeds"
 		if e.keys != "" {
-			r.cfg.Log.Warn("JWKS refresh failed; the last key set fetched stays in force", zap.String(kind, target), zap.Error(err))
-		} else {
-			r.cfg.Log.Warn("JWKS fetch failed; tokens of this issuer are rejected until it succeeds", zap.String(kind, target), zap.Error(err))
+			consequence = "the last key set fetched stays in force"
 		}
+		e.next = r.cfg.Now().Add(e.retry.Failed(fmt.Errorf("%w; %s", err, consequence)))
 	} else {
 		e.keys, e.err, e.fetched = keys, nil, r.cfg.Now()
+		e.retry.Succeeded()
 		if keys != before {
 			r.cfg.Log.Info("JWKS fetched", zap.String(kind, target), zap.Int("bytes", len(keys)))
 		}

@@ -47,6 +47,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // Defaults.
@@ -79,6 +80,9 @@ type Config struct {
 	// LeaseDuration, RenewDeadline, RetryPeriod tune leader election; 0
 	// means the defaults (15 s, 10 s, 2 s, as most controllers).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Retries lists the write loop on the daemon's readiness page; nil: a
+	// Retry of its own that logs to Log.
+	Retries *backoff.Set
 	// Log: nil means no logging.
 	Log *zap.Logger
 }
@@ -270,11 +274,17 @@ const settleTime = time.Second
 
 // lead is the write loop while holding the Lease.
 func (w *Writer) lead(ctx context.Context) {
-	backoff := time.Duration(0)
+	// Failed writes back off from 500 ms to maxBackoff, logged once per
+	// step.
+	policy := backoff.Policy{Initial: 500 * time.Millisecond, Max: maxBackoff}
+	retry := backoff.New("ServiceEntry address writes", policy, w.log)
+	if w.cfg.Retries != nil {
+		retry = w.cfg.Retries.New("ServiceEntry address writes", policy)
+	}
 	settled := false
 	for {
 		objs, changed := w.cfg.Source.Current()
-		var retry <-chan time.Time
+		var again <-chan time.Time
 		if objs != nil {
 			w.mu.Lock()
 			saves := w.saves
@@ -282,13 +292,12 @@ func (w *Writer) lead(ctx context.Context) {
 			failed, deferred := w.reconcile(ctx, objs, settled)
 			switch {
 			case failed > 0:
-				backoff = min(max(2*backoff, 500*time.Millisecond), maxBackoff)
-				retry = time.After(backoff)
+				again = time.After(retry.Failed(fmt.Errorf("%d ServiceEntry status writes failed", failed)))
 			case deferred > 0:
-				backoff = 0
-				retry = time.After(settleTime)
+				retry.Succeeded()
+				again = time.After(settleTime)
 			default:
-				backoff = 0
+				retry.Succeeded()
 			}
 			settled = false
 			select {
@@ -296,7 +305,7 @@ func (w *Writer) lead(ctx context.Context) {
 				return
 			case <-changed:
 			case <-w.kick:
-			case <-retry:
+			case <-again:
 				w.mu.Lock()
 				settled = deferred > 0 && w.saves == saves
 				w.mu.Unlock()

@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // DefaultAddr is istiod's webhook port.
@@ -35,6 +37,9 @@ type ServerConfig struct {
 	Client kubernetes.Interface
 	// Validation configures Handler.
 	Validation Config
+	// Retries lists the caBundle patch loop on the daemon's readiness page;
+	// nil: a Retry of its own that logs to Log.
+	Retries *backoff.Set
 	// Log: nil means no logging.
 	Log *zap.Logger
 }
@@ -93,19 +98,26 @@ func (s *Server) Run(ctx context.Context) error {
 // patchUntilDone sets the caBundle, retrying (the configuration may be
 // created after the control plane starts), then re-checks every minute.
 func (s *Server) patchUntilDone(ctx context.Context) {
-	wait := time.Second
+	// Failures back off from 1 s to a minute, logged once per step; once
+	// set, the bundle is checked again every minute.
+	policy := backoff.Policy{Initial: time.Second, Max: time.Minute}
+	retry := backoff.New("webhook caBundle", policy, s.log)
+	if s.cfg.Retries != nil {
+		retry = s.cfg.Retries.New("webhook caBundle", policy)
+	}
 	for {
+		wait := time.Minute
 		if err := PatchCABundle(ctx, s.cfg.Client, ConfigurationName, s.cfg.CABundle); err != nil {
-			s.log.Warn("webhook: cannot set the caBundle; the API server refuses the kinds it validates until it is set",
-				zap.String("configuration", ConfigurationName), zap.Error(err))
-			wait = min(2*wait, time.Minute)
+			wait = retry.Failed(fmt.Errorf("%s: %w; the API server refuses the kinds it validates until it is set", ConfigurationName, err))
 		} else {
-			wait = time.Minute
+			retry.Succeeded()
 		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
-		case <-time.After(wait):
+		case <-t.C:
 		}
 	}
 }

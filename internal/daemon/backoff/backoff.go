@@ -31,6 +31,11 @@ type Policy struct {
 	// so that a fleet restarted together does not retry together. 0 means
 	// 0.2; a negative value means none. The result never exceeds Max.
 	Jitter float64
+	// Healthy is how long a success must last to reset the backoff: a
+	// failure sooner than that after a success continues the last streak's
+	// steps, so a peer that accepts and then drops at once is not retried
+	// at the shortest interval forever. 0: every success resets it.
+	Healthy time.Duration
 }
 
 func (p Policy) withDefaults() Policy {
@@ -41,13 +46,10 @@ func (p Policy) withDefaults() Policy {
 		p.Max = 30 * time.Second
 	}
 	p.Max = max(p.Max, p.Initial)
-	switch {
-	case p.Jitter == 0:
+	if p.Jitter == 0 {
 		p.Jitter = 0.2
-	case p.Jitter < 0:
-		p.Jitter = 0
 	}
-	p.Jitter = min(p.Jitter, 1)
+	p.Jitter = min(p.Jitter, 1) // negative stays negative: none, and idempotent
 	return p
 }
 
@@ -70,7 +72,8 @@ func (p Policy) Delay(failures int, r float64) time.Duration {
 	if d <= 0 || d > p.Max { // the shift overflowed or passed the cap
 		d = p.Max
 	}
-	d = time.Duration(float64(d) * (1 - p.Jitter + 2*p.Jitter*r))
+	j := max(p.Jitter, 0)
+	d = time.Duration(float64(d) * (1 - j + 2*j*r))
 	return min(d, p.Max)
 }
 
@@ -102,6 +105,7 @@ type Retry struct {
 	mu     sync.Mutex
 	st     Status
 	logged int // the step last logged, -1 when healthy
+	prev   int // the failures of the streak the last success ended
 }
 
 // New returns a standalone Retry named name (the loop it paces, as it
@@ -124,6 +128,9 @@ func (r *Retry) Failed(err error) time.Duration {
 	r.mu.Lock()
 	if !r.st.Failing {
 		r.st.Failing, r.st.Failures, r.st.Since = true, 0, now
+		if r.p.Healthy > 0 && now.Sub(r.st.Succeeded) < r.p.Healthy {
+			r.st.Failures = r.prev // the success did not last
+		}
 	}
 	r.st.Failures++
 	r.st.Step = r.p.step(r.st.Failures)
@@ -167,7 +174,7 @@ func (r *Retry) Succeeded() {
 	r.mu.Lock()
 	was := r.st
 	r.st = Status{Name: r.name, Succeeded: now}
-	r.logged = -1
+	r.logged, r.prev = -1, was.Failures
 	r.mu.Unlock()
 	if was.Failing {
 		r.log.Info(r.name+" recovered", zap.String("loop", r.name), zap.Int("failures", was.Failures),

@@ -92,3 +92,24 @@ func TestRetryWaitEndsWithContext(t *testing.T) {
 		t.Fatal("a nil Set still makes Retries and reports none")
 	}
 }
+
+// TestRetryHealthy: a success that does not last Healthy leaves the next
+// failure at the following step; one that does starts over.
+func TestRetryHealthy(t *testing.T) {
+	r := New("xds", Policy{Initial: 10 * time.Millisecond, Max: time.Second, Jitter: -1, Healthy: time.Minute}, nil)
+	now := time.Unix(1000, 0)
+	r.now = func() time.Time { return now }
+	for range 3 {
+		r.Failed(nil)
+	}
+	r.Succeeded()
+	now = now.Add(time.Second)
+	if d := r.Failed(nil); d != 80*time.Millisecond {
+		t.Fatalf("failure 1 s after a success: wait %v, want 80ms (the fourth step)", d)
+	}
+	r.Succeeded()
+	now = now.Add(2 * time.Minute)
+	if d := r.Failed(nil); d != 10*time.Millisecond {
+		t.Fatalf("failure after a lasting success: wait %v, want 10ms", d)
+	}
+}

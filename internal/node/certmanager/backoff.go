@@ -1,6 +1,10 @@
 package certmanager
 
-import "time"
+import (
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
+)
 
 // Retry backoff defaults, as Istio's ztunnel uses for certificate fetches.
 const (
@@ -11,21 +15,9 @@ const (
 
 // backoffDelay is the wait before retry number failures (1 after the first
 // failure): initial·2^(failures-1), scaled by 1±20 % with r in [0,1) choosing
-// the point in that range, and never more than max.
+// the point in that range, and never more than max. It is the tree's one
+// backoff (backoff.Policy); each identity keeps its own streak, shown in the
+// config dump's certificates.
 func backoffDelay(failures int, initial, max time.Duration, r float64) time.Duration {
-	if failures < 1 {
-		failures = 1
-	}
-	d := initial
-	for i := 1; i < failures && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	d = time.Duration(float64(d) * (1 - backoffJitter + 2*backoffJitter*r))
-	if d > max {
-		d = max
-	}
-	return d
+	return backoff.Policy{Initial: initial, Max: max, Jitter: backoffJitter}.Delay(failures, r)
 }
