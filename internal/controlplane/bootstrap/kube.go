@@ -64,7 +64,7 @@ func kubeWiring(o Options, log *zap.Logger, retries *backoff.Set) (*kubeParts, e
 		return nil, err
 	}
 	istioStatus, err := kubestatus.NewIstio(kubestatus.IstioConfig{
-		Istio: clients.Istio, Leading: status.Leading, Log: log.Named("istio-status"),
+		Istio: clients.Istio, Leading: status.Leading, Log: log.Named("istio-status"), Retries: retries,
 	})
 	if err != nil {
 		return nil, err

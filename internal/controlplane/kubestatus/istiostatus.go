@@ -49,6 +49,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 )
 
 // ConditionReconciled is the condition type the control plane owns in
@@ -290,6 +291,9 @@ type IstioConfig struct {
 	Leading func() bool
 	// QPS caps writes a second; 0 means DefaultIstioStatusQPS.
 	QPS float64
+	// Retries lists the write loop on the daemon's readiness page; nil: a
+	// Retry of its own that logs to Log.
+	Retries *backoff.Set
 	// Log: nil means no logging.
 	Log *zap.Logger
 }
@@ -348,21 +352,25 @@ func (w *IstioWriter) Update(objs *cluster.Objects, policies []translate.PolicyS
 // Run writes status while this replica leads, until ctx is done. It
 // returns nil then.
 func (w *IstioWriter) Run(ctx context.Context) error {
-	backoff := time.Duration(0)
+	const what = "Istio object status writes"
+	policy := backoff.Policy{Initial: 500 * time.Millisecond, Max: maxBackoff}
+	retry := backoff.New(what, policy, w.log)
+	if w.cfg.Retries != nil {
+		retry = w.cfg.Retries.New(what, policy)
+	}
 	poll := time.NewTicker(leaderPoll)
 	defer poll.Stop()
 	for {
-		var retry <-chan time.Time
+		var again <-chan time.Time
 		if w.cfg.Leading() {
 			w.mu.Lock()
 			objs, policies := w.objs, w.policies
 			w.mu.Unlock()
 			if objs != nil {
-				if failed := w.Reconcile(ctx, objs, policies); failed > 0 {
-					backoff = min(max(2*backoff, 500*time.Millisecond), maxBackoff)
-					retry = time.After(backoff)
+				if failed, first := w.reconcile(ctx, objs, policies); failed > 0 {
+					again = time.After(retry.Failed(fmt.Errorf("%d status writes failed, first: %w", failed, first)))
 				} else {
-					backoff = 0
+					retry.Succeeded()
 				}
 			}
 		}
@@ -370,7 +378,7 @@ func (w *IstioWriter) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-w.kick:
-		case <-retry:
+		case <-again:
 		case <-poll.C:
 			// Picks up leadership gained since; a no-op write check otherwise.
 		}
@@ -382,6 +390,14 @@ func (w *IstioWriter) Run(ctx context.Context) error {
 // Objects without a PolicyStatus are left alone. It stops early when
 // this replica stops leading. Run calls it; it must not run concurrently.
 func (w *IstioWriter) Reconcile(ctx context.Context, objs *cluster.Objects, policies []translate.PolicyStatus) (failed int) {
+	failed, _ = w.reconcile(ctx, objs, policies)
+	return failed
+}
+
+// reconcile is Reconcile; first is the first write error, for the retry
+// log (each failure is logged at debug only: the Retry logs once per
+// backoff step).
+func (w *IstioWriter) reconcile(ctx context.Context, objs *cluster.Objects, policies []translate.PolicyStatus) (failed int, first error) {
 	index := statusObjects(objs)
 	for key, ws := range w.written {
 		if o, ok := index[key]; !ok || o.rv != ws.overRV {
@@ -402,21 +418,24 @@ func (w *IstioWriter) Reconcile(ctx context.Context, objs *cluster.Objects, poli
 			continue // written; the source has not shown it yet
 		}
 		if err := w.wait(ctx); err != nil {
-			return failed
+			return failed, first
 		}
 		if !w.cfg.Leading() {
-			return failed
+			return failed, first
 		}
 		err := w.write(ctx, o, want)
 		if err == nil {
 			w.written[key] = writtenStatus{overRV: o.rv, want: want}
 		} else {
 			failed++
-			w.log.Warn("writing status failed; will retry", zap.String("kind", o.kind),
+			if first == nil {
+				first = err
+			}
+			w.log.Debug("writing status failed; will retry", zap.String("kind", o.kind),
 				zap.String("name", o.namespace+"/"+o.name), zap.Error(err))
 		}
 	}
-	return failed
+	return failed, first
 }
 
 // wait spaces writes 1/QPS apart.
