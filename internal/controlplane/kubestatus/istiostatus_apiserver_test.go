@@ -21,8 +21,8 @@ import (
 // the Lease) against a real API server with the chart's CRDs: an
 // AuthorizationPolicy with an unparseable ipBlocks value gets
 // Reconciled=False naming the field and an IST0106 message, a good one
-// gets Reconciled=True with no messages, another writer's condition
-// survives, fixing the bad one clears its message, and a settled status is
+// gets Reconciled=True with no messages, a forged clean status is
+// corrected, another writer's condition survives, fixing the bad one clears its message, and a settled status is
 // not written again.
 func TestIstioStatusOnAPIServer(t *testing.T) {
 	api := kubeapi.Start(t, kubeapi.Options{})
@@ -57,6 +57,14 @@ func TestIstioStatusOnAPIServer(t *testing.T) {
 	// Another writer's condition on the good policy must survive ours.
 	if _, err := aps.Patch(ctx, "good", "application/merge-patch+json",
 		[]byte(`{"status":{"conditions":[{"type":"ZtunnelAccepted","status":"True","reason":"Accepted"}]}}`),
+		metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A tenant forges a clean status on the bad policy before we run: it
+	// must not hide the problem.
+	if _, err := aps.Patch(ctx, "bad", "application/merge-patch+json",
+		[]byte(`{"status":{"conditions":[{"type":"Reconciled","status":"True","reason":"Accepted","observedGeneration":1}]}}`),
 		metav1.PatchOptions{}, "status"); err != nil {
 		t.Fatal(err)
 	}
