@@ -39,7 +39,11 @@ const (
 // Istio's two demo tokens apart.
 func TestWaypointJWT(t *testing.T) {
 	roottest.Require(t)
-	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"}})
+	// The key server below is plain http on loopback: the chart's opt-in
+	// (controlPlane.jwks.allowHTTP/allowInternal); by default ztunnel-cp
+	// refuses both (TestResolverRefusesInternal).
+	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"},
+		CPArgs: []string{"--jwks-allow-http", "--jwks-allow-internal"}})
 	if err != nil {
 		t.Fatal(err)
 	}

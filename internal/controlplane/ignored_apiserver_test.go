@@ -16,7 +16,7 @@ import (
 )
 
 // TestIgnoredKindsInKubernetesMode: in Kubernetes mode (a real API server,
-// the source as ztunnel-cp wires it) a ReferenceGrant, a kind the control plane
+// the source as ztunnel-cp wires it) a TCPRoute, a kind the control plane
 // does not read, is logged once at warning and listed in the config dump's
 // ignored section, also across later translations.
 func TestIgnoredKindsInKubernetesMode(t *testing.T) {
@@ -30,12 +30,12 @@ func TestIgnoredKindsInKubernetesMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	const route = `
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
 metadata: {namespace: app, name: reviews-split}
 spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: other}]
-  to: [{group: "", kind: Service}]
+  parentRefs: [{kind: Service, group: "", name: reviews}]
+  rules: [{backendRefs: [{name: reviews, port: 9080}]}]
 `
 	if err := api.Apply(ctx, []byte(route), kubeapi.ApplyOptions{}); err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ spec:
 	go func() { _ = cp.Run(rctx, lis); close(done) }()
 	t.Cleanup(func() { stop(); <-done })
 
-	const want = "ReferenceGrant app/reviews-split (gateway.networking.k8s.io/v1): "
+	const want = "TCPRoute app/reviews-split (gateway.networking.k8s.io/v1): "
 	reported := func() bool {
 		return slices.ContainsFunc(cp.ConfigDump().Ignored, func(l string) bool { return strings.HasPrefix(l, want) })
 	}
@@ -82,15 +82,15 @@ spec:
 		time.Sleep(50 * time.Millisecond)
 	}
 	if !reported() {
-		t.Fatal("the ReferenceGrant left the ignored section on a later translation")
+		t.Fatal("the TCPRoute left the ignored section on a later translation")
 	}
 	n := 0
 	for _, e := range logs.FilterMessageSnippet("ignored object").All() {
-		if e.ContextMap()["kind"] == "ReferenceGrant" {
+		if e.ContextMap()["kind"] == "TCPRoute" {
 			n++
 		}
 	}
 	if n != 1 {
-		t.Fatalf("ReferenceGrant warned %d times, want once", n)
+		t.Fatalf("TCPRoute warned %d times, want once", n)
 	}
 }

@@ -27,6 +27,7 @@ type kubeParts struct {
 	alloc     *autoalloc.Allocator
 	status    *kubestatus.Writer
 	istio     *kubestatus.IstioWriter
+	routes    *kubestatus.RouteWriter
 	root      *RootPublisher
 	kube      kubernetes.Interface
 	gateway   gatewayclient.Interface
@@ -73,8 +74,14 @@ func kubeWiring(o Options, log *zap.Logger, retries *backoff.Set) (*kubeParts, e
 	if err != nil {
 		return nil, err
 	}
+	routes, err := kubestatus.NewRouteWriter(kubestatus.RouteConfig{
+		Gateway: clients.Gateway, Source: src, Translate: translateConfig(o), Leading: status.Leading, Log: log.Named("route-status"),
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &kubeParts{
-		src: src, auth: auth, alloc: alloc, status: status, istio: istioStatus, kube: clients.Kube, gateway: clients.Gateway,
+		src: src, auth: auth, alloc: alloc, status: status, istio: istioStatus, routes: routes, kube: clients.Kube, gateway: clients.Gateway,
 		placement: &kubeauth.Placement{Client: clients.Kube, Log: log.Named("placement")},
 		root:      &RootPublisher{Client: clients.Kube, Namespace: o.SystemNamespace, Log: log.Named("root-configmap")},
 	}, nil

@@ -68,8 +68,12 @@ func (t *translator) translateService(s *corev1.Service) {
 	}
 	svc.LoadBalancing = t.loadBalancing(s)
 	svc.IpFamilies = ipFamilies(s.Spec.IPFamilies, fams)
-	svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
-	svc.WeightedWaypoints = t.weightedWaypoints("Service", s.Namespace, s.Name, s.Labels, s.Annotations, svc.Waypoint)
+	// A waypoint's own Service never has a waypoint (as istiod decides):
+	// bound to itself, a request to it would loop back and be reset.
+	if !t.waypointService(s) {
+		svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
+		svc.WeightedWaypoints = t.weightedWaypoints("Service", s.Namespace, s.Name, s.Labels, s.Annotations, svc.Waypoint)
+	}
 	t.addresses[svc.Namespace+"/"+svc.Hostname] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
 }
 
@@ -326,4 +330,23 @@ func (t *translator) translateExternalNames() {
 			Extensions: []*workloadapi.Extension{{Name: ExternalNameAliasExtension, Config: cfg}},
 		}, "Service", s.Namespace, s.Name)
 	}
+}
+
+// waypointService reports whether s fronts a waypoint: it carries the
+// waypoint controller's managed label, or its gateway-name label names a
+// Gateway of class istio-waypoint in its namespace.
+func (t *translator) waypointService(s *corev1.Service) bool {
+	if s.Labels[LabelGatewayManaged] == ManagedMeshController {
+		return true
+	}
+	gw, ok := s.Labels[LabelGatewayName]
+	if !ok {
+		return false
+	}
+	for _, g := range t.objs.Gateways {
+		if g.Namespace == s.Namespace && g.Name == gw && string(g.Spec.GatewayClassName) == WaypointClass {
+			return true
+		}
+	}
+	return false
 }
