@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check test-node
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check check test-node
 
 all: build
 
@@ -77,6 +77,12 @@ proto-check:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^\.tools/')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+## check: the inner loop (gofmt, go vet, go test -short): no root, no Kubernetes binaries, no race detector.
+## Tests that need root, namespaces, etcd or kube-apiserver, or take long skip with "short: needs ...".
+## Go's test cache stays on: a package whose inputs did not change is not run again.
+check: lint
+	$(GO) test -short -timeout 10m ./...
 
 ## unit: every package's tests with the race detector (root-only tests run too when root).
 ## k8s-bins: etcd, kube-apiserver, kubectl and helm built from their Go modules (hack/k8s; ~15 min on

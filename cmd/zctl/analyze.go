@@ -43,8 +43,8 @@ const (
 	codeTranslationWarn = "ZTG0011" // any other translation warning
 	// ZTG0012-0014: analyze_kube.go, analyze_dns.go.
 	codeRouteNotApplied = "ZTG0015" // a VirtualService or DestinationRule no waypoint applies
-	// ZTG0016: a ServiceEntry address owned by someone else (tenant-addr).
-	codeRouteStatus = "ZTG0017" // an HTTPRoute/GRPCRoute parent not accepted, or a backendRef refused
+	codeAddressOwned    = "ZTG0016" // a ServiceEntry address owned by someone else (refused)
+	codeRouteStatus     = "ZTG0017" // an HTTPRoute/GRPCRoute parent not accepted, or a backendRef refused
 )
 
 // finding is one problem analyze reports.
@@ -156,6 +156,15 @@ func policyFindings(statuses []translate.PolicyStatus) []finding {
 	var out []finding
 	for _, st := range statuses {
 		obj := st.Kind + " " + st.Name
+		if st.Kind == "ServiceEntry" {
+			// The control plane's own ownership verdict (translate/ownership.go).
+			for _, bad := range st.Invalid {
+				out = append(out, finding{Code: codeAddressOwned, Level: levelError, Object: obj,
+					Message: bad + "; " + st.Message,
+					Fix:     "list only addresses outside the cluster's pods, nodes and other namespaces' Services, not overlapping an older ServiceEntry of another namespace; 0.0.0.0/0 and ::/0 are never accepted"})
+			}
+			continue
+		}
 		for _, bad := range st.Invalid {
 			out = append(out, finding{Code: codeInvalidValue, Level: levelError, Object: obj,
 				Message: bad + "; the control plane: " + or(withoutInvalid(st.Message), "the rule holding it fails closed"),

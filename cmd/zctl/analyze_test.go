@@ -254,3 +254,22 @@ spec: {nodeName: node0, containers: [{name: app, image: app}]}
 		}
 	}
 }
+
+// TestAnalyzeServiceEntryAddressOwned: zctl analyze reports each address
+// the control plane refuses a ServiceEntry (the same translation decides
+// both), and only those.
+func TestAnalyzeServiceEntryAddressOwned(t *testing.T) {
+	fs, err := analyzeDir("testdata/analyze/tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := codesOf(fs)[codeAddressOwned]
+	if len(got) != 2 {
+		t.Fatalf("findings %s: %+v, want 2 (0.0.0.0/0, the ClusterIP)", codeAddressOwned, fs)
+	}
+	for i, want := range []string{"spec.addresses[0]: 0.0.0.0/0 covers every address", "spec.addresses[1]: 10.96.0.10 is the address of Service victim/web"} {
+		if got[i].Object != "ServiceEntry evil/grab" || got[i].Level != levelError || !strings.Contains(got[i].Message, want) {
+			t.Errorf("finding %d: %+v, want %q on ServiceEntry evil/grab", i, got[i], want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // TestIgnoredKindsInKubernetesMode: in Kubernetes mode (a real API server,
@@ -63,24 +65,20 @@ spec:
 	reported := func() bool {
 		return slices.ContainsFunc(cp.ConfigDump().Ignored, func(l string) bool { return strings.HasPrefix(l, want) })
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !reported() {
-		if time.Now().After(deadline) {
-			t.Fatalf("config dump ignored = %q, want a line starting %q", cp.ConfigDump().Ignored, want)
+	testkit.EventuallyErr(t, 30*time.Second, "the ReferenceGrant in the config dump's ignored section", func() error {
+		if !reported() {
+			return fmt.Errorf("ignored = %q, want a line starting %q", cp.ConfigDump().Ignored, want)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	// A later change translates again; the route is not warned about twice.
 	gen := cp.ConfigDump().Generation
 	if err := api.EnsureNamespace(ctx, "other", nil); err != nil {
 		t.Fatal(err)
 	}
-	for cp.ConfigDump().Generation == gen {
-		if time.Now().After(deadline) {
-			t.Fatal("no translation after a namespace was created")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.Eventually(t, 30*time.Second, "a translation after a namespace was created", func() bool {
+		return cp.ConfigDump().Generation != gen
+	})
 	if !reported() {
 		t.Fatal("the TCPRoute left the ignored section on a later translation")
 	}

@@ -66,6 +66,9 @@ type Options struct {
 	// allowed, and the cluster's ranges (comma-separated CIDRs).
 	JWKSAllowHTTP, JWKSAllowInternal bool
 	JWKSInternalCIDRs                string
+	// MeshConfig is an Istio MeshConfig file (LoadMeshConfig); "" means
+	// Istio's defaults (everything exported everywhere).
+	MeshConfig string
 	// Kubernetes mode.
 	Kubeconfig          string
 	InCluster           bool
@@ -205,6 +208,13 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	cfg := controlplane.Config{
 		Translate: translateConfig(o),
 		CA:        authority, ServingNames: o.ServingNames(), Log: log, Registerer: reg,
+	}
+	if o.MeshConfig != "" {
+		if err := LoadMeshConfig(o.MeshConfig, &cfg.Translate); err != nil {
+			return err
+		}
+		log.Info("mesh config", zap.Strings("defaultServiceExportTo", cfg.Translate.DefaultServiceExportTo),
+			zap.Stringer("serviceEntryVisibility", cfg.Translate.ServiceEntryVisibility))
 	}
 	// RequestAuthentication key sets named by jwksUri (or found by OpenID
 	// discovery) are fetched here and sent to the waypoints inline, as

@@ -3,6 +3,7 @@ package jwks
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -10,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 const keySet = `{"keys":[{"kty":"EC","crv":"P-256","x":"a","y":"b","kid":"k1"}]}`
@@ -82,18 +85,13 @@ func TestResolver(t *testing.T) {
 	for _, bad := range []string{srv.URL + "/notjson", srv.URL + "/empty", srv.URL + "/missing"} {
 		r.JWKS(bad)
 	}
-	deadline := time.Now().Add(5 * time.Second)
 	for _, bad := range []string{srv.URL + "/notjson", srv.URL + "/empty", srv.URL + "/missing"} {
-		for {
-			_, err := r.JWKS(bad)
-			if err != nil && !errors.Is(err, ErrPending) {
-				break
+		testkit.EventuallyErr(t, 5*time.Second, bad+" to fail", func() error {
+			if _, err := r.JWKS(bad); err == nil || errors.Is(err, ErrPending) {
+				return fmt.Errorf("still %v", err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: still %v", bad, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	if _, err := r.JWKS("file:///etc/passwd"); err == nil || !strings.Contains(err.Error(), "only https") {
 		t.Errorf("file URI: %v", err)

@@ -18,13 +18,17 @@ import (
 // virtualservice.go).
 
 // destinationRuleFor is the DestinationRule that applies to host for a
-// client (the waypoint) in namespace clientNs, or nil.
+// client (the waypoint) in namespace clientNs, or nil; a rule not exported
+// to clientNs (exportTo) does not apply.
 func (ir *istioRouting) destinationRuleFor(clientNs, host string) *networkingv1.DestinationRule {
 	nsOrder := []string{clientNs, ir.t.hostNamespace(host, clientNs), ir.t.cfg.RootNamespace}
 	for _, ns := range nsOrder {
 		var exact, wild []*networkingv1.DestinationRule
 		for _, d := range ir.t.objs.DestinationRules {
 			if d.Namespace != ns || d.Spec.GetWorkloadSelector() != nil {
+				continue
+			}
+			if e, _ := parseExportTo(d.Spec.GetExportTo(), ir.t.cfg.DefaultDestinationRuleExportTo, d.Namespace, "spec.exportTo"); !e.visibleTo(clientNs) {
 				continue
 			}
 			p := ir.t.resolveIstioHost(d.Spec.GetHost(), d.Namespace)

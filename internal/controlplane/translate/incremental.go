@@ -139,6 +139,9 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	sliceCh := diff(tr.objs.EndpointSlices, objs.EndpointSlices)
 	podCh := diff(tr.objs.Pods, objs.Pods)
 	nodeCh := diff(tr.objs.Nodes, objs.Nodes)
+	if reason := tr.ownershipChange(svcCh, podCh, nodeCh); reason != "" {
+		return tr.full(objs, allocs, reason)
+	}
 	routesCh := changed(tr.objs.HTTPRoutes, objs.HTTPRoutes) || changed(tr.objs.GRPCRoutes, objs.GRPCRoutes) ||
 		changed(tr.objs.VirtualServices, objs.VirtualServices) || changed(tr.objs.DestinationRules, objs.DestinationRules) ||
 		// A ReferenceGrant decides whether a route's backendRef resolves.

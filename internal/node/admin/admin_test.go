@@ -21,6 +21,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/statetest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 func testDeps(t *testing.T) (Deps, *atomic.Int32) {
@@ -164,13 +165,7 @@ func TestQuitQuitQuit(t *testing.T) {
 			t.Errorf("POST = %d %q", code, body)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second) // hang guard only
-	for shut.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if shut.Load() == 0 {
-		t.Error("Shutdown was not called")
-	}
+	testkit.Eventually(t, 10*time.Second, "Shutdown to be called", func() bool { return shut.Load() != 0 })
 	deps.Shutdown = nil
 	if code, _ := do(t, AdminHandler(deps), "POST", "/quitquitquit"); code != 501 {
 		t.Errorf("without Shutdown: %d, want 501", code)
