@@ -215,6 +215,55 @@ type backendRefProblem struct {
 // that cannot be applied: it must not be skipped.
 func unsupportedFilter(rr *waypointapi.RouteRule) { rr.Backends = nil }
 
+// unsupportedHTTPRule lists what rule i of an HTTPRoute asks that the
+// waypoint cannot do, one "spec.rules[i]...: what" each. A rule with any
+// answers 500 (unsupportedFilter) and the route's Accepted condition names
+// them: skipping a filter, a backend's filters, session persistence or a
+// retry backoff would route differently from what the route says.
+func unsupportedHTTPRule(i int, rule gatewayv1.HTTPRouteRule) []string {
+	var out []string
+	for _, f := range rule.Filters {
+		switch {
+		case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
+		case f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil:
+		default:
+			out = append(out, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
+		}
+	}
+	for j, b := range rule.BackendRefs {
+		if len(b.Filters) > 0 {
+			out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters", i, j))
+		}
+	}
+	if rule.SessionPersistence != nil {
+		out = append(out, fmt.Sprintf("spec.rules[%d].sessionPersistence", i))
+	}
+	if rule.Retry != nil && rule.Retry.Backoff != nil {
+		out = append(out, fmt.Sprintf("spec.rules[%d].retry.backoff", i))
+	}
+	return out
+}
+
+// unsupportedGRPCRule is unsupportedHTTPRule for a GRPCRoute rule, whose
+// only filter the waypoint applies is RequestHeaderModifier.
+func unsupportedGRPCRule(i int, rule gatewayv1.GRPCRouteRule) []string {
+	var out []string
+	for _, f := range rule.Filters {
+		if f.Type != gatewayv1.GRPCRouteFilterRequestHeaderModifier || f.RequestHeaderModifier == nil {
+			out = append(out, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
+		}
+	}
+	for j, b := range rule.BackendRefs {
+		if len(b.Filters) > 0 {
+			out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters", i, j))
+		}
+	}
+	if rule.SessionPersistence != nil {
+		out = append(out, fmt.Sprintf("spec.rules[%d].sessionPersistence", i))
+	}
+	return out
+}
+
 func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 	wr := &waypointapi.Route{Name: r.Name, Namespace: r.Namespace}
 	for _, rule := range r.Spec.Rules {
@@ -257,7 +306,6 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 			be, _ := t.backend(kindHTTPRoute, r.Namespace, b.BackendRef)
 			rr.Backends = append(rr.Backends, be)
 		}
-		unsupported := false
 		for _, f := range rule.Filters {
 			switch {
 			case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
@@ -266,12 +314,7 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 				if m, _ := t.mirror(r.Namespace, f.RequestMirror); m != nil {
 					rr.Mirrors = append(rr.Mirrors, m)
 				}
-			default:
-				unsupported = true
 			}
-		}
-		if unsupported {
-			unsupportedFilter(rr)
 		}
 		if rule.Timeouts != nil && rule.Timeouts.Request != nil {
 			if d, err := parseGatewayDuration(string(*rule.Timeouts.Request)); err == nil {
@@ -286,12 +329,20 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 			for _, c := range rule.Retry.Codes {
 				rt.Codes = append(rt.Codes, uint32(c))
 			}
-			if rule.Retry.Backoff != nil {
-				if d, err := parseGatewayDuration(string(*rule.Retry.Backoff)); err == nil {
-					rt.PerTryTimeoutMs = d
-				}
-			}
 			rr.Retry = rt
+		}
+		// backendRequest bounds each request to a backend, every retry
+		// included one by one: the waypoint's per-try timeout.
+		if rule.Timeouts != nil && rule.Timeouts.BackendRequest != nil {
+			if d, err := parseGatewayDuration(string(*rule.Timeouts.BackendRequest)); err == nil && d > 0 {
+				if rr.Retry == nil {
+					rr.Retry = &waypointapi.Retry{}
+				}
+				rr.Retry.PerTryTimeoutMs = d
+			}
+		}
+		if len(unsupportedHTTPRule(0, rule)) > 0 {
+			unsupportedFilter(rr)
 		}
 		wr.Rules = append(wr.Rules, rr)
 	}
@@ -322,16 +373,12 @@ func (t *translator) convertGRPCRoute(r *gatewayv1.GRPCRoute) *waypointapi.Route
 			be, _ := t.backend(kindGRPCRoute, r.Namespace, b.BackendRef)
 			rr.Backends = append(rr.Backends, be)
 		}
-		unsupported := false
 		for _, f := range rule.Filters {
-			switch {
-			case f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
+			if f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil {
 				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
-			default:
-				unsupported = true
 			}
 		}
-		if unsupported {
+		if len(unsupportedGRPCRule(0, rule)) > 0 {
 			unsupportedFilter(rr)
 		}
 		wr.Rules = append(wr.Rules, rr)

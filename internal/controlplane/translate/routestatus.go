@@ -74,16 +74,13 @@ func RouteStatuses(cfg Config, objs *cluster.Objects) []RouteStatus {
 				}
 			}
 			for _, f := range rule.Filters {
-				switch {
-				case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
-				case f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil:
+				if f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil {
 					if _, bad := t.mirror(r.Namespace, f.RequestMirror); bad != nil {
 						refs = append(refs, bad)
 					}
-				default:
-					unsupported = append(unsupported, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
 				}
 			}
+			unsupported = append(unsupported, unsupportedHTTPRule(i, rule)...)
 		}
 		if st, ok := t.routeStatus(kindHTTPRoute, r.Namespace, r.Name, r.Generation, r.Spec.ParentRefs, unsupported, refs); ok {
 			out = append(out, st)
@@ -98,11 +95,7 @@ func RouteStatuses(cfg Config, objs *cluster.Objects) []RouteStatus {
 					refs = append(refs, bad)
 				}
 			}
-			for _, f := range rule.Filters {
-				if f.Type != gatewayv1.GRPCRouteFilterRequestHeaderModifier || f.RequestHeaderModifier == nil {
-					unsupported = append(unsupported, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
-				}
-			}
+			unsupported = append(unsupported, unsupportedGRPCRule(i, rule)...)
 		}
 		if st, ok := t.routeStatus(kindGRPCRoute, r.Namespace, r.Name, r.Generation, r.Spec.ParentRefs, unsupported, refs); ok {
 			out = append(out, st)

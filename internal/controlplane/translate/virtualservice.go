@@ -86,7 +86,11 @@ func newIstioRouting(t *translator, res *Result) *istioRouting {
 		ir.vs[v.Namespace+"/"+v.Name] = &istioStatus{}
 	}
 	for _, d := range t.objs.DestinationRules {
-		ir.dr[d.Namespace+"/"+d.Name] = &istioStatus{}
+		st := &istioStatus{}
+		for _, p := range validateDR(d) {
+			st.addInvalid(p)
+		}
+		ir.dr[d.Namespace+"/"+d.Name] = st
 	}
 	return ir
 }
