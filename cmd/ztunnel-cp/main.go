@@ -114,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
 	fs.StringVar(&o.TrustedNodeAccounts, "trusted-node-accounts", "istio-system/ztunnel", "Kubernetes mode: comma-separated namespace/name ServiceAccounts of node proxies (CA_TRUSTED_NODE_ACCOUNTS)")
 	fs.StringVar(&o.SystemNamespace, "system-namespace", "istio-system", "Kubernetes mode: the namespace this control plane runs in: it publishes ConfigMap "+bootstrap.RootConfigMapName+" there, and its serving certificate covers "+bootstrap.ServiceName+".<namespace>.svc")
-	fs.StringVar(&o.LeaseNamespace, "lease-namespace", kubestatus.DefaultLeaseNamespace, "Kubernetes mode: namespace of the leader-election Lease for ServiceEntry address writes")
+	fs.StringVar(&o.LeaseNamespace, "lease-namespace", kubestatus.DefaultLeaseNamespace, "Kubernetes mode: namespace of the leader-election Lease for ServiceEntry address and Istio object status writes")
 	fs.StringVar(&o.LeaseName, "lease-name", kubestatus.DefaultLeaseName, "Kubernetes mode: name of that Lease")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -255,7 +255,9 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		}
 		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
 		k.root.RootPEM = authority.RootPEM()
+		cfg.PolicyStatus = k.istio.Update
 		tasks = append(tasks, cpTask{name: "status writer", run: k.status.Run},
+			cpTask{name: "istio status writer", run: k.istio.Run},
 			cpTask{name: "route status writer", run: k.routes.Run},
 			cpTask{name: TaskRootConfigMap, run: func(ctx context.Context) error { k.root.Run(ctx); return nil }, ready: k.root.Published})
 		if o.WaypointImage != "" {
