@@ -33,6 +33,19 @@ func convertWaypointPolicy(ap *securityv1.AuthorizationPolicy) (*waypointapi.Pol
 		p.Action, p.Rules = waypointapi.Action_DENY, []*waypointapi.Rule{{}}
 		return p, bad
 	}
+	// Istio's validation allows a provider only with action CUSTOM, which
+	// is refused above: a provider beside another action is a policy istiod
+	// would reject, so it may not be read as if the provider were absent.
+	if ap.Spec.GetProvider() != nil {
+		if p.Action == waypointapi.Action_DENY {
+			bad.addf("spec.provider", "a provider goes only with action CUSTOM; this DENY policy matches every request (fail closed)")
+			p.Rules = []*waypointapi.Rule{{}}
+		} else {
+			bad.addf("spec.provider", "a provider goes only with action CUSTOM; this %s policy's rules are dropped (fail closed: allows less)", p.Action)
+			p.Rules = nil
+		}
+		return p, bad
+	}
 	if v, ok := ap.Annotations[AnnotationDryRun]; ok {
 		dry, err := strconv.ParseBool(v)
 		if err != nil {
