@@ -46,7 +46,7 @@ var contract = apitest.Contract{
 		"Condition":      {"key": 1, "values": 2, "not_values": 3},
 		"Cidr":           {"address": 1, "length": 2},
 		"StringMatch":    {"exact": 1, "prefix": 2, "suffix": 3, "presence": 4},
-		"Route":          {"name": 1, "namespace": 2, "rules": 3, "kind": 4},
+		"Route":          {"name": 1, "namespace": 2, "rules": 3, "kind": 4, "ports": 5, "client_namespace": 6},
 		"RouteRule":      {"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5, "mirrors": 6, "fault": 7},
 		"Fault":          {"delay_ms": 1, "delay_percent": 2, "abort_status": 3, "abort_percent": 4},
 		"Mirror":         {"backend": 1, "percent": 2},
@@ -56,7 +56,7 @@ var contract = apitest.Contract{
 		"HeaderModifier": {"set": 1, "add": 2, "remove": 3},
 		"Backend": {
 			"hostname": 1, "namespace": 2, "port": 3, "weight": 4, "subset": 5, "subset_labels": 6,
-			"missing_subset": 7, "traffic_policy": 8, "subset_workloads": 9,
+			"missing_subset": 7, "traffic_policy": 8, "subset_workloads": 9, "refused": 10,
 		},
 		"TrafficPolicy": {"load_balancer": 1, "outlier_detection": 2},
 		"OutlierDetection": {
