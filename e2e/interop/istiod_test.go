@@ -188,7 +188,18 @@ func diff(path string, a, b any, out *[]difference) {
 var known = []struct {
 	path    *regexp.Regexp
 	section string
-}{}
+}{
+	// Intended: ztunnel-go's features beyond istiod.
+	{regexp.MustCompile(`^authorization/app/audit-all$`), "AUDIT as a dry-run at the node"},
+	{regexp.MustCompile(`^address/app/alias\.app\.svc\.cluster\.local$`), "ExternalName aliases"},
+	// Intended: same meaning, or istiod's behaviour is not the API's.
+	{regexp.MustCompile(`^address/wp/(api|waypoint)\.wp\.svc\.cluster\.local\.service\.waypoint\.(address|hostname)$`), "Waypoint in address form"},
+	{regexp.MustCompile(`^address/Kubernetes/networking\.istio\.io/ServiceEntry/app/external-api/api\.example\.com\.workload\.authorization_policies$`), "Selector policies on a label-less ServiceEntry's workload"},
+	// Known gaps, to be fixed in ztunnel-cp.
+	{regexp.MustCompile(`^address/Kubernetes//Pod/app/web-0\.workload\.authorization_policies$`), "Root-namespace selector policies"},
+	{regexp.MustCompile(`^address/(app/web\.app|default/kubernetes\.default)\.svc\.cluster\.local\.service\.ports$`), "appProtocol TCP and TLS"},
+	{regexp.MustCompile(`^address/app/api\.example\.com\.service\.ports$`), "appProtocol TCP and TLS"},
+}
 
 func TestIstiodDifferential(t *testing.T) {
 	bin := os.Getenv(EnvIstiodBin)
