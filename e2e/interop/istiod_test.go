@@ -188,17 +188,20 @@ func diff(path string, a, b any, out *[]difference) {
 var known = []struct {
 	path    *regexp.Regexp
 	section string
+	// gap: ztunnel-cp is wrong here and a fix is under way; once the fix
+	// is merged the entry stops matching, which is reported, not failed.
+	gap bool
 }{
 	// Intended: ztunnel-go's features beyond istiod.
-	{regexp.MustCompile(`^authorization/app/audit-all$`), "AUDIT as a dry-run at the node"},
-	{regexp.MustCompile(`^address/app/alias\.app\.svc\.cluster\.local$`), "ExternalName aliases"},
+	{regexp.MustCompile(`^authorization/app/audit-all$`), "AUDIT as a dry-run at the node", false},
+	{regexp.MustCompile(`^address/app/alias\.app\.svc\.cluster\.local$`), "ExternalName aliases", false},
 	// Intended: same meaning, or istiod's behaviour is not the API's.
-	{regexp.MustCompile(`^address/wp/(api|waypoint)\.wp\.svc\.cluster\.local\.service\.waypoint\.(address|hostname)$`), "Waypoint in address form"},
-	{regexp.MustCompile(`^address/Kubernetes/networking\.istio\.io/ServiceEntry/app/external-api/api\.example\.com\.workload\.authorization_policies$`), "Selector policies on a label-less ServiceEntry's workload"},
+	{regexp.MustCompile(`^address/wp/(api|waypoint)\.wp\.svc\.cluster\.local\.service\.waypoint\.(address|hostname)$`), "Waypoint in address form", false},
+	{regexp.MustCompile(`^address/Kubernetes/networking\.istio\.io/ServiceEntry/app/external-api/api\.example\.com\.workload\.authorization_policies$`), "Selector policies on a label-less ServiceEntry's workload", false},
 	// Known gaps, to be fixed in ztunnel-cp.
-	{regexp.MustCompile(`^address/Kubernetes//Pod/app/web-0\.workload\.authorization_policies$`), "Root-namespace selector policies"},
-	{regexp.MustCompile(`^address/(app/web\.app|default/kubernetes\.default)\.svc\.cluster\.local\.service\.ports$`), "appProtocol TCP and TLS"},
-	{regexp.MustCompile(`^address/app/api\.example\.com\.service\.ports$`), "appProtocol TCP and TLS"},
+	{regexp.MustCompile(`^address/Kubernetes//Pod/app/web-0\.workload\.authorization_policies$`), "Root-namespace selector policies", true},
+	{regexp.MustCompile(`^address/(app/web\.app|default/kubernetes\.default)\.svc\.cluster\.local\.service\.ports$`), "appProtocol TCP and TLS", true},
+	{regexp.MustCompile(`^address/app/api\.example\.com\.service\.ports$`), "appProtocol TCP and TLS", true},
 }
 
 func TestIstiodDifferential(t *testing.T) {
@@ -240,11 +243,12 @@ func TestIstiodDifferential(t *testing.T) {
 	sort.Slice(diffs, func(i, j int) bool { return diffs[i].Path < diffs[j].Path })
 	var report bytes.Buffer
 	unexplained := 0
+	used := make([]bool, len(known))
 	for _, d := range diffs {
 		section := ""
-		for _, k := range known {
+		for i, k := range known {
 			if k.path.MatchString(d.Path) {
-				section = k.section
+				section, used[i] = k.section, true
 				break
 			}
 		}
@@ -256,6 +260,17 @@ func TestIstiodDifferential(t *testing.T) {
 		if section == "" {
 			unexplained++
 			t.Errorf("unexplained difference %s", line)
+		}
+	}
+	// An intended difference that no longer occurs leaves the document
+	// explaining something that is gone.
+	for i, k := range known {
+		switch {
+		case used[i]:
+		case k.gap:
+			t.Logf("known gap %q (%s) is fixed: delete it here and in docs/istiod-differences.md", k.path, k.section)
+		default:
+			t.Errorf("known difference %q (%s) no longer occurs: delete it here and in docs/istiod-differences.md", k.path, k.section)
 		}
 	}
 	t.Logf("%d resources from istiod, %d from ztunnel-cp, %d differences (%d unexplained)", len(a), len(b), len(diffs), unexplained)
