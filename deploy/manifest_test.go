@@ -67,6 +67,7 @@ type cniSummary struct {
 	StateDir         string `json:"state_dir"`
 	CNIBinDir        string `json:"cni_bin_dir"`
 	CNIConfDir       string `json:"cni_conf_dir"`
+	HostRoot         string `json:"host_root"`
 	PluginKubeconfig string `json:"plugin_kubeconfig"`
 }
 
@@ -211,10 +212,17 @@ func TestManifestMatchesBinaries(t *testing.T) {
 				t.Errorf("%s %s is host path %q, want the same path on the host", what, p, h)
 			}
 		}
-		for what, p := range map[string]string{"CNI bin dir": cni.CNIBinDir, "CNI conf dir": cni.CNIConfDir, "state dir": cni.StateDir} {
-			if _, ok := hostPath(cniw, p); !ok {
-				t.Errorf("%s %s is not on a host path", what, p)
-			}
+		if _, ok := hostPath(cniw, cni.StateDir); !ok {
+			t.Errorf("state dir %s is not on a host path", cni.StateDir)
+		}
+		// The CNI directories (host paths, the runtime's by default) and
+		// the runtime's configuration are reached under --host-root: it
+		// must be the host's root itself.
+		if h, ok := hostPath(cniw, cni.HostRoot); cni.HostRoot == "" || !ok || h != "/" {
+			t.Errorf("--host-root %q is host path %q, want the host's /", cni.HostRoot, h)
+		}
+		if cni.CNIBinDir != "" || cni.CNIConfDir != "" {
+			t.Errorf("default values set CNI dirs %q %q; want them read from the runtime's configuration", cni.CNIBinDir, cni.CNIConfDir)
 		}
 	})
 }

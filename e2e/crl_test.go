@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
@@ -23,6 +21,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testpki"
 )
 
 // TestCRLRevocation (issue 18, CRL row): the node proxies run with
@@ -139,11 +138,8 @@ func TestCRLRevocation(t *testing.T) {
 
 	// A bundle that does not verify (signed by a key that is not the
 	// mesh root's) is refused; the revocation stays in force.
-	other, err := meshRootImpostor(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeCRL(t, crlPath, signCRL(t, other.cert, other.key, 2))
+	other := testpki.NewRootSubject(t, root.Subject)
+	writeCRL(t, crlPath, signCRL(t, other.Cert, other.Key, 2))
 	testkit.Eventually(t, waitTimeout, "the bad bundle refused on node1", func() bool {
 		return strings.Contains(crlDump(ctxT(t, 5*time.Second), t, m, 1).LastError, "not signed by the mesh trust root")
 	})
@@ -258,31 +254,6 @@ func meshRootKey(t *testing.T, m *meshlab.Mesh) (*x509.Certificate, crypto.Signe
 		t.Fatalf("root key %T cannot sign", key)
 	}
 	return root, signer
-}
-
-type testSigner struct {
-	cert *x509.Certificate
-	key  crypto.Signer
-}
-
-// meshRootImpostor is a self-signed CA with the mesh root's subject and
-// another key.
-func meshRootImpostor(root *x509.Certificate) (*testSigner, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(99), Subject: root.Subject, NotBefore: root.NotBefore, NotAfter: root.NotAfter,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, BasicConstraintsValid: true, IsCA: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		return nil, err
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &testSigner{cert: c, key: key}, nil
 }
 
 // signCRL is a PEM CRL number n by issuer revoking serials.

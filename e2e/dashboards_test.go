@@ -20,7 +20,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
 )
 
@@ -51,47 +50,18 @@ func TestDashboardQueries(t *testing.T) {
 		t.Fatal("prometheus not found: run make deps (Debian package prometheus)")
 	}
 	dashboards := loadDashboards(t)
-	m, err := meshlab.Start(t, meshlab.Options{Name: "dash", Examples: []string{"../examples"},
-		DNS: map[string]netip.Addr{"upstream.example.": netip.MustParseAddr("192.0.2.10")}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := ctxT(t, 120*time.Second)
-	if err := m.AddNamespace("dash", ambientNS); err != nil {
-		t.Fatal(err)
-	}
-	web, err := m.AddPod(ctx, 1, testcluster.PodSpec{Name: "web", Namespace: "dash", ServiceAccount: "web", Labels: map[string]string{"app": "web"},
-		Containers: []kube.Container{{Name: "app", Ports: []kube.ContainerPort{{Name: "tcp-echo", Port: 9000}, {Name: "tcp-other", Port: 9001}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "curl", Namespace: "dash", ServiceAccount: "curl", Labels: map[string]string{"app": "curl"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.AddService(testcluster.ServiceSpec{Name: "web", Namespace: "dash", Selector: map[string]string{"app": "web"},
-		Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "demo"},
-		Ports:  []kube.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}, {Name: "tcp-echo", Port: 9000, TargetPort: 9000}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.ServeHTTP(web, 8080, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/fail" {
-			w.WriteHeader(http.StatusInternalServerError)
-		}
-		fmt.Fprintf(w, "web %s", r.URL.Path)
-	})); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SyncKubeProxy(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.WaitForWorkloads(ctx, web.IP, client.IP); err != nil {
-		t.Fatal(err)
-	}
-	wp, err := m.StartWaypoint(ctx, "demo", "waypoint")
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := startWaypointMesh(t, ctx, waypointSpec{Namespace: "dash", Service: "web",
+		Options:    meshlab.Options{Name: "dash", DNS: map[string]netip.Addr{"upstream.example.": netip.MustParseAddr("192.0.2.10")}},
+		ExtraPorts: []kube.ServicePort{{Name: "tcp-echo", Port: 9000, TargetPort: 9000}},
+		Containers: []kube.Container{{Name: "app", Ports: []kube.ContainerPort{{Name: "tcp-echo", Port: 9000}, {Name: "tcp-other", Port: 9001}}}},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/fail" {
+				w.WriteHeader(http.StatusInternalServerError)
+			}
+			fmt.Fprintf(w, "web %s", r.URL.Path)
+		})})
+	m, wp, web, client := w.Mesh, w.WP, w.Servers[0], w.Client
 	apply(t, m, "e2e-dash-policies", `
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy

@@ -262,43 +262,13 @@ spec:
 // their policies and flags the indirect path.
 func TestWaypointIndirectPath(t *testing.T) {
 	roottest.Require(t)
-	m, err := meshlab.Start(t, meshlab.Options{Name: "indirect", Examples: []string{"../examples"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	zctl(t)
 	ctx := ctxT(t, 90*time.Second)
-	if err := m.AddNamespace("ind", ambientNS); err != nil {
-		t.Fatal(err)
-	}
-	web, err := m.AddPod(ctx, 1, testcluster.PodSpec{Name: "web", Namespace: "ind", ServiceAccount: "web", Labels: map[string]string{"app": "web"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "curl", Namespace: "ind", ServiceAccount: "curl"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.AddService(testcluster.ServiceSpec{Name: "web", Namespace: "ind", Selector: map[string]string{"app": "web"},
-		Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "demo"},
-		Ports:  []kube.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.ServeHTTP(web, 8080, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "web path=%s", r.URL.Path)
-	})); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SyncKubeProxy(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.WaitForWorkloads(ctx, web.IP, client.IP); err != nil {
-		t.Fatal(err)
-	}
-	wp, err := m.StartWaypoint(ctx, "demo", "waypoint")
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := startWaypointMesh(t, ctx, waypointSpec{Options: meshlab.Options{Name: "indirect"}, Namespace: "ind", Service: "web",
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "web path=%s", r.URL.Path)
+		})})
+	m, wp, web, client := w.Mesh, w.WP, w.Servers[0], w.Client
 	apply(t, m, "e2e-indirect", `
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy

@@ -15,6 +15,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/agent"
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // TestNftablesMigration (issue 18): a pod captured by an iptables agent is
@@ -188,13 +189,12 @@ func (l *connLoop) count() int64 { return l.n.Load() }
 // waitCount waits until at least n connections have been made.
 func (l *connLoop) waitCount(t *testing.T, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for l.n.Load() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("connection loop: %d connections in 20s, want %d", l.n.Load(), n)
+	testkit.EventuallyErr(t, 20*time.Second, fmt.Sprintf("%d connections of the loop", n), func() error {
+		if got := l.n.Load(); got < n {
+			return fmt.Errorf("%d so far", got)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // stop ends the loop and returns how many connections it made and the

@@ -1,21 +1,15 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint"
 )
 
@@ -38,75 +32,29 @@ const (
 // a bad one 401 with Envoy's body, none 403; a claims condition tells
 // Istio's two demo tokens apart.
 func TestWaypointJWT(t *testing.T) {
-	roottest.Require(t)
-	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := ctxT(t, 90*time.Second)
-	if err := m.AddNamespace("jwt", ambientNS); err != nil {
-		t.Fatal(err)
+	// The key server below is plain http on loopback: the chart's opt-in
+	// (controlPlane.jwks.allowHTTP/allowInternal); by default ztunnel-cp
+	// refuses both (TestResolverRefusesInternal).
+	w := startWaypointMesh(t, ctx, waypointSpec{Namespace: "jwt", Service: "api",
+		Options: meshlab.Options{CPArgs: []string{"--jwks-allow-http", "--jwks-allow-internal"}},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "api path=%s authorization=%q", r.URL.Path, r.Header.Get("Authorization"))
+		})})
+	m, wp := w.Mesh, w.WP
+	bearer := func(token string) http.Header {
+		if token == "" {
+			return nil
+		}
+		return http.Header{"Authorization": {"Bearer " + token}}
 	}
-	api, err := m.AddPod(ctx, 1, testcluster.PodSpec{Name: "api", Namespace: "jwt", ServiceAccount: "api", Labels: map[string]string{"app": "api"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "curl", Namespace: "jwt", ServiceAccount: "curl", Labels: map[string]string{"app": "curl"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.AddService(testcluster.ServiceSpec{Name: "api", Namespace: "jwt", Selector: map[string]string{"app": "api"},
-		Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "demo"},
-		Ports:  []kube.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.ServeHTTP(api, 8080, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "api path=%s authorization=%q", r.URL.Path, r.Header.Get("Authorization"))
-	})); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SyncKubeProxy(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.WaitForWorkloads(ctx, api.IP, client.IP); err != nil {
-		t.Fatal(err)
-	}
-	wp, err := m.StartWaypoint(ctx, "demo", "waypoint")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vip := m.Service("jwt", "api")
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return client.Dial(ctx, "tcp", netip.AddrPortFrom(vip, 80).String())
-		}}}
 	get := func(t *testing.T, path, token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, "http://api.jwt.svc.cluster.local"+path, nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return w.do(t, path, bearer(token))
 	}
 	waitCode := func(t *testing.T, path, token string, want int) string {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			code, body := get(t, path, token)
-			if code == want {
-				return body
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("GET %s = %d %q, want %d", path, code, body, want)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		return w.waitCode(t, path, bearer(token), want)
 	}
 	waitCode(t, "/secure", "", http.StatusOK) // no policy yet
 

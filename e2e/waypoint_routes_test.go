@@ -171,14 +171,10 @@ spec:
 
 	t.Run("a mirror to two destinations", func(t *testing.T) {
 		c := httpTo("mirrored", 80)
-		deadline := time.Now().Add(30 * time.Second)
-		for !mirrors["m2"].saw("/probe") {
+		testkit.Eventually(t, 30*time.Second, "a mirrored request at m2: the route at the waypoint", func() bool {
 			status(c, "http://mirrored.l7.svc.cluster.local/probe")
-			if time.Now().After(deadline) {
-				t.Fatal("m2 never got a mirrored request: the route did not reach the waypoint")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return mirrors["m2"].saw("/probe")
+		})
 		if code := status(c, "http://mirrored.l7.svc.cluster.local/once"); code != http.StatusOK {
 			t.Fatalf("GET /once = %d", code)
 		}

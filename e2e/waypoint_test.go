@@ -16,6 +16,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint"
 )
 
@@ -25,75 +26,19 @@ import (
 // waypoint; a client (node0) reaches it through client node proxy → waypoint
 // → web's node proxy. Its subtests share the mesh and clean up their policies.
 func TestWaypointL7(t *testing.T) {
-	roottest.Require(t)
-	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxT(t, 60*time.Second) // the set-up; each subtest has its own bound
-	if err := m.AddNamespace("l7", ambientNS); err != nil {
-		t.Fatal(err)
-	}
-	web, err := m.AddPod(ctx, 1, testcluster.PodSpec{Name: "web", Namespace: "l7", ServiceAccount: "web", Labels: map[string]string{"app": "web"},
+	w := startWaypointMesh(t, ctxT(t, 60*time.Second), waypointSpec{Namespace: "l7", Service: "web",
+		ExtraPorts: []kube.ServicePort{{Name: "tcp-echo", Port: 9000, TargetPort: 9000}},
 		// meshlab echoes on every declared container port (9000); 8080 is
 		// the HTTP app below, reached by its numeric targetPort.
-		Containers: []kube.Container{{Name: "app", Ports: []kube.ContainerPort{{Name: "tcp-echo", Port: 9000}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "curl", Namespace: "l7", ServiceAccount: "curl", Labels: map[string]string{"app": "curl"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.AddService(testcluster.ServiceSpec{Name: "web", Namespace: "l7", Selector: map[string]string{"app": "web"},
-		Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "demo"},
-		Ports:  []kube.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}, {Name: "tcp-echo", Port: 9000, TargetPort: 9000}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.ServeHTTP(web, 8080, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "web path=%s xff=%s", r.URL.Path, r.Header.Get("X-Forwarded-For"))
-	})); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SyncKubeProxy(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.WaitForWorkloads(ctx, web.IP, client.IP); err != nil {
-		t.Fatal(err)
-	}
-	wp, err := m.StartWaypoint(ctx, "demo", "waypoint")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vip := m.Service("l7", "web")
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return client.Dial(ctx, "tcp", netip.AddrPortFrom(vip, 80).String())
-		}}}
-	get := func(t *testing.T, path string) (int, string) {
-		t.Helper()
-		resp, err := hc.Get("http://web.l7.svc.cluster.local" + path)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	// waitCode polls until path answers want (policies take a push to arrive).
+		Containers: []kube.Container{{Name: "app", Ports: []kube.ContainerPort{{Name: "tcp-echo", Port: 9000}}}},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "web path=%s xff=%s", r.URL.Path, r.Header.Get("X-Forwarded-For"))
+		})})
+	m, wp, web, client, vip := w.Mesh, w.WP, w.Servers[0], w.Client, w.VIP
+	get := w.get
 	waitCode := func(t *testing.T, path string, want int) string {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			code, body := get(t, path)
-			if code == want {
-				return body
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("GET %s = %d %q, want %d", path, code, body, want)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		return w.waitCode(t, path, nil, want)
 	}
 	waitCode(t, "/", http.StatusOK)
 
@@ -204,17 +149,10 @@ spec:
   action: DENY
   rules: [{to: [{operation: {ports: ["9000"], methods: [GET]}}]}]
 `)
-		deadline := time.Now().Add(20 * time.Second)
-		for {
+		testkit.Eventually(t, waitTimeout, "TCP refused under a DENY with HTTP fields on its port", func() bool {
 			_, err := meshlab.RoundTrip(ctx, client, netip.AddrPortFrom(vip, 9000), want)
-			if err != nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("TCP still passes under a DENY with HTTP fields on its port")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return err != nil
+		})
 		if code, _ := get(t, "/"); code != http.StatusOK {
 			t.Errorf("HTTP port under the TCP-port DENY = %d, want 200", code)
 		}
@@ -259,16 +197,10 @@ spec:
     - {name: web-v2, port: 80, weight: 10}
 `)
 		// The route arrives with a push: /v2 answers from web2 then.
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			if code, body := get(t, "/v2/x"); code == http.StatusOK && strings.HasPrefix(body, "web2 ") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("/v2/x never answered from web-v2: the HTTPRoute did not reach the waypoint")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		testkit.Eventually(t, waitTimeout, "/v2/x answered from web-v2: the HTTPRoute at the waypoint", func() bool {
+			code, body := get(t, "/v2/x")
+			return code == http.StatusOK && strings.HasPrefix(body, "web2 ")
+		})
 		const n = 1000
 		v2 := 0
 		for range n {
@@ -303,4 +235,164 @@ func apply(t *testing.T, m *meshlab.Mesh, name, yaml string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Remove(name) })
+}
+
+// waypointSpec describes the HTTP service a waypointMesh binds to
+// examples/' waypoint Gateway, demo/waypoint.
+type waypointSpec struct {
+	// Options start the mesh; Examples defaults to ../examples, which holds
+	// the Gateway.
+	Options meshlab.Options
+	// Namespace is created ambient; it holds the Service, its servers and
+	// the client.
+	Namespace string
+	// Service names the Service and its servers' service account; its
+	// selector is app=<Service>.
+	Service string
+	// Port is the Service's HTTP port, 80 when zero, to the servers' 8080.
+	Port int
+	// ExtraPorts are more Service ports, such as a TCP echo port.
+	ExtraPorts []kube.ServicePort
+	// Servers are the pods behind the Service. Empty means one pod named
+	// Service on node 1 serving Handler.
+	Servers []waypointServer
+	Handler http.Handler
+	// Containers are the single server's declared ports; meshlab echoes
+	// on each of them.
+	Containers []kube.Container
+}
+
+// waypointServer is one pod behind a waypointSpec's Service.
+type waypointServer struct {
+	Name    string
+	Node    int
+	Labels  map[string]string
+	Handler http.Handler
+}
+
+// waypointMesh is a two-node mesh running the real cmd/waypoint for
+// demo/waypoint, with one HTTP Service bound to it by istio.io/use-waypoint
+// and a client pod "curl" on node 0. The servers' workloads and the client's
+// are in the node proxies' state and the waypoint is ready when it returns.
+type waypointMesh struct {
+	*meshlab.Mesh
+	WP      *meshlab.Waypoint
+	Servers []*testcluster.Pod
+	Client  *testcluster.Pod
+	VIP     netip.Addr
+	Port    int
+	// URL is http://<service>.<namespace>.svc.cluster.local, with the port
+	// when it is not 80.
+	URL string
+	hc  *http.Client
+}
+
+// startWaypointMesh builds the mesh of spec within ctx.
+func startWaypointMesh(t *testing.T, ctx context.Context, spec waypointSpec) *waypointMesh {
+	t.Helper()
+	roottest.Require(t)
+	if spec.Options.Examples == nil {
+		spec.Options.Examples = []string{"../examples"}
+	}
+	if spec.Port == 0 {
+		spec.Port = 80
+	}
+	if len(spec.Servers) == 0 {
+		spec.Servers = []waypointServer{{Name: spec.Service, Node: 1, Handler: spec.Handler}}
+	}
+	m, err := meshlab.Start(t, spec.Options)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := spec.Namespace
+	if err := m.AddNamespace(ns, ambientNS); err != nil {
+		t.Fatal(err)
+	}
+	w := &waypointMesh{Mesh: m, Port: spec.Port}
+	var ips []netip.Addr
+	for _, s := range spec.Servers {
+		labels := map[string]string{"app": spec.Service}
+		for k, v := range s.Labels {
+			labels[k] = v
+		}
+		pod, err := m.AddPod(ctx, s.Node, testcluster.PodSpec{Name: s.Name, Namespace: ns, ServiceAccount: spec.Service,
+			Labels: labels, Containers: spec.Containers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.ServeHTTP(pod, 8080, s.Handler); err != nil {
+			t.Fatal(err)
+		}
+		w.Servers = append(w.Servers, pod)
+		ips = append(ips, pod.IP)
+	}
+	if w.Client, err = m.AddPod(ctx, 0, testcluster.PodSpec{Name: "curl", Namespace: ns, ServiceAccount: "curl",
+		Labels: map[string]string{"app": "curl"}}); err != nil {
+		t.Fatal(err)
+	}
+	ports := append([]kube.ServicePort{{Name: "http", Port: spec.Port, TargetPort: 8080}}, spec.ExtraPorts...)
+	if _, err := m.AddService(testcluster.ServiceSpec{Name: spec.Service, Namespace: ns, Selector: map[string]string{"app": spec.Service},
+		Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "demo"},
+		Ports:  ports}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SyncKubeProxy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitForWorkloads(ctx, append(ips, w.Client.IP)...); err != nil {
+		t.Fatal(err)
+	}
+	if w.WP, err = m.StartWaypoint(ctx, "demo", "waypoint"); err != nil {
+		t.Fatal(err)
+	}
+	w.VIP = m.Service(ns, spec.Service)
+	w.URL = "http://" + spec.Service + "." + ns + ".svc.cluster.local"
+	if spec.Port != 80 {
+		w.URL += fmt.Sprintf(":%d", spec.Port)
+	}
+	dst := netip.AddrPortFrom(w.VIP, uint16(spec.Port)).String()
+	w.hc = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return w.Client.Dial(ctx, "tcp", dst) }}}
+	return w
+}
+
+// do sends a GET for path with header from the client to the Service's
+// address, so it goes through the client's node proxy and the waypoint.
+func (w *waypointMesh) do(t *testing.T, path string, header http.Header) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, w.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	resp, err := w.hc.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// get is do without headers.
+func (w *waypointMesh) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	return w.do(t, path, nil)
+}
+
+// waitCode polls until path answers want and returns the body: policies and
+// routes take a push to reach the waypoint.
+func (w *waypointMesh) waitCode(t *testing.T, path string, header http.Header, want int) string {
+	t.Helper()
+	var body string
+	testkit.EventuallyErr(t, waitTimeout, fmt.Sprintf("GET %s to answer %d", path, want), func() error {
+		var code int
+		if code, body = w.do(t, path, header); code != want {
+			return fmt.Errorf("it answered %d %q", code, body)
+		}
+		return nil
+	})
+	return body
 }

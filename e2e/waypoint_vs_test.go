@@ -1,20 +1,13 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
-	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster/kube"
 )
 
 // TestWaypointVirtualService runs Istio's own routing objects through the
@@ -25,67 +18,20 @@ import (
 // subset answers 503, and a subset over all three pods with
 // outlierDetection ejects v3 after its consecutive 5xx.
 func TestWaypointVirtualService(t *testing.T) {
-	roottest.Require(t)
-	m, err := meshlab.Start(t, meshlab.Options{Examples: []string{"../examples"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := ctxT(t, 90*time.Second)
-	if err := m.AddNamespace("vs", ambientNS); err != nil {
-		t.Fatal(err)
-	}
-	var ips []netip.Addr
+	var servers []waypointServer
 	for i, v := range []string{"v1", "v2", "v3"} {
-		pod, err := m.AddPod(ctx, i%2, testcluster.PodSpec{Name: "reviews-" + v, Namespace: "vs", ServiceAccount: "reviews",
-			Labels: map[string]string{"app": "reviews", "version": v}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.ServeHTTP(pod, 8080, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if v == "v3" {
-				http.Error(w, "reviews-v3 is broken", http.StatusInternalServerError)
-				return
-			}
-			fmt.Fprintf(w, "reviews-%s path=%s", v, r.URL.Path)
-		})); err != nil {
-			t.Fatal(err)
-		}
-		ips = append(ips, pod.IP)
+		servers = append(servers, waypointServer{Name: "reviews-" + v, Node: i % 2, Labels: map[string]string{"version": v},
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if v == "v3" {
+					http.Error(w, "reviews-v3 is broken", http.StatusInternalServerError)
+					return
+				}
+				fmt.Fprintf(w, "reviews-%s path=%s", v, r.URL.Path)
+			})})
 	}
-	client, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "curl", Namespace: "vs", ServiceAccount: "curl", Labels: map[string]string{"app": "curl"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.AddService(testcluster.ServiceSpec{Name: "reviews", Namespace: "vs", Selector: map[string]string{"app": "reviews"},
-		Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "demo"},
-		Ports:  []kube.ServicePort{{Name: "http", Port: 9080, TargetPort: 8080}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SyncKubeProxy(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.WaitForWorkloads(ctx, append(ips, client.IP)...); err != nil {
-		t.Fatal(err)
-	}
-	wp, err := m.StartWaypoint(ctx, "demo", "waypoint")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vip := m.Service("vs", "reviews")
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return client.Dial(ctx, "tcp", netip.AddrPortFrom(vip, 9080).String())
-		}}}
-	get := func(t *testing.T, path string) (int, string) {
-		t.Helper()
-		resp, err := hc.Get("http://reviews.vs.svc.cluster.local:9080" + path)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	w := startWaypointMesh(t, ctx, waypointSpec{Namespace: "vs", Service: "reviews", Port: 9080, Servers: servers})
+	m, wp, get := w.Mesh, w.WP, w.get
 	apply(t, m, "e2e-wp-vs", `
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
@@ -116,16 +62,7 @@ spec:
     - {destination: {host: reviews, subset: v2}, weight: 10}
 `)
 	// The objects arrive with a push: /missing answers 503 then.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if code, _ := get(t, "/missing"); code == http.StatusServiceUnavailable {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/missing never answered 503: the VirtualService did not reach the waypoint")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	w.waitCode(t, "/missing", nil, http.StatusServiceUnavailable)
 
 	t.Run("subsets split 90/10", func(t *testing.T) {
 		const n = 1000

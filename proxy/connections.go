@@ -26,8 +26,11 @@ type Connection struct {
 	// HBONEAddr is the tunnel's inner authority (the real destination)
 	// when the connection is tunnelled; Dst.Addr is then the next hop.
 	HBONEAddr string `json:"hboneAddr,omitempty"`
-	Service   string `json:"service,omitempty"` // destination service hostname
-	MTLS      bool   `json:"mtls"`
+	// OriginalDst is where the application connected (a service VIP or pod
+	// address) when the proxy sent it elsewhere (Dst.Addr, the next hop).
+	OriginalDst string `json:"originalDst,omitempty"`
+	Service     string `json:"service,omitempty"` // destination service hostname
+	MTLS        bool   `json:"mtls"`
 	// BytesSent flowed from the accepting side (the client) upstream and
 	// BytesReceived back, so far (the same live estimate the byte
 	// counters are flushed from).
@@ -62,6 +65,9 @@ func (m *Metrics) Connections() []Connection {
 		}
 		if r.HBONEAddr.IsValid() {
 			c.HBONEAddr = r.HBONEAddr.String()
+		}
+		if r.OrigAddr.IsValid() && r.OrigAddr != r.DstAddr {
+			c.OriginalDst = r.OrigAddr.String()
 		}
 		out = append(out, c)
 	}

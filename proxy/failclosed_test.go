@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/netip"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // TestFailClosedWorkloadGone: an inbound connection of a pod whose workload
@@ -75,17 +77,12 @@ func (e *podEnv) metric(t *testing.T, name string, want map[string]string) float
 // waitMetric waits (bounded) until the counter reaches at least min.
 func (e *podEnv) waitMetric(t *testing.T, name string, want map[string]string, min float64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got := e.metric(t, name, want)
-		if got >= min {
-			return
+	testkit.EventuallyErr(t, 5*time.Second, fmt.Sprintf("%s%v >= %v while the connection is open", name, want, min), func() error {
+		if got := e.metric(t, name, want); got < min {
+			return fmt.Errorf("it is %v", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s%v = %v while the connection is open, want >= %v", name, want, got, min)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestFailClosedMetricsWhileOpen: a long-lived connection is counted as

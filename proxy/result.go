@@ -152,6 +152,7 @@ type Result struct {
 	Start     time.Time
 	SrcAddr   netip.AddrPort
 	DstAddr   netip.AddrPort // L4 next hop (podIP:15008 for HBONE)
+	OrigAddr  netip.AddrPort // the destination as accepted, before routing
 	HBONEAddr netip.AddrPort // inner authority, when tunnelled
 	Src       Peer
 	Dst       Peer
@@ -169,7 +170,7 @@ type Result struct {
 
 // NewResult starts the record of one connection and counts it as opened.
 func NewResult(m *Metrics, log *zap.Logger, dir Direction, src, dst netip.AddrPort) *Result {
-	r := &Result{m: m, log: log, Direction: dir, Start: time.Now(), SrcAddr: src, DstAddr: dst}
+	r := &Result{m: m, log: log, Direction: dir, Start: time.Now(), SrcAddr: src, DstAddr: dst, OrigAddr: dst}
 	if m != nil {
 		m.open.WithLabelValues(dir.reporter()).Inc()
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
 	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // podEnv is one network namespace standing in for a pod: the pod's IP
@@ -242,8 +243,7 @@ func TestDrainRefusesNewKeepsOld(t *testing.T) {
 
 func waitLog(t *testing.T, logs *observer.ObservedLogs, want map[string]string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testkit.EventuallyErr(t, 5*time.Second, fmt.Sprintf("an access-log line with %v", want), func() error {
 		for _, e := range logs.FilterMessage("connection complete").All() {
 			f := e.ContextMap()
 			ok := true
@@ -257,16 +257,13 @@ func waitLog(t *testing.T, logs *observer.ObservedLogs, want map[string]string) 
 				}
 			}
 			if ok {
-				return
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			var all []string
-			for _, e := range logs.All() {
-				all = append(all, fmt.Sprint(e.Message, e.ContextMap()))
-			}
-			t.Fatalf("no access-log line with %v; have:\n%s", want, strings.Join(all, "\n"))
+		var all []string
+		for _, e := range logs.All() {
+			all = append(all, fmt.Sprint(e.Message, e.ContextMap()))
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("have:\n%s", strings.Join(all, "\n"))
+	})
 }

@@ -1,20 +1,15 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testpki"
 )
 
 // TestWaypointCRLPath: --crl-path loads CRLs signed by the --root-cert
@@ -23,35 +18,19 @@ import (
 // the checks it was told to make.
 func TestWaypointCRLPath(t *testing.T) {
 	dir := t.TempDir()
-	mkRoot := func(name, file string) (string, *x509.Certificate, *ecdsa.PrivateKey) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, BasicConstraintsValid: true, IsCA: true}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, _ := x509.ParseCertificate(der)
+	mkRoot := func(name, file string) (string, *testpki.CA) {
+		ca := testpki.NewRoot(t, name)
 		p := filepath.Join(dir, file)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		if err := os.WriteFile(p, ca.CertPEM(), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		return p, c, key
+		return p, ca
 	}
-	rootPath, root, key := mkRoot("mesh-root", "root.pem")
+	rootPath, root := mkRoot("mesh-root", "root.pem")
 	// The mesh root's name with another key: its CRL cannot verify.
-	otherPath, _, _ := mkRoot("mesh-root", "impostor.pem")
-	b, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: big.NewInt(1), ThisUpdate: time.Now(),
-		NextUpdate: time.Now().Add(time.Hour), RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: big.NewInt(7), RevocationTime: time.Now()}}}, root, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	otherPath, _ := mkRoot("mesh-root", "impostor.pem")
 	crlPath := filepath.Join(dir, "ca-crl.pem")
-	if err := os.WriteFile(crlPath, pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: b}), 0o644); err != nil {
+	if err := os.WriteFile(crlPath, root.CRL(t, big.NewInt(7)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := newRevocation(&options{RootCert: rootPath}, zap.NewNop(), nil); m != nil || err != nil || revocationOf(m) != nil {

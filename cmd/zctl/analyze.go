@@ -43,6 +43,8 @@ const (
 	codeTranslationWarn = "ZTG0011" // any other translation warning
 	// ZTG0012-0014: analyze_kube.go, analyze_dns.go.
 	codeRouteNotApplied = "ZTG0015" // a VirtualService or DestinationRule no waypoint applies
+	codeAddressOwned    = "ZTG0016" // a ServiceEntry address owned by someone else (refused)
+	codeRouteStatus     = "ZTG0017" // an HTTPRoute/GRPCRoute parent not accepted, or a backendRef refused
 )
 
 // finding is one problem analyze reports.
@@ -104,6 +106,7 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 	out = append(out, strictFindings(cfg, objs)...)
 	out = append(out, serviceEntryFindings(objs)...)
 	out = append(out, dnsCaptureFindings(objs, pods)...)
+	out = append(out, routeStatusFindings(cfg, objs)...)
 	for _, o := range objs.Ignored {
 		note := ignoredNotes[o.Kind]
 		if note == "" {
@@ -122,11 +125,46 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 	return out
 }
 
+// routeStatusFindings reports what the control plane writes into the
+// routes' status.parents (translate.RouteStatuses, the same code) when it
+// is not Accepted or not ResolvedRefs.
+func routeStatusFindings(cfg translate.Config, objs *cluster.Objects) []finding {
+	var out []finding
+	for _, st := range translate.RouteStatuses(cfg, objs) {
+		obj := st.Kind + " " + st.Namespace + "/" + st.Name
+		seen := map[string]bool{}
+		for _, p := range st.Parents {
+			for _, c := range []translate.RouteCondition{p.Accepted, p.ResolvedRefs} {
+				if c.Status || seen[c.Message] {
+					continue
+				}
+				seen[c.Message] = true
+				fix := "correct the parentRef, or the rule as the message says"
+				if c.Reason == "RefNotPermitted" {
+					fix = "the target namespace's owner creates a ReferenceGrant from this route's kind and namespace, or the route uses a backend in its own namespace"
+				}
+				out = append(out, finding{Code: codeRouteStatus, Level: levelWarning, Object: obj,
+					Message: string(c.Reason) + ": " + c.Message, Fix: fix})
+			}
+		}
+	}
+	return out
+}
+
 // policyFindings reads the translation's per-policy status.
 func policyFindings(statuses []translate.PolicyStatus) []finding {
 	var out []finding
 	for _, st := range statuses {
 		obj := st.Kind + " " + st.Name
+		if st.Kind == "ServiceEntry" {
+			// The control plane's own ownership verdict (translate/ownership.go).
+			for _, bad := range st.Invalid {
+				out = append(out, finding{Code: codeAddressOwned, Level: levelError, Object: obj,
+					Message: bad + "; " + st.Message,
+					Fix:     "list only addresses outside the cluster's pods, nodes and other namespaces' Services, not overlapping an older ServiceEntry of another namespace; 0.0.0.0/0 and ::/0 are never accepted"})
+			}
+			continue
+		}
 		for _, bad := range st.Invalid {
 			out = append(out, finding{Code: codeInvalidValue, Level: levelError, Object: obj,
 				Message: bad + "; the control plane: " + or(withoutInvalid(st.Message), "the rule holding it fails closed"),
@@ -296,6 +334,25 @@ func inAmbient(objs *cluster.Objects, p *corev1.Pod) bool {
 	return ns != nil && ns.Labels[translate.LabelDataplaneMode] == "ambient"
 }
 
+// isWaypointPod reports whether p is a waypoint's: it carries the waypoint
+// controller's managed label, or its gateway-name label names an
+// istio-waypoint Gateway of its namespace.
+func isWaypointPod(objs *cluster.Objects, p *corev1.Pod) bool {
+	if p.Labels[translate.LabelGatewayManaged] == translate.ManagedMeshController {
+		return true
+	}
+	gw, ok := p.Labels[translate.LabelGatewayName]
+	if !ok {
+		return false
+	}
+	for _, g := range objs.Gateways {
+		if g.Namespace == p.Namespace && g.Name == gw && string(g.Spec.GatewayClassName) == translate.WaypointClass {
+			return true
+		}
+	}
+	return false
+}
+
 // strictFindings: STRICT PeerAuthentications while pods outside the mesh
 // exist; their plaintext connections to the STRICT workloads are refused.
 func strictFindings(cfg translate.Config, objs *cluster.Objects) []finding {
@@ -306,7 +363,9 @@ func strictFindings(cfg translate.Config, objs *cluster.Objects) []finding {
 		if systemNamespaces[p.Namespace] || p.Namespace == cfg.RootNamespace {
 			continue
 		}
-		if !inAmbient(objs, p) && !p.Spec.HostNetwork {
+		// A waypoint is not captured (istio.io/dataplane-mode: none) but is
+		// in the mesh: it terminates and originates HBONE itself.
+		if !inAmbient(objs, p) && !p.Spec.HostNetwork && !isWaypointPod(objs, p) {
 			outside[p.Namespace] = true
 		}
 	}

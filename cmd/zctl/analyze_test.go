@@ -163,3 +163,113 @@ spec:
 		t.Errorf("CUSTOM policy: %+v", fs)
 	}
 }
+
+// TestAnalyzeRouteRefNotPermitted: a route whose backendRef names another
+// namespace without a ReferenceGrant is reported with the reason the
+// control plane writes into its status.parents, and a fix naming the grant.
+func TestAnalyzeRouteRefNotPermitted(t *testing.T) {
+	dir := t.TempDir()
+	doc := `apiVersion: v1
+kind: Service
+metadata: {name: front, namespace: evil}
+spec: {selector: {app: front}, clusterIP: 10.96.0.20, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: payments, namespace: shop}
+spec: {selector: {app: payments}, clusterIP: 10.96.0.21, ports: [{name: http, port: 80}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: steal, namespace: evil}
+spec:
+  parentRefs: [{group: "", kind: Service, name: front}]
+  rules: [{backendRefs: [{name: payments, namespace: shop, port: 80}]}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "r.yaml"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := analyzeDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := codesOf(fs)
+	if len(c[codeRouteStatus]) != 1 || c[codeRouteStatus][0].Object != "HTTPRoute evil/steal" ||
+		!strings.HasPrefix(c[codeRouteStatus][0].Message, "RefNotPermitted: ") || !strings.Contains(c[codeRouteStatus][0].Fix, "ReferenceGrant") {
+		t.Errorf("route findings: %+v", fs)
+	}
+}
+
+// TestAnalyzeStrictWaypointInMesh: under STRICT, a waypoint's pod (not
+// captured: istio.io/dataplane-mode none) is not a pod outside the mesh,
+// whether marked by the managed label or by its Gateway's name; an
+// ordinary pod that opted out still is.
+func TestAnalyzeStrictWaypointInMesh(t *testing.T) {
+	doc := `apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: strict, namespace: shop}
+spec: {mtls: {mode: STRICT}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop, annotations: {ztunnel-go.io/waypoint-address: 10.96.9.9}}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: waypoint-0, namespace: shop, labels: {gateway.networking.k8s.io/gateway-name: waypoint, istio.io/dataplane-mode: none}}
+spec: {nodeName: node0, containers: [{name: istio-proxy, image: waypoint}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: managed-0, namespace: shop, labels: {gateway.istio.io/managed: istio.io-mesh-controller, istio.io/dataplane-mode: none}}
+spec: {nodeName: node0, containers: [{name: istio-proxy, image: waypoint}]}
+`
+	for _, tc := range []struct {
+		extra string
+		want  int
+	}{
+		{"", 0},
+		{`---
+apiVersion: v1
+kind: Pod
+metadata: {name: opted-out, namespace: shop, labels: {istio.io/dataplane-mode: none}}
+spec: {nodeName: node0, containers: [{name: app, image: app}]}
+`, 1},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "mesh.yaml"), []byte(doc+tc.extra), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fs, err := analyzeDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := codesOf(fs)[codeStrictNonMesh]; len(got) != tc.want {
+			t.Errorf("with %d opted-out app pods: STRICT findings %+v, want %d", tc.want, got, tc.want)
+		}
+	}
+}
+
+// TestAnalyzeServiceEntryAddressOwned: zctl analyze reports each address
+// the control plane refuses a ServiceEntry (the same translation decides
+// both), and only those.
+func TestAnalyzeServiceEntryAddressOwned(t *testing.T) {
+	fs, err := analyzeDir("testdata/analyze/tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := codesOf(fs)[codeAddressOwned]
+	if len(got) != 2 {
+		t.Fatalf("findings %s: %+v, want 2 (0.0.0.0/0, the ClusterIP)", codeAddressOwned, fs)
+	}
+	for i, want := range []string{"spec.addresses[0]: 0.0.0.0/0 covers every address", "spec.addresses[1]: 10.96.0.10 is the address of Service victim/web"} {
+		if got[i].Object != "ServiceEntry evil/grab" || got[i].Level != levelError || !strings.Contains(got[i].Message, want) {
+			t.Errorf("finding %d: %+v, want %q on ServiceEntry evil/grab", i, got[i], want)
+		}
+	}
+}

@@ -21,6 +21,7 @@ type connection struct {
 	Src           connPeer  `json:"src"`
 	Dst           connPeer  `json:"dst"`
 	HBONEAddr     string    `json:"hboneAddr,omitempty"`
+	OriginalDst   string    `json:"originalDst,omitempty"`
 	Service       string    `json:"service,omitempty"`
 	MTLS          bool      `json:"mtls"`
 	BytesSent     int64     `json:"bytesSent"`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,127 +20,15 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/identity"
-	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
-	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/configdump"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/rbac"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
-// dump is the node proxy's /config_dump as zctl reads it. Enums arrive as
-// their wire names (the state types print them but do not parse them), so
-// the resources are decoded into these mirrors.
+// dump is the node proxy's /config_dump as zctl reads it: Istio ztunnel's
+// shape (package configdump), the same one istioctl ztunnel-config parses.
 type dump struct {
-	Generation    uint64                 `json:"generation"`
-	Workloads     []workload             `json:"workloads"`
-	Services      []service              `json:"services"`
-	Policies      []policy               `json:"policies"`
-	Certificates  []certmanager.CertDump `json:"certificates"`
-	WorkloadState *inpodstate.Dump       `json:"workloadState"`
-}
-
-type workload struct {
-	UID                   string                `json:"uid"`
-	Name                  string                `json:"name"`
-	Namespace             string                `json:"namespace"`
-	Addresses             []netip.Addr          `json:"addresses"`
-	Hostname              string                `json:"hostname"`
-	Network               string                `json:"network"`
-	Protocol              string                `json:"protocol"`
-	NativeTunnel          bool                  `json:"nativeTunnel"`
-	TrustDomain           string                `json:"trustDomain"`
-	ServiceAccount        string                `json:"serviceAccount"`
-	Waypoint              *state.GatewayAddress `json:"waypoint"`
-	NetworkGateway        *state.GatewayAddress `json:"networkGateway"`
-	Node                  string                `json:"node"`
-	CanonicalName         string                `json:"canonicalName"`
-	CanonicalRevision     string                `json:"canonicalRevision"`
-	WorkloadType          string                `json:"workloadType"`
-	WorkloadName          string                `json:"workloadName"`
-	Services              []state.ServicePorts  `json:"services"`
-	AuthorizationPolicies []string              `json:"authorizationPolicies"`
-	Healthy               bool                  `json:"healthy"`
-	ClusterID             string                `json:"clusterId"`
-	Locality              state.Locality        `json:"locality"`
-	HostNetwork           bool                  `json:"hostNetwork"`
-	Capacity              uint32                `json:"capacity"`
-	// ApplicationTunnel: a sandwiched workload (PROXY protocol inbound).
-	ApplicationTunnel *appTunnel `json:"applicationTunnel"`
-}
-
-// appTunnel mirrors state.ApplicationTunnel, whose protocol prints by name.
-type appTunnel struct {
-	Protocol string `json:"protocol"`
-	Port     uint32 `json:"port"`
-}
-
-type service struct {
-	Key             string                 `json:"key"`
-	Name            string                 `json:"name"`
-	Namespace       string                 `json:"namespace"`
-	Hostname        string                 `json:"hostname"`
-	VIPs            []state.NetworkAddress `json:"vips"`
-	Ports           []port                 `json:"ports"`
-	SubjectAltNames []identity.Identity    `json:"subjectAltNames"`
-	Waypoint        *state.GatewayAddress  `json:"waypoint"`
-	// WeightedWaypoints: a canary set, one drawn per connection.
-	WeightedWaypoints []state.WeightedWaypoint `json:"weightedWaypoints"`
-	LoadBalancing     *loadBalancing           `json:"loadBalancing"`
-	// IPFamilies, Visibility, Canonical and Extensions (an ExternalName
-	// alias is one) decide DNS answers.
-	IPFamilies string            `json:"ipFamilies"`
-	Visibility string            `json:"visibility"`
-	Canonical  bool              `json:"canonical"`
-	Extensions []state.Extension `json:"extensions"`
-}
-
-// loadBalancing mirrors state.LoadBalancing (internalTrafficPolicy and
-// trafficDistribution arrive here).
-type loadBalancing struct {
-	RoutingPreference []string `json:"routingPreference"`
-	Mode              string   `json:"mode"`
-	HealthPolicy      string   `json:"healthPolicy"`
-}
-
-type port struct {
-	ServicePort uint16 `json:"servicePort"`
-	TargetPort  uint16 `json:"targetPort"`
-	AppProtocol string `json:"appProtocol"`
-}
-
-type policy struct {
-	Key       string `json:"key"`
-	Name      string `json:"name"`
-	Namespace string `json:"namespace"`
-	Scope     string `json:"scope"`
-	Action    string `json:"action"`
-	DryRun    bool   `json:"dryRun"`
-	Audit     bool   `json:"audit"`
-	Rules     []struct {
-		Clauses []struct {
-			Matches []match `json:"matches"`
-		} `json:"clauses"`
-	} `json:"rules"`
-}
-
-type match struct {
-	Namespaces          []stringMatch         `json:"namespaces"`
-	NotNamespaces       []stringMatch         `json:"notNamespaces"`
-	Principals          []stringMatch         `json:"principals"`
-	NotPrincipals       []stringMatch         `json:"notPrincipals"`
-	SourceIPs           []netip.Prefix        `json:"sourceIps"`
-	NotSourceIPs        []netip.Prefix        `json:"notSourceIps"`
-	DestinationIPs      []netip.Prefix        `json:"destinationIps"`
-	NotDestinationIPs   []netip.Prefix        `json:"notDestinationIps"`
-	DestinationPorts    []uint16              `json:"destinationPorts"`
-	NotDestinationPorts []uint16              `json:"notDestinationPorts"`
-	ServiceAccounts     []rbac.ServiceAccount `json:"serviceAccounts"`
-	NotServiceAccounts  []rbac.ServiceAccount `json:"notServiceAccounts"`
-}
-
-type stringMatch struct {
-	Kind  string `json:"kind"`
-	Value string `json:"value"`
+	configdump.Dump
 }
 
 func parseDump(b []byte) (*dump, error) {
@@ -148,111 +39,68 @@ func parseDump(b []byte) (*dump, error) {
 	return &d, nil
 }
 
-// enumOf finds the value of E whose String() is name, among 0..max.
-func enumOf[E interface {
-	~uint8
-	String() string
-}](name string, max E) (E, error) {
-	for v := E(0); v <= max; v++ {
-		if v.String() == name {
-			return v, nil
+// service finds a service of the dump by key ("namespace/hostname").
+func (d *dump) service(key string) *configdump.Service {
+	for i := range d.Services {
+		if d.Services[i].Key() == key {
+			return &d.Services[i]
 		}
 	}
-	return 0, fmt.Errorf("unknown value %q", name)
+	return nil
+}
+
+func parsePort(s string) (uint32, error) {
+	p, err := strconv.ParseUint(s, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("port %q: %w", s, err)
+	}
+	return uint32(p), nil
+}
+
+// portList turns a port map (service port -> target port) back into the
+// wire's list, sorted by service port.
+func portList(m map[string]uint16, appProtocols map[string]string) ([]*workloadapi.Port, error) {
+	out := make([]*workloadapi.Port, 0, len(m))
+	for k, target := range m {
+		sp, err := parsePort(k)
+		if err != nil {
+			return nil, err
+		}
+		p := &workloadapi.Port{ServicePort: sp, TargetPort: uint32(target)}
+		if name, ok := appProtocols[k]; ok {
+			v, ok := workloadapi.AppProtocol_value[name]
+			if !ok {
+				return nil, fmt.Errorf("port %s: unknown app protocol %q", k, name)
+			}
+			p.AppProtocol = workloadapi.AppProtocol(v)
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *workloadapi.Port) int { return cmp.Compare(a.ServicePort, b.ServicePort) })
+	return out, nil
 }
 
 // snapshot rebuilds the node's state from the dump through the same
 // conversion xDS updates take (workloads and services back to WDS protos).
+// A workload's ports for a service come from that service's endpoints.
 // Load-balancing settings, weighted waypoints and application tunnels are
-// rebuilt too (the proxy's choices depend on them).
+// rebuilt too (the proxy's choices depend on them). An unknown enum name is
+// an error: a guessed value could widen what the rebuilt state allows.
 func (d *dump) snapshot() (*state.Snapshot, error) {
 	addrs := make(map[string]*workloadapi.Address, len(d.Workloads)+len(d.Services))
 	for _, w := range d.Workloads {
-		pw := &workloadapi.Workload{
-			Uid: w.UID, Name: w.Name, Namespace: w.Namespace, Hostname: w.Hostname, Network: w.Network,
-			TunnelProtocol: workloadapi.TunnelProtocol(workloadapi.TunnelProtocol_value[w.Protocol]),
-			NativeTunnel:   w.NativeTunnel, TrustDomain: w.TrustDomain, ServiceAccount: w.ServiceAccount,
-			Waypoint: gatewayProto(w.Waypoint), NetworkGateway: gatewayProto(w.NetworkGateway), Node: w.Node,
-			CanonicalName: w.CanonicalName, CanonicalRevision: w.CanonicalRevision,
-			WorkloadType: workloadapi.WorkloadType(workloadapi.WorkloadType_value[w.WorkloadType]),
-			WorkloadName: w.WorkloadName, AuthorizationPolicies: w.AuthorizationPolicies, ClusterId: w.ClusterID,
-			Locality: &workloadapi.Locality{Region: w.Locality.Region, Zone: w.Locality.Zone, Subzone: w.Locality.Subzone},
-			Capacity: wrapperspb.UInt32(w.Capacity),
-		}
-		for _, a := range w.Addresses {
-			pw.Addresses = append(pw.Addresses, a.AsSlice())
-		}
-		if !w.Healthy {
-			pw.Status = workloadapi.WorkloadStatus_UNHEALTHY
-		}
-		if w.HostNetwork {
-			pw.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
-		}
-		if at := w.ApplicationTunnel; at != nil {
-			p, ok := workloadapi.ApplicationTunnel_Protocol_value[at.Protocol]
-			if !ok {
-				return nil, fmt.Errorf("workload %s application tunnel: unknown protocol %q", w.UID, at.Protocol)
-			}
-			pw.ApplicationTunnel = &workloadapi.ApplicationTunnel{Protocol: workloadapi.ApplicationTunnel_Protocol(p), Port: at.Port}
-		}
-		if len(w.Services) > 0 {
-			pw.Services = map[string]*workloadapi.PortList{}
-		}
-		for _, sp := range w.Services {
-			pl := &workloadapi.PortList{}
-			for _, p := range sp.Ports {
-				pl.Ports = append(pl.Ports, &workloadapi.Port{ServicePort: uint32(p.ServicePort), TargetPort: uint32(p.TargetPort)})
-			}
-			pw.Services[sp.Service] = pl
+		pw, err := d.workloadProto(&w)
+		if err != nil {
+			return nil, fmt.Errorf("workload %s: %w", w.UID, err)
 		}
 		addrs[w.UID] = &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: pw}}
 	}
 	for _, s := range d.Services {
-		ps := &workloadapi.Service{Name: s.Name, Namespace: s.Namespace, Hostname: s.Hostname, Waypoint: gatewayProto(s.Waypoint)}
-		for _, ww := range s.WeightedWaypoints {
-			ps.WeightedWaypoints = append(ps.WeightedWaypoints, &workloadapi.WeightedWaypoint{Destination: gatewayProto(&ww.Destination), Weight: ww.Weight})
+		ps, err := serviceProto(&s)
+		if err != nil {
+			return nil, fmt.Errorf("service %s: %w", s.Key(), err)
 		}
-		for _, v := range s.VIPs {
-			na := &workloadapi.NetworkAddress{Network: v.Network, Address: v.Prefix.Addr().AsSlice()}
-			if v.Prefix.Bits() != v.Prefix.Addr().BitLen() {
-				l := uint32(v.Prefix.Bits())
-				na.Length = &l
-			}
-			ps.Addresses = append(ps.Addresses, na)
-		}
-		for _, p := range s.Ports {
-			ps.Ports = append(ps.Ports, &workloadapi.Port{ServicePort: uint32(p.ServicePort), TargetPort: uint32(p.TargetPort),
-				AppProtocol: workloadapi.AppProtocol(workloadapi.AppProtocol_value[p.AppProtocol])})
-		}
-		if s.IPFamilies != "" {
-			f, err := enumOf(s.IPFamilies, state.IPFamiliesDual)
-			if err != nil {
-				return nil, fmt.Errorf("service %s ip families: %w", s.Key, err)
-			}
-			ps.IpFamilies = workloadapi.IPFamilies(f)
-		}
-		if s.Visibility != "" {
-			v, err := enumOf(s.Visibility, state.VisibilityNamespace)
-			if err != nil {
-				return nil, fmt.Errorf("service %s visibility: %w", s.Key, err)
-			}
-			ps.Visibility = workloadapi.Service_Visibility(v)
-		}
-		ps.Canonical = s.Canonical
-		for _, e := range s.Extensions {
-			ps.Extensions = append(ps.Extensions, &workloadapi.Extension{Name: e.Name, Config: &anypb.Any{TypeUrl: e.TypeURL, Value: e.Value}})
-		}
-		if lb := s.LoadBalancing; lb != nil {
-			pl, err := lb.proto()
-			if err != nil {
-				return nil, fmt.Errorf("service %s load balancing: %w", s.Key, err)
-			}
-			ps.LoadBalancing = pl
-		}
-		for _, id := range s.SubjectAltNames {
-			ps.SubjectAltNames = append(ps.SubjectAltNames, id.String())
-		}
-		addrs[s.Key] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: ps}}
+		addrs[s.Key()] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: ps}}
 	}
 	st := state.NewStore()
 	if err := st.ApplyAddresses(addrs, nil); err != nil {
@@ -268,20 +116,152 @@ func (d *dump) snapshot() (*state.Snapshot, error) {
 	return st.Load(), nil
 }
 
-// proto converts the dump's wire names back; an unknown one is an error (a
+func (d *dump) workloadProto(w *configdump.Workload) (*workloadapi.Workload, error) {
+	proto, err := configdump.Parse[state.TunnelProtocol](configdump.Protocols, w.Protocol)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: %w", err)
+	}
+	pw := &workloadapi.Workload{
+		Uid: w.UID, Name: w.Name, Namespace: w.Namespace, Hostname: w.Hostname, Network: w.Network,
+		TunnelProtocol: workloadapi.TunnelProtocol(proto),
+		NativeTunnel:   w.NativeTunnel, TrustDomain: w.TrustDomain, ServiceAccount: w.ServiceAccount, Node: w.Node,
+		CanonicalName: w.CanonicalName, CanonicalRevision: w.CanonicalRevision,
+		WorkloadName: w.WorkloadName, AuthorizationPolicies: w.AuthorizationPolicies, ClusterId: w.ClusterID,
+		Locality: &workloadapi.Locality{Region: w.Locality.Region, Zone: w.Locality.Zone, Subzone: w.Locality.Subzone},
+		Capacity: wrapperspb.UInt32(w.Capacity),
+	}
+	if pw.Waypoint, err = gatewayProto(w.Waypoint); err != nil {
+		return nil, err
+	}
+	if pw.NetworkGateway, err = gatewayProto(w.NetworkGateway); err != nil {
+		return nil, err
+	}
+	if w.WorkloadType != "" {
+		t, err := configdump.Parse[state.WorkloadType](configdump.WorkloadTypes, w.WorkloadType)
+		if err != nil {
+			return nil, fmt.Errorf("workload type: %w", err)
+		}
+		pw.WorkloadType = workloadapi.WorkloadType(t)
+	}
+	for _, a := range w.WorkloadIPs {
+		pw.Addresses = append(pw.Addresses, a.AsSlice())
+	}
+	switch w.Status {
+	case configdump.Healthy:
+	case configdump.Unhealthy:
+		pw.Status = workloadapi.WorkloadStatus_UNHEALTHY
+	default:
+		return nil, fmt.Errorf("unknown status %q", w.Status)
+	}
+	switch w.NetworkMode {
+	case configdump.NetworkStandard, "":
+	case configdump.NetworkHost:
+		pw.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
+	default:
+		return nil, fmt.Errorf("unknown network mode %q", w.NetworkMode)
+	}
+	if at := w.ApplicationTunnel; at != nil {
+		p, err := configdump.Parse[state.AppTunnelProtocol](configdump.AppTunnelProtocols, at.Protocol)
+		if err != nil {
+			return nil, fmt.Errorf("application tunnel: %w", err)
+		}
+		pw.ApplicationTunnel = &workloadapi.ApplicationTunnel{Protocol: workloadapi.ApplicationTunnel_Protocol(p)}
+		if at.Port != nil {
+			pw.ApplicationTunnel.Port = uint32(*at.Port)
+		}
+	}
+	if len(w.Services) > 0 {
+		pw.Services = map[string]*workloadapi.PortList{}
+	}
+	for _, key := range w.Services {
+		pl := &workloadapi.PortList{}
+		if s := d.service(key); s != nil {
+			if ep, ok := s.Endpoints[w.UID]; ok {
+				ports, err := portList(ep.Port, nil)
+				if err != nil {
+					return nil, fmt.Errorf("service %s endpoint: %w", key, err)
+				}
+				pl.Ports = ports
+			}
+		}
+		pw.Services[key] = pl
+	}
+	return pw, nil
+}
+
+func serviceProto(s *configdump.Service) (*workloadapi.Service, error) {
+	ps := &workloadapi.Service{Name: s.Name, Namespace: s.Namespace, Hostname: s.Hostname, Canonical: s.Canonical}
+	var err error
+	if ps.Waypoint, err = gatewayProto(s.Waypoint); err != nil {
+		return nil, err
+	}
+	for _, ww := range s.WeightedWaypoints {
+		g, err := gatewayProto(&ww.Destination)
+		if err != nil {
+			return nil, err
+		}
+		ps.WeightedWaypoints = append(ps.WeightedWaypoints, &workloadapi.WeightedWaypoint{Destination: g, Weight: ww.Weight})
+	}
+	for _, v := range s.VIPs {
+		network, ip, err := configdump.ParseNetworkIP(v)
+		if err != nil {
+			return nil, fmt.Errorf("vip: %w", err)
+		}
+		ps.Addresses = append(ps.Addresses, &workloadapi.NetworkAddress{Network: network, Address: ip.AsSlice()})
+	}
+	for _, v := range s.CIDRVIPs {
+		network, p, err := configdump.ParseNetworkPrefix(v)
+		if err != nil {
+			return nil, fmt.Errorf("cidr vip: %w", err)
+		}
+		l := uint32(p.Bits())
+		ps.Addresses = append(ps.Addresses, &workloadapi.NetworkAddress{Network: network, Address: p.Addr().AsSlice(), Length: &l})
+	}
+	if ps.Ports, err = portList(s.Ports, s.AppProtocols); err != nil {
+		return nil, err
+	}
+	if s.IPFamilies != "" {
+		f, err := configdump.Parse[state.IPFamilies](configdump.IPFamilies, s.IPFamilies)
+		if err != nil {
+			return nil, fmt.Errorf("ip families: %w", err)
+		}
+		ps.IpFamilies = workloadapi.IPFamilies(f)
+	}
+	if s.Visibility != "" {
+		v, err := configdump.Parse[state.Visibility](configdump.Visibilities, s.Visibility)
+		if err != nil {
+			return nil, fmt.Errorf("visibility: %w", err)
+		}
+		ps.Visibility = workloadapi.Service_Visibility(v)
+	}
+	for _, e := range s.Extensions {
+		ps.Extensions = append(ps.Extensions, &workloadapi.Extension{Name: e.Name, Config: &anypb.Any{TypeUrl: e.TypeURL, Value: e.Value}})
+	}
+	if lb := s.LoadBalancer; lb != nil {
+		pl, err := lbProto(lb)
+		if err != nil {
+			return nil, fmt.Errorf("load balancing: %w", err)
+		}
+		ps.LoadBalancing = pl
+	}
+	ps.SubjectAltNames = append(ps.SubjectAltNames, s.SubjectAltNames...)
+	return ps, nil
+}
+
+// lbProto converts the dump's names back; an unknown one is an error (a
 // guessed mode could widen the endpoints the proxy would consider).
-func (lb *loadBalancing) proto() (*workloadapi.LoadBalancing, error) {
-	mode, err := enumOf(lb.Mode, state.LBModePassthrough)
+func lbProto(lb *configdump.LoadBalancer) (*workloadapi.LoadBalancing, error) {
+	mode, err := configdump.Parse[state.LBMode](configdump.LBModes, lb.Mode)
 	if err != nil {
 		return nil, fmt.Errorf("mode: %w", err)
 	}
-	health, err := enumOf(lb.HealthPolicy, state.AllowAll)
+	health, err := configdump.Parse[state.LBHealthPolicy](configdump.LBHealthPolicies, lb.HealthPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("health policy: %w", err)
 	}
 	out := &workloadapi.LoadBalancing{Mode: workloadapi.LoadBalancing_Mode(mode), HealthPolicy: workloadapi.LoadBalancing_HealthPolicy(health)}
-	for _, name := range lb.RoutingPreference {
-		sc, err := enumOf(name, state.ScopeNetwork)
+	for _, name := range lb.RoutingPreferences {
+		sc, err := configdump.Parse[state.LBScope](configdump.LBScopes, name)
 		if err != nil {
 			return nil, fmt.Errorf("routing preference: %w", err)
 		}
@@ -290,19 +270,20 @@ func (lb *loadBalancing) proto() (*workloadapi.LoadBalancing, error) {
 	return out, nil
 }
 
-func gatewayProto(g *state.GatewayAddress) *workloadapi.GatewayAddress {
-	if g == nil {
-		return nil
+func gatewayProto(g *configdump.GatewayAddress) (*workloadapi.GatewayAddress, error) {
+	sg, err := g.Gateway()
+	if err != nil || sg == nil {
+		return nil, err
 	}
-	out := &workloadapi.GatewayAddress{HboneMtlsPort: uint32(g.HBONEPort)}
-	if g.IsHostname() {
+	out := &workloadapi.GatewayAddress{HboneMtlsPort: uint32(sg.HBONEPort)}
+	if sg.IsHostname() {
 		out.Destination = &workloadapi.GatewayAddress_Hostname{Hostname: &workloadapi.NamespacedHostname{
-			Namespace: g.Hostname.Namespace, Hostname: g.Hostname.Hostname}}
+			Namespace: sg.Hostname.Namespace, Hostname: sg.Hostname.Hostname}}
 	} else {
 		out.Destination = &workloadapi.GatewayAddress_Address{Address: &workloadapi.NetworkAddress{
-			Network: g.Address.Network, Address: g.Address.IP.AsSlice()}}
+			Network: sg.Address.Network, Address: sg.Address.IP.AsSlice()}}
 	}
-	return out
+	return out, nil
 }
 
 // authorizations rebuilds the dump's policies as the WDS Authorization
@@ -311,13 +292,14 @@ func gatewayProto(g *state.GatewayAddress) *workloadapi.GatewayAddress {
 func (d *dump) authorizations() (map[string]*securityapi.Authorization, error) {
 	out := make(map[string]*securityapi.Authorization, len(d.Policies))
 	for _, p := range d.Policies {
-		scope, err := enumOf(p.Scope, rbac.ScopeWorkloadSelector)
+		key := cmp.Or(p.Key, p.Namespace+"/"+p.Name)
+		scope, err := configdump.Parse[rbac.Scope](configdump.Scopes, p.Scope)
 		if err != nil {
-			return nil, fmt.Errorf("policy %s scope: %w", p.Key, err)
+			return nil, fmt.Errorf("policy %s scope: %w", key, err)
 		}
-		action, err := enumOf(p.Action, rbac.Deny)
+		action, err := configdump.Parse[rbac.Action](configdump.Actions, p.Action)
 		if err != nil {
-			return nil, fmt.Errorf("policy %s action: %w", p.Key, err)
+			return nil, fmt.Errorf("policy %s action: %w", key, err)
 		}
 		a := &securityapi.Authorization{Name: p.Name, Namespace: p.Namespace, Scope: securityapi.Scope(scope),
 			Action: securityapi.Action(action), DryRun: p.DryRun}
@@ -326,12 +308,12 @@ func (d *dump) authorizations() (map[string]*securityapi.Authorization, error) {
 		}
 		for _, r := range p.Rules {
 			pr := &securityapi.Rule{}
-			for _, c := range r.Clauses {
+			for _, c := range r {
 				pc := &securityapi.Clause{}
-				for _, m := range c.Matches {
-					pm, err := m.proto()
+				for _, m := range c {
+					pm, err := matchProto(m)
 					if err != nil {
-						return nil, fmt.Errorf("policy %s: %w", p.Key, err)
+						return nil, fmt.Errorf("policy %s: %w", key, err)
 					}
 					pc.Matches = append(pc.Matches, pm)
 				}
@@ -339,29 +321,29 @@ func (d *dump) authorizations() (map[string]*securityapi.Authorization, error) {
 			}
 			a.Rules = append(a.Rules, pr)
 		}
-		out[p.Key] = a
+		out[key] = a
 	}
 	return out, nil
 }
 
-func (m match) proto() (*securityapi.Match, error) {
+func matchProto(m configdump.Match) (*securityapi.Match, error) {
 	var errs []error
-	sm := func(in []stringMatch) []*securityapi.StringMatch {
+	sm := func(in []configdump.StringMatch) []*securityapi.StringMatch {
 		var out []*securityapi.StringMatch
 		for _, s := range in {
-			k, err := enumOf(s.Kind, rbac.Presence)
+			rs, err := s.RBAC()
 			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
 			pm := &securityapi.StringMatch{}
-			switch k {
+			switch rs.Kind {
 			case rbac.Exact:
-				pm.MatchType = &securityapi.StringMatch_Exact{Exact: s.Value}
+				pm.MatchType = &securityapi.StringMatch_Exact{Exact: rs.Value}
 			case rbac.Prefix:
-				pm.MatchType = &securityapi.StringMatch_Prefix{Prefix: s.Value}
+				pm.MatchType = &securityapi.StringMatch_Prefix{Prefix: rs.Value}
 			case rbac.Suffix:
-				pm.MatchType = &securityapi.StringMatch_Suffix{Suffix: s.Value}
+				pm.MatchType = &securityapi.StringMatch_Suffix{Suffix: rs.Value}
 			default:
 				pm.MatchType = &securityapi.StringMatch_Presence{Presence: &emptypb.Empty{}}
 			}
@@ -399,7 +381,7 @@ func (m match) proto() (*securityapi.Match, error) {
 		ServiceAccounts: sas(m.ServiceAccounts), NotServiceAccounts: sas(m.NotServiceAccounts),
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("string match kind: %w", errs[0])
+		return nil, errs[0]
 	}
 	return pm, nil
 }

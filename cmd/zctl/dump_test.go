@@ -68,7 +68,7 @@ func TestConfigDumpIstioctlShape(t *testing.T) {
 		t.Fatalf("-o json workload --namespace legacy: %v, %v\n%s", wls, err, out)
 	}
 	out, err = zctl("policy", "-o", "yaml")
-	if err != nil || !strings.Contains(out, "name: allow-client") || !strings.Contains(out, "action: ALLOW") {
+	if err != nil || !strings.Contains(out, "name: allow-client") || !strings.Contains(out, "action: Allow") {
 		t.Fatalf("-o yaml policy: %v\n%s", err, out)
 	}
 	out, err = zctl("all", "-o", "json")

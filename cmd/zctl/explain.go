@@ -463,7 +463,7 @@ func podState(d *dump, w *state.Workload) string {
 	if d.WorkloadState == nil {
 		return "this dump has no workload state"
 	}
-	for _, p := range d.WorkloadState.Pods {
+	for _, p := range d.WorkloadState {
 		if p.Info.Namespace == w.Namespace && p.Info.Name == w.Name {
 			s := "in-pod proxy " + p.State
 			if p.Since != "" {

@@ -9,7 +9,7 @@
 //	zctl status [--cp-admin ADDR | -f FILE] [-o table|json|yaml]
 //	zctl connections [--admin ADDR | -f FILE] [--workload W] [--direction in|out] [-o ...]
 //	zctl log [--admin ADDR] [--level [default:]LEVEL | --reset]
-//	zctl precheck [--cni-conf-dir DIR] [--kubeconfig FILE] [-o table|json|yaml]
+//	zctl precheck [--after-install] [--cni-bin-dir DIR] [--cni-conf-dir DIR] [--kubeconfig FILE] [-o table|json|yaml]
 //	zctl waypoint apply|list|status|delete [-n NS] [--enroll-namespace] [--for ...]
 //
 // config-dump prints the node's state as tables. explain rebuilds the state
@@ -72,7 +72,7 @@ var commands = []struct{ name, args, summary string }{
 	{"status", "[--cp-admin ADDR | -f FILE]", "each connected proxy's xDS sync state per type, from the control plane"},
 	{"connections", "[--workload W] [--direction in|out]", "the node proxy's open connections: peers, identities, bytes, age"},
 	{"log", "[--level [default:]LEVEL | --reset]", "read or set the node proxy's log level (one per process)"},
-	{"precheck", "[--cni-conf-dir DIR] [--kubeconfig FILE]", "can this node (and cluster) run ztunnel-go; exit 2 on a FAIL"},
+	{"precheck", "[--after-install] [--cni-bin-dir DIR] [--cni-conf-dir DIR] [--kubeconfig FILE]", "can this node (and cluster) run ztunnel-go, before or after the install; exit 2 on a FAIL"},
 	{"waypoint", "apply|list|status|delete [-n NS] [--enroll-namespace] [--for service|workload|all]", "manage waypoint Gateways, as istioctl waypoint"},
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/cni/agent/install"
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
+	"github.com/ztunnel-go/ztunnel-go/cni/runtimecfg"
 )
 
 // Check results.
@@ -40,6 +42,7 @@ type checkResult struct {
 // precheckReport is what zctl precheck prints.
 type precheckReport struct {
 	Node    string        `json:"node"`              // the host the local checks ran on
+	Phase   string        `json:"phase"`             // "before install" or "after install"
 	Cluster string        `json:"cluster,omitempty"` // the API server, with --kubeconfig
 	Checks  []checkResult `json:"checks"`
 }
@@ -47,7 +50,16 @@ type precheckReport struct {
 // nodeProbe is where the local checks look; the command uses the real
 // paths, tests point them at temporary directories.
 type nodeProbe struct {
-	cniDir  string                       // the CNI conf dir (NETCONFPATH)
+	// cniDir and binDir are the CNI conf and bin dirs given by flag; ""
+	// means the container runtime's (read through runtime, as the node
+	// agent reads it).
+	cniDir, binDir string
+	runtime        runtimecfg.Options
+	// after: the chart is installed, so the plugin must be chained.
+	after bool
+	// offNode: a cluster is checked too, so this machine may be no node:
+	// a missing container runtime only WARNs.
+	offNode bool
 	proc    string                       // /proc
 	modules string                       // /lib/modules/<release>
 	look    func(string) (string, error) // exec.LookPath
@@ -55,22 +67,32 @@ type nodeProbe struct {
 	version func(bin string) string      // `<bin> --version`
 }
 
-func realProbe(cniDir string) nodeProbe {
+func realProbe(cniDir, binDir string) nodeProbe {
 	var u unix.Utsname
 	release := ""
 	if unix.Uname(&u) == nil {
 		release = unix.ByteSliceToString(u.Release[:])
 	}
-	return nodeProbe{cniDir: cniDir, proc: "/proc", modules: filepath.Join("/lib/modules", release), look: exec.LookPath,
+	return nodeProbe{cniDir: cniDir, binDir: binDir, proc: "/proc", modules: filepath.Join("/lib/modules", release), look: exec.LookPath,
 		mode: rules.DetectMode, version: func(bin string) string {
 			out, _ := exec.Command(bin, "--version").Output()
 			return strings.TrimSpace(string(out))
 		}}
 }
 
-// localChecks are the node's: CNI config, iptables, kernel features.
+// localChecks are the node's: the runtime's CNI directories and config,
+// iptables, kernel features.
 func (p nodeProbe) localChecks() []checkResult {
-	out := []checkResult{p.cniCheck()}
+	rt, bin, conf := p.runtimeCheck()
+	out := []checkResult{rt}
+	// The directories are the host's; tests read a fake host under Root.
+	if bin != "" {
+		out = append(out, p.binDirCheck(filepath.Join("/", p.runtime.Root, bin)))
+	}
+	if conf != "" {
+		p.cniDir = filepath.Join("/", p.runtime.Root, conf)
+		out = append(out, p.cniCheck())
+	}
 	out = append(out, p.iptablesChecks()...)
 	out = append(out,
 		p.targetCheck("REDIRECT", "xt_REDIRECT", checkFail, "the in-pod capture rules redirect to the proxy with it"),
@@ -79,22 +101,104 @@ func (p nodeProbe) localChecks() []checkResult {
 	return out
 }
 
+// runtimeCheck reads the container runtime's configuration as the node
+// agent does (cni/runtimecfg) and returns the CNI bin and conf dirs to
+// check: the flags' where given, else the runtime's ("" when unknown).
+func (p nodeProbe) runtimeCheck() (c checkResult, bin, conf string) {
+	c = checkResult{Check: "container runtime"}
+	bin, conf = p.binDir, p.cniDir
+	d, err := runtimecfg.Detect(p.runtime)
+	switch {
+	case err != nil && bin != "" && conf != "":
+		c.Status, c.Detail = checkWarn, err.Error()
+		c.Fix = "the flags' directories are checked instead; make sure they are the runtime's"
+	case err != nil && p.offNode:
+		c.Status, c.Detail = checkWarn, err.Error()+"; node checks skipped"
+		c.Fix = "run zctl precheck on each node for its checks (this machine runs no container runtime)"
+		return c, "", ""
+	case err != nil:
+		c.Status, c.Detail = checkFail, err.Error()
+		c.Fix = "run precheck on a node; if its runtime's configuration is elsewhere, set the chart values cni.cniBinDir " +
+			"and cni.cniConfDir (and pass --cni-bin-dir/--cni-conf-dir here)"
+	default:
+		c.Status, c.Detail = checkOK, d.String()
+		if d.Socket != "" {
+			c.Detail += "; CRI socket " + d.Socket
+			if d.Runtime == runtimecfg.Containerd {
+				c.Detail += " (ctr -a " + d.Socket + " -n k8s.io images import ...)"
+			}
+		}
+		var differ []string
+		if bin != "" && !slices.Contains(d.BinDirs, bin) {
+			differ = append(differ, "bin dir "+bin)
+		}
+		if conf != "" && conf != d.ConfDir {
+			differ = append(differ, "conf dir "+conf)
+		}
+		if len(differ) > 0 {
+			c.Status = checkWarn
+			c.Detail += "; the flags name " + strings.Join(differ, " and ") + ", which the runtime does not use"
+			c.Fix = "leave the chart values cni.cniBinDir/cni.cniConfDir unset (the agent reads the runtime's), or set them to the runtime's"
+		}
+		if bin == "" {
+			bin = d.BinDir()
+		}
+		if conf == "" {
+			conf = d.ConfDir
+		}
+	}
+	return c, bin, conf
+}
+
+// binDirCheck: the bin dir the plugin goes into (after the install, with
+// the plugin in it).
+func (p nodeProbe) binDirCheck(dir string) checkResult {
+	c := checkResult{Check: "CNI bin dir"}
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil || !fi.IsDir():
+		c.Status, c.Detail = checkWarn, fmt.Sprintf("%s: not a directory (%v)", dir, err)
+		c.Fix = "the primary CNI's plugins must be in it; the node agent creates it for its own"
+		if p.after {
+			c.Status = checkFail
+			c.Fix = "the node agent did not install its plugin: see its log (kubectl -n istio-system logs ds/ztunnel-cni)"
+		}
+	case p.after:
+		if _, err := os.Stat(filepath.Join(dir, install.PluginType)); err != nil {
+			c.Status, c.Detail = checkFail, "no "+install.PluginType+" in "+dir
+			c.Fix = "the node agent did not install its plugin: see its log (kubectl -n istio-system logs ds/ztunnel-cni)"
+			return c
+		}
+		c.Status, c.Detail = checkOK, install.PluginType+" installed in "+dir
+	default:
+		c.Status, c.Detail = checkOK, dir+" (the node agent copies "+install.PluginType+" into it)"
+	}
+	return c
+}
+
 func (p nodeProbe) cniCheck() checkResult {
 	c := checkResult{Check: "CNI config"}
 	if fi, err := os.Stat(p.cniDir); err != nil || !fi.IsDir() {
 		c.Status, c.Detail = checkFail, fmt.Sprintf("%s: not a directory (%v)", p.cniDir, err)
-		c.Fix = "install the pod network (primary CNI) first, or pass the runtime's NETCONFPATH as --cni-conf-dir"
+		c.Fix = "install the pod network (primary CNI) first: the runtime reads its config from this directory"
 		return c
 	}
 	f, err := install.PrimaryConfig(p.cniDir)
 	if err != nil {
 		c.Status, c.Detail = checkFail, err.Error()
-		c.Fix = "the primary CNI has not written its config yet: wait for it, or check that --cni-conf-dir is the runtime's"
+		c.Fix = "the primary CNI has not written its config yet: wait for it, or check that the directory is the runtime's"
 		return c
 	}
 	c.Status, c.Detail = checkOK, "the runtime uses "+f+" (lexically first config that parses)"
+	chained := false
 	if b, err := os.ReadFile(f); err == nil && strings.Contains(string(b), `"`+install.PluginType+`"`) {
-		c.Detail += "; " + install.PluginType + " is already chained in it"
+		chained = true
+		c.Detail += "; " + install.PluginType + " is chained in it"
+	}
+	if p.after && !chained {
+		c.Status = checkFail
+		c.Detail += "; " + install.PluginType + " is not chained in it: new ambient pods are not captured"
+		c.Fix = "the node agent is not installing its plugin: see its log (kubectl -n istio-system logs ds/ztunnel-cni)"
 	}
 	return c
 }
@@ -208,17 +312,25 @@ func (p nodeProbe) migrateCheck() checkResult {
 }
 
 const precheckAbout = `Checks whether this node (and, with --kubeconfig, the cluster) can run
-ztunnel-go: the CNI conf dir and the config file the runtime will use (the
-node agent's own choice), the iptables variant the agent will pick and its
-restore binaries, kernel features (REDIRECT and TPROXY targets, SO_REUSEPORT,
-tcp_migrate_req), and in the cluster the CRDs the control plane watches and
-the CA Secret and root ConfigMap. Each check prints OK, WARN or FAIL with a
+ztunnel-go. Before the install (the default): the container runtime's CNI
+directories, read from its own configuration as the node agent reads them
+(containerd's CRI cni section, CRI-O's [crio.network]), the config file the
+runtime will use, the iptables variant the agent will pick and its restore
+binaries, kernel features (REDIRECT and TPROXY targets, SO_REUSEPORT,
+tcp_migrate_req), and in the cluster the API server's version, Gateway API's
+CRDs and the CA Secret; Istio's CRDs may still be missing, helm install adds
+them. With --after-install: the plugin installed and chained on this node,
+every CRD the control plane watches, the root ConfigMap, and the node agent
+and node proxy Ready on every node. Each check prints OK, WARN or FAIL with a
 fix; the exit status is 2 when one FAILs. It reads only.`
 
 func runPrecheck(args []string, out io.Writer) error {
-	var cniDir, kubeconfig, namespace, caSecret, format string
+	var cniDir, binDir, kubeconfig, namespace, caSecret, format string
+	var after bool
 	s := newSub("precheck", "", precheckAbout, out)
-	s.fs.StringVar(&cniDir, "cni-conf-dir", "/etc/cni/net.d", "the container runtime's CNI conf dir")
+	s.fs.StringVar(&cniDir, "cni-conf-dir", "", "the CNI conf dir to check (default: the one the container runtime's configuration names)")
+	s.fs.StringVar(&binDir, "cni-bin-dir", "", "the CNI bin dir to check (default: the one the container runtime's configuration names)")
+	s.fs.BoolVar(&after, "after-install", false, "check an installed mesh: the plugin chained here, every CRD, the root ConfigMap, the agents and node proxies Ready")
 	s.fs.StringVar(&kubeconfig, "kubeconfig", "", "also check the cluster this kubeconfig points at")
 	s.fs.StringVar(&namespace, "namespace", "istio-system", "the mesh's system namespace (the chart's release namespace)")
 	s.fs.StringVar(&caSecret, "ca-secret", "ztunnel-go-ca", "the CA Secret (chart value controlPlane.caSecret)")
@@ -232,9 +344,14 @@ func runPrecheck(args []string, out io.Writer) error {
 		return fmt.Errorf("precheck takes no arguments, got %q", pos)
 	}
 	host, _ := os.Hostname()
-	r := precheckReport{Node: host, Checks: realProbe(cniDir).localChecks()}
+	probe := realProbe(cniDir, binDir)
+	probe.after, probe.offNode = after, kubeconfig != ""
+	r := precheckReport{Node: host, Phase: "before install", Checks: probe.localChecks()}
+	if after {
+		r.Phase = "after install"
+	}
 	if kubeconfig != "" {
-		cluster, checks, err := clusterChecks(kubeconfig, namespace, caSecret)
+		cluster, checks, err := clusterChecks(kubeconfig, namespace, caSecret, after)
 		if err != nil {
 			return err
 		}
@@ -252,7 +369,7 @@ func runPrecheck(args []string, out io.Writer) error {
 }
 
 func precheckTable(w io.Writer, r precheckReport) error {
-	fmt.Fprintf(w, "# node: %s (local checks)\n", r.Node)
+	fmt.Fprintf(w, "# node: %s (local checks, %s)\n", r.Node, r.Phase)
 	if r.Cluster != "" {
 		fmt.Fprintf(w, "# cluster: %s\n", r.Cluster)
 	}

@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -24,10 +26,23 @@ const (
 	rootKeyKey    = "root-key.pem"
 )
 
-// clusterChecks asks the API server kubeconfig points at for the kinds the
-// control plane watches (cluster.Kinds: a missing CRD never syncs, so
-// ztunnel-cp never becomes ready), the CA Secret and the root ConfigMap.
-func clusterChecks(kubeconfig, namespace, secret string) (string, []checkResult, error) {
+// minKubeMinor is the oldest Kubernetes minor version precheck accepts
+// without a warning.
+const minKubeMinor = 30
+
+// The chart's DaemonSets (deploy/chart/ztunnel-go/templates).
+const (
+	agentDaemonSet = "ztunnel-cni"
+	proxyDaemonSet = "ztunnel"
+)
+
+// clusterChecks asks the API server kubeconfig points at for its version,
+// the kinds the control plane watches (cluster.Kinds: a missing CRD never
+// syncs, so ztunnel-cp never becomes ready) and the CA Secret; after the
+// install (after) also the root ConfigMap and the node agent and node proxy
+// DaemonSets. Before the install a missing CRD that the chart itself ships
+// (Istio's) is no failure: helm install adds it.
+func clusterChecks(kubeconfig, namespace, secret string, after bool) (string, []checkResult, error) {
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return "", nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
@@ -39,12 +54,16 @@ func clusterChecks(kubeconfig, namespace, secret string) (string, []checkResult,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := kc.Discovery().ServerVersion(); err != nil {
+	ver, err := kc.Discovery().ServerVersion()
+	if err != nil {
 		return "", nil, fmt.Errorf("API server %s: %w", rc.Host, err)
 	}
 	from := rc.Host + " (kubeconfig " + kubeconfig + ")"
 
 	var out []checkResult
+	if !after {
+		out = append(out, versionCheck(ver.Major, ver.Minor, ver.GitVersion))
+	}
 	byGV := map[string][]string{}
 	var gvs []string
 	for _, k := range cluster.Kinds() {
@@ -74,6 +93,8 @@ func clusterChecks(kubeconfig, namespace, secret string) (string, []checkResult,
 		switch {
 		case len(missing) == 0:
 			c.Status, c.Detail = checkOK, "serves "+strings.Join(byGV[gv], ", ")
+		case !after && chartShipsCRDs(gv):
+			c.Status, c.Detail = checkOK, "missing "+strings.Join(missing, ", ")+" for now: helm install adds them (the chart's crds/)"
 		default:
 			c.Status, c.Detail = checkFail, "missing "+strings.Join(missing, ", ")+" (ztunnel-cp watches them and never becomes ready without them)"
 			c.Fix = crdFix(gv)
@@ -106,13 +127,16 @@ func clusterChecks(kubeconfig, namespace, secret string) (string, []checkResult,
 		}
 	}
 	out = append(out, sc)
+	if !after {
+		return from, out, nil
+	}
 
 	cc := checkResult{Check: "root ConfigMap " + namespace + "/" + rootConfigMap}
 	cm, err := kc.CoreV1().ConfigMaps(namespace).Get(ctx, rootConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		cc.Status, cc.Detail = checkWarn, "not published yet"
-		cc.Fix = "ztunnel-cp publishes it once running; if it runs, see its logs (node proxies mount it)"
+		cc.Status, cc.Detail = checkFail, "not published"
+		cc.Fix = "ztunnel-cp publishes it once running (node proxies mount it): see kubectl -n " + namespace + " get pods,events and ztunnel-cp's log; under istiod, istiod publishes it"
 	case err != nil:
 		cc.Status, cc.Detail, cc.Fix = checkWarn, "cannot read it: "+err.Error(), "run precheck with credentials that may get ConfigMaps in "+namespace
 	case cm.Data[rootCertKey] == "":
@@ -126,7 +150,79 @@ func clusterChecks(kubeconfig, namespace, secret string) (string, []checkResult,
 			cc.Detail += ", the same root as the CA Secret"
 		}
 	}
-	return from, append(out, cc), nil
+	out = append(out, cc)
+	for _, ds := range []struct{ name, what, fix string }{
+		{agentDaemonSet, "node agent", "it is Ready once its CNI plugin is installed and chained where the container runtime reads its CNI config: " +
+			"its log names the directories it read (zctl precheck on that node shows the runtime's); chart values cni.cniBinDir/cni.cniConfDir override them"},
+		{proxyDaemonSet, "node proxy", "it is Ready once it has its certificate and the control plane's first push: see its log"},
+	} {
+		out = append(out, daemonSetCheck(ctx, kc, namespace, ds.name, ds.what, ds.fix))
+	}
+	return from, out, nil
+}
+
+// chartShipsCRDs: the chart's crds/ holds the group's CRDs (Istio's), so
+// helm install adds them; Gateway API's the user installs first.
+func chartShipsCRDs(gv string) bool {
+	return strings.HasPrefix(gv, "networking.istio.io/") || strings.HasPrefix(gv, "security.istio.io/")
+}
+
+func versionCheck(major, minor, git string) checkResult {
+	c := checkResult{Check: "Kubernetes version"}
+	maj, _ := strconv.Atoi(strings.TrimRight(major, "+"))
+	mnr, _ := strconv.Atoi(strings.TrimRight(minor, "+"))
+	if maj == 1 && mnr < minKubeMinor {
+		c.Status, c.Detail = checkWarn, fmt.Sprintf("%s is older than 1.%d", git, minKubeMinor)
+		c.Fix = fmt.Sprintf("ztunnel-go is tested on Kubernetes 1.37; upgrade to 1.%d or later", minKubeMinor)
+		return c
+	}
+	c.Status, c.Detail = checkOK, git
+	return c
+}
+
+// daemonSetCheck: every scheduled pod of the DaemonSet is Ready; the ones
+// that are not are named with their node.
+func daemonSetCheck(ctx context.Context, kc kubernetes.Interface, namespace, name, what, fix string) checkResult {
+	c := checkResult{Check: what + " " + namespace + "/" + name}
+	ds, err := kc.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		c.Status, c.Detail, c.Fix = checkFail, "not found", "helm install the chart into "+namespace+" (or pass --namespace)"
+		return c
+	case err != nil:
+		c.Status, c.Detail, c.Fix = checkWarn, "cannot read it: "+err.Error(), "run precheck with credentials that may get DaemonSets in "+namespace
+		return c
+	}
+	st := ds.Status
+	if st.DesiredNumberScheduled > 0 && st.NumberReady == st.DesiredNumberScheduled {
+		c.Status, c.Detail = checkOK, fmt.Sprintf("%d/%d Ready", st.NumberReady, st.DesiredNumberScheduled)
+		return c
+	}
+	c.Status, c.Detail, c.Fix = checkFail, fmt.Sprintf("%d/%d Ready", st.NumberReady, st.DesiredNumberScheduled), fix
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil {
+		return c
+	}
+	pods, err := kc.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return c
+	}
+	var notReady []string
+	for _, p := range pods.Items {
+		ready := false
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				ready = true
+			}
+		}
+		if !ready {
+			notReady = append(notReady, p.Name+" on "+p.Spec.NodeName)
+		}
+	}
+	if len(notReady) > 0 {
+		c.Detail += "; not Ready: " + strings.Join(notReady, ", ")
+	}
+	return c
 }
 
 func crdFix(gv string) string {

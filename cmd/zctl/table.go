@@ -15,8 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
-	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/configdump"
 )
 
 // sectionNames are the sections zctl config-dump can print, in the order it
@@ -51,23 +50,23 @@ type dumpFilter struct {
 	namespace, node, address string
 }
 
-func (f dumpFilter) workloads(d *dump) []workload {
-	return slices.DeleteFunc(slices.Clone(d.Workloads), func(w workload) bool {
+func (f dumpFilter) workloads(d *dump) []configdump.Workload {
+	return slices.DeleteFunc(slices.Clone(d.Workloads), func(w configdump.Workload) bool {
 		if f.namespace != "" && !strings.EqualFold(w.Namespace, f.namespace) || f.node != "" && !strings.EqualFold(w.Node, f.node) {
 			return true
 		}
-		return f.address != "" && !slices.ContainsFunc(w.Addresses, func(a netip.Addr) bool { return a.String() == f.address })
+		return f.address != "" && !slices.ContainsFunc(w.WorkloadIPs, func(a netip.Addr) bool { return a.String() == f.address })
 	})
 }
 
-func (f dumpFilter) services(d *dump) []service {
-	return slices.DeleteFunc(slices.Clone(d.Services), func(s service) bool {
+func (f dumpFilter) services(d *dump) []configdump.Service {
+	return slices.DeleteFunc(slices.Clone(d.Services), func(s configdump.Service) bool {
 		return f.namespace != "" && !strings.EqualFold(s.Namespace, f.namespace)
 	})
 }
 
-func (f dumpFilter) policies(d *dump) []policy {
-	return slices.DeleteFunc(slices.Clone(d.Policies), func(p policy) bool {
+func (f dumpFilter) policies(d *dump) []configdump.Policy {
+	return slices.DeleteFunc(slices.Clone(d.Policies), func(p configdump.Policy) bool {
 		return f.namespace != "" && !strings.EqualFold(p.Namespace, f.namespace)
 	})
 }
@@ -80,42 +79,42 @@ func render(w io.Writer, d *dump, section string, f dumpFilter) error {
 	case "workloads":
 		row("NAMESPACE", "POD NAME", "ADDRESS", "NODE", "WAYPOINT", "PROTOCOL")
 		wls := f.workloads(d)
-		slices.SortFunc(wls, func(a, b workload) int {
+		slices.SortFunc(wls, func(a, b configdump.Workload) int {
 			return cmp.Or(cmp.Compare(a.Namespace+"."+a.Name, b.Namespace+"."+b.Name), cmp.Compare(a.Node, b.Node))
 		})
 		for _, wl := range wls {
-			row(wl.Namespace, wl.Name, joinAddrs(wl.Addresses, wl.Hostname), or(wl.Node, "-"), waypointName(d, wl.Waypoint), wl.Protocol)
+			row(wl.Namespace, wl.Name, joinAddrs(wl.WorkloadIPs, wl.Hostname), or(wl.Node, "-"), waypointName(d, wl.Waypoint), wl.Protocol)
 		}
 	case "services":
 		row("NAMESPACE", "SERVICE NAME", "SERVICE VIP", "WAYPOINT", "ENDPOINTS")
 		svcs := f.services(d)
-		slices.SortFunc(svcs, func(a, b service) int {
+		slices.SortFunc(svcs, func(a, b configdump.Service) int {
 			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Hostname, b.Hostname))
 		})
 		for _, s := range svcs {
 			var vips []string
 			for _, v := range s.VIPs {
-				if v.Prefix.IsSingleIP() {
-					vips = append(vips, v.Prefix.Addr().String())
-				} else {
-					vips = append(vips, v.Prefix.String())
+				_, ip, _ := strings.Cut(v, "/")
+				vips = append(vips, ip)
+			}
+			for _, v := range s.CIDRVIPs {
+				_, p, _ := strings.Cut(v, "/")
+				vips = append(vips, p)
+			}
+			// Healthy counts endpoints whose workload is in the dump and
+			// healthy, as istioctl counts them.
+			healthy := 0
+			for uid := range s.Endpoints {
+				if i := slices.IndexFunc(d.Workloads, func(w configdump.Workload) bool { return w.UID == uid }); i >= 0 && d.Workloads[i].Status == configdump.Healthy {
+					healthy++
 				}
 			}
-			healthy, total := 0, 0
-			for _, wl := range d.Workloads {
-				if slices.ContainsFunc(wl.Services, func(sp state.ServicePorts) bool { return sp.Service == s.Key }) {
-					total++
-					if wl.Healthy {
-						healthy++
-					}
-				}
-			}
-			row(s.Namespace, or(s.Name, s.Hostname), strings.Join(vips, ","), serviceWaypoints(d, &s), fmt.Sprintf("%d/%d", healthy, total))
+			row(s.Namespace, or(s.Name, s.Hostname), strings.Join(vips, ","), serviceWaypoints(d, &s), fmt.Sprintf("%d/%d", healthy, len(s.Endpoints)))
 		}
 	case "policies":
 		row("NAMESPACE", "POLICY NAME", "ACTION", "SCOPE")
 		pols := f.policies(d)
-		slices.SortFunc(pols, func(a, b policy) int {
+		slices.SortFunc(pols, func(a, b configdump.Policy) int {
 			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 		})
 		for _, p := range pols {
@@ -145,13 +144,13 @@ func render(w io.Writer, d *dump, section string, f dumpFilter) error {
 		}
 	case "pods":
 		row("UID", "POD", "STATE", "NETNS", "SINCE", "ERROR")
-		if d.WorkloadState != nil {
-			for _, uid := range slices.Sorted(maps.Keys(d.WorkloadState.Pods)) {
-				p := d.WorkloadState.Pods[uid]
-				row(uid, p.Info.Namespace+"/"+p.Info.Name, p.State, p.Netns, or(p.Since, "-"), or(p.LastError, "-"))
-			}
-			for _, p := range d.WorkloadState.Draining {
-				row(p.Info.UID, p.Info.Namespace+"/"+p.Info.Name, p.State, p.Netns, or(p.Since, "-"), "-")
+		for _, uid := range slices.Sorted(maps.Keys(d.WorkloadState)) {
+			p := d.WorkloadState[uid]
+			row(uid, p.Info.Namespace+"/"+p.Info.Name, p.State, or(p.Netns, "-"), or(p.Since, "-"), or(p.LastError, "-"))
+		}
+		if d.PodProxies != nil {
+			for _, p := range d.PodProxies.Draining {
+				row(p.Info.UID, p.Info.Namespace+"/"+p.Info.Name, p.State, or(p.Netns, "-"), or(p.Since, "-"), "-")
 			}
 		}
 	default:
@@ -162,7 +161,7 @@ func render(w io.Writer, d *dump, section string, f dumpFilter) error {
 
 // certRow is one certificate line as istioctl prints it: the serial in hex,
 // VALID CERT whether now is within its validity.
-func certRow(identity, kind, status string, ci certmanager.CertInfo) []string {
+func certRow(identity, kind, status string, ci configdump.CertInfo) []string {
 	serial := "NA"
 	if n, ok := new(big.Int).SetString(ci.SerialNumber, 10); ok {
 		serial = fmt.Sprintf("%x", n)
@@ -179,7 +178,7 @@ func certRow(identity, kind, status string, ci certmanager.CertInfo) []string {
 
 // serviceWaypoints is a service's waypoint, or its weighted (canary) set
 // as name(weight) each, comma-separated, as the node proxy draws one.
-func serviceWaypoints(d *dump, s *service) string {
+func serviceWaypoints(d *dump, s *configdump.Service) string {
 	if len(s.WeightedWaypoints) == 0 {
 		return waypointName(d, s.Waypoint)
 	}
@@ -190,20 +189,19 @@ func serviceWaypoints(d *dump, s *service) string {
 	return strings.Join(parts, ",")
 }
 
-// waypointName is the waypoint's service name when the dump holds it (as
-// istioctl shows it), else its address; "None" without one.
-func waypointName(d *dump, g *state.GatewayAddress) string {
+// waypointName is the waypoint's service name when the dump holds it,
+// matched as istioctl does (namespace/hostname, or one of its VIPs), else
+// the destination; "None" without one.
+func waypointName(d *dump, g *configdump.GatewayAddress) string {
 	if g == nil {
 		return "None"
 	}
-	if g.IsHostname() {
-		for _, s := range d.Services {
-			if s.Namespace == g.Hostname.Namespace && s.Hostname == g.Hostname.Hostname {
-				return s.Name
-			}
+	for _, s := range d.Services {
+		if s.Key() == g.Destination || slices.Contains(s.VIPs, g.Destination) {
+			return s.Name
 		}
 	}
-	return gateway(g)
+	return g.Destination
 }
 
 // writeSections writes the sections as JSON or YAML: the node proxy's own
@@ -258,15 +256,4 @@ func joinAddrs[A fmt.Stringer](as []A, hostname string) string {
 		s[i] = a.String()
 	}
 	return strings.Join(s, ",")
-}
-
-func gateway(g *state.GatewayAddress) string {
-	switch {
-	case g == nil:
-		return "-"
-	case g.IsHostname():
-		return g.Hostname.Namespace + "/" + g.Hostname.Hostname
-	default:
-		return g.Address.IP.String()
-	}
 }

@@ -45,11 +45,11 @@ func cannedDump(t *testing.T) []byte {
 			return []certmanager.CertDump{{Identity: "spiffe://cluster.local/ns/demo/sa/sa-client", State: certmanager.StateAvailable,
 				CertChain: []certmanager.CertInfo{{ExpirationTime: "2030-01-01T00:00:00Z"}}, NextRefresh: "2029-12-31T12:00:00Z"}}
 		},
-		Sections: map[string]func() any{admin.KeyWorkloadState: func() any {
+		Pods: func() inpodstate.Dump {
 			return inpodstate.Dump{SnapshotReceived: true, Pods: map[string]inpodstate.PodState{
 				"pod-uid-1": {Info: inpodstate.Workload{UID: "pod-uid-1", Name: "client", Namespace: "demo"}, State: inpodstate.StateUp, Netns: "netns[dev=4,ino=42]"},
 			}}
-		}},
+		},
 	}
 	b, err := json.Marshal(d.Build())
 	if err != nil {
@@ -70,7 +70,7 @@ func TestConfigDumpTables(t *testing.T) {
 		{"workloads", []string{
 			"NAMESPACE POD NAME ADDRESS NODE WAYPOINT PROTOCOL",
 			"demo client 10.0.0.1 node0 None HBONE",
-			"legacy db 10.0.2.1 node1 None NONE",
+			"legacy db 10.0.2.1 node1 None TCP",
 		}},
 		{"services", []string{
 			"NAMESPACE SERVICE NAME SERVICE VIP WAYPOINT ENDPOINTS",
@@ -78,7 +78,7 @@ func TestConfigDumpTables(t *testing.T) {
 		}},
 		{"policies", []string{
 			"NAMESPACE POLICY NAME ACTION SCOPE",
-			"demo allow-client ALLOW NAMESPACE",
+			"demo allow-client Allow Namespace",
 		}},
 		{"certificates", []string{
 			"CERTIFICATE NAME TYPE STATUS VALID CERT SERIAL NUMBER NOT AFTER NOT BEFORE",

@@ -72,8 +72,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.ZDSSocket, "zds-socket", agent.DefaultZDSSocket, "ZDS socket the node proxy connects to")
 	fs.StringVar(&o.PluginSocket, "plugin-socket", agent.DefaultPluginSocket, "socket the CNI plugin sends pod events to")
 	fs.StringVar(&o.StateDir, "state-dir", agent.DefaultStateDir, "directory for the enrolled-pods state file")
-	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory the installer copies this binary into")
-	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory whose primary conflist gets the plugin")
+	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", "", "host's CNI plugin directory the installer copies this binary into (default: the one the container runtime's configuration names: containerd's CRI cni bin_dir, CRI-O's plugin_dirs)")
+	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", "", "host's CNI configuration directory whose primary conflist gets the plugin (default: the runtime's: containerd's CRI cni conf_dir, CRI-O's network_dir)")
+	fs.StringVar(&o.HostRoot, "host-root", "", "where the host's root filesystem is mounted (the chart: /host); the runtime's configuration and the CNI directories are read and written under it (default: the agent runs on the host)")
 	fs.BoolVar(&o.Install, "install", true, "install the plugin binary and conflist entry on start")
 	fs.BoolVar(&o.KeepOnExit, "keep-on-exit", true, "leave the plugin installed on exit (safe upgrade: new ambient pods wait for the next agent); false uninstalls it and the host probe rule")
 	fs.StringVar(&o.DaemonSetName, "daemonset-name", "", "Kubernetes mode: the agent's own DaemonSet; if it is deleted (uninstall) the plugin is removed from the CNI chain on exit despite --keep-on-exit, and kept while it exists (upgrade)")
@@ -112,8 +113,9 @@ type summary struct {
 	ZDSSocket        string `json:"zds_socket"`
 	PluginSocket     string `json:"plugin_socket"`
 	StateDir         string `json:"state_dir"`
-	CNIBinDir        string `json:"cni_bin_dir,omitempty"`
-	CNIConfDir       string `json:"cni_conf_dir,omitempty"`
+	CNIBinDir        string `json:"cni_bin_dir,omitempty"`  // a host path; "" with install: the runtime's
+	CNIConfDir       string `json:"cni_conf_dir,omitempty"` // a host path; "" with install: the runtime's
+	HostRoot         string `json:"host_root,omitempty"`
 	PluginKubeconfig string `json:"plugin_kubeconfig,omitempty"` // the plugin reads it on the host
 	RulesBackend     string `json:"rules_backend"`               // "iptables" or "nftables"
 }
@@ -128,7 +130,7 @@ func (o options) summary() summary {
 		s.ReadinessAddr, s.ReadinessPath = o.ReadinessAddr, daemon.ReadyPath
 	}
 	if o.Install {
-		s.CNIBinDir, s.CNIConfDir = o.CNIBinDir, o.CNIConfDir
+		s.CNIBinDir, s.CNIConfDir, s.HostRoot = o.CNIBinDir, o.CNIConfDir, o.HostRoot
 	}
 	if o.KubeMode() {
 		s.Mode, s.PluginKubeconfig = "kubernetes", o.PluginKubeconfigPath()

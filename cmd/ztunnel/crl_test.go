@@ -1,52 +1,29 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testpki"
 )
 
 // testRoot writes a self-signed root to dir/root-cert.pem and returns a
 // PEM CRL it signs revoking serial.
 func testRoot(t *testing.T, dir string, serial int64) (rootPath string, crlPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "mesh root"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, BasicConstraintsValid: true, IsCA: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, _ := x509.ParseCertificate(der)
+	root := testpki.NewRoot(t, "mesh root")
 	rootPath = filepath.Join(dir, "root-cert.pem")
-	if err := os.WriteFile(rootPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := os.WriteFile(rootPath, root.CertPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	crlDER, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: big.NewInt(1),
-		ThisUpdate: time.Now(), NextUpdate: time.Now().Add(time.Hour),
-		RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: big.NewInt(serial), RevocationTime: time.Now()}}}, root, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rootPath, pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: crlDER})
+	return rootPath, root.CRL(t, big.NewInt(serial))
 }
 
 func TestNewRevocation(t *testing.T) {

@@ -31,6 +31,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/admin"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/configdump"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
@@ -202,8 +203,9 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		Log: log.Named("admin"), Level: level, Gatherer: reg, Shutdown: g.Stop,
 		Connections: func() any { return factory.Proxy.Metrics.Connections() }, // GET /connections (zctl connections)
 		Dump: &admin.Dumper{State: store, Certs: certs.Dump, Config: cfg, Version: daemon.Version(),
-			Sections: map[string]func() any{admin.KeyWorkloadState: func() any { return mgr.Dump() }, dumpKeyCRL: crlDump(rev),
-				dumpKeyRetries: func() any { return retries.Status() }}},
+			Pods: mgr.Dump, Connections: func() []configdump.Connection { return dumpConnections(factory.Proxy.Metrics.Connections()) },
+			Network: cfg.Network, TrustDomain: cfg.TrustDomain,
+			Sections: map[string]func() any{dumpKeyCRL: crlDump(rev), dumpKeyRetries: func() any { return retries.Status() }}},
 		Readiness: g.Readiness(),
 	})
 	if err != nil {

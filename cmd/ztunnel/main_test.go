@@ -169,8 +169,7 @@ status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.
 		Certificates []struct{ Identity, State string }
 		Retries      []backoff.Status `json:"retries"`
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.EventuallyErr(t, 30*time.Second, "the node proxy synced", func() error {
 		code, body := get(readyAddr, "/healthz/ready")
 		// The first line says what is pending; the lines below list the
 		// failing retry loops: here ZDS, as no node agent runs.
@@ -181,13 +180,10 @@ status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIP: 10.
 		_ = json.Unmarshal([]byte(raw), &dump)
 		if ready && len(dump.Certificates) == 1 && dump.Certificates[0].State == "Available" && len(dump.Retries) == 2 &&
 			dump.Retries[0].Name == "xds" && !dump.Retries[0].Failing && dump.Retries[1].Name == "zds" && dump.Retries[1].Failing {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not synced: readiness %d %q; dump %s", code, body, raw)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("readiness %d %q; dump %s", code, body, raw)
+	})
 	if dump.Generation == 0 || len(dump.Workloads) != 2 {
 		t.Errorf("dump: generation %d, %d workloads", dump.Generation, len(dump.Workloads))
 	}

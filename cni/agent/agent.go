@@ -128,6 +128,14 @@ type Config struct {
 	// Status receives every status change. nil means LogStatus (the log
 	// lines of local mode).
 	Status StatusWriter
+	// PluginInstalled, if non-nil, is nil while the chained CNI plugin is
+	// installed in the runtime's CNI directories, else why not
+	// (install.Keeper.Installed). The agent is not Ready until it is:
+	// without the chain no new pod is captured, so a Ready agent would
+	// tell the rollout and the user that the node is meshed when it is
+	// not. nil means the agent does not install the plugin (--install=false:
+	// someone else does).
+	PluginInstalled func() error
 }
 
 // Agent is the node agent. Create with New, then Run.
@@ -301,11 +309,28 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// Ready reports whether Run has started serving.
-func (a *Agent) Ready() bool {
+// Ready reports whether Run has started serving and the plugin is
+// installed (Config.PluginInstalled).
+func (a *Agent) Ready() bool { return a.NotReady() == "" }
+
+// Serving reports whether Run has started serving its sockets.
+func (a *Agent) Serving() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.ready
+}
+
+// NotReady says why the agent is not Ready; "" when it is.
+func (a *Agent) NotReady() string {
+	if !a.Serving() {
+		return "the agent is not serving its sockets yet"
+	}
+	if a.cfg.PluginInstalled != nil {
+		if err := a.cfg.PluginInstalled(); err != nil {
+			return "the CNI plugin is not installed and chained: " + err.Error()
+		}
+	}
+	return ""
 }
 
 func (a *Agent) waitObjects(ctx context.Context) (*cluster.Objects, error) {

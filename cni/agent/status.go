@@ -155,7 +155,7 @@ func (a *Agent) Pods() []PodStatus {
 }
 
 // AdminHandler serves GET /pods (JSON array of PodStatus) and GET /ready
-// (200 once Run serves, else 503).
+// (200 once Run serves and the plugin is installed, else 503 saying why).
 func (a *Agent) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /pods", func(w http.ResponseWriter, _ *http.Request) {
@@ -165,8 +165,8 @@ func (a *Agent) AdminHandler() http.Handler {
 		_ = enc.Encode(a.Pods())
 	})
 	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
-		if !a.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		if why := a.NotReady(); why != "" {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))

@@ -232,7 +232,7 @@ func (r *Resolver) lookupHost(snap *state.Snapshot, client *state.Workload, host
 
 // pick chooses among the services of one hostname (reference §6.2 step 3):
 // services without a VIP are skipped unless they are Kubernetes services
-// (headless, or ExternalName aliases), NAMESPACE-visible services of another
+// (headless, or ExternalName aliases), services not exported to the client's
 // namespace are skipped; then the client's namespace wins, else a canonical
 // service, else the preferred namespace, else the first (by key).
 func (r *Resolver) pick(svcs []*state.Service, client *state.Workload) *state.Service {
@@ -241,7 +241,7 @@ func (r *Resolver) pick(svcs []*state.Service, client *state.Workload) *state.Se
 		if len(s.VIPs) == 0 && s.AliasOf == "" && !r.isKubernetes(s) {
 			continue
 		}
-		if s.Visibility == state.VisibilityNamespace && s.Namespace != client.Namespace {
+		if !s.VisibleTo(client.Namespace) {
 			continue
 		}
 		if s.Namespace == client.Namespace {

@@ -196,7 +196,7 @@ var known = []struct {
 	{regexp.MustCompile(`^authorization/app/audit-all$`), "AUDIT as a dry-run at the node", false},
 	{regexp.MustCompile(`^address/app/alias\.app\.svc\.cluster\.local$`), "ExternalName aliases", false},
 	// Intended: same meaning, or istiod's behaviour is not the API's.
-	{regexp.MustCompile(`^address/wp/(api|waypoint)\.wp\.svc\.cluster\.local\.service\.waypoint\.(address|hostname)$`), "Waypoint in address form", false},
+	{regexp.MustCompile(`^address/wp/api\.wp\.svc\.cluster\.local\.service\.waypoint\.(address|hostname)$`), "Waypoint in address form", false},
 	{regexp.MustCompile(`^address/Kubernetes/networking\.istio\.io/ServiceEntry/app/external-api/api\.example\.com\.workload\.authorization_policies$`), "Selector policies on a label-less ServiceEntry's workload", false},
 	// Known gaps, to be fixed in ztunnel-cp.
 	{regexp.MustCompile(`^address/Kubernetes//Pod/app/web-0\.workload\.authorization_policies$`), "Root-namespace selector policies", true},

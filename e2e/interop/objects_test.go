@@ -2,8 +2,8 @@ package interop
 
 // ourObjects are the e2e-like objects both control planes read beside
 // Istio's bookinfo sample: ambient namespaces, a waypoint that istiod can
-// mark Programmed without its injector (Service + EndpointSlice, see
-// /work/shared/reference/istio-tools-here.md), ports of every appProtocol
+// mark Programmed without its injector (a Service labelled as istiod's
+// deployment controller labels it, and an EndpointSlice), ports of every appProtocol
 // family, a ServiceEntry, an ExternalName alias and AuthorizationPolicies
 // including a root-namespace DENY by selector and an AUDIT. Pods are
 // created separately (podsFor) because their status is written as kubelet
@@ -106,6 +106,7 @@ metadata:
   namespace: wp
   labels:
     gateway.networking.k8s.io/gateway-name: waypoint
+    gateway.istio.io/managed: istio.io-mesh-controller
     istio.io/gateway-name: waypoint
 spec:
   selector:

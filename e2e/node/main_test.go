@@ -13,6 +13,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"flag"
 	"fmt"
 	"math/big"
 	"os"
@@ -47,6 +48,11 @@ type nodeEnv struct {
 var skipReason = "node tests need a real node: run `make test-node` (or set ZTG_REQUIRE_NODE=1 with ZTG_K8S_BIN, ZTG_NODE_BIN, ZTG_HELM_BIN, ZTG_CNI_BIN, ZTG_IMAGES, ZTG_TEST_IMAGES)"
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		skipReason = "short: needs a real node (make test-node)"
+		os.Exit(m.Run())
+	}
 	if os.Getenv("ZTG_REQUIRE_NODE") != "1" {
 		os.Exit(m.Run())
 	}
@@ -120,8 +126,9 @@ func runWithNode(m *testing.M) (int, error) {
 			"HELM_DATA_HOME="+helmHome+"/data", "KUBECONFIG="+n.Kubeconfig),
 		values: []string{
 			"image.registry=ghcr.io/ztunnel-go", "image.tag=" + strings.TrimSpace(string(version)), "image.pullPolicy=Never",
+			// No cni.cniBinDir/cniConfDir: the agent reads them from the
+			// node's containerd configuration, as on any node.
 			"controlPlane.replicas=1", "logLevel=debug",
-			"cni.cniBinDir=" + realnode.CNIBinDir, "cni.cniConfDir=" + realnode.CNIConfDir,
 		},
 	}
 	if err := createCASecret(ctx, n); err != nil {

@@ -15,8 +15,9 @@ import (
 )
 
 // go test runs a package's tests in the order of its files' names, each
-// file's in the order they are declared: this file sorts last, so the
-// uninstall runs after every other node test (the upgrade tests included).
+// file's in the order they are declared: this file sorts last but one, so
+// the uninstall runs after every other node test (the upgrade tests
+// included) except TestNodeInstallByREADME, which starts from a bare node.
 
 // TestNodeHelmUninstall runs last: after `helm uninstall` the agent has
 // removed our plugin from the chain and the ambient pods' rules, and pods in

@@ -64,8 +64,10 @@ func present(repo string, only []string) ([]component, error) {
 
 // goBuild builds the components' static binaries (CGO_ENABLED=0, -trimpath,
 // no VCS stamp, no build ID: the same tree gives the same bytes) into dir.
-func goBuild(repo, dir, goarch string, comps []component) error {
-	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", dir + "/"}
+// The binaries report version (VERSION), stamped as make build does.
+func goBuild(repo, dir, goarch, version string, comps []component) error {
+	args := []string{"build", "-trimpath", "-buildvcs=false",
+		"-ldflags=-s -w -buildid= -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=" + version, "-o", dir + "/"}
 	for _, c := range comps {
 		args = append(args, "./cmd/"+c.name)
 	}

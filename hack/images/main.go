@@ -125,7 +125,7 @@ func build(o options) ([]result, error) {
 	}
 	defer os.RemoveAll(binDir)
 	o.Logf("go build %d binaries (linux/%s, static)", len(comps), o.Arch)
-	if err := goBuild(repo, binDir, o.Arch, comps); err != nil {
+	if err := goBuild(repo, binDir, o.Arch, m.Version, comps); err != nil {
 		return nil, err
 	}
 	base, err := baseTree()

@@ -53,6 +53,10 @@ type Objects struct {
 	// (parentRefs) route the requests a waypoint of ours handles for it.
 	HTTPRoutes []*gatewayv1.HTTPRoute
 	GRPCRoutes []*gatewayv1.GRPCRoute
+	// ReferenceGrants permit a route's backendRefs (and RequestMirror
+	// backends) to name a Service or ServiceEntry in the grant's namespace;
+	// without one such a cross-namespace reference is refused.
+	ReferenceGrants []*gatewayv1.ReferenceGrant
 	// VirtualServices and DestinationRules route and balance the requests a
 	// waypoint of ours handles for a service their hosts name.
 	VirtualServices  []*networkingv1.VirtualService

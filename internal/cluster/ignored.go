@@ -28,16 +28,15 @@ func (o *IgnoredObject) GetName() string { return o.Name }
 // instead of reporting ErrUnsupportedKind: mesh configuration a user may
 // expect to work, whose absence of effect must be reported, not skipped.
 var ignoredKinds = map[string]bool{
-	"networking.istio.io/Sidecar":              true,
-	"networking.istio.io/EnvoyFilter":          true,
-	"networking.istio.io/Gateway":              true,
-	"networking.istio.io/WorkloadGroup":        true,
-	"networking.istio.io/ProxyConfig":          true,
-	"telemetry.istio.io/Telemetry":             true,
-	"extensions.istio.io/WasmPlugin":           true,
-	"gateway.networking.k8s.io/TCPRoute":       true,
-	"gateway.networking.k8s.io/TLSRoute":       true,
-	"gateway.networking.k8s.io/ReferenceGrant": true,
+	"networking.istio.io/Sidecar":        true,
+	"networking.istio.io/EnvoyFilter":    true,
+	"networking.istio.io/Gateway":        true,
+	"networking.istio.io/WorkloadGroup":  true,
+	"networking.istio.io/ProxyConfig":    true,
+	"telemetry.istio.io/Telemetry":       true,
+	"extensions.istio.io/WasmPlugin":     true,
+	"gateway.networking.k8s.io/TCPRoute": true,
+	"gateway.networking.k8s.io/TLSRoute": true,
 }
 
 // IgnoredKinds returns the group/kind pairs of ignoredKinds, sorted: the

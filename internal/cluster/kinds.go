@@ -81,6 +81,8 @@ var kinds = []Kind{
 		func(o *Objects) *[]*gatewayv1.HTTPRoute { return &o.HTTPRoutes }, strictAs),
 	kindOf(gatewayv1.SchemeGroupVersion, "GRPCRoute", "grpcroutes", namespaced,
 		func(o *Objects) *[]*gatewayv1.GRPCRoute { return &o.GRPCRoutes }, strictAs),
+	kindOf(gatewayv1.SchemeGroupVersion, "ReferenceGrant", "referencegrants", namespaced,
+		func(o *Objects) *[]*gatewayv1.ReferenceGrant { return &o.ReferenceGrants }, strictAs),
 	kindOf(networkingv1.SchemeGroupVersion, "VirtualService", "virtualservices", namespaced,
 		func(o *Objects) *[]*networkingv1.VirtualService { return &o.VirtualServices },
 		func(js []byte, v *networkingv1.VirtualService) error { return strictIstio(js, v, &v.Spec, &v.Status) }),

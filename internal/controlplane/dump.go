@@ -28,6 +28,9 @@ type ConfigDump struct {
 	// read (VirtualService, DestinationRule, Sidecar, ...), which therefore
 	// has no effect. They are not listed in Objects.
 	Ignored []string `json:"ignored,omitempty"`
+	// Routes: the status.parents conditions of each HTTPRoute and GRPCRoute
+	// with a mesh parent (what the leader writes into the objects).
+	Routes []translate.RouteStatus `json:"routes,omitempty"`
 	// Policies: what became of each AuthorizationPolicy and PeerAuthentication.
 	Policies []translate.PolicyStatus `json:"policies,omitempty"`
 	// Allocations are the ServiceEntry auto-allocated addresses.
@@ -68,6 +71,7 @@ func (c *ControlPlane) ConfigDump() ConfigDump {
 	d.InvalidValues = c.invalidLines(r)
 	d.Warnings = append([]string(nil), r.Warnings...)
 	d.Policies = append([]translate.PolicyStatus(nil), r.Policies...)
+	d.Routes = translate.RouteStatuses(c.cfg.Translate, s.objs)
 	d.Allocations = append([]autoalloc.Allocation(nil), r.Allocations...)
 	if s.allocErr != nil {
 		d.AllocationError = s.allocErr.Error()

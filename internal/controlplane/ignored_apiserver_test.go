@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -13,10 +14,11 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/kube"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // TestIgnoredKindsInKubernetesMode: in Kubernetes mode (a real API server,
-// the source as ztunnel-cp wires it) a ReferenceGrant, a kind the control plane
+// the source as ztunnel-cp wires it) a TCPRoute, a kind the control plane
 // does not read, is logged once at warning and listed in the config dump's
 // ignored section, also across later translations.
 func TestIgnoredKindsInKubernetesMode(t *testing.T) {
@@ -30,12 +32,12 @@ func TestIgnoredKindsInKubernetesMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	const route = `
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
 metadata: {namespace: app, name: reviews-split}
 spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: other}]
-  to: [{group: "", kind: Service}]
+  parentRefs: [{kind: Service, group: "", name: reviews}]
+  rules: [{backendRefs: [{name: reviews, port: 9080}]}]
 `
 	if err := api.Apply(ctx, []byte(route), kubeapi.ApplyOptions{}); err != nil {
 		t.Fatal(err)
@@ -59,38 +61,34 @@ spec:
 	go func() { _ = cp.Run(rctx, lis); close(done) }()
 	t.Cleanup(func() { stop(); <-done })
 
-	const want = "ReferenceGrant app/reviews-split (gateway.networking.k8s.io/v1): "
+	const want = "TCPRoute app/reviews-split (gateway.networking.k8s.io/v1): "
 	reported := func() bool {
 		return slices.ContainsFunc(cp.ConfigDump().Ignored, func(l string) bool { return strings.HasPrefix(l, want) })
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !reported() {
-		if time.Now().After(deadline) {
-			t.Fatalf("config dump ignored = %q, want a line starting %q", cp.ConfigDump().Ignored, want)
+	testkit.EventuallyErr(t, 30*time.Second, "the ReferenceGrant in the config dump's ignored section", func() error {
+		if !reported() {
+			return fmt.Errorf("ignored = %q, want a line starting %q", cp.ConfigDump().Ignored, want)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	// A later change translates again; the route is not warned about twice.
 	gen := cp.ConfigDump().Generation
 	if err := api.EnsureNamespace(ctx, "other", nil); err != nil {
 		t.Fatal(err)
 	}
-	for cp.ConfigDump().Generation == gen {
-		if time.Now().After(deadline) {
-			t.Fatal("no translation after a namespace was created")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.Eventually(t, 30*time.Second, "a translation after a namespace was created", func() bool {
+		return cp.ConfigDump().Generation != gen
+	})
 	if !reported() {
-		t.Fatal("the ReferenceGrant left the ignored section on a later translation")
+		t.Fatal("the TCPRoute left the ignored section on a later translation")
 	}
 	n := 0
 	for _, e := range logs.FilterMessageSnippet("ignored object").All() {
-		if e.ContextMap()["kind"] == "ReferenceGrant" {
+		if e.ContextMap()["kind"] == "TCPRoute" {
 			n++
 		}
 	}
 	if n != 1 {
-		t.Fatalf("ReferenceGrant warned %d times, want once", n)
+		t.Fatalf("TCPRoute warned %d times, want once", n)
 	}
 }

@@ -17,7 +17,8 @@ type originSource interface {
 }
 
 // invalidLines lists every policy value that cannot be enforced (and so
-// fails closed; translate.PolicyStatus.Invalid), one line each. When the
+// fails closed; translate.PolicyStatus.Invalid), and every ServiceEntry
+// address refused as owned by another, one line each. When the
 // source knows the object's file, the line has the form of a decode error
 // (cluster.DocError: file, document, kind and name, then the field).
 func (c *ControlPlane) invalidLines(res *translate.Result) []string {
@@ -25,7 +26,7 @@ func (c *ControlPlane) invalidLines(res *translate.Result) []string {
 	locate, _ := c.cfg.Source.(originSource)
 	for _, st := range res.Policies {
 		for _, inv := range st.Invalid {
-			msg := inv + " (fails closed: see the policy's status)"
+			msg := inv + " (fails closed: see the object's status)"
 			ns, name, _ := strings.Cut(st.Name, "/")
 			if locate != nil {
 				if f, i, ok := locate.Origin(st.Kind + "/" + ns + "/" + name); ok {

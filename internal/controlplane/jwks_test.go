@@ -60,7 +60,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := jwks.New(jwks.Config{Client: srv.Client()})
+	keys := jwks.New(jwks.Config{Client: srv.Client(), AllowInternal: true})
 	tcfg := translate.LocalDefaults()
 	tcfg.JWKS = keys
 	cp, err := New(Config{Source: src, Translate: tcfg, CA: authority, Auth: auth, Log: zap.NewNop(), Debounce: time.Millisecond})

@@ -20,6 +20,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // replica is one control-plane instance in Kubernetes mode.
@@ -178,21 +179,20 @@ func TestReplicasServeTheSameServiceEntryAddresses(t *testing.T) {
 	}
 	leader := func(live []*replica) *replica {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			var l []*replica
+		var l []*replica
+		testkit.EventuallyErr(t, 30*time.Second, "a single leader", func() error {
+			l = l[:0]
 			for _, r := range live {
 				if r.status.Leading() {
 					l = append(l, r)
 				}
 			}
-			if len(l) == 1 {
-				return l[0]
+			if len(l) != 1 {
+				return fmt.Errorf("%d replicas lead", len(l))
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatal("no single leader")
-		return nil
+			return nil
+		})
+		return l[0]
 	}
 
 	lead := leader(replicas)

@@ -17,8 +17,9 @@ import (
 )
 
 // DebugHandlers adds what every daemon's Debug server carries to mux:
-// /logging (GET shows the level; POST ?level=<lvl> sets it, POST ?reset
-// restores the level the process started with) and the Go profiles under
+// /logging (GET, or POST without a level, shows the level; POST
+// ?level=<lvl> sets it, POST ?reset restores the level the process started
+// with) and the Go profiles under
 // /debug/pprof/ (index, profile?seconds=N for CPU, and every named
 // profile; heap?gc=1 collects garbage first). Changing state takes POST, as
 // in Istio's ztunnel and Envoy, so a browser cannot change it by following
@@ -48,7 +49,7 @@ func (l *logging) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case q.Has("reset"):
 			l.level.SetLevel(l.initial)
-		case q.Has("level"):
+		case q.Get("level") != "":
 			lvl, err := ParseLevel(q.Get("level"))
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
@@ -56,8 +57,8 @@ func (l *logging) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			l.level.SetLevel(lvl)
 		default:
-			http.Error(w, "POST /logging?level=<debug|info|warn|error> or /logging?reset", http.StatusBadRequest)
-			return
+			// No level (istioctl ztunnel-config log sends "level="): only
+			// read it, as Istio's ztunnel and Envoy answer.
 		}
 	default:
 		w.Header().Set("Allow", "GET, POST")

@@ -59,9 +59,20 @@ func Exit(log *zap.Logger, name string, err error) {
 	os.Exit(code)
 }
 
-// Version is the main module's version from the build information, or
+// version is the release, stamped at link time from the VERSION file
+// (make build and hack/images pass
+// -ldflags=-X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=...):
+// a build of the main module's own tree has no module version, only
+// "(devel)".
+var version string
+
+// Version is the stamped version, else the main module's version from the
+// build information ("(devel)" for a tree built in place), else
 // "unknown".
 func Version() string {
+	if version != "" {
+		return version
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		return bi.Main.Version
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/netnstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 func TestOpenRejectsNonNetns(t *testing.T) {
@@ -191,13 +192,8 @@ func TestDoDiscardsThreadWhenRestoreFails(t *testing.T) {
 	}
 	if tid != os.Getpid() {
 		// The thread exits asynchronously after the goroutine returns.
-		deadline := time.Now().Add(10 * time.Second)
-		for threadsIn(t, ns.ID()) != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("thread %d stuck in the target namespace was not discarded", tid)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testkit.Eventually(t, 10*time.Second, fmt.Sprintf("thread %d stuck in the target namespace to be discarded", tid),
+			func() bool { return threadsIn(t, ns.ID()) == 0 })
 	}
 	// Whichever thread it was, no goroutine may run in that namespace again.
 	errc := make(chan error, 64)

@@ -150,6 +150,12 @@ func (r *Decision) UpstreamIdentities() []identity.Identity {
 //     not src (authority origDst), else HBONE to podIP:15008 with authority
 //     origDst, or Direct TCP to origDst for a non-HBONE workload.
 //  5. Anything else: Passthrough to origDst.
+//
+// Which service a VIP names is snap.ServiceByVIP's answer: an exact VIP
+// first, then a workload's own IP, and a ServiceEntry range only for an
+// address no workload, node or exact VIP holds. So a tenant's range
+// (0.0.0.0/0 with a waypoint, say) never diverts pod-to-pod traffic, even
+// though step 2 runs before step 4.
 func Outbound(snap *state.Snapshot, src *state.Workload, origDst netip.AddrPort) (Decision, error) {
 	return OutboundWith(snap, src, origDst, nil)
 }

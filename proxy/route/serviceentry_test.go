@@ -51,8 +51,9 @@ func TestRouteServiceEntryCIDR(t *testing.T) {
 		{client, "10.20.9.9:5432", routeView{Kind: HBONE, NextHop: "10.0.5.1:15008", Authority: "10.0.5.1:5432",
 			IDs: "[spiffe://cluster.local/ns/egress/sa/sa-db-0]", Service: "db-range", Dst: "db-0"}},
 		{client, "10.99.1.1:443", routeView{Kind: Passthrough, NextHop: "10.99.1.1:443", Service: "corp"}},
-		// A workload IP inside a CIDR VIP: the service VIP comes first, as upstream's find_upstream.
-		{client, "10.0.5.1:443", routeView{Kind: Passthrough, NextHop: "10.0.5.1:443", Service: "corp"}},
+		// A workload IP inside a CIDR VIP: the workload owns its address, a range never takes it.
+		{client, "10.0.5.1:443", routeView{Kind: HBONE, NextHop: "10.0.5.1:15008", Authority: "10.0.5.1:443",
+			IDs: "[spiffe://cluster.local/ns/egress/sa/sa-db-0]", Dst: "db-0"}},
 		{client, "10.30.1.1:443", routeView{Kind: HBONE, NextHop: "10.0.3.1:15008", Authority: "10.30.1.1:443",
 			IDs: "[spiffe://cluster.local/ns/egress/sa/waypoint]", Dst: "waypoint", Service: "audited", Waypoint: true}},
 		{client, "11.0.0.1:443", routeView{Kind: Passthrough, NextHop: "11.0.0.1:443"}},

@@ -237,7 +237,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 	if ex.attrs.HTTP && ex.svc != nil {
 		table = ex.svc.routes
 	}
-	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req)
+	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req, ex.peer.Namespace)
 	if table != nil {
 		ex.rule = res.Rule
 		if res.Rule != nil {

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/cni/agent/install"
 	"github.com/ztunnel-go/ztunnel-go/cni/plugin"
 	"github.com/ztunnel-go/ztunnel-go/cni/rules"
+	"github.com/ztunnel-go/ztunnel-go/cni/runtimecfg"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
@@ -44,8 +46,12 @@ type ownerWatch interface {
 	Uninstalling(ctx context.Context) (bool, string)
 }
 
-// TaskAgent is the readiness task: the agent serves its sockets.
-const TaskAgent = "node agent"
+// Readiness tasks: the agent serves its sockets; the chained plugin is
+// installed where the runtime looks (the agent's log says why not).
+const (
+	TaskAgent  = "node agent"
+	TaskPlugin = "CNI plugin installed and chained"
+)
 
 // InstallCheckInterval spaces re-checks of the installed plugin besides the
 // conf dir watch (a primary CNI may rewrite its config and drop our entry).
@@ -56,10 +62,16 @@ const InstallCheckInterval = install.KeepResync
 type Options struct {
 	NodeName, LocalConfig             string
 	ZDSSocket, PluginSocket, StateDir string
-	CNIBinDir, CNIConfDir             string
-	Install, KeepOnExit               bool
-	DNSCapture, IPv6, Reconcile       bool
-	AdminAddr, ReadinessAddr          string // "" disables that server
+	// CNIBinDir and CNIConfDir are host paths; "" means the one the
+	// container runtime's own configuration names (cni/runtimecfg).
+	CNIBinDir, CNIConfDir string
+	// HostRoot is where the host's filesystem is mounted ("" or "/": the
+	// agent runs on the host): the runtime's configuration and the CNI
+	// directories are read and written under it.
+	HostRoot                    string
+	Install, KeepOnExit         bool
+	DNSCapture, IPv6, Reconcile bool
+	AdminAddr, ReadinessAddr    string // "" disables that server
 	// LogLevel is passed on to the plugin's configuration.
 	LogLevel                           string
 	ExcludeNamespaces, SystemNamespace string
@@ -129,6 +141,54 @@ func Servers(o Options, pods http.Handler, level zap.AtomicLevel, ready *daemon.
 	}
 }
 
+// hostPath is p (a host path) as the agent reaches it.
+func (o Options) hostPath(p string) string {
+	if o.HostRoot == "" || o.HostRoot == "/" {
+		return p
+	}
+	return filepath.Join(o.HostRoot, p)
+}
+
+// CNIDirs resolves the CNI directories: the flags where set, the rest from
+// the container runtime's configuration (read anew on each call, so a
+// reconfigured runtime is followed). It returns the host paths and where
+// they came from, or why they cannot be known: then nothing is installed,
+// since a guess would chain the plugin where no runtime reads it.
+func (o Options) CNIDirs() (bin, conf, from string, err error) {
+	bin, conf = o.CNIBinDir, o.CNIConfDir
+	if bin != "" && conf != "" {
+		return bin, conf, "--cni-bin-dir and --cni-conf-dir (chart values cni.cniBinDir, cni.cniConfDir)", nil
+	}
+	d, err := runtimecfg.Detect(runtimecfg.Options{Root: o.HostRoot})
+	if err != nil {
+		return "", "", "", fmt.Errorf("finding the CNI directories in the container runtime's configuration: %w; "+
+			"set --cni-bin-dir and --cni-conf-dir (chart values cni.cniBinDir, cni.cniConfDir)", err)
+	}
+	from = d.String()
+	if bin == "" {
+		bin = d.BinDir()
+	} else {
+		from += "; bin dir from --cni-bin-dir"
+	}
+	if conf == "" {
+		conf = d.ConfDir
+	} else {
+		from += "; conf dir from --cni-conf-dir"
+	}
+	return bin, conf, from, nil
+}
+
+// installResolver is CNIDirs as the installer reaches the directories.
+func (o Options) installResolver() install.Resolver {
+	return func() (string, string, string, error) {
+		bin, conf, from, err := o.CNIDirs()
+		if err != nil {
+			return "", "", "", err
+		}
+		return o.hostPath(bin), o.hostPath(conf), from, nil
+	}
+}
+
 func splitList(s string) []string {
 	var out []string
 	for _, x := range strings.Split(s, ",") {
@@ -190,17 +250,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		})
 		return uninstall
 	}
-	a, err := agent.New(agent.Config{
-		ReleaseOnExit: exit,
-		NodeName:      o.NodeName, Source: src, Refresh: refresh, Status: status,
-		ZDSSocket: o.ZDSSocket, PluginSocket: o.PluginSocket, StateDir: o.StateDir,
-		Defaults:   rules.PodSettings{DNSCapture: o.DNSCapture, IPv6: o.IPv6},
-		Enrollment: enrollment, ReconcileOnStartup: o.Reconcile, NFTables: o.NFTables, Log: log, Host: host,
-	})
-	if err != nil {
-		return err
-	}
-	icfg := install.Config{BinDir: o.CNIBinDir, ConfDir: o.CNIConfDir, Plugin: map[string]any{
+	icfg := install.Config{Plugin: map[string]any{
 		"name":               install.PluginType,
 		"agent_socket":       o.PluginSocket,
 		"log_level":          o.LogLevel,
@@ -211,6 +261,30 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		icfg.Plugin["kubeconfig"] = pluginKube
 	} else {
 		icfg.Plugin["local_config_dir"] = o.LocalConfig
+	}
+	keeper := install.NewKeeper(icfg, o.installResolver())
+	var installed func() error
+	if o.Install {
+		installed = keeper.Installed
+		if bin, conf, from, err := o.CNIDirs(); err != nil {
+			log.Error("the CNI directories are not known: the plugin cannot be installed and the agent is not ready", zap.Error(err))
+		} else {
+			log.Info("CNI directories", zap.String("bin_dir", bin), zap.String("conf_dir", conf), zap.String("from", from))
+			if o.CNIBinDir != "" || o.CNIConfDir != "" {
+				warnIfRuntimeDisagrees(o, bin, conf, log)
+			}
+		}
+	}
+	a, err := agent.New(agent.Config{
+		PluginInstalled: installed,
+		ReleaseOnExit:   exit,
+		NodeName:        o.NodeName, Source: src, Refresh: refresh, Status: status,
+		ZDSSocket: o.ZDSSocket, PluginSocket: o.PluginSocket, StateDir: o.StateDir,
+		Defaults:   rules.PodSettings{DNSCapture: o.DNSCapture, IPv6: o.IPv6},
+		Enrollment: enrollment, ReconcileOnStartup: o.Reconcile, NFTables: o.NFTables, Log: log, Host: host,
+	})
+	if err != nil {
+		return err
 	}
 	// Every goroutine is a task of g, stopped in the reverse order of its
 	// start: the agent first (it asks the owner watch whether this is an
@@ -227,15 +301,21 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	}
 	g.Go("http servers", servers.Serve)
 	if o.Install {
-		g.Go("plugin installer", forever(func(ctx context.Context) { install.Keep(ctx, icfg, log.Named("install")) }))
+		// Not ready until the plugin is copied and chained where the
+		// runtime reads it: the readiness page names this task.
+		g.Go(TaskPlugin, forever(func(ctx context.Context) { keeper.Run(ctx, log.Named("install")) }),
+			daemon.ReadyWhen(func() bool { return installed() == nil }))
 	}
-	g.Go(TaskAgent, a.Run, daemon.ReadyWhen(a.Ready))
+	g.Go(TaskAgent, a.Run, daemon.ReadyWhen(a.Serving))
 	err = g.Wait()
 	if exit(context.WithoutCancel(ctx)) {
-		if uerr := install.Uninstall(icfg); uerr != nil {
+		ucfg := keeper.Config()
+		if ucfg.ConfDir == "" {
+			log.Warn("the CNI directories were never known: nothing to uninstall from them")
+		} else if uerr := install.Uninstall(ucfg); uerr != nil {
 			err = errors.Join(err, uerr)
 		} else {
-			log.Info("plugin uninstalled", zap.String("conf_dir", o.CNIConfDir))
+			log.Info("plugin uninstalled", zap.String("conf_dir", ucfg.ConfDir), zap.String("bin_dir", ucfg.BinDir))
 		}
 		if terr := host.Teardown(); terr != nil {
 			err = errors.Join(err, terr)
@@ -244,4 +324,19 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		log.Info("leaving the plugin installed (--keep-on-exit): new ambient pods wait for the next agent")
 	}
 	return err
+}
+
+// warnIfRuntimeDisagrees logs, when the flags name CNI directories, any
+// the runtime's own configuration names differently: the flags win (they
+// are the operator's word), but a plugin chained where the runtime does
+// not look captures nothing.
+func warnIfRuntimeDisagrees(o Options, bin, conf string, log *zap.Logger) {
+	d, err := runtimecfg.Detect(runtimecfg.Options{Root: o.HostRoot})
+	if err != nil {
+		return
+	}
+	if (o.CNIBinDir != "" && !slices.Contains(d.BinDirs, bin)) || (o.CNIConfDir != "" && d.ConfDir != conf) {
+		log.Warn("the CNI directories set by flag differ from the container runtime's: new pods may not be captured",
+			zap.String("bin_dir", bin), zap.String("conf_dir", conf), zap.Stringer("runtime", d))
+	}
 }

@@ -3,6 +3,7 @@ package install
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // runtimeChain is the plugin chain a container runtime runs for the conf
@@ -107,30 +110,20 @@ func TestFailClosedInstallPrimaryConf(t *testing.T) {
 	go func() { defer close(done); Keep(ctx, cfg, zaptest.NewLogger(t)) }()
 	defer func() { cancel(); <-done }()
 	write("10-flannel.conf", primaryConf)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		file, chain = runtimeChain(t, confDir)
-		if slices.Equal(chain, []string{"bridge", PluginType}) {
-			break
+	testkit.EventuallyErr(t, 5*time.Second, "our plugin chained after the primary CNI rewrote its config", func() error {
+		if file, chain = runtimeChain(t, confDir); !slices.Equal(chain, []string{"bridge", PluginType}) {
+			return fmt.Errorf("the runtime uses %s with chain %v", file, chain)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the primary CNI rewrote its config the runtime uses %s with chain %v", file, chain)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	// And a rewrite of the converted conflist without our entry.
 	write(file, `{"cniVersion":"0.4.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0"},{"type":"portmap"}]}`)
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		file, chain = runtimeChain(t, confDir)
-		if slices.Equal(chain, []string{"bridge", "portmap", PluginType}) {
-			break
+	testkit.EventuallyErr(t, 5*time.Second, "our plugin chained again after a rewrite of "+file, func() error {
+		if _, chain = runtimeChain(t, confDir); !slices.Equal(chain, []string{"bridge", "portmap", PluginType}) {
+			return fmt.Errorf("the runtime's chain is %v", chain)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after a rewrite of %s the runtime's chain is %v", file, chain)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 
 	cancel()
 	<-done

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -24,28 +25,113 @@ const (
 )
 
 // Keep installs the plugin (Install) and keeps it installed until ctx is
-// done: it watches the conf dir (inotify) and re-checks on every change,
-// and every KeepResync, so that when another writer rewrites the primary
-// config (or writes a new, earlier-sorting one) our entry is back within
-// milliseconds. It logs what it changed and failures (once per distinct
-// error).
+// done; see Keeper.Run.
 func Keep(ctx context.Context, cfg Config, log *zap.Logger) {
-	var w *dirWatch
-	defer func() { w.close() }()
-	var lastErr string
-	for {
-		if w == nil {
-			var err error
-			if w, err = watchDir(cfg.ConfDir); err != nil {
-				log.Debug("watching the CNI conf dir failed; re-checking periodically", zap.Error(err))
+	NewKeeper(cfg, nil).Run(ctx, log)
+}
+
+// Resolver says where to install: the bin and conf dirs as the installer
+// reaches them, and where they came from (named in every failure, e.g.
+// "containerd's /etc/containerd/config.toml"). An error is why they are
+// not known (the runtime's config unreadable or ambiguous).
+type Resolver func() (binDir, confDir, from string, err error)
+
+// Keeper installs the plugin and keeps it installed, and reports whether
+// it is: a node agent is not ready while the plugin is not both copied and
+// chained into the runtime's primary config, because the chain is what
+// captures new pods.
+type Keeper struct {
+	cfg     Config
+	resolve Resolver
+
+	mu   sync.Mutex
+	err  error  // nil once installed
+	used Config // the dirs of the last attempt
+}
+
+// ErrNotYet is Installed's answer before the first attempt.
+var ErrNotYet = errors.New("install: the CNI plugin is not installed yet")
+
+// NewKeeper returns a Keeper of cfg's plugin. resolve, if non-nil, is asked
+// for the directories before every attempt (so a runtime reconfigured and
+// restarted is followed); nil means cfg.BinDir and cfg.ConfDir.
+func NewKeeper(cfg Config, resolve Resolver) *Keeper {
+	return &Keeper{cfg: cfg, resolve: resolve, err: ErrNotYet, used: cfg}
+}
+
+// Installed is nil while the plugin is installed and chained, else why not
+// (naming the directories and where they came from).
+func (k *Keeper) Installed() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.err
+}
+
+// Config is cfg with the directories of the last attempt (what an
+// uninstall must clean).
+func (k *Keeper) Config() Config {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.used
+}
+
+// attempt resolves the directories and installs once.
+func (k *Keeper) attempt() (Config, Result, error) {
+	cfg := k.cfg
+	var res Result
+	var err error
+	if k.resolve != nil {
+		var from string
+		cfg.BinDir, cfg.ConfDir, from, err = k.resolve()
+		if err == nil {
+			res, err = Install(cfg)
+			if err != nil {
+				err = fmt.Errorf("%w (CNI bin dir %s and conf dir %s from %s)", err, cfg.BinDir, cfg.ConfDir, from)
 			}
 		}
-		res, err := Install(cfg)
+	} else {
+		res, err = Install(cfg)
+	}
+	k.mu.Lock()
+	k.err = err
+	if err == nil || cfg.ConfDir != "" {
+		k.used = cfg
+	}
+	k.mu.Unlock()
+	return cfg, res, err
+}
+
+// Run installs the plugin and keeps it installed until ctx is done: it
+// watches the conf dir (inotify) and re-checks on every change, and every
+// KeepResync, so that when another writer rewrites the primary config (or
+// writes a new, earlier-sorting one) our entry is back within
+// milliseconds. It logs what it changed and failures (once per distinct
+// error).
+func (k *Keeper) Run(ctx context.Context, log *zap.Logger) {
+	var (
+		w       *dirWatch
+		watched string
+	)
+	defer func() { w.close() }()
+	var lastErr string
+	for first := true; ; first = false {
+		cfg, res, err := k.attempt()
+		if w != nil && watched != cfg.ConfDir {
+			w.close()
+			w = nil
+		}
+		if w == nil && cfg.ConfDir != "" {
+			var werr error
+			if w, werr = watchDir(cfg.ConfDir); werr != nil {
+				log.Debug("watching the CNI conf dir failed; re-checking periodically", zap.Error(werr))
+			}
+			watched = cfg.ConfDir
+		}
 		switch {
 		case err != nil && err.Error() != lastErr:
-			log.Warn("installing the CNI plugin failed; retrying", zap.Error(err))
-		case err == nil && (res.BinaryChanged || res.ConfChanged):
-			log.Info("CNI plugin installed", zap.String("conflist", res.Conflist),
+			log.Error("installing the CNI plugin failed; not ready until it succeeds, retrying", zap.Error(err))
+		case err == nil && (first || res.BinaryChanged || res.ConfChanged || lastErr != ""):
+			log.Info("CNI plugin installed", zap.String("conflist", res.Conflist), zap.String("bin_dir", cfg.BinDir),
 				zap.Bool("binary_changed", res.BinaryChanged), zap.Bool("conflist_changed", res.ConfChanged))
 		}
 		lastErr = ""

@@ -1511,9 +1511,19 @@ type Route struct {
 	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	Rules     []*RouteRule           `protobuf:"bytes,3,rep,name=rules,proto3" json:"rules,omitempty"`
 	// kind: "HTTPRoute", "GRPCRoute" or "VirtualService".
-	Kind          string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	// ports scopes the route to these service ports (parentRefs[].port or
+	// sectionName, resolved to port numbers by the control plane); empty:
+	// every port of the service.
+	Ports []uint32 `protobuf:"varint,5,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	// client_namespace, when set, makes this a Gateway API consumer route
+	// (the route's namespace is not the service's): it applies only to
+	// requests whose client identity (the HBONE peer's SPIFFE ID) is in this
+	// namespace, and for those clients it replaces the producer routes.
+	// Empty: a producer route, for every client.
+	ClientNamespace string `protobuf:"bytes,6,opt,name=client_namespace,json=clientNamespace,proto3" json:"client_namespace,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Route) Reset() {
@@ -1570,6 +1580,20 @@ func (x *Route) GetRules() []*RouteRule {
 func (x *Route) GetKind() string {
 	if x != nil {
 		return x.Kind
+	}
+	return ""
+}
+
+func (x *Route) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *Route) GetClientNamespace() string {
+	if x != nil {
+		return x.ClientNamespace
 	}
 	return ""
 }
@@ -2066,8 +2090,13 @@ type Backend struct {
 	// workloads whose labels match subset_labels, resolved by the control plane:
 	// the workload API carries no labels. With a subset, only these are picked.
 	SubsetWorkloads []string `protobuf:"bytes,9,rep,name=subset_workloads,json=subsetWorkloads,proto3" json:"subset_workloads,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// refused, when set, says why the control plane refused this backend
+	// (a cross-namespace reference without a ReferenceGrant, an unknown kind,
+	// a missing Service): requests that would go to it are answered 500, as
+	// Gateway API requires for an invalid backendRef; it keeps its weight.
+	Refused       string `protobuf:"bytes,10,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
@@ -2161,6 +2190,13 @@ func (x *Backend) GetSubsetWorkloads() []string {
 		return x.SubsetWorkloads
 	}
 	return nil
+}
+
+func (x *Backend) GetRefused() string {
+	if x != nil {
+		return x.Refused
+	}
+	return ""
 }
 
 // TrafficPolicy is the part of a DestinationRule trafficPolicy a waypoint
@@ -2465,12 +2501,14 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x06suffix\x18\x03 \x01(\tH\x00R\x06suffix\x12\x1c\n" +
 	"\bpresence\x18\x04 \x01(\bH\x00R\bpresenceB\f\n" +
 	"\n" +
-	"match_type\"\x82\x01\n" +
+	"match_type\"\xc3\x01\n" +
 	"\x05Route\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x123\n" +
 	"\x05rules\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.RouteRuleR\x05rules\x12\x12\n" +
-	"\x04kind\x18\x04 \x01(\tR\x04kind\"\x93\x03\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05ports\x18\x05 \x03(\rR\x05ports\x12)\n" +
+	"\x10client_namespace\x18\x06 \x01(\tR\x0fclientNamespace\"\x93\x03\n" +
 	"\tRouteRule\x128\n" +
 	"\amatches\x18\x01 \x03(\v2\x1e.ztunnelgo.waypoint.RouteMatchR\amatches\x12\\\n" +
 	"\x18request_header_modifiers\x18\x02 \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x16requestHeaderModifiers\x127\n" +
@@ -2514,7 +2552,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bAddEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd2\x03\n" +
 	"\aBackend\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2524,7 +2562,9 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\rsubset_labels\x18\x06 \x03(\v2-.ztunnelgo.waypoint.Backend.SubsetLabelsEntryR\fsubsetLabels\x12%\n" +
 	"\x0emissing_subset\x18\a \x01(\bR\rmissingSubset\x12H\n" +
 	"\x0etraffic_policy\x18\b \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\rtrafficPolicy\x12)\n" +
-	"\x10subset_workloads\x18\t \x03(\tR\x0fsubsetWorkloads\x1a?\n" +
+	"\x10subset_workloads\x18\t \x03(\tR\x0fsubsetWorkloads\x12\x18\n" +
+	"\arefused\x18\n" +
+	" \x01(\tR\arefused\x1a?\n" +
 	"\x11SubsetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +

@@ -42,7 +42,7 @@ func ignoredNames(o *cluster.Objects) []string {
 }
 
 // TestSourceReportsIgnoredKinds: with WatchIgnored, objects of kinds the
-// control plane does not read (here a Gateway API ReferenceGrant and an Istio
+// control plane does not read (here a Gateway API TCPRoute and an Istio
 // Sidecar) enter the published set as Ignored, by identity; a kind
 // whose CRD is missing does not hold back Synced, and is picked up once its
 // CRD is installed; a deleted object leaves the set.
@@ -52,12 +52,12 @@ func TestSourceReportsIgnoredKinds(t *testing.T) {
 	t.Cleanup(func() { ignoredRediscover = old })
 	api, clients, ctx := startAPI(t)
 	route := `
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
 metadata: {namespace: app, name: reviews-split}
 spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: other}]
-  to: [{group: "", kind: Service}]
+  parentRefs: [{kind: Service, group: "", name: reviews}]
+  rules: [{backendRefs: [{name: reviews, port: 9080}]}]
 `
 	if err := api.Apply(ctx, []byte(route), kubeapi.ApplyOptions{}); err != nil {
 		t.Fatal(err)
@@ -80,8 +80,8 @@ spec:
 	case <-time.After(30 * time.Second):
 		t.Fatal("not synced: a kind without a CRD (Sidecar) must not hold the source back")
 	}
-	wantRoute := "gateway.networking.k8s.io/v1 ReferenceGrant app/reviews-split"
-	waitFor(t, src, "the ReferenceGrant reported as ignored", func(o *cluster.Objects) bool {
+	wantRoute := "gateway.networking.k8s.io/v1 TCPRoute app/reviews-split"
+	waitFor(t, src, "the TCPRoute reported as ignored", func(o *cluster.Objects) bool {
 		return slices.Contains(ignoredNames(o), wantRoute)
 	})
 
@@ -106,11 +106,11 @@ spec:
 		return slices.Contains(ignoredNames(o), wantVS)
 	})
 
-	routes := schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "referencegrants"}
+	routes := schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "tcproutes"}
 	if err := api.Dynamic().Resource(routes).Namespace("app").Delete(ctx, "reviews-split", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	objs := waitFor(t, src, "the deleted ReferenceGrant gone from Ignored", func(o *cluster.Objects) bool {
+	objs := waitFor(t, src, "the deleted TCPRoute gone from Ignored", func(o *cluster.Objects) bool {
 		return !slices.Contains(ignoredNames(o), wantRoute)
 	})
 	if got := ignoredNames(objs); !slices.Equal(got, []string{wantVS}) {

@@ -17,14 +17,18 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -58,6 +62,13 @@ type Options struct {
 	NodeTokens, RootCert, RootKey         string
 	EnrollmentFromLabels                  bool
 	ExternalNameAlias                     bool
+	// JWKS fetch limits (jwks.Config): http allowed, internal addresses
+	// allowed, and the cluster's ranges (comma-separated CIDRs).
+	JWKSAllowHTTP, JWKSAllowInternal bool
+	JWKSInternalCIDRs                string
+	// MeshConfig is an Istio MeshConfig file (LoadMeshConfig); "" means
+	// Istio's defaults (everything exported everywhere).
+	MeshConfig string
 	// Kubernetes mode.
 	Kubeconfig          string
 	InCluster           bool
@@ -82,6 +93,30 @@ type Options struct {
 	WaypointCRLFile string
 }
 
+// translateConfig is the translation's configuration from the flags.
+func translateConfig(o Options) translate.Config {
+	return translate.Config{
+		ClusterID: o.ClusterID, TrustDomain: o.TrustDomain, RootNamespace: o.RootNamespace,
+		EnrollmentFromLabels: o.EnrollmentFromLabels, EnableExternalNameAlias: o.ExternalNameAlias,
+	}
+}
+
+// jwksCIDRs parses JWKSInternalCIDRs.
+func (o Options) jwksCIDRs() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(o.JWKSInternalCIDRs, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--jwks-internal-cidrs: %w", err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
 // KubeMode: the cluster comes from the API server.
 func (o Options) KubeMode() bool { return o.Kubeconfig != "" || o.InCluster }
 
@@ -102,6 +137,9 @@ func (o Options) Validate() error {
 		return errors.New("--waypoint-values needs --waypoint-template")
 	case o.WaypointCRLFile != "" && o.WaypointImage == "":
 		return errors.New("--waypoint-crl-file needs --waypoint-image (the waypoint controller)")
+	}
+	if _, err := o.jwksCIDRs(); err != nil {
+		return err
 	}
 	if _, err := kubeauth.ParseAccounts(o.TrustedNodeAccounts); err != nil {
 		return fmt.Errorf("--trusted-node-accounts: %w", err)
@@ -153,7 +191,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	log.Info("starting", zap.Any("options", o))
+	log.Info("starting", zap.String("version", daemon.Version()), zap.Any("options", o))
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -168,16 +206,29 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := controlplane.Config{
-		Translate: translate.Config{
-			ClusterID: o.ClusterID, TrustDomain: o.TrustDomain, RootNamespace: o.RootNamespace,
-			EnrollmentFromLabels: o.EnrollmentFromLabels, EnableExternalNameAlias: o.ExternalNameAlias,
-		},
-		CA: authority, ServingNames: o.ServingNames(), Log: log, Registerer: reg,
+		Translate: translateConfig(o),
+		CA:        authority, ServingNames: o.ServingNames(), Log: log, Registerer: reg,
+	}
+	if o.MeshConfig != "" {
+		if err := LoadMeshConfig(o.MeshConfig, &cfg.Translate); err != nil {
+			return err
+		}
+		log.Info("mesh config", zap.Strings("defaultServiceExportTo", cfg.Translate.DefaultServiceExportTo),
+			zap.Stringer("serviceEntryVisibility", cfg.Translate.ServiceEntryVisibility))
 	}
 	// RequestAuthentication key sets named by jwksUri (or found by OpenID
 	// discovery) are fetched here and sent to the waypoints inline, as
 	// istiod does; until a fetch succeeds that issuer's tokens get 401.
-	keys := jwks.New(jwks.Config{Log: log.Named("jwks")})
+	cidrs, err := o.jwksCIDRs()
+	if err != nil {
+		return err
+	}
+	var clusterAddrs atomic.Pointer[func(netip.Addr) bool]
+	keys := jwks.New(jwks.Config{Log: log.Named("jwks"), AllowHTTP: o.JWKSAllowHTTP, AllowInternal: o.JWKSAllowInternal,
+		InternalCIDRs: cidrs, Internal: func(a netip.Addr) bool {
+			f := clusterAddrs.Load()
+			return f != nil && (*f)(a)
+		}})
 	// The retry loops of the Kubernetes writers, listed on the readiness
 	// page below its first line.
 	retries := backoff.NewSet(log)
@@ -194,6 +245,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
 		k.root.RootPEM = authority.RootPEM()
 		tasks = append(tasks, cpTask{name: "status writer", run: k.status.Run},
+			cpTask{name: "route status writer", run: k.routes.Run},
 			cpTask{name: TaskRootConfigMap, run: func(ctx context.Context) error { k.root.Run(ctx); return nil }, ready: k.root.Published})
 		if o.WaypointImage != "" {
 			wc, err := waypointController(o, k, authority.RootPEM(), log)
@@ -212,6 +264,8 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	} else if err := localWiring(o, log, &cfg); err != nil {
 		return err
 	}
+	held := heldByCluster(cfg.Source)
+	clusterAddrs.Store(&held)
 	cp, err := controlplane.New(cfg)
 	if err != nil {
 		return err
@@ -284,4 +338,38 @@ func localWiring(o Options, log *zap.Logger, cfg *controlplane.Config) error {
 	ls := local.New(o.ConfigDir, log.Named("source"), 0)
 	cfg.Source, cfg.SourceErrors, cfg.Auth, cfg.Allocator = ls, ls.Errors, auth, alloc
 	return nil
+}
+
+// heldByCluster reports whether an address is a pod's or a Service's in
+// the source's latest set: a key fetch must not reach into the cluster
+// (jwks.Config.Internal). It scans on every call; fetches are rare.
+func heldByCluster(src cluster.Source) func(netip.Addr) bool {
+	return func(a netip.Addr) bool {
+		objs, _ := src.Current()
+		if objs == nil {
+			return false
+		}
+		is := func(s string) bool {
+			b, err := netip.ParseAddr(s)
+			return err == nil && b.Unmap() == a
+		}
+		for _, p := range objs.Pods {
+			for _, ip := range p.Status.PodIPs {
+				if is(ip.IP) {
+					return true
+				}
+			}
+			if is(p.Status.HostIP) {
+				return true
+			}
+		}
+		for _, s := range objs.Services {
+			for _, ip := range s.Spec.ClusterIPs {
+				if is(ip) {
+					return true
+				}
+			}
+		}
+		return false
+	}
 }

@@ -26,6 +26,7 @@ type kubeParts struct {
 	placement *kubeauth.Placement
 	alloc     *autoalloc.Allocator
 	status    *kubestatus.Writer
+	routes    *kubestatus.RouteWriter
 	root      *RootPublisher
 	kube      kubernetes.Interface
 	gateway   gatewayclient.Interface
@@ -66,8 +67,14 @@ func kubeWiring(o Options, log *zap.Logger, retries *backoff.Set) (*kubeParts, e
 	if err != nil {
 		return nil, err
 	}
+	routes, err := kubestatus.NewRouteWriter(kubestatus.RouteConfig{
+		Gateway: clients.Gateway, Source: src, Translate: translateConfig(o), Leading: status.Leading, Log: log.Named("route-status"),
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &kubeParts{
-		src: src, auth: auth, alloc: alloc, status: status, kube: clients.Kube, gateway: clients.Gateway,
+		src: src, auth: auth, alloc: alloc, status: status, routes: routes, kube: clients.Kube, gateway: clients.Gateway,
 		placement: &kubeauth.Placement{Client: clients.Kube, Log: log.Named("placement")},
 		root:      &RootPublisher{Client: clients.Kube, Namespace: o.SystemNamespace, Log: log.Named("root-configmap")},
 	}, nil

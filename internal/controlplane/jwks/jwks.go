@@ -20,10 +20,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,10 +48,29 @@ const (
 // ErrPending is Lookup's error for a key set not fetched yet.
 var ErrPending = errors.New("not fetched yet")
 
+// ErrRefused is wrapped by the error of a fetch refused by the address or
+// scheme rules (see the package comment).
+var ErrRefused = errors.New("refused")
+
 // Config configures a Resolver; zero fields take the defaults.
 type Config struct {
-	// Client does the fetches; nil: an http.Client with Timeout.
-	Client  *http.Client
+	// Client does the fetches; nil: an http.Client with Timeout whose
+	// dialer enforces the address rules. A Client given here is used as
+	// is (tests).
+	Client *http.Client
+	// AllowHTTP lets http:// URIs be fetched; false: https only.
+	AllowHTTP bool
+	// AllowInternal lets fetches reach loopback, link-local and
+	// cluster-internal addresses.
+	AllowInternal bool
+	// InternalCIDRs are the cluster's own ranges (Service CIDR, pod
+	// CIDRs): never dialled unless AllowInternal.
+	InternalCIDRs []netip.Prefix
+	// Internal, if set, also reports addresses the cluster holds (a pod,
+	// node or Service IP the control plane knows of): never dialled unless
+	// AllowInternal.
+	Internal func(netip.Addr) bool
+
 	Timeout time.Duration
 	Refresh time.Duration
 	Retry   time.Duration
@@ -89,8 +111,21 @@ func New(cfg Config) *Resolver {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	r := &Resolver{entries: map[string]*entry{}, wake: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+		d := &net.Dialer{Timeout: cfg.Timeout, Control: r.checkDial}
+		cfg.Client = &http.Client{
+			Timeout: cfg.Timeout,
+			// No proxy from the environment: the address checked at dial
+			// time must be the key server's, not a proxy's.
+			Transport: &http.Transport{DialContext: d.DialContext, TLSHandshakeTimeout: cfg.Timeout, ForceAttemptHTTP2: true},
+			CheckRedirect: func(req *http.Request, via []*http.Request) error {
+				if len(via) >= 5 {
+					return errors.New("stopped after 5 redirects")
+				}
+				return r.checkURI(req.URL.String())
+			},
+		}
 	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = DefaultRefresh
@@ -107,7 +142,52 @@ func New(cfg Config) *Resolver {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Resolver{cfg: cfg, entries: map[string]*entry{}, wake: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
+	r.cfg = cfg
+	return r
+}
+
+// checkDial is the dialer's Control hook: it sees the resolved address
+// about to be connected to, so DNS cannot smuggle a refused one past
+// checkURI.
+func (r *Resolver) checkDial(network, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("jwks: dial %s: %w", address, err)
+	}
+	return r.checkAddr(ap.Addr())
+}
+
+// checkAddr refuses the addresses a tenant must not make the control plane
+// fetch from, unless AllowInternal.
+func (r *Resolver) checkAddr(a netip.Addr) error {
+	if r.cfg.AllowInternal {
+		return nil
+	}
+	a = a.Unmap()
+	why := ""
+	switch {
+	case a.IsLoopback():
+		why = "loopback"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		why = "link-local"
+	case a.IsUnspecified():
+		why = "unspecified"
+	case a.IsMulticast():
+		why = "multicast"
+	case r.cfg.Internal != nil && r.cfg.Internal(a):
+		why = "held by a pod, node or Service of the cluster"
+	default:
+		for _, p := range r.cfg.InternalCIDRs {
+			if p.Contains(a) {
+				why = "in the cluster-internal range " + p.String()
+				break
+			}
+		}
+	}
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: address %s is %s (the control plane fetches keys only from outside the cluster unless the chart allows internal addresses: controlPlane.jwks.allowInternal)", ErrRefused, a, why)
 }
 
 // Changed fires (coalesced) when some Lookup would answer differently.
@@ -117,7 +197,7 @@ func (r *Resolver) Changed() <-chan struct{} { return r.changed }
 // are none (ErrPending before the first fetch, else the fetch's error). It
 // never blocks on the network.
 func (r *Resolver) JWKS(uri string) (string, error) {
-	if err := checkURI(uri); err != nil {
+	if err := r.checkURI(uri); err != nil {
 		return "", err
 	}
 	return r.lookup("uri " + uri)
@@ -126,21 +206,30 @@ func (r *Resolver) JWKS(uri string) (string, error) {
 // OIDC answers the key set of issuer found by OpenID Connect discovery
 // (issuer/.well-known/openid-configuration, its jwks_uri), as JWKS does.
 func (r *Resolver) OIDC(issuer string) (string, error) {
-	if err := checkURI(issuer); err != nil {
+	if err := r.checkURI(issuer); err != nil {
 		return "", fmt.Errorf("issuer is not a URL to discover keys from: %w", err)
 	}
 	return r.lookup("issuer " + issuer)
 }
 
-func checkURI(s string) error {
+// checkURI checks the scheme, and a literal IP host (a name is checked
+// when dialled).
+func (r *Resolver) checkURI(s string) error {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:
 		return err
+	case u.Scheme == "http" && !r.cfg.AllowHTTP:
+		return fmt.Errorf("%w: %q: only https is fetched (http needs the chart's controlPlane.jwks.allowHTTP)", ErrRefused, s)
 	case u.Scheme != "https" && u.Scheme != "http":
-		return fmt.Errorf("%q: only http and https are fetched", s)
+		return fmt.Errorf("%q: only https is fetched", s)
 	case u.Host == "":
 		return fmt.Errorf("%q: no host", s)
+	}
+	if a, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
+		if err := r.checkAddr(a); err != nil {
+			return fmt.Errorf("%q: %w", s, err)
+		}
 	}
 	return nil
 }
@@ -284,7 +373,7 @@ func (r *Resolver) discover(ctx context.Context, issuer string) (string, error) 
 	if err := json.Unmarshal(body, &cfg); err != nil {
 		return "", fmt.Errorf("GET %s: not an OpenID configuration: %w", doc, err)
 	}
-	if err := checkURI(cfg.JWKSURI); err != nil {
+	if err := r.checkURI(cfg.JWKSURI); err != nil {
 		return "", fmt.Errorf("GET %s: jwks_uri: %w", doc, err)
 	}
 	return r.get(ctx, cfg.JWKSURI)

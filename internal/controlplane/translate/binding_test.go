@@ -92,3 +92,68 @@ func TestWaypointInboundBinding(t *testing.T) {
 		}
 	}
 }
+
+// TestWaypointServiceNotBoundToItself: in a namespace bound to a waypoint
+// (istio.io/use-waypoint on the Namespace), the waypoint's own Service gets
+// no waypoint, whether it is marked by the controller's managed label or
+// only by its gateway-name label; so do the waypoint's pods. Otherwise a
+// request to the waypoint Service would be sent to the waypoint itself
+// and reset. A Service whose gateway-name label names no waypoint, and
+// ordinary Services and pods, keep the namespace's waypoint.
+func TestWaypointServiceNotBoundToItself(t *testing.T) {
+	svc := func(name, ip string, labels map[string]string) *corev1.Service {
+		s := weightedSvc(name, ip, labels, nil)
+		s.Spec.Ports = []corev1.ServicePort{{Name: "mesh", Port: 15008}}
+		return s
+	}
+	pod := func(name, ip string, labels map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, ResourceVersion: "1", UID: types.UID("pod-" + name), Labels: labels},
+			Spec:       corev1.PodSpec{NodeName: "node0", ServiceAccountName: name},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+		}
+	}
+	managed := map[string]string{LabelGatewayManaged: ManagedMeshController, LabelGatewayName: "waypoint"}
+	wp := weightedGW("shop", "waypoint", "10.96.70.1")
+	wp.Labels = map[string]string{LabelWaypointFor: "all"} // pods too
+	objs := &cluster.Objects{
+		Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "shop", ResourceVersion: "1",
+			Labels: map[string]string{LabelDataplaneMode: "ambient", LabelUseWaypoint: "waypoint"}}}},
+		Gateways: []*gatewayv1.Gateway{wp, weightedGW("shop", "second", "10.96.70.2")},
+		Services: []*corev1.Service{
+			svc("waypoint", "10.96.70.1", managed),
+			svc("second", "10.96.70.2", map[string]string{LabelGatewayName: "second"}),
+			svc("ingress", "10.96.70.3", map[string]string{LabelGatewayName: "not-a-waypoint"}),
+			svc("app", "10.96.70.4", nil),
+		},
+		Pods: []*corev1.Pod{
+			pod("waypoint-0", "10.0.7.1", managed),
+			pod("managed-only-0", "10.0.7.2", map[string]string{LabelGatewayManaged: ManagedMeshController}),
+			pod("app-0", "10.0.7.3", nil),
+		},
+	}
+	objs.Sort()
+	res := Translate(LocalDefaults(), objs, nil)
+	got := map[string]bool{}
+	for _, a := range res.Addresses.All() {
+		if s := a.GetService(); s != nil {
+			got["svc/"+s.GetName()] = s.GetWaypoint() != nil
+		}
+		if w := a.GetWorkload(); w != nil {
+			got["pod/"+w.GetName()] = w.GetWaypoint() != nil
+		}
+	}
+	for name, want := range map[string]bool{
+		"svc/waypoint": false, "svc/second": false, "svc/ingress": true, "svc/app": true,
+		"pod/waypoint-0": false, "pod/managed-only-0": false, "pod/app-0": true,
+	} {
+		has, ok := got[name]
+		if !ok {
+			t.Fatalf("%s not translated (have %v)", name, got)
+		}
+		if has != want {
+			t.Errorf("%s has a waypoint: %v, want %v", name, has, want)
+		}
+	}
+}

@@ -18,13 +18,17 @@ import (
 // virtualservice.go).
 
 // destinationRuleFor is the DestinationRule that applies to host for a
-// client (the waypoint) in namespace clientNs, or nil.
+// client (the waypoint) in namespace clientNs, or nil; a rule not exported
+// to clientNs (exportTo) does not apply.
 func (ir *istioRouting) destinationRuleFor(clientNs, host string) *networkingv1.DestinationRule {
 	nsOrder := []string{clientNs, ir.t.hostNamespace(host, clientNs), ir.t.cfg.RootNamespace}
 	for _, ns := range nsOrder {
 		var exact, wild []*networkingv1.DestinationRule
 		for _, d := range ir.t.objs.DestinationRules {
 			if d.Namespace != ns || d.Spec.GetWorkloadSelector() != nil {
+				continue
+			}
+			if e, _ := parseExportTo(d.Spec.GetExportTo(), ir.t.cfg.DefaultDestinationRuleExportTo, d.Namespace, "spec.exportTo"); !e.visibleTo(clientNs) {
 				continue
 			}
 			p := ir.t.resolveIstioHost(d.Spec.GetHost(), d.Namespace)
@@ -106,7 +110,10 @@ func convertLB(path string, lb *networkingv1alpha3.LoadBalancerSettings, bad *pr
 	if lb.GetLocalityLbSetting() != nil {
 		bad.addf(path+".localityLbSetting", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	}
-	if lb.GetWarmupDurationSecs() != nil || lb.GetWarmup() != nil {
+	if lb.GetWarmupDurationSecs() != nil {
+		bad.addf(path+".warmupDurationSecs", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
+	}
+	if lb.GetWarmup() != nil {
 		bad.addf(path+".warmup", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	}
 	switch p := lb.GetLbPolicy().(type) {
@@ -124,6 +131,8 @@ func convertLB(path string, lb *networkingv1alpha3.LoadBalancerSettings, bad *pr
 			return waypointapi.LoadBalancer_LEAST_REQUEST
 		}
 		bad.addf(path+".simple", "%s is not supported by ztunnel-go's waypoint; requests to this destination answer 500", p.Simple)
+	case *networkingv1alpha3.LoadBalancerSettings_ConsistentHash:
+		bad.addf(path+".consistentHash", "only loadBalancer.simple is supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	default:
 		bad.addf(path, "only loadBalancer.simple is supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	}
@@ -203,6 +212,30 @@ func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *probl
 
 // subsetWorkloads returns the uids of the service's workloads (svcKey
 // "ns/hostname") whose labels (a pod's, a WorkloadEntry's) match sel.
+// validateDR lists every field of d the waypoint cannot enforce, in the
+// top-level traffic policy and in every subset's, whether or not a route
+// uses it yet: the status names them from the start, and a later route to
+// the subset fails closed on the same fields in applyDR.
+func validateDR(d *networkingv1.DestinationRule) problems {
+	var bad problems
+	if d.Spec.GetWorkloadSelector() != nil {
+		bad.addf("spec.workloadSelector", "not supported by ztunnel-go's waypoint: a DestinationRule with a workload selector applies to no waypoint")
+	}
+	check := func(path string, tp *networkingv1alpha3.TrafficPolicy) {
+		if tp == nil {
+			return
+		}
+		convertLB(path+".loadBalancer", tp.GetLoadBalancer(), &bad)
+		convertOutlier(path+".outlierDetection", tp.GetOutlierDetection(), &bad)
+		unsupportedTP(path, tp, &bad)
+	}
+	check("spec.trafficPolicy", d.Spec.GetTrafficPolicy())
+	for i, sub := range d.Spec.GetSubsets() {
+		check(fieldAt("spec.subsets", i)+".trafficPolicy", sub.GetTrafficPolicy())
+	}
+	return bad
+}
+
 func (ir *istioRouting) subsetWorkloads(svcKey string, sel map[string]string) []string {
 	if ir.endpoints == nil {
 		ir.endpoints = map[string][]*workloadapi.Workload{}

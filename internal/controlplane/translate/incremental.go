@@ -96,8 +96,8 @@ type Changes struct {
 	// PodChanges lists the pods that changed (Old nil: added; New nil:
 	// removed), only when not Full.
 	PodChanges []PodChange
-	// Routes is true when an HTTPRoute, GRPCRoute, VirtualService or
-	// DestinationRule changed, or a pod while DestinationRules exist (their
+	// Routes is true when an HTTPRoute, GRPCRoute, ReferenceGrant,
+	// VirtualService or DestinationRule changed, or a pod while DestinationRules exist (their
 	// subsets list workloads), not when Full. Routes are not translated
 	// into addresses; only waypoint configs (WaypointConfigs) read them.
 	Routes bool
@@ -139,8 +139,13 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	sliceCh := diff(tr.objs.EndpointSlices, objs.EndpointSlices)
 	podCh := diff(tr.objs.Pods, objs.Pods)
 	nodeCh := diff(tr.objs.Nodes, objs.Nodes)
+	if reason := tr.ownershipChange(svcCh, podCh, nodeCh); reason != "" {
+		return tr.full(objs, allocs, reason)
+	}
 	routesCh := changed(tr.objs.HTTPRoutes, objs.HTTPRoutes) || changed(tr.objs.GRPCRoutes, objs.GRPCRoutes) ||
 		changed(tr.objs.VirtualServices, objs.VirtualServices) || changed(tr.objs.DestinationRules, objs.DestinationRules) ||
+		// A ReferenceGrant decides whether a route's backendRef resolves.
+		changed(tr.objs.ReferenceGrants, objs.ReferenceGrants) ||
 		// DestinationRule subsets name workloads by their labels: a pod
 		// change can change a subset's members.
 		len(podCh) > 0 && len(objs.DestinationRules) > 0

@@ -24,15 +24,20 @@ const (
 	LabelUseWaypointNamespace = "istio.io/use-waypoint-namespace"
 	LabelWaypointFor          = "istio.io/waypoint-for"
 	LabelGatewayName          = "gateway.networking.k8s.io/gateway-name"
-	LabelTunnel               = "networking.istio.io/tunnel"
-	LabelNetwork              = "topology.istio.io/network"
-	LabelSubzone              = "topology.istio.io/subzone"
-	LabelRegion               = "topology.kubernetes.io/region"
-	LabelZone                 = "topology.kubernetes.io/zone"
-	LabelLocality             = "istio-locality"
-	LabelServiceName          = "kubernetes.io/service-name"
-	LabelPodTemplateHash      = "pod-template-hash"
-	AnnotationTrafficDist     = "networking.istio.io/traffic-distribution"
+	// LabelGatewayManaged is on the objects a gateway controller deploys;
+	// ManagedMeshController marks a waypoint's (istio/api's
+	// gateway.istio.io/managed, value istio.io-mesh-controller).
+	LabelGatewayManaged   = "gateway.istio.io/managed"
+	ManagedMeshController = "istio.io-mesh-controller"
+	LabelTunnel           = "networking.istio.io/tunnel"
+	LabelNetwork          = "topology.istio.io/network"
+	LabelSubzone          = "topology.istio.io/subzone"
+	LabelRegion           = "topology.kubernetes.io/region"
+	LabelZone             = "topology.kubernetes.io/zone"
+	LabelLocality         = "istio-locality"
+	LabelServiceName      = "kubernetes.io/service-name"
+	LabelPodTemplateHash  = "pod-template-hash"
+	AnnotationTrafficDist = "networking.istio.io/traffic-distribution"
 
 	// AnnotationWaypointAddress is ztunnel-go's local-mode way to give a
 	// waypoint Gateway its address when no controller writes
@@ -55,6 +60,8 @@ type waypoint struct {
 	// binding is how the waypoint's own pods take traffic from their node
 	// proxy (ambient.istio.io/waypoint-inbound-binding); nil: plain HBONE.
 	binding *workloadapi.ApplicationTunnel
+	// allowed decides which namespaces' objects may use it (waypoints.go).
+	allowed allowedNamespaces
 }
 
 type index struct {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/jwks"
 )
 
 // fakeKeys answers key sets by URI or issuer; a missing one is pending.
@@ -92,5 +93,58 @@ spec:
 	rs, _ = rules(nil)
 	if !strings.Contains(rs[0].GetError(), "no JWKS resolver") {
 		t.Errorf("no resolver: rule %v", rs[0])
+	}
+}
+
+// TestRequestAuthenticationRefusedKeyURI: a tenant's jwksUri that names
+// http, or a link-local (cloud metadata) or loopback address, is refused by
+// the control plane's resolver with its default limits; the rule rejects
+// that issuer's tokens and the RequestAuthentication's status names why.
+func TestRequestAuthenticationRefusedKeyURI(t *testing.T) {
+	const raYAML = `
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: ssrf, namespace: demo}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]
+  jwtRules:
+  - {issuer: a, jwksUri: "http://keys.example/jwks.json"}
+  - {issuer: b, jwksUri: "https://169.254.169.254/latest/meta-data/"}
+  - {issuer: c, jwksUri: "https://127.0.0.1:8443/jwks.json"}
+`
+	var objs cluster.Objects
+	if errs := cluster.Decode("ra.yaml", []byte(waypointConfigYAML+raYAML), &objs); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	objs.Sort()
+	cfg := LocalDefaults()
+	cfg.JWKS = jwks.New(jwks.Config{})
+	res := Translate(cfg, &objs, nil)
+	cfgs, statuses := WaypointConfigs(cfg, &objs, res)
+	var st PolicyStatus
+	for _, s := range statuses {
+		if s.Kind == kindRA && s.Name == "demo/ssrf" {
+			st = s
+		}
+	}
+	want := []string{"only https", "link-local", "loopback"}
+	if len(st.Invalid) != len(want) {
+		t.Fatalf("status = %+v, want %d refusals", st, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(st.Invalid[i], "refused") || !strings.Contains(st.Invalid[i], w) {
+			t.Errorf("status.Invalid[%d] = %q, want a refusal naming %q", i, st.Invalid[i], w)
+		}
+	}
+	for _, a := range cfgs["demo/waypoint"].GetAuthentications() {
+		if a.GetName() != "ssrf" {
+			continue
+		}
+		for i, r := range a.GetRules() {
+			if r.GetJwks() != "" || r.GetError() == "" {
+				t.Errorf("rule %d = %v, want no keys and an error (tokens of its issuer rejected)", i, r)
+			}
+		}
 	}
 }

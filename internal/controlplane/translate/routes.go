@@ -3,10 +3,12 @@ package translate
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -17,59 +19,194 @@ import (
 // attachedRoute is an HTTPRoute or a GRPCRoute, as far as attaching it to a
 // service goes.
 type attachedRoute struct {
+	kind    string // "HTTPRoute" or "GRPCRoute"
 	meta    *metav1.ObjectMeta
 	parents []gatewayv1.ParentReference
 	convert func() *waypointapi.Route
 }
 
+func (t *translator) allRoutes() []attachedRoute {
+	var all []attachedRoute
+	for _, r := range t.objs.HTTPRoutes {
+		all = append(all, attachedRoute{kindHTTPRoute, &r.ObjectMeta, r.Spec.ParentRefs, func() *waypointapi.Route { return t.convertRoute(r) }})
+	}
+	for _, r := range t.objs.GRPCRoutes {
+		all = append(all, attachedRoute{kindGRPCRoute, &r.ObjectMeta, r.Spec.ParentRefs, func() *waypointapi.Route { return t.convertGRPCRoute(r) }})
+	}
+	return all
+}
+
+const (
+	kindHTTPRoute = "HTTPRoute"
+	kindGRPCRoute = "GRPCRoute"
+)
+
+// parentKind is "Service" or "ServiceEntry" for a parentRef the mesh
+// serves (GAMMA), "" for any other parent (a Gateway's, not ours).
+func parentKind(pr gatewayv1.ParentReference) string {
+	group, kind := "", ""
+	if pr.Group != nil {
+		group = string(*pr.Group)
+	}
+	if pr.Kind != nil {
+		kind = string(*pr.Kind)
+	}
+	switch {
+	case group == "" && kind == "Service":
+		return "Service"
+	case group == "networking.istio.io" && kind == "ServiceEntry":
+		return "ServiceEntry"
+	}
+	return ""
+}
+
+func parentNamespace(routeNs string, pr gatewayv1.ParentReference) string {
+	if pr.Namespace != nil && *pr.Namespace != "" {
+		return string(*pr.Namespace)
+	}
+	return routeNs
+}
+
 // routesFor returns the HTTPRoutes and GRPCRoutes with a parentRef to the
 // service (kind Service, or ServiceEntry of group networking.istio.io),
 // oldest first then by namespace/name, as Gateway API orders conflicting
-// routes.
+// routes. A route in another namespace than the service's is a consumer
+// route (GEP-1426): it carries its namespace as the only client namespace
+// it applies to. parentRefs[].port and sectionName scope the route to those
+// service ports; a parentRef whose port or section the service lacks
+// attaches nothing (its status says NoMatchingParent).
 func (t *translator) routesFor(kind string, s *workloadapi.Service) []*waypointapi.Route {
-	var all []attachedRoute
-	for _, r := range t.objs.HTTPRoutes {
-		all = append(all, attachedRoute{&r.ObjectMeta, r.Spec.ParentRefs, func() *waypointapi.Route { return t.convertRoute(r) }})
+	type picked struct {
+		r     attachedRoute
+		ports []uint32
 	}
-	for _, r := range t.objs.GRPCRoutes {
-		all = append(all, attachedRoute{&r.ObjectMeta, r.Spec.ParentRefs, func() *waypointapi.Route { return t.convertGRPCRoute(r) }})
-	}
-	var picked []attachedRoute
-	for _, r := range all {
+	var sel []picked
+	for _, r := range t.allRoutes() {
+		attached, allPorts := false, false
+		var ports []uint32
 		for _, pr := range r.parents {
-			ns := r.meta.Namespace
-			if pr.Namespace != nil {
-				ns = string(*pr.Namespace)
+			if parentKind(pr) != kind || parentNamespace(r.meta.Namespace, pr) != s.GetNamespace() || string(pr.Name) != s.GetName() {
+				continue
 			}
-			group, k := "", ""
-			if pr.Group != nil {
-				group = string(*pr.Group)
+			p, ok := t.parentPorts(kind, s.GetNamespace(), s.GetName(), pr)
+			if !ok {
+				continue
 			}
-			if pr.Kind != nil {
-				k = string(*pr.Kind)
-			}
-			want := group == "" && k == "Service"
-			if kind == "ServiceEntry" {
-				want = group == "networking.istio.io" && k == "ServiceEntry"
-			}
-			if want && ns == s.GetNamespace() && string(pr.Name) == s.GetName() {
-				picked = append(picked, r)
-				break
+			attached = true
+			if p == 0 {
+				allPorts = true
+			} else if !slices.Contains(ports, p) {
+				ports = append(ports, p)
 			}
 		}
+		if !attached {
+			continue
+		}
+		if allPorts {
+			ports = nil
+		}
+		slices.Sort(ports)
+		sel = append(sel, picked{r, ports})
 	}
-	sort.SliceStable(picked, func(i, j int) bool {
-		a, b := picked[i].meta, picked[j].meta
+	sort.SliceStable(sel, func(i, j int) bool {
+		a, b := sel[i].r.meta, sel[j].r.meta
 		if olderMeta(a, b) != olderMeta(b, a) {
 			return olderMeta(a, b)
 		}
 		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
 	})
 	var out []*waypointapi.Route
-	for _, r := range picked {
-		out = append(out, r.convert())
+	for _, p := range sel {
+		wr := p.r.convert()
+		wr.Kind, wr.Ports = p.r.kind, p.ports
+		if p.r.meta.Namespace != s.GetNamespace() {
+			wr.ClientNamespace = p.r.meta.Namespace
+		}
+		out = append(out, wr)
 	}
 	return out
+}
+
+// parentPorts resolves a parentRef's port and sectionName against the
+// parent's ports: the port number it scopes the route to (0: every port),
+// and false when the parent has no such port (or does not exist).
+// sectionName names a port (Service spec.ports[].name, ServiceEntry
+// spec.ports[].name); with both, they must name the same port.
+func (t *translator) parentPorts(kind, ns, name string, pr gatewayv1.ParentReference) (uint32, bool) {
+	type port struct {
+		number uint32
+		name   string
+	}
+	var ports []port
+	switch kind {
+	case "Service":
+		svc := t.idx.svcByName[ns+"/"+name]
+		if svc == nil {
+			return 0, false
+		}
+		for _, p := range svc.Spec.Ports {
+			ports = append(ports, port{uint32(p.Port), p.Name})
+		}
+	case "ServiceEntry":
+		se := t.serviceEntry(ns, name)
+		if se == nil {
+			return 0, false
+		}
+		for _, p := range se.Spec.GetPorts() {
+			ports = append(ports, port{p.GetNumber(), p.GetName()})
+		}
+	default:
+		return 0, false
+	}
+	if pr.Port == nil && (pr.SectionName == nil || *pr.SectionName == "") {
+		return 0, true
+	}
+	for _, p := range ports {
+		if pr.Port != nil && uint32(*pr.Port) != p.number {
+			continue
+		}
+		if pr.SectionName != nil && *pr.SectionName != "" && string(*pr.SectionName) != p.name {
+			continue
+		}
+		return p.number, true
+	}
+	return 0, false
+}
+
+func (t *translator) serviceEntry(ns, name string) *networkingv1.ServiceEntry {
+	for _, se := range t.objs.ServiceEntries {
+		if se.Namespace == ns && se.Name == name {
+			return se
+		}
+	}
+	return nil
+}
+
+// referenceGranted reports whether a ReferenceGrant in toNs lets routes of
+// kind fromKind in fromNs refer to the object group/kind/name there.
+func (t *translator) referenceGranted(fromKind, fromNs, toNs, group, kind, name string) bool {
+	for _, g := range t.objs.ReferenceGrants {
+		if g.Namespace != toNs {
+			continue
+		}
+		from := slices.ContainsFunc(g.Spec.From, func(f gatewayv1.ReferenceGrantFrom) bool {
+			return string(f.Group) == gatewayv1.GroupName && string(f.Kind) == fromKind && string(f.Namespace) == fromNs
+		})
+		to := slices.ContainsFunc(g.Spec.To, func(r gatewayv1.ReferenceGrantTo) bool {
+			return string(r.Group) == group && string(r.Kind) == kind && (r.Name == nil || *r.Name == "" || string(*r.Name) == name)
+		})
+		if from && to {
+			return true
+		}
+	}
+	return false
+}
+
+// backendRefProblem is why a backendRef is refused, as a Gateway API
+// ResolvedRefs reason and a message.
+type backendRefProblem struct {
+	reason  gatewayv1.RouteConditionReason
+	message string
 }
 
 // unsupportedFilter makes a rule that uses a filter the waypoint does not
@@ -77,6 +214,55 @@ func (t *translator) routesFor(kind string, s *workloadapi.Service) []*waypointa
 // RequestMirror) answer 500 (no backends), as Gateway API requires of a filter
 // that cannot be applied: it must not be skipped.
 func unsupportedFilter(rr *waypointapi.RouteRule) { rr.Backends = nil }
+
+// unsupportedHTTPRule lists what rule i of an HTTPRoute asks that the
+// waypoint cannot do, one "spec.rules[i]...: what" each. A rule with any
+// answers 500 (unsupportedFilter) and the route's Accepted condition names
+// them: skipping a filter, a backend's filters, session persistence or a
+// retry backoff would route differently from what the route says.
+func unsupportedHTTPRule(i int, rule gatewayv1.HTTPRouteRule) []string {
+	var out []string
+	for _, f := range rule.Filters {
+		switch {
+		case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
+		case f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil:
+		default:
+			out = append(out, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
+		}
+	}
+	for j, b := range rule.BackendRefs {
+		if len(b.Filters) > 0 {
+			out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters", i, j))
+		}
+	}
+	if rule.SessionPersistence != nil {
+		out = append(out, fmt.Sprintf("spec.rules[%d].sessionPersistence", i))
+	}
+	if rule.Retry != nil && rule.Retry.Backoff != nil {
+		out = append(out, fmt.Sprintf("spec.rules[%d].retry.backoff", i))
+	}
+	return out
+}
+
+// unsupportedGRPCRule is unsupportedHTTPRule for a GRPCRoute rule, whose
+// only filter the waypoint applies is RequestHeaderModifier.
+func unsupportedGRPCRule(i int, rule gatewayv1.GRPCRouteRule) []string {
+	var out []string
+	for _, f := range rule.Filters {
+		if f.Type != gatewayv1.GRPCRouteFilterRequestHeaderModifier || f.RequestHeaderModifier == nil {
+			out = append(out, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
+		}
+	}
+	for j, b := range rule.BackendRefs {
+		if len(b.Filters) > 0 {
+			out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters", i, j))
+		}
+	}
+	if rule.SessionPersistence != nil {
+		out = append(out, fmt.Sprintf("spec.rules[%d].sessionPersistence", i))
+	}
+	return out
+}
 
 func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 	wr := &waypointapi.Route{Name: r.Name, Namespace: r.Namespace}
@@ -117,21 +303,18 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 			rr.Matches = append(rr.Matches, rm)
 		}
 		for _, b := range rule.BackendRefs {
-			rr.Backends = append(rr.Backends, t.backend(r.Namespace, b.BackendRef))
+			be, _ := t.backend(kindHTTPRoute, r.Namespace, b.BackendRef)
+			rr.Backends = append(rr.Backends, be)
 		}
-		unsupported := false
 		for _, f := range rule.Filters {
 			switch {
 			case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
 				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
 			case f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil:
-				rr.Mirrors = append(rr.Mirrors, t.mirror(r.Namespace, f.RequestMirror))
-			default:
-				unsupported = true
+				if m, _ := t.mirror(r.Namespace, f.RequestMirror); m != nil {
+					rr.Mirrors = append(rr.Mirrors, m)
+				}
 			}
-		}
-		if unsupported {
-			unsupportedFilter(rr)
 		}
 		if rule.Timeouts != nil && rule.Timeouts.Request != nil {
 			if d, err := parseGatewayDuration(string(*rule.Timeouts.Request)); err == nil {
@@ -146,12 +329,20 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 			for _, c := range rule.Retry.Codes {
 				rt.Codes = append(rt.Codes, uint32(c))
 			}
-			if rule.Retry.Backoff != nil {
-				if d, err := parseGatewayDuration(string(*rule.Retry.Backoff)); err == nil {
-					rt.PerTryTimeoutMs = d
-				}
-			}
 			rr.Retry = rt
+		}
+		// backendRequest bounds each request to a backend, every retry
+		// included one by one: the waypoint's per-try timeout.
+		if rule.Timeouts != nil && rule.Timeouts.BackendRequest != nil {
+			if d, err := parseGatewayDuration(string(*rule.Timeouts.BackendRequest)); err == nil && d > 0 {
+				if rr.Retry == nil {
+					rr.Retry = &waypointapi.Retry{}
+				}
+				rr.Retry.PerTryTimeoutMs = d
+			}
+		}
+		if len(unsupportedHTTPRule(0, rule)) > 0 {
+			unsupportedFilter(rr)
 		}
 		wr.Rules = append(wr.Rules, rr)
 	}
@@ -179,18 +370,15 @@ func (t *translator) convertGRPCRoute(r *gatewayv1.GRPCRoute) *waypointapi.Route
 			rr.Matches = append(rr.Matches, rm)
 		}
 		for _, b := range rule.BackendRefs {
-			rr.Backends = append(rr.Backends, t.backend(r.Namespace, b.BackendRef))
+			be, _ := t.backend(kindGRPCRoute, r.Namespace, b.BackendRef)
+			rr.Backends = append(rr.Backends, be)
 		}
-		unsupported := false
 		for _, f := range rule.Filters {
-			switch {
-			case f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
+			if f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil {
 				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
-			default:
-				unsupported = true
 			}
 		}
-		if unsupported {
+		if len(unsupportedGRPCRule(0, rule)) > 0 {
 			unsupportedFilter(rr)
 		}
 		wr.Rules = append(wr.Rules, rr)
@@ -226,11 +414,17 @@ func grpcMethodPath(mm *gatewayv1.GRPCMethodMatch) *waypointapi.PathMatch {
 	return &waypointapi.PathMatch{Type: waypointapi.PathMatch_REGULAR_EXPRESSION, Value: "/" + segment(svc) + "/" + segment(method)}
 }
 
-// backend resolves a backendRef of a route in namespace ns: a Service
-// becomes its cluster hostname, a ServiceEntry or Hostname backend names
-// its host.
-func (t *translator) backend(ns string, b gatewayv1.BackendRef) *waypointapi.Backend {
-	if b.Namespace != nil {
+// backend resolves a backendRef of a route (kind routeKind) in namespace
+// routeNs: a Service becomes its cluster hostname, a ServiceEntry its first
+// host, a Hostname (networking.istio.io) names its host. A reference to
+// another namespace needs a ReferenceGrant there (checked first, so that a
+// refused reference tells nothing about what exists there); an unknown
+// kind or a missing object is refused too. A refused backend keeps its
+// weight and has no hostname: the waypoint answers its share 500, as
+// Gateway API requires. The problem, if any, is returned for the status.
+func (t *translator) backend(routeKind, routeNs string, b gatewayv1.BackendRef) (*waypointapi.Backend, *backendRefProblem) {
+	ns := routeNs
+	if b.Namespace != nil && *b.Namespace != "" {
 		ns = string(*b.Namespace)
 	}
 	weight := uint32(1)
@@ -241,19 +435,52 @@ func (t *translator) backend(ns string, b gatewayv1.BackendRef) *waypointapi.Bac
 	if b.Port != nil {
 		be.Port = uint32(*b.Port)
 	}
-	if b.Kind == nil || *b.Kind == "Service" {
-		be.Hostname = string(b.Name) + "." + ns + ".svc." + t.cfg.DomainSuffix
-	} else {
-		be.Hostname = string(b.Name)
+	group, kind, name := "", "Service", string(b.Name)
+	if b.Group != nil {
+		group = string(*b.Group)
 	}
-	return be
+	if b.Kind != nil {
+		kind = string(*b.Kind)
+	}
+	refuse := func(reason gatewayv1.RouteConditionReason, format string, args ...any) (*waypointapi.Backend, *backendRefProblem) {
+		msg := fmt.Sprintf(format, args...)
+		be.Refused = msg
+		return be, &backendRefProblem{reason, msg}
+	}
+	switch {
+	case group == "" && kind == "Service", group == "networking.istio.io" && (kind == "ServiceEntry" || kind == "Hostname"):
+	default:
+		return refuse(gatewayv1.RouteReasonInvalidKind, "backendRef %s/%s: kind %q of group %q is not supported (Service, or networking.istio.io ServiceEntry or Hostname)", ns, name, kind, group)
+	}
+	if ns != routeNs && !t.referenceGranted(routeKind, routeNs, ns, group, kind, name) {
+		return refuse(gatewayv1.RouteReasonRefNotPermitted, "backendRef %s %s/%s is in another namespace and no ReferenceGrant in %s allows %s from %s to refer to it", kind, ns, name, ns, routeKind, routeNs)
+	}
+	switch kind {
+	case "Service":
+		if t.idx.svcByName[ns+"/"+name] == nil {
+			return refuse(gatewayv1.RouteReasonBackendNotFound, "backendRef Service %s/%s does not exist", ns, name)
+		}
+		be.Hostname = name + "." + ns + ".svc." + t.cfg.DomainSuffix
+	case "ServiceEntry":
+		se := t.serviceEntry(ns, name)
+		if se == nil || len(se.Spec.GetHosts()) == 0 {
+			return refuse(gatewayv1.RouteReasonBackendNotFound, "backendRef ServiceEntry %s/%s does not exist or has no hosts", ns, name)
+		}
+		be.Hostname = se.Spec.GetHosts()[0]
+	default: // Hostname
+		be.Hostname = name
+	}
+	return be, nil
 }
 
 // mirror resolves a RequestMirror filter: its backend as for backendRefs,
 // and the share of requests (percent, or fraction over its denominator,
-// default 100 %).
-func (t *translator) mirror(ns string, f *gatewayv1.HTTPRequestMirrorFilter) *waypointapi.Mirror {
-	b := t.backend(ns, gatewayv1.BackendRef{BackendObjectReference: f.BackendRef})
+// default 100 %). A refused backend gets no copy (nil).
+func (t *translator) mirror(routeNs string, f *gatewayv1.HTTPRequestMirrorFilter) (*waypointapi.Mirror, *backendRefProblem) {
+	b, bad := t.backend(kindHTTPRoute, routeNs, gatewayv1.BackendRef{BackendObjectReference: f.BackendRef})
+	if bad != nil {
+		return nil, bad
+	}
 	b.Weight = 0
 	percent := uint32(100)
 	switch {
@@ -266,7 +493,7 @@ func (t *translator) mirror(ns string, f *gatewayv1.HTTPRequestMirrorFilter) *wa
 		}
 		percent = uint32(min(max(int64(f.Fraction.Numerator)*100/int64(den), 0), 100))
 	}
-	return &waypointapi.Mirror{Backend: b, Percent: percent}
+	return &waypointapi.Mirror{Backend: b, Percent: percent}, nil
 }
 
 func headerModifier(f *gatewayv1.HTTPHeaderFilter) *waypointapi.HeaderModifier {

@@ -68,8 +68,23 @@ func (t *translator) translateService(s *corev1.Service) {
 	}
 	svc.LoadBalancing = t.loadBalancing(s)
 	svc.IpFamilies = ipFamilies(s.Spec.IPFamilies, fams)
-	svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
-	svc.WeightedWaypoints = t.weightedWaypoints("Service", s.Namespace, s.Name, s.Labels, s.Annotations, svc.Waypoint)
+	// A waypoint's own Service never has a waypoint (as istiod decides):
+	// bound to itself, a request to it would loop back and be reset.
+	if !t.waypointService(s) {
+		svc.Waypoint = t.boundWaypoint("Service", s.Namespace, s.Name, s.Labels, false)
+		svc.WeightedWaypoints = t.weightedWaypoints("Service", s.Namespace, s.Name, s.Labels, s.Annotations, svc.Waypoint)
+	}
+	exp, bad := t.serviceExport(s)
+	for _, b := range bad {
+		t.warnf("Service", s.Namespace, s.Name, "%s", b)
+	}
+	if exp.none() {
+		// Exported to no namespace: no client may resolve or route to it
+		// as this service (its ClusterIP stays its own: see ownership.go).
+		t.warnf("Service", s.Namespace, s.Name, "exported to no namespace (exportTo ~); not sent to node proxies")
+		return
+	}
+	exp.apply(svc)
 	t.addresses[svc.Namespace+"/"+svc.Hostname] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
 }
 
@@ -196,25 +211,56 @@ func (t *translator) translateServiceEntries() {
 		return 0
 	})
 	claims := map[string][]seClaim{}
+	own := t.buildOwned()
+	var taken []addrClaim
 	for _, se := range ses {
 		network := t.network(se.Labels, se.Namespace)
-		var fixed []*workloadapi.NetworkAddress
-		for _, a := range se.Spec.Addresses {
+		var parsed []parsedAddr
+		for i, a := range se.Spec.Addresses {
 			if p, err := netip.ParsePrefix(a); err == nil {
-				na := netAddr(network, p.Addr())
-				if p.Bits() != p.Addr().BitLen() {
-					l := uint32(p.Bits())
-					na.Length = &l
-					if r := se.Spec.Resolution; r != networkingv1alpha3.ServiceEntry_NONE && r != networkingv1alpha3.ServiceEntry_STATIC {
-						t.warnf("ServiceEntry", se.Namespace, se.Name, "CIDR address %s with resolution %s: Istio admits CIDRs only with resolution NONE or STATIC; every address in the range is sent to the resolved host", a, r)
-					}
-				}
-				fixed = append(fixed, na)
+				parsed = append(parsed, parsedAddr{index: i, prefix: p})
 			} else if ip, err := netip.ParseAddr(a); err == nil {
-				fixed = append(fixed, netAddr(network, ip))
+				parsed = append(parsed, parsedAddr{index: i, prefix: netip.PrefixFrom(ip, ip.BitLen())})
 			} else {
 				t.warnf("ServiceEntry", se.Namespace, se.Name, "address %q is not an IP or CIDR; ignored", a)
 			}
+		}
+		for _, pa := range parsed {
+			t.seAddrs = append(t.seAddrs, pa.prefix)
+		}
+		var refused []string
+		var fixed []*workloadapi.NetworkAddress
+		exp, expBad := t.serviceEntryExport(se)
+		for _, pa := range own.claimAddresses(se, exp, parsed, &taken, &refused) {
+			p := pa.prefix
+			na := netAddr(network, p.Addr())
+			if p.Bits() != p.Addr().BitLen() {
+				l := uint32(p.Bits())
+				na.Length = &l
+				if r := se.Spec.Resolution; r != networkingv1alpha3.ServiceEntry_NONE && r != networkingv1alpha3.ServiceEntry_STATIC {
+					t.warnf("ServiceEntry", se.Namespace, se.Name, "CIDR address %s with resolution %s: Istio admits CIDRs only with resolution NONE or STATIC; every address in the range is sent to the resolved host", se.Spec.Addresses[pa.index], r)
+				}
+			}
+			fixed = append(fixed, na)
+		}
+		if len(refused) > 0 || len(expBad) > 0 || exp.none() {
+			var msg []string
+			switch {
+			case len(refused) > 0 && len(fixed) == 0:
+				msg = append(msg, "every address is refused (owned by others); its hosts have no address")
+			case len(refused) > 0:
+				msg = append(msg, "addresses owned by others are refused; the rest of the ServiceEntry applies")
+			}
+			if exp.none() {
+				msg = append(msg, "visible to no namespace; not sent to node proxies")
+			} else if len(expBad) > 0 {
+				msg = append(msg, "visible to its own namespace only")
+			}
+			t.policies = append(t.policies, PolicyStatus{Kind: "ServiceEntry", Name: se.Namespace + "/" + se.Name,
+				Sent: !exp.none(), Message: strings.Join(msg, "; "), Invalid: append(refused, expBad...)})
+		}
+		if exp.none() {
+			continue
 		}
 		var ports []*workloadapi.Port
 		for _, p := range se.Spec.Ports {
@@ -248,7 +294,8 @@ func (t *translator) translateServiceEntries() {
 				Waypoint:        wp,
 			}
 			svc.WeightedWaypoints = wws
-			if len(fixed) == 0 {
+			exp.apply(svc)
+			if len(parsed) == 0 {
 				var fams [2]bool
 				for _, ip := range t.allocs.Lookup(se.Namespace, se.Name, h) {
 					svc.Addresses = append(svc.Addresses, netAddr(network, ip))
@@ -326,4 +373,23 @@ func (t *translator) translateExternalNames() {
 			Extensions: []*workloadapi.Extension{{Name: ExternalNameAliasExtension, Config: cfg}},
 		}, "Service", s.Namespace, s.Name)
 	}
+}
+
+// waypointService reports whether s fronts a waypoint: it carries the
+// waypoint controller's managed label, or its gateway-name label names a
+// Gateway of class istio-waypoint in its namespace.
+func (t *translator) waypointService(s *corev1.Service) bool {
+	if s.Labels[LabelGatewayManaged] == ManagedMeshController {
+		return true
+	}
+	gw, ok := s.Labels[LabelGatewayName]
+	if !ok {
+		return false
+	}
+	for _, g := range t.objs.Gateways {
+		if g.Namespace == s.Namespace && g.Name == gw && string(g.Spec.GatewayClassName) == WaypointClass {
+			return true
+		}
+	}
+	return false
 }

@@ -16,7 +16,10 @@ package translate
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
+
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
@@ -66,6 +69,17 @@ type Config struct {
 	// which fetches in the background); its answers go to the waypoints
 	// inline. nil: only inline jwks, every other rule rejects its tokens.
 	JWKS JWKSResolver
+
+	// DefaultServiceExportTo, DefaultVirtualServiceExportTo and
+	// DefaultDestinationRuleExportTo are meshConfig's defaults for objects
+	// that set no exportTo ("." own namespace, "*" all, "~" none, or
+	// namespace names); nil means "*", as in Istio.
+	DefaultServiceExportTo         []string
+	DefaultVirtualServiceExportTo  []string
+	DefaultDestinationRuleExportTo []string
+	// ServiceEntryVisibility is meshConfig.serviceEntryVisibility (Istio
+	// 1.31); nil leaves every ServiceEntry to its exportTo.
+	ServiceEntryVisibility *meshv1alpha1.ServiceEntryVisibility
 }
 
 // JWKSResolver answers key sets from a cache without blocking: the JSON
@@ -180,6 +194,10 @@ type translator struct {
 	// selectorPolicies are WORKLOAD_SELECTOR authorizations, for matching.
 	selectorPolicies []selectorPolicy
 	pa               *peerAuthn
+	// seAddrs are every ServiceEntry's spec.addresses (accepted or not):
+	// a Pod, Service or Node holding one of them decides its ownership,
+	// so changing one re-translates everything (ownershipChange).
+	seAddrs []netip.Prefix
 }
 
 func newTranslator(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *translator {

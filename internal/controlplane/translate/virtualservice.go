@@ -49,8 +49,12 @@ import (
 // logged once and shown in the config dump). Retry conditions the waypoint
 // does not evaluate are dropped (it retries less, never more) and named in
 // the status message. The name and statPrefix fields only name things and
-// are accepted. exportTo is not evaluated: every VirtualService and
-// DestinationRule is visible to every waypoint (Istio's default, "*").
+// are accepted. exportTo (else meshConfig's defaultVirtualServiceExportTo /
+// defaultDestinationRuleExportTo, else "*") is evaluated for the waypoint's
+// namespace, the namespace of the proxy that applies them, as Istio does
+// for any proxy: a VirtualService exported to "." in namespace team-a is
+// not applied by a waypoint in namespace shared. An invalid exportTo
+// narrows to the object's own namespace.
 
 const (
 	kindVS = "VirtualService"
@@ -82,7 +86,11 @@ func newIstioRouting(t *translator, res *Result) *istioRouting {
 		ir.vs[v.Namespace+"/"+v.Name] = &istioStatus{}
 	}
 	for _, d := range t.objs.DestinationRules {
-		ir.dr[d.Namespace+"/"+d.Name] = &istioStatus{}
+		st := &istioStatus{}
+		for _, p := range validateDR(d) {
+			st.addInvalid(p)
+		}
+		ir.dr[d.Namespace+"/"+d.Name] = st
 	}
 	return ir
 }
@@ -144,8 +152,8 @@ func appliesToMesh(gateways []string) bool {
 // a DestinationRule catch-all; every backend gets its DestinationRule.
 func (ir *istioRouting) routes(wp string, s *workloadapi.Service, gw []*waypointapi.Route) []*waypointapi.Route {
 	svcKey := s.GetNamespace() + "/" + s.GetHostname()
-	vss := ir.virtualServicesFor(s.GetHostname())
 	wpNs, _, _ := strings.Cut(wp, "/")
+	vss := ir.virtualServicesFor(s.GetHostname(), wpNs)
 	out := gw
 	switch {
 	case len(gw) > 0:
@@ -201,11 +209,15 @@ func (ir *istioRouting) routes(wp string, s *workloadapi.Service, gw []*waypoint
 }
 
 // virtualServicesFor returns the VirtualServices for the mesh whose hosts
-// name hostname, oldest first, then by namespace/name.
-func (ir *istioRouting) virtualServicesFor(hostname string) []*networkingv1.VirtualService {
+// name hostname and that are exported to namespace proxyNs, oldest first,
+// then by namespace/name.
+func (ir *istioRouting) virtualServicesFor(hostname, proxyNs string) []*networkingv1.VirtualService {
 	var out []*networkingv1.VirtualService
 	for _, v := range ir.t.objs.VirtualServices {
 		if !appliesToMesh(v.Spec.GetGateways()) {
+			continue
+		}
+		if e, _ := parseExportTo(v.Spec.GetExportTo(), ir.t.cfg.DefaultVirtualServiceExportTo, v.Namespace, "spec.exportTo"); !e.visibleTo(proxyNs) {
 			continue
 		}
 		for _, h := range v.Spec.GetHosts() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // bookinfoYAML is the part of Istio's bookinfo that matters here: reviews
@@ -60,6 +61,7 @@ status: {phase: Running, conditions: [{type: Ready, status: "True"}], podIPs: [{
 // module cache only).
 func istioSample(t *testing.T, name string) string {
 	t.Helper()
+	testkit.SkipShort(t, "the istio.io/istio module from the module proxy")
 	out, err := exec.Command("go", "mod", "download", "-json", "istio.io/istio@latest").Output()
 	if err != nil {
 		t.Skipf("istio.io/istio module not available: %v", err)
@@ -354,5 +356,43 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v
 		if _, ch := tr.Update(to, nil); ch.Full || ch.Routes != c.want {
 			t.Errorf("%s: full %v (%s) routes %v, want routes %v", c.name, ch.Full, ch.Reason, ch.Routes, c.want)
 		}
+	}
+}
+
+// TestWaypointExportTo: a VirtualService or DestinationRule applies at a
+// waypoint only when exported to the waypoint's namespace (here default):
+// team's VirtualService exported to "." is not applied, the one exported
+// to default is; a DestinationRule of default exported only to team is not
+// applied by default's own waypoint.
+func TestWaypointExportTo(t *testing.T) {
+	vs := func(name, exportTo string) string {
+		return `---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ` + name + `, namespace: team, creationTimestamp: "2026-01-01T00:00:00Z"}
+spec:
+  hosts: [reviews.default.svc.cluster.local]
+  exportTo: ` + exportTo + `
+  http: [{match: [{headers: {x-team: {exact: ` + name + `}}}], route: [{destination: {host: reviews.default.svc.cluster.local}}]}]
+`
+	}
+	c, _ := bookinfoConfig(t, vs("private", `["."]`), vs("shared", `["default"]`), `---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: ratings, namespace: default}
+spec:
+  host: ratings.default.svc.cluster.local
+  exportTo: [team]
+  trafficPolicy: {loadBalancer: {simple: LEAST_CONN}}
+`)
+	var names []string
+	for _, r := range serviceRoutes(t, c, "reviews") {
+		names = append(names, r.GetKind()+" "+r.GetNamespace()+"/"+r.GetName())
+	}
+	if !slices.Equal(names, []string{"VirtualService team/shared"}) {
+		t.Errorf("reviews routes at default/waypoint: %v, want only team/shared", names)
+	}
+	if r := serviceRoutes(t, c, "ratings"); len(r) != 0 {
+		t.Errorf("ratings routes %v: a DestinationRule not exported to default applied there", r)
 	}
 }

@@ -47,6 +47,16 @@ metadata: {name: unbound, namespace: demo}
 spec: {selector: {app: server}, clusterIP: 10.96.0.11, ports: [{port: 80}]}
 ---
 apiVersion: v1
+kind: Service
+metadata: {name: v1, namespace: demo}
+spec: {selector: {app: server, version: v1}, clusterIP: 10.96.0.21, ports: [{name: http, port: 80}, {name: grpc, port: 81}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: v2, namespace: demo}
+spec: {selector: {app: server, version: v2}, clusterIP: 10.96.0.22, ports: [{name: http, port: 80}, {name: grpc, port: 81}]}
+---
+apiVersion: v1
 kind: Pod
 metadata: {name: server, namespace: demo, labels: {app: server}}
 spec: {nodeName: node0, serviceAccountName: server, containers: [{name: app, image: app}]}

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
@@ -38,6 +40,7 @@ func (t *translator) translateWaypoints() {
 		}
 		w.addr = t.waypointAddress(gw)
 		w.binding = t.inboundBinding(gw)
+		w.allowed = t.allowedNamespaces(gw, w.binding)
 		if w.addr == nil {
 			t.warnf("Gateway", gw.Namespace, gw.Name, "waypoint has no address yet (status.addresses, spec.addresses or annotation %s); objects bound to it get no waypoint", AnnotationWaypointAddress)
 			continue
@@ -178,6 +181,10 @@ func (t *translator) boundWaypoint(kind, ns, name string, labels map[string]stri
 		t.warnf(srcKind, srcNs, srcName, "%s refers to waypoint %s/%s, which does not exist or has no address", LabelUseWaypoint, wpNs, wpName)
 		return nil
 	}
+	if !t.mayUseWaypoint(w, ns) {
+		t.warnf(srcKind, srcNs, srcName, "%s: waypoint %s refuses %s %s/%s: %s; it gets no waypoint", LabelUseWaypoint, w.key, kind, ns, name, w.allowed.refusal(ns))
+		return nil
+	}
 	if wantWorkload && !w.forWorkload || !wantWorkload && !w.forService {
 		if srcKind != "Namespace" {
 			t.warnf(srcKind, srcNs, srcName, "waypoint %s is for %q traffic; this %s's traffic does not use it", w.key, w.trafficType, map[bool]string{true: "workload", false: "service"}[wantWorkload])
@@ -233,6 +240,9 @@ func (t *translator) weightedWaypoints(kind, ns, name string, labels, annotation
 	case !w.forService:
 		t.warnf(srcKind, srcNs, srcName, "canary waypoint %s is for %q traffic, not service traffic; all traffic stays on the primary", w.key, w.trafficType)
 		return nil
+	case !t.mayUseWaypoint(w, ns):
+		t.warnf(srcKind, srcNs, srcName, "canary waypoint %s refuses %s %s/%s: %s; all traffic stays on the primary", w.key, kind, ns, name, w.allowed.refusal(ns))
+		return nil
 	}
 	raw, ok := ann[AnnotationUseWaypointCanaryWeight]
 	weight := 0
@@ -262,4 +272,95 @@ func waypointOf(s *workloadapi.Service, addr *workloadapi.GatewayAddress) bool {
 		}
 	}
 	return false
+}
+
+// allowedNamespaces is which namespaces' Services, ServiceEntries and
+// workloads may use a waypoint, as istiod decides it: the allowedRoutes
+// .namespaces of the waypoint's listener (the one its inbound binding
+// names, else the HBONE listener on 15008); Same when there is no such
+// listener or it says nothing. A Service in another namespace that names
+// the waypoint (istio.io/use-waypoint-namespace) is refused, not bound:
+// otherwise any tenant could push its traffic through, or have its
+// traffic handled by, a waypoint it does not own without the owner's
+// consent.
+type allowedNamespaces struct {
+	own  string // the waypoint's namespace
+	from gatewayv1.FromNamespaces
+	// selector of From=Selector; nil when it does not parse (matches
+	// nothing: fail closed).
+	selector labels.Selector
+	bad      string // why the selector did not parse
+}
+
+func (t *translator) allowedNamespaces(gw *gatewayv1.Gateway, binding *workloadapi.ApplicationTunnel) allowedNamespaces {
+	a := allowedNamespaces{own: gw.Namespace, from: gatewayv1.NamespacesFromSame}
+	var l *gatewayv1.Listener
+	for i := range gw.Spec.Listeners {
+		li := &gw.Spec.Listeners[i]
+		if binding != nil && (binding.Port != 0 && uint32(li.Port) == binding.Port ||
+			binding.Port == 0 && binding.Protocol == workloadapi.ApplicationTunnel_PROXY && li.Protocol == "istio.io/PROXY") {
+			l = li
+			break
+		}
+	}
+	if l == nil {
+		for i := range gw.Spec.Listeners {
+			if li := &gw.Spec.Listeners[i]; li.Protocol == "HBONE" && li.Port == HBONEPort {
+				l = li
+				break
+			}
+		}
+	}
+	if l == nil || l.AllowedRoutes == nil || l.AllowedRoutes.Namespaces == nil {
+		return a
+	}
+	if f := l.AllowedRoutes.Namespaces.From; f != nil {
+		a.from = *f
+	}
+	if a.from == gatewayv1.NamespacesFromSelector {
+		sel, err := metav1.LabelSelectorAsSelector(l.AllowedRoutes.Namespaces.Selector)
+		switch {
+		case err != nil:
+			a.bad = err.Error()
+			t.warnf("Gateway", gw.Namespace, gw.Name, "listener %s allowedRoutes.namespaces.selector: %v; no other namespace may use this waypoint", l.Name, err)
+		case l.AllowedRoutes.Namespaces.Selector == nil:
+			a.bad = "from Selector without a selector"
+			t.warnf("Gateway", gw.Namespace, gw.Name, "listener %s allowedRoutes.namespaces: from Selector without a selector; no other namespace may use this waypoint", l.Name)
+		default:
+			a.selector = sel
+		}
+	}
+	return a
+}
+
+// mayUseWaypoint: objects of namespace ns may use w.
+func (t *translator) mayUseWaypoint(w *waypoint, ns string) bool {
+	a := w.allowed
+	switch {
+	case a.from == gatewayv1.NamespacesFromSame || a.from == "":
+		return ns == a.own
+	case a.from == gatewayv1.NamespacesFromAll:
+		return true
+	case a.from == gatewayv1.NamespacesFromSelector:
+		// As istiod: the selector decides for the waypoint's own
+		// namespace too.
+		n := t.idx.namespaces[ns]
+		return a.selector != nil && n != nil && a.selector.Matches(labels.Set(n.Labels))
+	}
+	// An unknown From: istiod falls back to Same.
+	return ns == a.own
+}
+
+func (a allowedNamespaces) refusal(ns string) string {
+	switch {
+	case a.from == gatewayv1.NamespacesFromSelector && a.selector == nil:
+		return "its listener's allowedRoutes.namespaces selector is invalid (" + a.bad + ")"
+	case a.from == gatewayv1.NamespacesFromSelector:
+		return "namespace " + ns + " does not match its listener's allowedRoutes.namespaces selector " + a.selector.String()
+	}
+	from := string(a.from)
+	if a.from == gatewayv1.NamespacesFromSame || a.from == "" {
+		from = "Same (the default)"
+	}
+	return "its listener's allowedRoutes.namespaces.from is " + from + ", so only namespace " + a.own + " may use it"
 }

@@ -211,7 +211,7 @@ func (t *translator) translatePod(p *corev1.Pod) {
 	if p.Spec.HostNetwork {
 		w.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK
 	}
-	if gw, isWaypoint := p.Labels[LabelGatewayName]; !isWaypoint {
+	if gw, isWaypoint := p.Labels[LabelGatewayName]; !isWaypoint && p.Labels[LabelGatewayManaged] != ManagedMeshController {
 		w.Waypoint = t.boundWaypoint("Pod", p.Namespace, p.Name, p.Labels, true)
 	} else if wp := t.idx.waypoints[p.Namespace+"/"+gw]; wp != nil {
 		w.ApplicationTunnel = wp.binding // a sandwiched waypoint's pod: its inbound binding

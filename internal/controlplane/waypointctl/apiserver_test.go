@@ -103,7 +103,8 @@ func TestControllerOnAPIServer(t *testing.T) {
 		t.Errorf("deployment owners = %v, want the Gateway", o)
 	}
 	pod := dep.Spec.Template.Spec
-	if pod.ServiceAccountName != "waypoint" || len(pod.Containers) != 1 || pod.Containers[0].Image != "registry.example/waypoint:0.1.0" {
+	if pod.ServiceAccountName != "waypoint" || len(pod.Containers) != 1 || pod.Containers[0].Image != "registry.example/waypoint:0.1.0" ||
+		pod.Containers[0].Name != ProxyContainer {
 		t.Fatalf("pod spec = %+v", pod)
 	}
 	env := map[string]string{}
@@ -145,6 +146,11 @@ func TestControllerOnAPIServer(t *testing.T) {
 	svc, err := clients.Kube.CoreV1().Services("demo").Get(ctx, "waypoint", metav1.GetOptions{})
 	if err != nil || svc.Spec.ClusterIP == "" {
 		t.Fatalf("service = %v, %v", svc, err)
+	}
+	// The managed label: istiod and our translation never bind the
+	// waypoint's own Service to a waypoint; istioctl analyze skips it.
+	if svc.Labels[ManagedLabel] != ManagedMeshController {
+		t.Errorf("service labels %v, want %s=%s", svc.Labels, ManagedLabel, ManagedMeshController)
 	}
 
 	programmed := func(want metav1.ConditionStatus) func() bool {

@@ -95,6 +95,11 @@ func TestRenderChartTemplate(t *testing.T) {
 	if l := dep.Spec.Template.Labels; l["istio.io/dataplane-mode"] != "none" || l[GatewayNameLabel] != "waypoint" {
 		t.Errorf("pod labels %v", l)
 	}
+	// What Istio's tools recognise a waypoint by: istioctl analyze skips the
+	// istio-proxy container's UID 1337 and the managed objects.
+	if *c.Name != ProxyContainer || dep.Labels[ManagedLabel] != ManagedMeshController || dep.Spec.Template.Labels[ManagedLabel] != ManagedMeshController {
+		t.Errorf("container %q, labels %v / pod %v: want %s and %s=%s", *c.Name, dep.Labels, dep.Spec.Template.Labels, ProxyContainer, ManagedLabel, ManagedMeshController)
+	}
 }
 
 // TestRenderEnforces: what a template sets for ownership, selection and

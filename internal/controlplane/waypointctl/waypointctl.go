@@ -235,10 +235,25 @@ func (c *Controller) applyCRL(ctx context.Context, ns string, pem []byte) error 
 
 func apply() metav1.ApplyOptions { return metav1.ApplyOptions{FieldManager: FieldManager, Force: true} }
 
-// waypointLabels are the labels of one waypoint's objects and pods.
+// waypointLabels are the labels of one waypoint's objects and pods, as
+// istiod's waypoint deployment sets them: gateway.istio.io/managed marks
+// them as the mesh controller's, so istiod and istioctl analyze treat them
+// as a waypoint (never bound to a waypoint; no port-naming or UID
+// findings) and our translation does too.
 func waypointLabels(gw *gatewayv1.Gateway) map[string]string {
-	return map[string]string{GatewayNameLabel: gw.Name, "istio.io/gateway-name": gw.Name}
+	return map[string]string{GatewayNameLabel: gw.Name, "istio.io/gateway-name": gw.Name, ManagedLabel: ManagedMeshController}
 }
+
+// ManagedLabel and ManagedMeshController: istio/api's
+// gateway.istio.io/managed label and its value for waypoints.
+const (
+	ManagedLabel          = translate.LabelGatewayManaged
+	ManagedMeshController = translate.ManagedMeshController
+)
+
+// ProxyContainer is the waypoint container's name: Istio's tools (istioctl
+// analyze, proxy-status) recognise the proxy container by it.
+const ProxyContainer = "istio-proxy"
 
 // apply is one waypoint: its objects, then its status. With a template
 // (tmpl, or tmplErr if it failed to load) the Deployment is rendered from
@@ -294,7 +309,7 @@ func (c *Controller) builtinDeployment(gw *gatewayv1.Gateway, labels map[string]
 	fieldEnv := func(name, path string) *corev1ac.EnvVarApplyConfiguration {
 		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(path)))
 	}
-	container := corev1ac.Container().WithName("waypoint").WithImage(c.cfg.Image).WithImagePullPolicy(c.cfg.PullPolicy).
+	container := corev1ac.Container().WithName(ProxyContainer).WithImage(c.cfg.Image).WithImagePullPolicy(c.cfg.PullPolicy).
 		WithEnv(
 			corev1ac.EnvVar().WithName("GATEWAY_NAME").WithValue(gw.Name),
 			fieldEnv("POD_NAMESPACE", "metadata.namespace"),

@@ -18,8 +18,10 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/statetest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 func testDeps(t *testing.T) (Deps, *atomic.Int32) {
@@ -43,9 +45,13 @@ func testDeps(t *testing.T) (Deps, *atomic.Int32) {
 			Certs: func() []certmanager.CertDump {
 				return []certmanager.CertDump{{Identity: "spiffe://cluster.local/ns/a/sa/b", State: certmanager.StateAvailable}}
 			},
-			Config:   map[string]string{"nodeName": "node-0"},
-			Version:  "test",
-			Sections: map[string]func() any{KeyWorkloadState: func() any { return map[string]string{"uid-1": "Up"} }},
+			Config:  map[string]string{"nodeName": "node-0"},
+			Version: "test",
+			Pods: func() inpodstate.Dump {
+				return inpodstate.Dump{SnapshotReceived: true, Pods: map[string]inpodstate.PodState{
+					"uid-1": {Info: inpodstate.Workload{UID: "uid-1", Name: "pod-1", Namespace: "ns-0", ServiceAccount: "sa"}, State: inpodstate.StateUp},
+				}}
+			},
 		},
 		Readiness: daemon.NewReadiness(daemon.Task{Name: TaskStateManager, Ready: daemon.Closed(done)}),
 		Shutdown:  func() { shut.Add(1) },
@@ -84,9 +90,9 @@ func TestConfigDump(t *testing.T) {
 		Services      []json.RawMessage                           `json:"services"`
 		Policies      []json.RawMessage                           `json:"policies"`
 		Certificates  []certmanager.CertDump
-		Config        map[string]string `json:"config"`
-		Version       string            `json:"version"`
-		WorkloadState map[string]string `json:"workloadState"`
+		Config        map[string]string                 `json:"config"`
+		Version       string                            `json:"version"`
+		WorkloadState map[string]struct{ State string } `json:"workloadState"`
 	}
 	if err := json.Unmarshal([]byte(body), &d); err != nil {
 		t.Fatalf("%v: %s", err, body)
@@ -100,7 +106,7 @@ func TestConfigDump(t *testing.T) {
 	if len(d.Certificates) != 1 || d.Certificates[0].State != "Available" {
 		t.Errorf("certificates = %+v", d.Certificates)
 	}
-	if d.Config["nodeName"] != "node-0" || d.Version != "test" || d.WorkloadState["uid-1"] != "Up" {
+	if d.Config["nodeName"] != "node-0" || d.Version != "test" || d.WorkloadState["uid-1"].State != "Up" {
 		t.Errorf("config=%v version=%q workloadState=%v", d.Config, d.Version, d.WorkloadState)
 	}
 }
@@ -111,7 +117,7 @@ func TestConfigDumpEmptyListsNotNull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{`"workloads":[]`, `"services":[]`, `"policies":[]`, `"certificates":[]`, `"generation":0`} {
+	for _, k := range []string{`"workloads":[]`, `"services":[]`, `"policies":[]`, `"certificates":[]`, `"workloadState":{}`, `"generation":0`} {
 		if !strings.Contains(string(b), k) {
 			t.Errorf("dump %s lacks %s", b, k)
 		}
@@ -131,7 +137,10 @@ func TestLogging(t *testing.T) {
 		{"GET", "/logging?level=debug", 405, "takes POST", zapcore.InfoLevel},
 		{"POST", "/logging?level=debug", 200, "current log level is debug\n", zapcore.DebugLevel},
 		{"POST", "/logging?level=chatty", 400, "unknown level", zapcore.DebugLevel},
-		{"POST", "/logging", 400, "POST /logging?level=", zapcore.DebugLevel},
+		// istioctl ztunnel-config log without --level posts an empty level:
+		// like Istio's ztunnel, that only reads the level.
+		{"POST", "/logging", 200, "current log level is debug\n", zapcore.DebugLevel},
+		{"POST", "/logging?level=", 200, "current log level is debug\n", zapcore.DebugLevel},
 		{"POST", "/logging?reset", 200, "current log level is info\n", zapcore.InfoLevel},
 		{"PUT", "/logging", 405, "use GET or POST", zapcore.InfoLevel},
 	} {
@@ -156,13 +165,7 @@ func TestQuitQuitQuit(t *testing.T) {
 			t.Errorf("POST = %d %q", code, body)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second) // hang guard only
-	for shut.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if shut.Load() == 0 {
-		t.Error("Shutdown was not called")
-	}
+	testkit.Eventually(t, 10*time.Second, "Shutdown to be called", func() bool { return shut.Load() != 0 })
 	deps.Shutdown = nil
 	if code, _ := do(t, AdminHandler(deps), "POST", "/quitquitquit"); code != 501 {
 		t.Errorf("without Shutdown: %d, want 501", code)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/configdump"
+	"github.com/ztunnel-go/ztunnel-go/internal/node/inpod/inpodstate"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
 
@@ -22,20 +24,30 @@ type StateSource interface {
 	Load() *state.Snapshot
 }
 
-// Dumper assembles /config_dump. State is required; every other field may
-// be nil/empty and is then left out (Certs: an empty list).
+// Dumper assembles /config_dump in Istio's ztunnel shape (package
+// configdump). State is required; every other field may be nil/empty and
+// its section is then empty or left out.
 type Dumper struct {
 	State StateSource
 	// Certs reports certificate state (certmanager.Manager.Dump).
 	Certs func() []certmanager.CertDump
+	// Pods reports the pod proxies (inpod.Manager.Dump) for workloadState.
+	Pods func() inpodstate.Dump
+	// Connections lists the open connections, attributed to the pod
+	// proxies in workloadState.
+	Connections func() []configdump.Connection
+	// Network is the node's network, where a connection's local IP is
+	// looked up to find its pod.
+	Network string
+	// TrustDomain is shown in each workloadState entry's info.
+	TrustDomain string
 	// Config is the static configuration shown under "config"
 	// (*config.Config).
 	Config any
 	// Version is shown under "version".
 	Version string
-	// Sections are extra top-level sections by name, e.g. "workloadState"
-	// (inpod.Manager.Dump). A name that collides with a built-in section is
-	// ignored.
+	// Sections are extra top-level sections by name. A name that collides
+	// with a built-in section is ignored.
 	Sections map[string]func() any
 }
 
@@ -50,24 +62,37 @@ const (
 	KeyConfig        = "config"
 	KeyVersion       = "version"
 	KeyWorkloadState = "workloadState"
+	KeyPodProxies    = "podProxies"
 )
 
 // Build returns the dump as a JSON object: generation, workloads, services
-// and policies of one snapshot, certificates, config, version and the extra
-// sections.
+// (with their endpoints) and policies of one snapshot, certificates,
+// workloadState, config, version and the extra sections.
 func (d *Dumper) Build() map[string]any {
-	snap := d.State.Load().Dump()
+	snap := d.State.Load()
+	wls, svcs, pols := configdump.FromSnapshot(snap)
 	out := map[string]any{
 		KeyGeneration: snap.Generation,
-		KeyWorkloads:  orEmpty(snap.Workloads),
-		KeyServices:   orEmpty(snap.Services),
-		KeyPolicies:   orEmpty(snap.Policies),
+		KeyWorkloads:  wls,
+		KeyServices:   svcs,
+		KeyPolicies:   pols,
 	}
 	var certs []certmanager.CertDump
 	if d.Certs != nil {
 		certs = d.Certs()
 	}
-	out[KeyCertificates] = orEmpty(certs)
+	out[KeyCertificates] = certificates(certs)
+	ws := map[string]configdump.WorkloadState{}
+	if d.Pods != nil {
+		var conns []configdump.Connection
+		if d.Connections != nil {
+			conns = d.Connections()
+		}
+		var pp *configdump.PodProxies
+		ws, pp = configdump.WorkloadStates(d.Pods(), conns, snap, d.Network, d.TrustDomain)
+		out[KeyPodProxies] = pp
+	}
+	out[KeyWorkloadState] = ws
 	if d.Config != nil {
 		out[KeyConfig] = d.Config
 	}
@@ -82,11 +107,20 @@ func (d *Dumper) Build() map[string]any {
 	return out
 }
 
-func orEmpty[T any](s []T) []T {
-	if s == nil {
-		return []T{}
+func certificates(in []certmanager.CertDump) []configdump.Certificate {
+	out := make([]configdump.Certificate, 0, len(in))
+	conv := func(cs []certmanager.CertInfo) []configdump.CertInfo {
+		o := make([]configdump.CertInfo, 0, len(cs))
+		for _, c := range cs {
+			o = append(o, configdump.CertInfo(c))
+		}
+		return o
 	}
-	return s
+	for _, c := range in {
+		out = append(out, configdump.Certificate{Identity: c.Identity, State: c.State, CertChain: conv(c.CertChain),
+			RootCerts: conv(c.RootCerts), LastError: c.LastError, NextRefresh: c.NextRefresh})
+	}
+	return out
 }
 
 // AdminHandler serves the localhost admin endpoints.

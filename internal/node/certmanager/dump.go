@@ -91,7 +91,7 @@ func certInfos(certs []*x509.Certificate) []CertInfo {
 	for _, c := range certs {
 		out = append(out, CertInfo{
 			PEM:            string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})),
-			SerialNumber:   c.SerialNumber.Text(16),
+			SerialNumber:   c.SerialNumber.String(), // decimal, as Istio ztunnel prints it
 			ValidFrom:      c.NotBefore.UTC().Format(time.RFC3339),
 			ExpirationTime: c.NotAfter.UTC().Format(time.RFC3339),
 		})

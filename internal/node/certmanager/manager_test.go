@@ -136,7 +136,7 @@ func TestFetchCachesAndDumps(t *testing.T) {
 		t.Fatalf("dump has %d chain and %d root certs, want 1 and 1", len(d.CertChain), len(d.RootCerts))
 	}
 	leaf := d.CertChain[0]
-	if leaf.SerialNumber != c1.Leaf.SerialNumber.Text(16) ||
+	if leaf.SerialNumber != c1.Leaf.SerialNumber.String() || // decimal, as Istio ztunnel
 		leaf.ValidFrom != start.Format(time.RFC3339) ||
 		leaf.ExpirationTime != start.Add(time.Hour).Format(time.RFC3339) ||
 		!strings.HasPrefix(leaf.PEM, "-----BEGIN CERTIFICATE-----") {

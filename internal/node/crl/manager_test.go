@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // fixture is a CRL file, the roots func over a swappable root list, and a
@@ -103,7 +104,7 @@ func TestNewFirstLoad(t *testing.T) {
 	if _, err := f.manager(t, 0); err == nil || !strings.Contains(err.Error(), f.path) {
 		t.Fatalf("junk: %v, want an error naming the file", err)
 	}
-	f.write(t, pemCRL(newCA(t, "root", nil, newKey(t)).crl(t, 1)))
+	f.write(t, pemCRL(newCA(t, "root", nil).crl(t, 1)))
 	if _, err := f.manager(t, 0); err == nil || !strings.Contains(err.Error(), "not signed by the mesh trust root of that name") {
 		t.Fatalf("CRL of an impostor of the root: %v", err)
 	}
@@ -155,9 +156,9 @@ func TestReloadKeepsLastGood(t *testing.T) {
 
 	bad := map[string][]byte{
 		"junk":                    []byte("-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"),
-		"impostor of the root":    pemCRL(newCA(t, "root", nil, newKey(t)).crl(t, 3)),
+		"impostor of the root":    pemCRL(newCA(t, "root", nil).crl(t, 3)),
 		"certificate not a CRL":   []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
-		"good CRL then a bad one": append(pemCRL(f.root.crl(t, 3)), pemCRL(newCA(t, "root", nil, newKey(t)).crl(t, 1))...),
+		"good CRL then a bad one": append(pemCRL(f.root.crl(t, 3)), pemCRL(newCA(t, "root", nil).crl(t, 1))...),
 	}
 	for name, data := range bad {
 		f.write(t, data)
@@ -212,7 +213,7 @@ func TestRootRotation(t *testing.T) {
 	// The roots rotate to a new one with the old root's name and another
 	// key: the CRL no longer verifies. It is refused, and the revocations
 	// in force stay.
-	f.setRoots(newCA(t, "root", nil, newKey(t)).cert)
+	f.setRoots(newCA(t, "root", nil).cert)
 	if changed, _ := m.reloadIfChanged(); changed {
 		t.Fatal("a CRL of the old root went in force under a new root of its name")
 	}
@@ -253,13 +254,9 @@ func TestRunReloadsOnChange(t *testing.T) {
 	go func() { done <- m.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	f.write(t, pemCRL(f.root.crl(t, 2, f.client.SerialNumber)))
-	deadline := time.Now().Add(5 * time.Second)
-	for m.CheckPeer([]*x509.Certificate{f.client}, true) == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("Run did not pick up the new CRL")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 5*time.Second, "Run to pick up the new CRL", func() bool {
+		return m.CheckPeer([]*x509.Certificate{f.client}, true) != nil
+	})
 }
 
 func TestWatchPeerClosesRevoked(t *testing.T) {

@@ -57,8 +57,8 @@ func parse1(t *testing.T, der []byte) []*x509.RevocationList {
 
 func TestVerify(t *testing.T) {
 	root, other := newRoot(t, "root"), newRoot(t, "other root")
-	impostor := newCA(t, "root", nil, newKey(t)) // same name as root, another key
-	inter := newCA(t, "intermediate", root, newKey(t))
+	impostor := newCA(t, "root", nil) // same name as root, another key
+	inter := newCA(t, "intermediate", root)
 	for _, tc := range []struct {
 		name    string
 		crl     []byte
@@ -106,7 +106,7 @@ func TestVerify(t *testing.T) {
 
 func TestRevoked(t *testing.T) {
 	root, other := newRoot(t, "root"), newRoot(t, "other root")
-	inter := newCA(t, "intermediate", root, newKey(t))
+	inter := newCA(t, "intermediate", root)
 	client := root.leaf(t, "spiffe://cluster.local/ns/a/sa/client")
 	server := root.leaf(t, "spiffe://cluster.local/ns/a/sa/server")
 	viaInter := inter.leaf(t, "spiffe://cluster.local/ns/a/sa/deep")
@@ -177,8 +177,8 @@ func BenchmarkRevoked(b *testing.B) {
 // intermediate itself.
 func TestRevokedByIntermediate(t *testing.T) {
 	root := newRoot(t, "root")
-	inter := newCA(t, "intermediate", root, newKey(t))
-	forger := newCA(t, "intermediate", nil, newKey(t)) // the intermediate's name, another key
+	inter := newCA(t, "intermediate", root)
+	forger := newCA(t, "intermediate", nil) // the intermediate's name, another key
 	deep := inter.leaf(t, "spiffe://cluster.local/ns/a/sa/deep")
 	fine := inter.leaf(t, "spiffe://cluster.local/ns/a/sa/fine")
 	rootLeaf := root.leaf(t, "spiffe://cluster.local/ns/a/sa/direct")
@@ -247,8 +247,8 @@ func TestRevokedByIntermediate(t *testing.T) {
 // CRL's CA is found by who signed the leaf, not by position or name.
 func TestRevokedByIntermediateDecoy(t *testing.T) {
 	root := newRoot(t, "root")
-	inter := newCA(t, "intermediate", root, newKey(t))
-	decoy := newCA(t, "intermediate", nil, newKey(t))
+	inter := newCA(t, "intermediate", root)
+	decoy := newCA(t, "intermediate", nil)
 	revoked := inter.leaf(t, "spiffe://cluster.local/ns/a/sa/revoked")
 	s, err := Verify(parse1(t, inter.crl(t, 1, revoked.SerialNumber)), []*x509.Certificate{root.cert})
 	if err != nil {

@@ -511,6 +511,17 @@ func (in *interner) service(ps *workloadapi.Service) (*Service, error) {
 			}
 			s.AliasOf = sv.GetValue()
 		}
+		if ext.Name == ExportToExtension {
+			var sv wrapperspb.StringValue
+			if err := e.GetConfig().UnmarshalTo(&sv); e.GetConfig() == nil || err != nil {
+				return nil, ferr(field+".config", "want google.protobuf.StringValue for %s", ExportToExtension)
+			}
+			for _, n := range strings.Split(sv.GetValue(), ",") {
+				if n != "" {
+					s.ExportTo = append(s.ExportTo, in.intern(n))
+				}
+			}
+		}
 		s.Extensions = append(s.Extensions, ext)
 	}
 	return s, nil

@@ -28,28 +28,53 @@ func (snap *Snapshot) WorkloadByIP(network string, ip netip.Addr) *Workload {
 // ServiceByVIP returns the service with VIP ip on network, or nil. An exact
 // VIP comes first; among several services sharing it, one in
 // preferNamespace wins ("" = no preference), else a canonical one, else the
-// one with the smallest key. Only when no service has the exact IP are CIDR
-// VIPs consulted, ranked as upstream ztunnel ranks them: a service in
-// preferNamespace, then the longest prefix, then canonical, then the
-// smallest key (so a wider CIDR of the client's namespace beats a narrower
-// one of another namespace). With a preferNamespace, services visible only
-// to their own namespace (VisibilityNamespace) of another namespace are
-// skipped, as upstream does for the client's namespace. It does not
-// allocate.
+// one with the smallest key. CIDR VIPs are consulted only for an address
+// nobody owns: not a service's exact VIP (even one hidden from
+// preferNamespace) and not a workload's IP (host-network workloads
+// included, so node addresses too). A ServiceEntry range is a tenant's
+// statement about addresses outside the mesh; it must never capture a pod,
+// a node or another tenant's Service, whatever it covers (0.0.0.0/0
+// included). Among the ranges containing ip they are ranked as upstream
+// ztunnel ranks them: a service in preferNamespace, then the longest
+// prefix, then canonical, then the smallest key (so a wider CIDR of the
+// client's namespace beats a narrower one of another namespace; the control
+// plane refuses cross-namespace overlaps, so this ordering only decides
+// between one namespace's own entries). With a preferNamespace, services
+// not exported to it are skipped. It does not allocate.
 func (snap *Snapshot) ServiceByVIP(network string, ip netip.Addr, preferNamespace string) *Service {
 	ip = ip.Unmap()
 	if svcs, ok := snap.serviceVIP.get(netAddr{network, ip}); ok {
-		if s := pickService(svcs, preferNamespace); s != nil {
-			return s
-		}
+		// Held by a service: never a range's, even when the client may
+		// not see the holder.
+		return pickService(svcs, preferNamespace)
+	}
+	if snap.servicePfx.empty() || snap.ownedByWorkload(network, ip) {
+		return nil
 	}
 	return snap.servicePfx.lookup(network, ip, preferNamespace)
 }
 
-// hidden reports whether s is invisible to clients of namespace ns.
-func hidden(s *Service, ns string) bool {
-	return ns != "" && s.Visibility == VisibilityNamespace && s.Namespace != ns
+// ServiceByExactVIP is ServiceByVIP without ranges: the service whose VIP is
+// exactly ip, or nil.
+func (snap *Snapshot) ServiceByExactVIP(network string, ip netip.Addr, preferNamespace string) *Service {
+	if svcs, ok := snap.serviceVIP.get(netAddr{network, ip.Unmap()}); ok {
+		return pickService(svcs, preferNamespace)
+	}
+	return nil
 }
+
+// ownedByWorkload reports whether a workload (host-network ones included)
+// has ip on network.
+func (snap *Snapshot) ownedByWorkload(network string, ip netip.Addr) bool {
+	if _, ok := snap.workloadIP.get(netAddr{network, ip}); ok {
+		return true
+	}
+	_, ok := snap.hostIP.get(netAddr{network, ip})
+	return ok
+}
+
+// hidden reports whether s is invisible to clients of namespace ns.
+func hidden(s *Service, ns string) bool { return !s.VisibleTo(ns) }
 
 // pickService picks from services sorted by key: preferNamespace, then
 // canonical, then the first; nil when none is visible.
@@ -180,6 +205,8 @@ func newPrefixTable(vips []prefixVIP) prefixTable {
 	}
 	return t
 }
+
+func (t *prefixTable) empty() bool { return len(t.groups) == 0 }
 
 // vips returns the table's CIDR VIPs (a new slice, for a builder to edit).
 func (t *prefixTable) vips() []prefixVIP {

@@ -5,6 +5,9 @@ import (
 	"net/netip"
 	"testing"
 
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 )
 
@@ -200,4 +203,83 @@ func keyOf(s *Service) string {
 		return ""
 	}
 	return s.Key
+}
+
+// TestServiceByVIPRangeSkipsOwned: a range never answers for an address a
+// workload holds (host-network ones too: node addresses), nor for a
+// service's exact VIP, also one hidden from the asking namespace; removing
+// the owner hands the address back to the range.
+func TestServiceByVIPRangeSkipsOwned(t *testing.T) {
+	s := NewStore()
+	hostNet := func(w *workloadapi.Workload) { w.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK }
+	private := func(s *workloadapi.Service) { s.Visibility = workloadapi.Service_NAMESPACE }
+	mustApply(t, s,
+		cidrSvc("evil", "all.example", []string{"0.0.0.0/0"}),
+		pod("victim", "web-0", "10.0.0.2"),
+		pod("kube-system", "node-agent", "172.18.0.2", hostNet),
+		pod("kube-system", "node-exporter", "172.18.0.2", hostNet),
+		svcOpts("victim", "db", "10.96.0.11", []uint32{5432, 5432}, private),
+	)
+	snap := s.Load()
+	for _, tc := range []struct{ ip, ns, want string }{
+		{"10.0.0.2", "", ""},
+		{"10.0.0.2", "evil", ""},
+		{"172.18.0.2", "evil", ""},
+		{"10.96.0.11", "evil", ""}, // hidden from evil, still not evil's range
+		{"10.96.0.11", "victim", "db.victim.svc.cluster.local"},
+		{"10.0.0.99", "evil", "all.example"},
+	} {
+		got := ""
+		if svc := snap.ServiceByVIP("", ip(tc.ip), tc.ns); svc != nil {
+			got = svc.Hostname
+		}
+		if got != tc.want {
+			t.Errorf("ServiceByVIP(%s) from %q = %q, want %q", tc.ip, tc.ns, got, tc.want)
+		}
+	}
+	// One host-network workload leaving keeps the node address owned; the
+	// last one leaving frees it.
+	if err := s.ApplyAddresses(nil, []string{uid("kube-system", "node-agent")}); err != nil {
+		t.Fatal(err)
+	}
+	if svc := s.Load().ServiceByVIP("", ip("172.18.0.2"), "evil"); svc != nil {
+		t.Errorf("node address taken by %s while a host-network workload still has it", svc.Key)
+	}
+	if err := s.ApplyAddresses(nil, []string{uid("kube-system", "node-exporter"), uid("victim", "web-0")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"172.18.0.2", "10.0.0.2"} {
+		if svc := s.Load().ServiceByVIP("", ip(a), "evil"); svc == nil || svc.Hostname != "all.example" {
+			t.Errorf("%s after its owners left: %v, want the range", a, svc)
+		}
+	}
+}
+
+// TestServiceExportToExtension: a NAMESPACE service widened by the
+// export-to extension is seen by the namespaces it lists and its own, by
+// no other; a malformed extension is refused, not read as PUBLIC.
+func TestServiceExportToExtension(t *testing.T) {
+	cfg, err := anypb.New(wrapperspb.String("team-b,team-c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := func(s *workloadapi.Service) {
+		s.Visibility = workloadapi.Service_NAMESPACE
+		s.Extensions = append(s.Extensions, &workloadapi.Extension{Name: ExportToExtension, Config: cfg})
+	}
+	s := NewStore()
+	mustApply(t, s, svcOpts("team-a", "web", "10.96.0.1", []uint32{80, 80}, shared))
+	snap := s.Load()
+	for ns, want := range map[string]bool{"team-a": true, "team-b": true, "team-c": true, "team-d": false, "": true} {
+		if got := snap.ServiceByVIP("", ip("10.96.0.1"), ns) != nil; got != want {
+			t.Errorf("visible to %q: %v, want %v", ns, got, want)
+		}
+	}
+	bad := func(s *workloadapi.Service) {
+		s.Visibility = workloadapi.Service_NAMESPACE
+		s.Extensions = append(s.Extensions, &workloadapi.Extension{Name: ExportToExtension})
+	}
+	if err := s.ApplyAddresses(addrs(svcOpts("team-a", "api", "10.96.0.2", []uint32{80, 80}, bad)), nil); err == nil {
+		t.Error("export-to extension without config accepted")
+	}
 }

@@ -18,8 +18,9 @@ type Snapshot struct {
 
 	changed chan struct{} // closed when this snapshot is replaced
 
-	workloads  *shardMap[string, *Workload]  // by UID
-	workloadIP *shardMap[netAddr, *Workload] // by (network, IP); never host-network workloads
+	workloads  *shardMap[string, *Workload]    // by UID
+	workloadIP *shardMap[netAddr, *Workload]   // by (network, IP); never host-network workloads
+	hostIP     *shardMap[netAddr, []*Workload] // host-network workloads by (network, node IP); only to keep ranges off them
 	byNode     *shardMap[string, []*Workload]
 	endpoints  *shardMap[string, []Endpoint] // by service key "ns/hostname"
 
@@ -39,6 +40,7 @@ func emptySnapshot() *Snapshot {
 		changed:    make(chan struct{}),
 		workloads:  newShardMap[string, *Workload](hashString),
 		workloadIP: newShardMap[netAddr, *Workload](hashNetAddr),
+		hostIP:     newShardMap[netAddr, []*Workload](hashNetAddr),
 		byNode:     newShardMap[string, []*Workload](hashString),
 		endpoints:  newShardMap[string, []Endpoint](hashString),
 		services:   newShardMap[string, *Service](hashString),
@@ -68,6 +70,7 @@ type builder struct {
 
 	workloads  shardEditor[string, *Workload]
 	workloadIP shardEditor[netAddr, *Workload]
+	hostIP     listEditor[netAddr, *Workload]
 	byNode     listEditor[string, *Workload]
 	endpoints  listEditor[string, Endpoint]
 	services   shardEditor[string, *Service]
@@ -83,6 +86,7 @@ func newBuilder(old *Snapshot) *builder {
 	b := &builder{old: old}
 	b.workloads.init(old.workloads)
 	b.workloadIP.init(old.workloadIP)
+	b.hostIP.init(old.hostIP, workloadID, false)
 	b.byNode.init(old.byNode, workloadID, true)
 	b.endpoints.init(old.endpoints, endpointID, false)
 	b.services.init(old.services)
@@ -103,6 +107,7 @@ func (b *builder) finish() *Snapshot {
 		changed:    make(chan struct{}),
 		workloads:  b.workloads.result(),
 		workloadIP: b.workloadIP.result(),
+		hostIP:     b.hostIP.result(),
 		byNode:     b.byNode.result(),
 		endpoints:  b.endpoints.result(),
 		services:   b.services.result(),
@@ -119,8 +124,10 @@ func (b *builder) upsertWorkload(w *Workload) {
 		b.unindexWorkload(old)
 	}
 	b.workloads.set(w.UID, w)
-	if !w.HostNetwork {
-		for _, ip := range w.Addresses {
+	for _, ip := range w.Addresses {
+		if w.HostNetwork {
+			b.hostIP.add(netAddr{w.Network, ip}, w)
+		} else {
 			b.workloadIP.set(netAddr{w.Network, ip}, w)
 		}
 	}
@@ -147,12 +154,12 @@ func (b *builder) removeWorkload(uid string) {
 // dropped if it still points at old (another workload may have claimed the
 // IP since).
 func (b *builder) unindexWorkload(old *Workload) {
-	if !old.HostNetwork {
-		for _, ip := range old.Addresses {
-			k := netAddr{old.Network, ip}
-			if cur, ok := b.workloadIP.get(k); ok && cur == old {
-				b.workloadIP.delete(k)
-			}
+	for _, ip := range old.Addresses {
+		k := netAddr{old.Network, ip}
+		if old.HostNetwork {
+			b.hostIP.remove(k, old.UID)
+		} else if cur, ok := b.workloadIP.get(k); ok && cur == old {
+			b.workloadIP.delete(k)
 		}
 	}
 	if old.Node != "" {

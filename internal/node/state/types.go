@@ -177,12 +177,39 @@ type Service struct {
 	Canonical          bool           `json:"canonical,omitempty"`
 	IngressUseWaypoint bool           `json:"ingressUseWaypoint,omitempty"`
 	Visibility         Visibility     `json:"visibility"`
+	// ExportTo are the namespaces besides its own that may see a
+	// VisibilityNamespace service (exportTo naming other namespaces), from
+	// the extension ExportToExtension; nil for most services.
+	ExportTo []string `json:"exportTo,omitempty"`
 	// Extensions are kept raw (name, type URL, bytes) for consumers that know
 	// them.
 	Extensions []Extension `json:"extensions,omitempty"`
 	// AliasOf is the target hostname of an ExternalName alias, from the
 	// extension ExternalNameAliasExtension; "" when the service is no alias.
 	AliasOf string `json:"aliasOf,omitempty"`
+}
+
+// ExportToExtension is the Service extension our control plane uses to
+// widen a NAMESPACE-visible service to further namespaces (exportTo:
+// [".", "team-b"]): its config is a google.protobuf.StringValue holding
+// the namespaces, comma-separated. Istio's workload API has only PUBLIC
+// and NAMESPACE; a node proxy that does not know the extension sees the
+// narrower NAMESPACE, which fails closed.
+const ExportToExtension = "ztunnel-go.io/export-to"
+
+// VisibleTo reports whether clients in namespace ns may see s (resolve it
+// by DNS, route to it as that service). ns "" (an unknown client) sees
+// everything, as before visibility existed.
+func (s *Service) VisibleTo(ns string) bool {
+	if ns == "" || s.Visibility != VisibilityNamespace || s.Namespace == ns {
+		return true
+	}
+	for _, n := range s.ExportTo {
+		if n == ns {
+			return true
+		}
+	}
+	return false
 }
 
 // ExternalNameAliasExtension is the Service extension our control plane uses

@@ -88,8 +88,10 @@ type Server struct {
 
 // Start starts etcd and kube-apiserver on free loopback ports and returns
 // once /readyz answers (a few seconds). It fails t when anything goes wrong.
+// Under `go test -short` it skips t.
 func Start(t testkit.TB, opts Options) *Server {
 	t.Helper()
+	testkit.SkipShort(t, "the Kubernetes binaries (etcd, kube-apiserver)")
 	if opts.Issuer == "" {
 		opts.Issuer = DefaultIssuer
 	}

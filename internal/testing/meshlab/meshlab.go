@@ -73,6 +73,8 @@ type Options struct {
 	// build` puts them in bin/). "" means go build them into a temporary
 	// directory (the Go build cache makes repeats cheap).
 	BinDir string
+	// CPArgs are extra ztunnel-cp flags (e.g. --jwks-allow-http).
+	CPArgs []string
 	// Examples are YAML files or directories (*.yaml) of ordinary
 	// Kubernetes objects to load after the mesh is up; see LoadYAML. nil
 	// means none.
@@ -258,10 +260,10 @@ func (m *Mesh) startCP(ctx context.Context) error {
 	if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		return fmt.Errorf("meshlab: %w", err)
 	}
-	p, err := n0.Start(testcluster.Process{Name: "ztunnel-cp", Path: m.bin(BinCP), Args: []string{
+	p, err := n0.Start(testcluster.Process{Name: "ztunnel-cp", Path: m.bin(BinCP), Args: append([]string{
 		"--config-dir", m.rootDir, "--listen", m.CPAddr.String(), "--state-dir", stateDir,
 		"--node-tokens", tokens, "--trust-domain", m.opts.TrustDomain, "--admin", CPAdminAddr,
-	}})
+	}, m.opts.CPArgs...)})
 	if err != nil {
 		return err
 	}

@@ -58,6 +58,12 @@ type Options struct {
 	Images []string
 	// Logf receives progress lines; nil discards them.
 	Logf func(string, ...any)
+	// Detach lets the components outlive the process that started them
+	// (make node-up leaves the node for a person to use): they are not
+	// killed when it exits, and Clean (make node-down) ends them. Without
+	// it they die with the starting process, so a killed test run leaves
+	// nothing running.
+	Detach bool
 }
 
 // Node is a running single-node cluster.
@@ -88,6 +94,9 @@ func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
 	}
 	return string(out), nil
 }
+
+// ContainerdSocket is the node's containerd socket (ctr -a, crictl -r).
+const ContainerdSocket = containerdSocket
 
 // Ctr runs containerd's ctr in the CRI namespace.
 func Ctr(ctx context.Context, args ...string) (string, error) {
@@ -446,6 +455,11 @@ func (n *Node) spawn(name, bin string, args ...string) (*proc, error) {
 	// shims left behind). Pdeathsig fires when the starting *thread* ends,
 	// so the child is started and waited for on a thread locked for its life.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if n.opts.Detach {
+		// A session of its own: no signal of the starting terminal
+		// (Ctrl-C, hangup) reaches it.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
 	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {

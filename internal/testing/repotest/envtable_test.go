@@ -30,7 +30,7 @@ var istioZtunnelEnv = []string{
 	"ZTUNNEL_CPU_LIMIT", "ZTUNNEL_RESOURCE_CPU_LIMIT", "ZTUNNEL_RESOURCE_CPU_REQUEST", "ZTUNNEL_WORKER_THREADS",
 }
 
-// TestEnvTable: README's node-proxy environment table names every variable
+// TestEnvTable: the node-proxy environment table of docs/configuration.md names every variable
 // Istio's ztunnel reads (honoured or not), and every variable
 // internal/node/config reads is either in that table as honoured or in its
 // "Ours only" line.
@@ -39,14 +39,14 @@ func TestEnvTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "configuration.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(readme)
-	start := strings.Index(text, "### Node proxy environment")
+	text := string(doc)
+	start := strings.Index(text, "## Node proxy environment")
 	if start < 0 {
-		t.Fatal("README has no \"### Node proxy environment\" section")
+		t.Fatal("docs/configuration.md has no \"## Node proxy environment\" section")
 	}
 	section := text[start:]
 	if end := strings.Index(section[4:], "\n## "); end >= 0 {
@@ -73,7 +73,7 @@ func TestEnvTable(t *testing.T) {
 	}
 	for _, v := range istioZtunnelEnv {
 		if !honoured[v] && !notHonoured[v] {
-			t.Errorf("README's environment table lacks Istio's %s", v)
+			t.Errorf("docs/configuration.md's environment table lacks Istio's %s", v)
 		}
 	}
 	src, err := os.ReadFile(filepath.Join(root, "internal", "node", "config", "config.go"))
@@ -94,10 +94,10 @@ func TestEnvTable(t *testing.T) {
 	}
 	for _, v := range read {
 		if !honoured[v] && !ours[v] {
-			t.Errorf("internal/node/config reads %s, but README lists it neither as honoured nor under \"Ours only\"", v)
+			t.Errorf("internal/node/config reads %s, but docs/configuration.md lists it neither as honoured nor under \"Ours only\"", v)
 		}
 		if notHonoured[v] {
-			t.Errorf("README says %s is not honoured, but internal/node/config reads it", v)
+			t.Errorf("docs/configuration.md says %s is not honoured, but internal/node/config reads it", v)
 		}
 	}
 	for v := range ours {

@@ -6,6 +6,8 @@ package roottest
 import (
 	"os"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // EnvRequireRoot names the environment variable that turns a missing root
@@ -15,8 +17,11 @@ const EnvRequireRoot = "ZTG_REQUIRE_ROOT"
 
 // Require skips t when the process is not root, or fails it when
 // ZTG_REQUIRE_ROOT=1 is set.
+// Under `go test -short` it always skips, root or not: the fast loop makes no
+// namespaces and changes no firewall.
 func Require(t testing.TB) {
 	t.Helper()
+	testkit.SkipShort(t, "root and network namespaces")
 	if os.Geteuid() == 0 {
 		return
 	}

@@ -147,9 +147,11 @@ func Build(outDir string, names ...string) ([]string, error) {
 // fails, logs what it built and how long that took, and returns outDir. Pass
 // t.TempDir() for binaries of one test, or a directory the whole test
 // process shares (made and removed in TestMain) to build each command once
-// per process.
+// per process. Under `go test -short` it skips t.
 func BuildBinaries(t TB, outDir string, names ...string) string {
 	t.Helper()
+	// A cold build takes minutes and even a warm one links for seconds.
+	SkipShort(t, "a build of cmd/"+strings.Join(names, ", cmd/"))
 	start := time.Now()
 	did, err := Build(outDir, names...)
 	if err != nil {

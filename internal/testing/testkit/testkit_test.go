@@ -50,6 +50,49 @@ func TestEventuallyFailsNamingWhat(t *testing.T) {
 	}
 }
 
+func TestEventuallyErrReportsTheLastError(t *testing.T) {
+	r := &recorder{}
+	var calls int
+	EventuallyErr(r, 30*time.Millisecond, "the answer", func() error { calls++; return fmt.Errorf("saw %d", calls) })
+	if len(r.fatal) != 1 || !strings.Contains(r.fatal[0], "waiting for the answer: saw ") ||
+		!strings.HasSuffix(r.fatal[0], fmt.Sprintf("saw %d", calls)) {
+		t.Errorf("fatal = %q after %d calls, want one naming what and the last error", r.fatal, calls)
+	}
+	r = &recorder{}
+	calls = 0
+	EventuallyErr(r, 10*time.Second, "the second call", func() error {
+		if calls++; calls < 2 {
+			return fmt.Errorf("first")
+		}
+		return nil
+	})
+	if len(r.fatal) != 0 || calls != 2 {
+		t.Errorf("fatal=%q after %d calls, want none after 2", r.fatal, calls)
+	}
+}
+
+// skipRecorder is a TB that records a Skip.
+type skipRecorder struct {
+	recorder
+	skipped []any
+}
+
+func (s *skipRecorder) Skip(args ...any) { s.skipped = args }
+
+func TestSkipShort(t *testing.T) {
+	s := &skipRecorder{}
+	SkipShort(s, "a kernel")
+	if testing.Short() {
+		if len(s.skipped) != 1 || s.skipped[0] != "short: needs a kernel" {
+			t.Errorf("under -short: skipped %q, want \"short: needs a kernel\"", s.skipped)
+		}
+	} else if s.skipped != nil {
+		t.Errorf("without -short: skipped %q", s.skipped)
+	}
+	// A TB without Skip, the programs' one, runs on.
+	SkipShort(&recorder{}, "a kernel")
+}
+
 func TestProgram(t *testing.T) {
 	var out bytes.Buffer
 	p := NewProgram("prog", &out)
@@ -102,6 +145,7 @@ func TestModuleRoot(t *testing.T) {
 }
 
 func TestBuild(t *testing.T) {
+	SkipShort(t, "builds of cmd/zctl")
 	dir := t.TempDir()
 	BuildBinaries(t, dir, "zctl")
 	bin := filepath.Join(dir, "zctl")

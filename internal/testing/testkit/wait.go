@@ -32,3 +32,25 @@ func Eventually(t TB, timeout time.Duration, what string, cond func() bool) {
 		time.Sleep(min(wait, left))
 	}
 }
+
+// EventuallyErr polls check until it returns nil, as Eventually does, and
+// fails t with check's last error when timeout passes first.
+// The error says what the test last saw, so a timeout reads
+// "timed out after 5s waiting for the rotated roots: serving the old root"
+// rather than only naming the wait.
+func EventuallyErr(t TB, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	var last error
+	deadline := time.Now().Add(timeout)
+	for wait := minPoll; ; wait = min(2*wait, maxPoll) {
+		if last = check(); last == nil {
+			return
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, last)
+			return // a TB whose Fatalf returns
+		}
+		time.Sleep(min(wait, left))
+	}
+}

@@ -51,23 +51,35 @@ type Result struct {
 	DstName, DstNamespace, DstPrincipal string
 }
 
-// Route picks the endpoint for a request to dst: through the service's
-// routes (weighted backends) when table is not nil (HTTP to a bound
-// service with routes), else the addressed service or workload itself.
-// Result.Rule is set as soon as a rule matched, even when routing then
-// fails. An error is a *stream.Refusal.
-func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, req *http.Request) (Result, error) {
+// Route picks the endpoint for a request to dst from a client in
+// namespace clientNs (the namespace of its verified peer identity, which
+// consumer routes are matched against): through the service's routes
+// (weighted backends) when table is not nil (HTTP to a bound service with
+// routes) and one applies to the request, else the addressed service or
+// workload itself. Result.Rule is set as soon as a rule matched, even when
+// routing then fails. An error is a *stream.Refusal.
+func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, req *http.Request, clientNs string) (Result, error) {
 	var res Result
 	host, ns, port := "", "", dst.Port()
 	var pol *backend // a backend with a DestinationRule policy
 	if table != nil {
-		res.Rule = table.pick(req)
-		if res.Rule == nil {
+		rule, routed := table.pick(req, clientNs, dst.Port())
+		res.Rule = rule
+		switch {
+		case !routed:
+			table = nil // no route applies to this client or port
+		case rule == nil:
 			return res, &stream.Refusal{Code: http.StatusNotFound, Msg: "no HTTPRoute rule matches"}
 		}
+	}
+	if table != nil {
 		b, ok := res.Rule.choose(rt.rand(max(res.Rule.total, 1)))
 		if !ok {
 			return res, &stream.Refusal{Code: http.StatusInternalServerError, Msg: "route rule has no backend with weight"}
+		}
+		if b.refused != "" {
+			// Gateway API: a request routed to an invalid backendRef gets 500.
+			return res, &stream.Refusal{Code: http.StatusInternalServerError, Msg: "backend refused by the control plane: " + b.refused}
 		}
 		host, ns = b.hostname, b.namespace
 		if b.port != 0 {

@@ -3,6 +3,7 @@ package routing
 import (
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,6 +12,9 @@ import (
 
 // backend is one weighted destination of a route rule.
 type backend struct {
+	// refused: why the control plane refused this backendRef (no
+	// ReferenceGrant, unknown kind, missing object); its share is 500.
+	refused             string
 	hostname, namespace string
 	port                uint16 // 0: the port the client addressed
 	weight              uint32
@@ -55,8 +59,14 @@ type mirror struct {
 
 // Rule is one compiled route rule.
 type Rule struct {
-	mirrors  []mirror
-	route    string // ns/name
+	mirrors []mirror
+	route   string // ns/name
+	// clientNs: a consumer route's namespace, the only one whose clients
+	// it applies to ("": a producer route, every client).
+	clientNs string
+	// ports the route is scoped to (parentRefs port/sectionName); nil:
+	// every port.
+	ports    []uint32
 	matches  []routeMatch
 	modifers []*waypointapi.HeaderModifier
 	backends []backend
@@ -75,6 +85,9 @@ type Table struct {
 	// firstMatch: VirtualService rules, which Istio evaluates in order
 	// (the first matching rule wins), not by Gateway API specificity.
 	firstMatch bool
+	// scoped: some rule is a consumer route's or port-scoped, so each
+	// request first selects the rules that apply to it (applicable).
+	scoped bool
 }
 
 // Compile compiles a service's routes (nil: none, the service itself
@@ -87,7 +100,9 @@ func Compile(routes []*waypointapi.Route) *Table {
 	for _, r := range routes {
 		t.firstMatch = t.firstMatch || r.GetKind() == "VirtualService"
 		for _, rr := range r.GetRules() {
-			cr := &Rule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers(), fault: compileFault(rr.GetFault())}
+			cr := &Rule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers(), fault: compileFault(rr.GetFault()),
+				clientNs: r.GetClientNamespace(), ports: r.GetPorts()}
+			t.scoped = t.scoped || cr.clientNs != "" || len(cr.ports) > 0
 			for _, m := range rr.GetMatches() {
 				cm := routeMatch{pathType: m.GetPath().GetType(), path: m.GetPath().GetValue(), method: m.GetMethod()}
 				if m.GetPath() == nil {
@@ -114,7 +129,7 @@ func Compile(routes []*waypointapi.Route) *Table {
 			}
 			for _, b := range rr.GetBackends() {
 				cb := backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), weight: b.GetWeight(),
-					policy: compileBackendPolicy(b)}
+					policy: compileBackendPolicy(b), refused: b.GetRefused()}
 				if b.GetMissingSubset() {
 					cb.missingSubset = b.GetSubset()
 				}
@@ -123,6 +138,9 @@ func Compile(routes []*waypointapi.Route) *Table {
 			}
 			for _, m := range rr.GetMirrors() {
 				b := m.GetBackend()
+				if b.GetRefused() != "" {
+					continue // no copy to a backend the control plane refused
+				}
 				mb := backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), policy: compileBackendPolicy(b)}
 				if b.GetMissingSubset() {
 					mb.missingSubset = b.GetSubset()
@@ -236,27 +254,60 @@ func less(a, b [5]int) bool {
 	return false
 }
 
-// pick returns the rule for r: the most specific matching match, ties to
-// the earlier rule (VirtualService rules: the first that matches). nil: no
-// rule matches (404).
-func (t *Table) pick(r *http.Request) *Rule {
-	var best *Rule
+// applicable selects the routes that apply to a request from a client in
+// namespace clientNs (from its peer identity) to port, as Gateway API's
+// mesh binding says: routes not scoped to another port; of those, the
+// consumer routes of the client's namespace when there are any (they
+// replace the producer routes for that namespace's clients), else the
+// producer routes. Never a consumer route of another namespace: a route
+// a tenant writes for someone else's Service affects only that tenant's
+// own clients.
+func (t *Table) applicable(rule *Rule, clientNs string, port uint16, consumer bool) bool {
+	if len(rule.ports) > 0 && !slices.Contains(rule.ports, uint32(port)) {
+		return false
+	}
+	if consumer {
+		return rule.clientNs == clientNs
+	}
+	return rule.clientNs == ""
+}
+
+// pick returns the rule for r from a client in namespace clientNs to
+// port: among the applicable rules, the most specific matching match,
+// ties to the earlier rule (VirtualService rules: the first that
+// matches). nil with routed true: no applicable rule matches (404); routed
+// false: no route applies to this request at all (the service itself
+// takes it).
+func (t *Table) pick(r *http.Request, clientNs string, port uint16) (best *Rule, routed bool) {
+	consumer := false
+	if t.scoped {
+		for _, rule := range t.rules {
+			if clientNs != "" && rule.clientNs == clientNs && t.applicable(rule, clientNs, port, true) {
+				consumer = true
+				break
+			}
+		}
+	}
 	var bestSpec [5]int
 	for _, rule := range t.rules {
+		if t.scoped && !t.applicable(rule, clientNs, port, consumer) {
+			continue
+		}
+		routed = true
 		for i := range rule.matches {
 			m := &rule.matches[i]
 			if !m.matches(r) {
 				continue
 			}
 			if t.firstMatch {
-				return rule
+				return rule, true
 			}
 			if s := m.specificity(); best == nil || less(bestSpec, s) {
 				best, bestSpec = rule, s
 			}
 		}
 	}
-	return best
+	return best, routed
 }
 
 // choose picks a backend by weight with n a random number in [0, total).

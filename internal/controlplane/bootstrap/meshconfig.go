@@ -1,0 +1,53 @@
+package bootstrap
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+)
+
+// LoadMeshConfig reads an Istio MeshConfig (YAML or JSON, the format of
+// istiod's "mesh" ConfigMap key and of Helm's meshConfig value) and copies
+// the fields this control plane honours into cfg: defaultServiceExportTo,
+// defaultVirtualServiceExportTo, defaultDestinationRuleExportTo and
+// serviceEntryVisibility. Other fields are Istio's and ignored here. A file
+// that does not parse is an error: starting with everything public instead
+// would widen what the operator narrowed.
+func LoadMeshConfig(path string, cfg *translate.Config) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("mesh config: %w", err)
+	}
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return fmt.Errorf("mesh config %s: %w", path, err)
+	}
+	// Only the honoured fields are decoded, strictly: an unknown
+	// visibility name must fail, not be dropped (DiscardUnknown would).
+	var all map[string]json.RawMessage
+	if err := json.Unmarshal(j, &all); err != nil {
+		return fmt.Errorf("mesh config %s: %w", path, err)
+	}
+	ours := map[string]json.RawMessage{}
+	for _, k := range []string{"defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "serviceEntryVisibility"} {
+		if v, ok := all[k]; ok {
+			ours[k] = v
+		}
+	}
+	sub, _ := json.Marshal(ours) // raw messages: cannot fail
+	var mc meshv1alpha1.MeshConfig
+	if err := protojson.Unmarshal(sub, &mc); err != nil {
+		return fmt.Errorf("mesh config %s: %w", path, err)
+	}
+	cfg.DefaultServiceExportTo = mc.GetDefaultServiceExportTo()
+	cfg.DefaultVirtualServiceExportTo = mc.GetDefaultVirtualServiceExportTo()
+	cfg.DefaultDestinationRuleExportTo = mc.GetDefaultDestinationRuleExportTo()
+	cfg.ServiceEntryVisibility = mc.GetServiceEntryVisibility()
+	return nil
+}
