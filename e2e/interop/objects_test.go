@@ -26,6 +26,13 @@ metadata:
 apiVersion: v1
 kind: Namespace
 metadata:
+  name: samples
+  labels:
+    istio.io/dataplane-mode: ambient
+---
+apiVersion: v1
+kind: Namespace
+metadata:
   name: wp
   labels:
     istio.io/dataplane-mode: ambient
