@@ -168,7 +168,18 @@ func waypointAuthz(e *explanation, req *request, wd *waypointDump, src *state.Wo
 			return outcome{verdict: verdictDepends, why: "L7 policies " + strings.Join(l7, ", ") + " read the request"}
 		}
 		a.Method, a.Path, a.Host = or(req.method, "GET"), or(req.path, "/"), or(host, b.Hostname)
-		hr, err := http.NewRequest(a.Method, "http://"+a.Host+a.Path, nil)
+		// 1. normalization, as the waypoint's first step: policies see the
+		// normalized path (mesh pathNormalization).
+		fwd, p, err := wd.cfg.NormalizePath(a.Path)
+		if err != nil {
+			e.add("waypoint normalization", "REJECTED (400): "+err.Error(), gw, "the path cannot be normalized")
+			return outcome{verdict: verdictDeny, why: "path refused with 400: " + err.Error()}
+		}
+		if fwd != a.Path {
+			e.add("waypoint normalization", "path "+fwd, gw, "normalized from "+a.Path+" (mesh pathNormalization)")
+		}
+		a.Path = p
+		hr, err := http.NewRequest(a.Method, "http://"+a.Host+fwd, nil)
 		if err != nil {
 			return outcome{verdict: verdictRefused, why: "the request: " + err.Error()}
 		}

@@ -104,6 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.WaypointTemplate, "waypoint-template", "", "Kubernetes mode, with --waypoint-image: render each waypoint's Deployment from this Go text/template file (the chart's ConfigMap ztunnel-go-waypoint-template), re-read on every reconcile; one that fails to render leaves the Gateway Programmed=False (\"\": the built-in Deployment)")
 	fs.StringVar(&o.WaypointValues, "waypoint-values", "", "the --waypoint-template's .Values (YAML file)")
 	fs.StringVar(&o.WaypointCRLFile, "waypoint-crl-file", "", "Kubernetes mode, with --waypoint-image: CRLs every waypoint enforces (copied into each waypoint namespace as ConfigMap istio-ca-crl, CRL_PATH), read on every reconcile; unreadable leaves the Gateways Programmed=False (\"\": none)")
+	fs.StringVar(&o.PathNormalization, "path-normalization", "", "meshConfig pathNormalization: how waypoints normalize request paths before authorization and routing, and forward them: NONE, BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES (\"\": BASE, Istio's default)")
 	fs.BoolVar(&o.ExternalNameAlias, "external-name-alias", true, "serve ExternalName Services that point at mesh services as DNS aliases")
 	fs.BoolVar(&o.JWKSAllowHTTP, "jwks-allow-http", false, "also fetch http:// RequestAuthentication jwksUri and OpenID discovery URLs (default: https only)")
 	fs.BoolVar(&o.JWKSAllowInternal, "jwks-allow-internal", false, "also fetch jwksUri / OpenID discovery from loopback, link-local and cluster-internal addresses (pods, nodes, Services, --jwks-internal-cidrs)")
@@ -113,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
 	fs.StringVar(&o.TrustedNodeAccounts, "trusted-node-accounts", "istio-system/ztunnel", "Kubernetes mode: comma-separated namespace/name ServiceAccounts of node proxies (CA_TRUSTED_NODE_ACCOUNTS)")
 	fs.StringVar(&o.SystemNamespace, "system-namespace", "istio-system", "Kubernetes mode: the namespace this control plane runs in: it publishes ConfigMap "+bootstrap.RootConfigMapName+" there, and its serving certificate covers "+bootstrap.ServiceName+".<namespace>.svc")
-	fs.StringVar(&o.LeaseNamespace, "lease-namespace", kubestatus.DefaultLeaseNamespace, "Kubernetes mode: namespace of the leader-election Lease for ServiceEntry address writes")
+	fs.StringVar(&o.LeaseNamespace, "lease-namespace", kubestatus.DefaultLeaseNamespace, "Kubernetes mode: namespace of the leader-election Lease for ServiceEntry address and Istio object status writes")
 	fs.StringVar(&o.LeaseName, "lease-name", kubestatus.DefaultLeaseName, "Kubernetes mode: name of that Lease")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -74,6 +74,11 @@ type Config struct {
 	ServingNames []string
 	// Debounce: 0 means DefaultDebounce.
 	Debounce time.Duration
+	// PolicyStatus, when set, is handed every translation's objects and
+	// policy statuses (after the waypoint configs' update), so that they
+	// can be written into the objects' status (kubestatus.IstioWriter). It
+	// must not block.
+	PolicyStatus func(objs *cluster.Objects, policies []translate.PolicyStatus)
 	// Log: nil means no logging.
 	Log *zap.Logger
 	// Registerer receives the xDS server and controlplane_* metrics. nil: not registered.
@@ -399,6 +404,9 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 
 	c.reportIgnored(objs.Ignored)
 	c.reportInvalid(res)
+	if c.cfg.PolicyStatus != nil {
+		c.cfg.PolicyStatus(objs, res.Policies)
+	}
 	if !sameSlice(res.Warnings, c.lastWarns) {
 		current := map[string]bool{}
 		for _, w := range res.Warnings {

@@ -12,6 +12,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 )
 
@@ -30,6 +31,9 @@ type Config struct {
 	workloads map[netip.Addr]*waypointapi.Workload
 	policies  []*authz.Policy
 	authn     []*authn.Policy // RequestAuthentications, keys parsed
+	// pathNorm is the mesh's pathNormalization; an unknown value from a
+	// newer control plane is the strongest option (fail closed).
+	pathNorm pathnorm.Mode
 }
 
 // Compile checks and compiles c. A nil c compiles to the empty config
@@ -66,6 +70,10 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 		out.policies = append(out.policies, authz.Compile(p))
 	}
 	out.authn = authn.Compile(c.GetAuthentications())
+	out.pathNorm = pathnorm.Mode(c.GetPathNormalization())
+	if out.pathNorm.String() == "UNKNOWN" {
+		out.pathNorm = pathnorm.DecodeAndMergeSlashes
+	}
 	return out, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
@@ -57,6 +58,14 @@ func (c *Config) Authenticate(service string, r *http.Request, now time.Time) (*
 // Authorize runs the waypoint's authorization on a: the very function the
 // data path runs for each request and TCP tunnel.
 func (c *Config) Authorize(a *stream.Attrs) stream.Verdict { return authz.Authorize(c.policies, a) }
+
+// NormalizePath normalizes a request target as the data path does before
+// authentication, authorization and routing (the mesh's pathNormalization):
+// the target forwarded and the path policies match, or why the request is
+// refused (400).
+func (c *Config) NormalizePath(target string) (forward, path string, err error) {
+	return pathnorm.Target(c.pathNorm, target)
+}
 
 // PoliciesFor lists, in evaluation order, the policies that select
 // requests for hostname ("" for a workload) at this waypoint.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
@@ -73,7 +74,9 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		if len(vs) == 0 {
 			return "", false
 		}
-		return vs[0], true
+		// Istio's normalization: duplicate headers are one value,
+		// joined by commas.
+		return strings.Join(vs, ","), true
 	}
 	keep = !r.Close
 	var body *countingBody

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,7 +237,9 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		if len(vs) == 0 {
 			return "", false
 		}
-		return vs[0], true
+		// Istio's normalization: duplicate headers are one value,
+		// joined by commas.
+		return strings.Join(vs, ","), true
 	}
 	sw := &statusWriter{ResponseWriter: rw}
 	body := &countingBody{ReadCloser: r.Body}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authn"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
@@ -210,6 +212,11 @@ func (w *Waypoint) decide(ex *exchange) error {
 	if ex.svc != nil {
 		ex.attrs.Service = ex.svc.hostname
 	}
+	if ex.attrs.HTTP {
+		if err := normalizeRequest(ex); err != nil {
+			return err
+		}
+	}
 	// 2. authentication: the peer by mTLS (hbone.Server verified its
 	// certificate); the request by its JWT (RequestAuthentication): none
 	// is anonymous, an invalid one is a 401. Plain TCP has no request.
@@ -374,4 +381,51 @@ func flagFor(code int) string {
 		return "" // authentication's own answer (the error says why), as Envoy's jwt_authn
 	}
 	return "UF"
+}
+
+// xfcc is the header Envoy sets from a client certificate; a client that
+// sends its own could claim any identity to the backend.
+const xfcc = "X-Forwarded-Client-Cert"
+
+// normalizeRequest makes the request what every later step sees and what
+// the backend receives, as Istio's Envoy does before its filters: a method
+// that is not upper case is refused (Istio's normalization reference); the
+// path is normalized by the mesh's pathNormalization and written back into
+// the request, so authorization, routing and the upstream request agree;
+// X-Forwarded-Client-Cert from the client is removed (Envoy's default,
+// SANITIZE, which Istio keeps for the waypoint's requests: the verified peer
+// identity is the HBONE certificate, not a header).
+func normalizeRequest(ex *exchange) error {
+	r := ex.req
+	if strings.ToUpper(r.Method) != r.Method {
+		return &stream.Refusal{Code: http.StatusBadRequest, Msg: fmt.Sprintf("method %q is not upper case", r.Method)}
+	}
+	r.Header.Del(xfcc)
+	target := r.RequestURI
+	if !strings.HasPrefix(target, "/") {
+		// HTTP/2 :path is always origin-form; an absolute-form HTTP/1.1
+		// target is matched and forwarded by its path.
+		target = r.URL.EscapedPath()
+		if r.URL.RawQuery != "" || r.URL.ForceQuery {
+			target += "?" + r.URL.RawQuery
+		}
+	}
+	fwd, path, err := pathnorm.Target(ex.cfg.pathNorm, target)
+	if err != nil {
+		return &stream.Refusal{Code: http.StatusBadRequest, Msg: fmt.Sprintf("request path %q: %v", target, err)}
+	}
+	ex.attrs.Path = path
+	if fwd == target {
+		return nil
+	}
+	u, err := url.ParseRequestURI(fwd)
+	if err != nil {
+		return &stream.Refusal{Code: http.StatusBadRequest, Msg: fmt.Sprintf("normalized path %q: %v", fwd, err)}
+	}
+	r.URL.Path, r.URL.RawPath, r.URL.RawQuery, r.URL.ForceQuery = u.Path, u.RawPath, u.RawQuery, u.ForceQuery
+	r.URL.Fragment, r.URL.RawFragment = "", ""
+	if strings.HasPrefix(r.RequestURI, "/") {
+		r.RequestURI = fwd
+	}
+	return nil
 }

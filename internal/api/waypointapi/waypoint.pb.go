@@ -32,6 +32,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PathNormalization mirrors istio.io/api mesh/v1alpha1
+// MeshConfig.ProxyPathNormalization.NormalizationType, value for value.
+type PathNormalization int32
+
+const (
+	// PATH_NORMALIZATION_DEFAULT is BASE, as Istio documents.
+	PathNormalization_PATH_NORMALIZATION_DEFAULT                  PathNormalization = 0
+	PathNormalization_PATH_NORMALIZATION_NONE                     PathNormalization = 1
+	PathNormalization_PATH_NORMALIZATION_BASE                     PathNormalization = 2
+	PathNormalization_PATH_NORMALIZATION_MERGE_SLASHES            PathNormalization = 3
+	PathNormalization_PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES PathNormalization = 4
+)
+
+// Enum value maps for PathNormalization.
+var (
+	PathNormalization_name = map[int32]string{
+		0: "PATH_NORMALIZATION_DEFAULT",
+		1: "PATH_NORMALIZATION_NONE",
+		2: "PATH_NORMALIZATION_BASE",
+		3: "PATH_NORMALIZATION_MERGE_SLASHES",
+		4: "PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES",
+	}
+	PathNormalization_value = map[string]int32{
+		"PATH_NORMALIZATION_DEFAULT":                  0,
+		"PATH_NORMALIZATION_NONE":                     1,
+		"PATH_NORMALIZATION_BASE":                     2,
+		"PATH_NORMALIZATION_MERGE_SLASHES":            3,
+		"PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES": 4,
+	}
+)
+
+func (x PathNormalization) Enum() *PathNormalization {
+	p := new(PathNormalization)
+	*p = x
+	return p
+}
+
+func (x PathNormalization) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PathNormalization) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[0].Descriptor()
+}
+
+func (PathNormalization) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[0]
+}
+
+func (x PathNormalization) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PathNormalization.Descriptor instead.
+func (PathNormalization) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{0}
+}
+
 // Protocol is what the waypoint parses inside the tunnel.
 type Protocol int32
 
@@ -69,11 +127,11 @@ func (x Protocol) String() string {
 }
 
 func (Protocol) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[0].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[1].Descriptor()
 }
 
 func (Protocol) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[0]
+	return &file_waypointapi_waypoint_proto_enumTypes[1]
 }
 
 func (x Protocol) Number() protoreflect.EnumNumber {
@@ -82,7 +140,7 @@ func (x Protocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Protocol.Descriptor instead.
 func (Protocol) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{1}
 }
 
 // Action is the effect of a matching policy.
@@ -120,11 +178,11 @@ func (x Action) String() string {
 }
 
 func (Action) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[1].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[2].Descriptor()
 }
 
 func (Action) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[1]
+	return &file_waypointapi_waypoint_proto_enumTypes[2]
 }
 
 func (x Action) Number() protoreflect.EnumNumber {
@@ -133,7 +191,7 @@ func (x Action) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Action.Descriptor instead.
 func (Action) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{1}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{2}
 }
 
 // LoadBalancer is DestinationRule loadBalancer.simple.
@@ -174,11 +232,11 @@ func (x LoadBalancer) String() string {
 }
 
 func (LoadBalancer) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[2].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[3].Descriptor()
 }
 
 func (LoadBalancer) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[2]
+	return &file_waypointapi_waypoint_proto_enumTypes[3]
 }
 
 func (x LoadBalancer) Number() protoreflect.EnumNumber {
@@ -187,7 +245,7 @@ func (x LoadBalancer) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LoadBalancer.Descriptor instead.
 func (LoadBalancer) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{2}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{3}
 }
 
 type PathMatch_Type int32
@@ -223,11 +281,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[3].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[4].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[3]
+	return &file_waypointapi_waypoint_proto_enumTypes[4]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -236,7 +294,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -264,8 +322,11 @@ type Config struct {
 	// authentications are the RequestAuthentications that apply at this
 	// waypoint (JWT validation before authorization).
 	Authentications []*RequestAuthn `protobuf:"bytes,9,rep,name=authentications,proto3" json:"authentications,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// path_normalization is the mesh option pathNormalization: how request
+	// paths are normalized before authorization and routing, and forwarded.
+	PathNormalization PathNormalization `protobuf:"varint,10,opt,name=path_normalization,json=pathNormalization,proto3,enum=ztunnelgo.waypoint.PathNormalization" json:"path_normalization,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Config) Reset() {
@@ -359,6 +420,13 @@ func (x *Config) GetAuthentications() []*RequestAuthn {
 		return x.Authentications
 	}
 	return nil
+}
+
+func (x *Config) GetPathNormalization() PathNormalization {
+	if x != nil {
+		return x.PathNormalization
+	}
+	return PathNormalization_PATH_NORMALIZATION_DEFAULT
 }
 
 // RequestAuthn is one RequestAuthentication attached to the waypoint (its
@@ -1066,8 +1134,15 @@ type Source struct {
 	// request_principals: "<iss>/<sub>" of a valid JWT (RequestAuthentication).
 	RequestPrincipals    []*StringMatch `protobuf:"bytes,9,rep,name=request_principals,json=requestPrincipals,proto3" json:"request_principals,omitempty"`
 	NotRequestPrincipals []*StringMatch `protobuf:"bytes,10,rep,name=not_request_principals,json=notRequestPrincipals,proto3" json:"not_request_principals,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// service_accounts: the peer's namespace and service account (from its
+	// SPIFFE id, any trust domain), as Istio's serviceAccounts.
+	ServiceAccounts    []*ServiceAccount `protobuf:"bytes,11,rep,name=service_accounts,json=serviceAccounts,proto3" json:"service_accounts,omitempty"`
+	NotServiceAccounts []*ServiceAccount `protobuf:"bytes,12,rep,name=not_service_accounts,json=notServiceAccounts,proto3" json:"not_service_accounts,omitempty"`
+	// trust_domains: the trust domain of the peer's SPIFFE id.
+	TrustDomains    []*StringMatch `protobuf:"bytes,13,rep,name=trust_domains,json=trustDomains,proto3" json:"trust_domains,omitempty"`
+	NotTrustDomains []*StringMatch `protobuf:"bytes,14,rep,name=not_trust_domains,json=notTrustDomains,proto3" json:"not_trust_domains,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Source) Reset() {
@@ -1170,6 +1245,88 @@ func (x *Source) GetNotRequestPrincipals() []*StringMatch {
 	return nil
 }
 
+func (x *Source) GetServiceAccounts() []*ServiceAccount {
+	if x != nil {
+		return x.ServiceAccounts
+	}
+	return nil
+}
+
+func (x *Source) GetNotServiceAccounts() []*ServiceAccount {
+	if x != nil {
+		return x.NotServiceAccounts
+	}
+	return nil
+}
+
+func (x *Source) GetTrustDomains() []*StringMatch {
+	if x != nil {
+		return x.TrustDomains
+	}
+	return nil
+}
+
+func (x *Source) GetNotTrustDomains() []*StringMatch {
+	if x != nil {
+		return x.NotTrustDomains
+	}
+	return nil
+}
+
+// ServiceAccount is one resolved "<namespace>/<serviceAccount>" (a bare
+// name already has the policy's namespace).
+type ServiceAccount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceAccount) Reset() {
+	*x = ServiceAccount{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceAccount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceAccount) ProtoMessage() {}
+
+func (x *ServiceAccount) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceAccount.ProtoReflect.Descriptor instead.
+func (*ServiceAccount) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ServiceAccount) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ServiceAccount) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // Operation: every populated field must hold. HTTP fields never match a TCP
 // connection (a rule using them does not match plain TCP).
 type Operation struct {
@@ -1188,7 +1345,7 @@ type Operation struct {
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1357,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[11]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1370,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{11}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Operation) GetHosts() []*StringMatch {
@@ -1273,8 +1430,12 @@ func (x *Operation) GetNotPaths() []*StringMatch {
 }
 
 // Condition is one `when` entry: key is Istio's attribute name
-// (request.headers[x], source.ip, source.namespace, source.principal,
-// destination.ip, destination.port, request.auth.*...).
+// (request.headers[x], source.ip, remote.ip, source.namespace,
+// source.principal, source.serviceAccount, source.trustDomain,
+// destination.ip, destination.port, request.auth.*). Values are validated by
+// the control plane: IPs and CIDRs for the ip keys, ports for
+// destination.port, exact "<namespace>/<serviceAccount>" for
+// source.serviceAccount.
 type Condition struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -1286,7 +1447,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1459,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[12]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1472,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{12}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Condition) GetKey() string {
@@ -1346,7 +1507,7 @@ type Cidr struct {
 
 func (x *Cidr) Reset() {
 	*x = Cidr{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1519,7 @@ func (x *Cidr) String() string {
 func (*Cidr) ProtoMessage() {}
 
 func (x *Cidr) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[13]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1532,7 @@ func (x *Cidr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cidr.ProtoReflect.Descriptor instead.
 func (*Cidr) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{13}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Cidr) GetAddress() []byte {
@@ -1404,7 +1565,7 @@ type StringMatch struct {
 
 func (x *StringMatch) Reset() {
 	*x = StringMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1577,7 @@ func (x *StringMatch) String() string {
 func (*StringMatch) ProtoMessage() {}
 
 func (x *StringMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[14]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1590,7 @@ func (x *StringMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringMatch.ProtoReflect.Descriptor instead.
 func (*StringMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{14}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StringMatch) GetMatchType() isStringMatch_MatchType {
@@ -1528,7 +1689,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1701,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[15]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1714,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{15}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Route) GetName() string {
@@ -1620,7 +1781,7 @@ type RouteRule struct {
 
 func (x *RouteRule) Reset() {
 	*x = RouteRule{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1793,7 @@ func (x *RouteRule) String() string {
 func (*RouteRule) ProtoMessage() {}
 
 func (x *RouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[16]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1806,7 @@ func (x *RouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteRule.ProtoReflect.Descriptor instead.
 func (*RouteRule) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{16}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RouteRule) GetMatches() []*RouteMatch {
@@ -1712,7 +1873,7 @@ type Fault struct {
 
 func (x *Fault) Reset() {
 	*x = Fault{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1885,7 @@ func (x *Fault) String() string {
 func (*Fault) ProtoMessage() {}
 
 func (x *Fault) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[17]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1898,7 @@ func (x *Fault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fault.ProtoReflect.Descriptor instead.
 func (*Fault) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{17}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Fault) GetDelayMs() uint32 {
@@ -1781,7 +1942,7 @@ type Mirror struct {
 
 func (x *Mirror) Reset() {
 	*x = Mirror{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +1954,7 @@ func (x *Mirror) String() string {
 func (*Mirror) ProtoMessage() {}
 
 func (x *Mirror) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +1967,7 @@ func (x *Mirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mirror.ProtoReflect.Descriptor instead.
 func (*Mirror) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Mirror) GetBackend() *Backend {
@@ -1837,7 +1998,7 @@ type RouteMatch struct {
 
 func (x *RouteMatch) Reset() {
 	*x = RouteMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +2010,7 @@ func (x *RouteMatch) String() string {
 func (*RouteMatch) ProtoMessage() {}
 
 func (x *RouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +2023,7 @@ func (x *RouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteMatch.ProtoReflect.Descriptor instead.
 func (*RouteMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RouteMatch) GetPath() *PathMatch {
@@ -1904,7 +2065,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2077,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2090,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -1959,7 +2120,7 @@ type HeaderMatch struct {
 
 func (x *HeaderMatch) Reset() {
 	*x = HeaderMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2132,7 @@ func (x *HeaderMatch) String() string {
 func (*HeaderMatch) ProtoMessage() {}
 
 func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2145,7 @@ func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderMatch.ProtoReflect.Descriptor instead.
 func (*HeaderMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HeaderMatch) GetName() string {
@@ -2020,7 +2181,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2193,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2206,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{22}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HeaderModifier) GetSet() map[string]string {
@@ -2101,7 +2262,7 @@ type Backend struct {
 
 func (x *Backend) Reset() {
 	*x = Backend{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2274,7 @@ func (x *Backend) String() string {
 func (*Backend) ProtoMessage() {}
 
 func (x *Backend) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2287,7 @@ func (x *Backend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backend.ProtoReflect.Descriptor instead.
 func (*Backend) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{23}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Backend) GetHostname() string {
@@ -2211,7 +2372,7 @@ type TrafficPolicy struct {
 
 func (x *TrafficPolicy) Reset() {
 	*x = TrafficPolicy{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2223,7 +2384,7 @@ func (x *TrafficPolicy) String() string {
 func (*TrafficPolicy) ProtoMessage() {}
 
 func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2236,7 +2397,7 @@ func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrafficPolicy.ProtoReflect.Descriptor instead.
 func (*TrafficPolicy) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{24}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TrafficPolicy) GetLoadBalancer() LoadBalancer {
@@ -2268,7 +2429,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2441,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2454,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -2346,7 +2507,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2358,7 +2519,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2371,7 +2532,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -2399,7 +2560,7 @@ var File_waypointapi_waypoint_proto protoreflect.FileDescriptor
 
 const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\n" +
-	"\x1awaypointapi/waypoint.proto\x12\x12ztunnelgo.waypoint\"\x90\x03\n" +
+	"\x1awaypointapi/waypoint.proto\x12\x12ztunnelgo.waypoint\"\xe6\x03\n" +
 	"\x06Config\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -2409,7 +2570,9 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\bservices\x18\x06 \x03(\v2\x1b.ztunnelgo.waypoint.ServiceR\bservices\x12:\n" +
 	"\tworkloads\x18\a \x03(\v2\x1c.ztunnelgo.waypoint.WorkloadR\tworkloads\x126\n" +
 	"\bpolicies\x18\b \x03(\v2\x1a.ztunnelgo.waypoint.PolicyR\bpolicies\x12J\n" +
-	"\x0fauthentications\x18\t \x03(\v2 .ztunnelgo.waypoint.RequestAuthnR\x0fauthentications\"\xa7\x01\n" +
+	"\x0fauthentications\x18\t \x03(\v2 .ztunnelgo.waypoint.RequestAuthnR\x0fauthentications\x12T\n" +
+	"\x12path_normalization\x18\n" +
+	" \x01(\x0e2%.ztunnelgo.waypoint.PathNormalizationR\x11pathNormalization\"\xa7\x01\n" +
 	"\fRequestAuthn\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -2460,7 +2623,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x04Rule\x12.\n" +
 	"\x04from\x18\x01 \x03(\v2\x1a.ztunnelgo.waypoint.SourceR\x04from\x12-\n" +
 	"\x02to\x18\x02 \x03(\v2\x1d.ztunnelgo.waypoint.OperationR\x02to\x121\n" +
-	"\x04when\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.ConditionR\x04when\"\xc5\x05\n" +
+	"\x04when\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.ConditionR\x04when\"\xfd\a\n" +
 	"\x06Source\x12?\n" +
 	"\n" +
 	"principals\x18\x01 \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\n" +
@@ -2476,7 +2639,14 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x14not_remote_ip_blocks\x18\b \x03(\v2\x18.ztunnelgo.waypoint.CidrR\x11notRemoteIpBlocks\x12N\n" +
 	"\x12request_principals\x18\t \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x11requestPrincipals\x12U\n" +
 	"\x16not_request_principals\x18\n" +
-	" \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x14notRequestPrincipals\"\xa5\x03\n" +
+	" \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x14notRequestPrincipals\x12M\n" +
+	"\x10service_accounts\x18\v \x03(\v2\".ztunnelgo.waypoint.ServiceAccountR\x0fserviceAccounts\x12T\n" +
+	"\x14not_service_accounts\x18\f \x03(\v2\".ztunnelgo.waypoint.ServiceAccountR\x12notServiceAccounts\x12D\n" +
+	"\rtrust_domains\x18\r \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\ftrustDomains\x12K\n" +
+	"\x11not_trust_domains\x18\x0e \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x0fnotTrustDomains\"B\n" +
+	"\x0eServiceAccount\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xa5\x03\n" +
 	"\tOperation\x125\n" +
 	"\x05hosts\x18\x01 \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\x05hosts\x12<\n" +
 	"\tnot_hosts\x18\x02 \x03(\v2\x1f.ztunnelgo.waypoint.StringMatchR\bnotHosts\x12\x14\n" +
@@ -2581,7 +2751,13 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05Retry\x12\x1a\n" +
 	"\battempts\x18\x01 \x01(\rR\battempts\x12+\n" +
 	"\x12per_try_timeout_ms\x18\x02 \x01(\rR\x0fperTryTimeoutMs\x12\x14\n" +
-	"\x05codes\x18\x03 \x03(\rR\x05codes*(\n" +
+	"\x05codes\x18\x03 \x03(\rR\x05codes*\xc4\x01\n" +
+	"\x11PathNormalization\x12\x1e\n" +
+	"\x1aPATH_NORMALIZATION_DEFAULT\x10\x00\x12\x1b\n" +
+	"\x17PATH_NORMALIZATION_NONE\x10\x01\x12\x1b\n" +
+	"\x17PATH_NORMALIZATION_BASE\x10\x02\x12$\n" +
+	" PATH_NORMALIZATION_MERGE_SLASHES\x10\x03\x12/\n" +
+	"+PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES\x10\x04*(\n" +
 	"\bProtocol\x12\a\n" +
 	"\x03TCP\x10\x00\x12\b\n" +
 	"\x04HTTP\x10\x01\x12\t\n" +
@@ -2610,101 +2786,108 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 	return file_waypointapi_waypoint_proto_rawDescData
 }
 
-var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_waypointapi_waypoint_proto_goTypes = []any{
-	(Protocol)(0),            // 0: ztunnelgo.waypoint.Protocol
-	(Action)(0),              // 1: ztunnelgo.waypoint.Action
-	(LoadBalancer)(0),        // 2: ztunnelgo.waypoint.LoadBalancer
-	(PathMatch_Type)(0),      // 3: ztunnelgo.waypoint.PathMatch.Type
-	(*Config)(nil),           // 4: ztunnelgo.waypoint.Config
-	(*RequestAuthn)(nil),     // 5: ztunnelgo.waypoint.RequestAuthn
-	(*JwtRule)(nil),          // 6: ztunnelgo.waypoint.JwtRule
-	(*JwtHeader)(nil),        // 7: ztunnelgo.waypoint.JwtHeader
-	(*ClaimToHeader)(nil),    // 8: ztunnelgo.waypoint.ClaimToHeader
-	(*Service)(nil),          // 9: ztunnelgo.waypoint.Service
-	(*Port)(nil),             // 10: ztunnelgo.waypoint.Port
-	(*Workload)(nil),         // 11: ztunnelgo.waypoint.Workload
-	(*Policy)(nil),           // 12: ztunnelgo.waypoint.Policy
-	(*Rule)(nil),             // 13: ztunnelgo.waypoint.Rule
-	(*Source)(nil),           // 14: ztunnelgo.waypoint.Source
-	(*Operation)(nil),        // 15: ztunnelgo.waypoint.Operation
-	(*Condition)(nil),        // 16: ztunnelgo.waypoint.Condition
-	(*Cidr)(nil),             // 17: ztunnelgo.waypoint.Cidr
-	(*StringMatch)(nil),      // 18: ztunnelgo.waypoint.StringMatch
-	(*Route)(nil),            // 19: ztunnelgo.waypoint.Route
-	(*RouteRule)(nil),        // 20: ztunnelgo.waypoint.RouteRule
-	(*Fault)(nil),            // 21: ztunnelgo.waypoint.Fault
-	(*Mirror)(nil),           // 22: ztunnelgo.waypoint.Mirror
-	(*RouteMatch)(nil),       // 23: ztunnelgo.waypoint.RouteMatch
-	(*PathMatch)(nil),        // 24: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),      // 25: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil),   // 26: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),          // 27: ztunnelgo.waypoint.Backend
-	(*TrafficPolicy)(nil),    // 28: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil), // 29: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),            // 30: ztunnelgo.waypoint.Retry
-	nil,                      // 31: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                      // 32: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                      // 33: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	(PathNormalization)(0),   // 0: ztunnelgo.waypoint.PathNormalization
+	(Protocol)(0),            // 1: ztunnelgo.waypoint.Protocol
+	(Action)(0),              // 2: ztunnelgo.waypoint.Action
+	(LoadBalancer)(0),        // 3: ztunnelgo.waypoint.LoadBalancer
+	(PathMatch_Type)(0),      // 4: ztunnelgo.waypoint.PathMatch.Type
+	(*Config)(nil),           // 5: ztunnelgo.waypoint.Config
+	(*RequestAuthn)(nil),     // 6: ztunnelgo.waypoint.RequestAuthn
+	(*JwtRule)(nil),          // 7: ztunnelgo.waypoint.JwtRule
+	(*JwtHeader)(nil),        // 8: ztunnelgo.waypoint.JwtHeader
+	(*ClaimToHeader)(nil),    // 9: ztunnelgo.waypoint.ClaimToHeader
+	(*Service)(nil),          // 10: ztunnelgo.waypoint.Service
+	(*Port)(nil),             // 11: ztunnelgo.waypoint.Port
+	(*Workload)(nil),         // 12: ztunnelgo.waypoint.Workload
+	(*Policy)(nil),           // 13: ztunnelgo.waypoint.Policy
+	(*Rule)(nil),             // 14: ztunnelgo.waypoint.Rule
+	(*Source)(nil),           // 15: ztunnelgo.waypoint.Source
+	(*ServiceAccount)(nil),   // 16: ztunnelgo.waypoint.ServiceAccount
+	(*Operation)(nil),        // 17: ztunnelgo.waypoint.Operation
+	(*Condition)(nil),        // 18: ztunnelgo.waypoint.Condition
+	(*Cidr)(nil),             // 19: ztunnelgo.waypoint.Cidr
+	(*StringMatch)(nil),      // 20: ztunnelgo.waypoint.StringMatch
+	(*Route)(nil),            // 21: ztunnelgo.waypoint.Route
+	(*RouteRule)(nil),        // 22: ztunnelgo.waypoint.RouteRule
+	(*Fault)(nil),            // 23: ztunnelgo.waypoint.Fault
+	(*Mirror)(nil),           // 24: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),       // 25: ztunnelgo.waypoint.RouteMatch
+	(*PathMatch)(nil),        // 26: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),      // 27: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),   // 28: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),          // 29: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),    // 30: ztunnelgo.waypoint.TrafficPolicy
+	(*OutlierDetection)(nil), // 31: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),            // 32: ztunnelgo.waypoint.Retry
+	nil,                      // 33: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                      // 34: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                      // 35: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
-	9,  // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
-	11, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
-	12, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
-	5,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
-	6,  // 4: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
-	7,  // 5: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
-	8,  // 6: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
-	10, // 7: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
-	19, // 8: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
-	0,  // 9: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
-	1,  // 10: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	13, // 11: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	14, // 12: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	15, // 13: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	16, // 14: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	18, // 15: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 16: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 17: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 18: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	17, // 19: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	17, // 20: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	17, // 21: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	17, // 22: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	18, // 23: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 24: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 25: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 26: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 27: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 28: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 29: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 30: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 31: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 32: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 33: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	23, // 34: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	26, // 35: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	27, // 36: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	30, // 37: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	22, // 38: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	21, // 39: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	27, // 40: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	24, // 41: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	25, // 42: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	25, // 43: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	3,  // 44: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	31, // 45: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	32, // 46: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	33, // 47: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	28, // 48: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	2,  // 49: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	29, // 50: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	51, // [51:51] is the sub-list for method output_type
-	51, // [51:51] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	10, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
+	12, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
+	13, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
+	6,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
+	0,  // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
+	7,  // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
+	8,  // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
+	9,  // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
+	11, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
+	21, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
+	1,  // 10: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
+	2,  // 11: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
+	14, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	15, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	17, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	18, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	20, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	19, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	19, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	19, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	19, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	20, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	16, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	16, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	20, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	22, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	25, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	28, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	29, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	32, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	24, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	23, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	29, // 45: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	26, // 46: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	27, // 47: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	27, // 48: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	4,  // 49: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	33, // 50: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	34, // 51: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	35, // 52: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	30, // 53: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	3,  // 54: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	31, // 55: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	56, // [56:56] is the sub-list for method output_type
+	56, // [56:56] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -2712,7 +2895,7 @@ func file_waypointapi_waypoint_proto_init() {
 	if File_waypointapi_waypoint_proto != nil {
 		return
 	}
-	file_waypointapi_waypoint_proto_msgTypes[14].OneofWrappers = []any{
+	file_waypointapi_waypoint_proto_msgTypes[15].OneofWrappers = []any{
 		(*StringMatch_Exact)(nil),
 		(*StringMatch_Prefix)(nil),
 		(*StringMatch_Suffix)(nil),
@@ -2723,8 +2906,8 @@ func file_waypointapi_waypoint_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   30,
+			NumEnums:      5,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -16,7 +16,7 @@ var contract = apitest.Contract{
 	Messages: map[string]map[string]protoreflect.FieldNumber{
 		"Config": {
 			"name": 1, "namespace": 2, "identity": 3, "addresses": 4, "traffic_type": 5,
-			"services": 6, "workloads": 7, "policies": 8, "authentications": 9,
+			"services": 6, "workloads": 7, "policies": 8, "authentications": 9, "path_normalization": 10,
 		},
 		"RequestAuthn": {"name": 1, "namespace": 2, "services": 3, "rules": 4, "target": 5},
 		"JwtRule": {
@@ -36,7 +36,9 @@ var contract = apitest.Contract{
 			"principals": 1, "not_principals": 2, "namespaces": 3, "not_namespaces": 4,
 			"ip_blocks": 5, "not_ip_blocks": 6, "remote_ip_blocks": 7, "not_remote_ip_blocks": 8,
 			"request_principals": 9, "not_request_principals": 10,
+			"service_accounts": 11, "not_service_accounts": 12, "trust_domains": 13, "not_trust_domains": 14,
 		},
+		"ServiceAccount": {"namespace": 1, "name": 2},
 		"Operation": {
 			"hosts": 1, "not_hosts": 2, "ports": 3, "not_ports": 4,
 			"methods": 5, "not_methods": 6, "paths": 7, "not_paths": 8,
@@ -68,6 +70,10 @@ var contract = apitest.Contract{
 		"Action":         {"ALLOW": 0, "DENY": 1, "AUDIT": 2},
 		"PathMatch.Type": {"PATH_PREFIX": 0, "EXACT": 1, "REGULAR_EXPRESSION": 2},
 		"LoadBalancer":   {"LB_DEFAULT": 0, "ROUND_ROBIN": 1, "RANDOM": 2, "LEAST_REQUEST": 3},
+		"PathNormalization": {
+			"PATH_NORMALIZATION_DEFAULT": 0, "PATH_NORMALIZATION_NONE": 1, "PATH_NORMALIZATION_BASE": 2,
+			"PATH_NORMALIZATION_MERGE_SLASHES": 3, "PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES": 4,
+		},
 	},
 }
 
@@ -81,7 +87,7 @@ func fullConfig() *Config {
 	ip := []byte{10, 0, 0, 1}
 	return &Config{
 		Name: "waypoint", Namespace: "default", Identity: "spiffe://cluster.local/ns/default/sa/waypoint",
-		Addresses: [][]byte{ip}, TrafficType: "service",
+		Addresses: [][]byte{ip}, TrafficType: "service", PathNormalization: PathNormalization_PATH_NORMALIZATION_MERGE_SLASHES,
 		Services: []*Service{{
 			Name: "reviews", Namespace: "default", Hostname: "reviews.default.svc.cluster.local", Kind: "Service",
 			Addresses: [][]byte{ip}, Ports: []*Port{{Port: 80, Name: "http", Protocol: Protocol_HTTP}},
@@ -112,6 +118,8 @@ func fullRule() *Rule {
 			Namespaces: []*StringMatch{sm("c")}, NotNamespaces: []*StringMatch{sm("d")},
 			IpBlocks: cidr, NotIpBlocks: cidr, RemoteIpBlocks: cidr, NotRemoteIpBlocks: cidr,
 			RequestPrincipals: []*StringMatch{sm("iss/sub")}, NotRequestPrincipals: []*StringMatch{sm("iss/bad")},
+			ServiceAccounts: []*ServiceAccount{{Namespace: "ns", Name: "sa"}}, NotServiceAccounts: []*ServiceAccount{{Namespace: "ns", Name: "x"}},
+			TrustDomains: []*StringMatch{sm("td")}, NotTrustDomains: []*StringMatch{sm("other")},
 		}},
 		To: []*Operation{{
 			Hosts: []*StringMatch{sm("h")}, NotHosts: []*StringMatch{sm("i")}, Ports: []uint32{80}, NotPorts: []uint32{81},

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
@@ -62,6 +63,9 @@ type Options struct {
 	NodeTokens, RootCert, RootKey         string
 	EnrollmentFromLabels                  bool
 	ExternalNameAlias                     bool
+	// PathNormalization is meshConfig pathNormalization.normalization
+	// (NONE, BASE, MERGE_SLASHES, DECODE_AND_MERGE_SLASHES; "": BASE).
+	PathNormalization string
 	// JWKS fetch limits (jwks.Config): http allowed, internal addresses
 	// allowed, and the cluster's ranges (comma-separated CIDRs).
 	JWKSAllowHTTP, JWKSAllowInternal bool
@@ -98,6 +102,7 @@ func translateConfig(o Options) translate.Config {
 	return translate.Config{
 		ClusterID: o.ClusterID, TrustDomain: o.TrustDomain, RootNamespace: o.RootNamespace,
 		EnrollmentFromLabels: o.EnrollmentFromLabels, EnableExternalNameAlias: o.ExternalNameAlias,
+		PathNormalization: pathNormalization(o.PathNormalization),
 	}
 }
 
@@ -122,6 +127,9 @@ func (o Options) KubeMode() bool { return o.Kubeconfig != "" || o.InCluster }
 
 // Validate checks what can be checked without files or the network.
 func (o Options) Validate() error {
+	if _, ok := waypointapi.PathNormalization_value["PATH_NORMALIZATION_"+o.PathNormalization]; !ok && o.PathNormalization != "" {
+		return fmt.Errorf("--path-normalization: unknown %q (NONE, BASE, MERGE_SLASHES, DECODE_AND_MERGE_SLASHES)", o.PathNormalization)
+	}
 	switch {
 	case o.KubeMode() && o.ConfigDir != "":
 		return errors.New("--config-dir (local mode) and --kubeconfig/--in-cluster (Kubernetes mode) exclude each other")
@@ -213,6 +221,9 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		if err := LoadMeshConfig(o.MeshConfig, &cfg.Translate); err != nil {
 			return err
 		}
+		if o.PathNormalization != "" { // the flag wins over the file
+			cfg.Translate.PathNormalization = pathNormalization(o.PathNormalization)
+		}
 		log.Info("mesh config", zap.Strings("defaultServiceExportTo", cfg.Translate.DefaultServiceExportTo),
 			zap.Stringer("serviceEntryVisibility", cfg.Translate.ServiceEntryVisibility))
 	}
@@ -244,7 +255,9 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 		}
 		cfg.Source, cfg.Auth, cfg.Allocator, cfg.Placement = k.src, k.auth, k.alloc, k.placement
 		k.root.RootPEM = authority.RootPEM()
+		cfg.PolicyStatus = k.istio.Update
 		tasks = append(tasks, cpTask{name: "status writer", run: k.status.Run},
+			cpTask{name: "istio status writer", run: k.istio.Run},
 			cpTask{name: "route status writer", run: k.routes.Run},
 			cpTask{name: TaskRootConfigMap, run: func(ctx context.Context) error { k.root.Run(ctx); return nil }, ready: k.root.Published})
 		if o.WaypointImage != "" {
@@ -338,6 +351,12 @@ func localWiring(o Options, log *zap.Logger, cfg *controlplane.Config) error {
 	ls := local.New(o.ConfigDir, log.Named("source"), 0)
 	cfg.Source, cfg.SourceErrors, cfg.Auth, cfg.Allocator = ls, ls.Errors, auth, alloc
 	return nil
+}
+
+// pathNormalization converts a validated --path-normalization value ("":
+// the default, BASE).
+func pathNormalization(s string) waypointapi.PathNormalization {
+	return waypointapi.PathNormalization(waypointapi.PathNormalization_value["PATH_NORMALIZATION_"+s])
 }
 
 // heldByCluster reports whether an address is a pod's or a Service's in

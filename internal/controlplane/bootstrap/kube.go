@@ -26,6 +26,7 @@ type kubeParts struct {
 	placement *kubeauth.Placement
 	alloc     *autoalloc.Allocator
 	status    *kubestatus.Writer
+	istio     *kubestatus.IstioWriter
 	routes    *kubestatus.RouteWriter
 	root      *RootPublisher
 	kube      kubernetes.Interface
@@ -63,6 +64,12 @@ func kubeWiring(o Options, log *zap.Logger, retries *backoff.Set) (*kubeParts, e
 	if err != nil {
 		return nil, err
 	}
+	istioStatus, err := kubestatus.NewIstio(kubestatus.IstioConfig{
+		Istio: clients.Istio, Leading: status.Leading, Log: log.Named("istio-status"), Retries: retries,
+	})
+	if err != nil {
+		return nil, err
+	}
 	alloc, err := autoalloc.New(autoalloc.Config{Store: status})
 	if err != nil {
 		return nil, err
@@ -74,7 +81,7 @@ func kubeWiring(o Options, log *zap.Logger, retries *backoff.Set) (*kubeParts, e
 		return nil, err
 	}
 	return &kubeParts{
-		src: src, auth: auth, alloc: alloc, status: status, routes: routes, kube: clients.Kube, gateway: clients.Gateway,
+		src: src, auth: auth, alloc: alloc, status: status, istio: istioStatus, routes: routes, kube: clients.Kube, gateway: clients.Gateway,
 		placement: &kubeauth.Placement{Client: clients.Kube, Log: log.Named("placement")},
 		root:      &RootPublisher{Client: clients.Kube, Namespace: o.SystemNamespace, Log: log.Named("root-configmap")},
 	}, nil

@@ -9,6 +9,7 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 )
 
@@ -35,7 +36,7 @@ func LoadMeshConfig(path string, cfg *translate.Config) error {
 		return fmt.Errorf("mesh config %s: %w", path, err)
 	}
 	ours := map[string]json.RawMessage{}
-	for _, k := range []string{"defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "serviceEntryVisibility"} {
+	for _, k := range []string{"defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "serviceEntryVisibility", "pathNormalization"} {
 		if v, ok := all[k]; ok {
 			ours[k] = v
 		}
@@ -49,5 +50,8 @@ func LoadMeshConfig(path string, cfg *translate.Config) error {
 	cfg.DefaultVirtualServiceExportTo = mc.GetDefaultVirtualServiceExportTo()
 	cfg.DefaultDestinationRuleExportTo = mc.GetDefaultDestinationRuleExportTo()
 	cfg.ServiceEntryVisibility = mc.GetServiceEntryVisibility()
+	if pn := mc.GetPathNormalization(); pn != nil {
+		cfg.PathNormalization = waypointapi.PathNormalization(pn.GetNormalization())
+	}
 	return nil
 }

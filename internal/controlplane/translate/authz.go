@@ -2,6 +2,7 @@ package translate
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +42,12 @@ func (t *translator) translateAuthorizationPolicies() {
 				targets = t.newTargetIndex()
 			}
 			st.Message = t.attachToWaypoints(ap, refs, targets)
+			// The values are checked even when no waypoint takes the
+			// policy, so its status (and the webhook) name them now.
+			if _, bad := convertWaypointPolicy(ap); len(bad) > 0 {
+				st.Invalid = bad
+				st.Message += "; values that cannot be enforced fail closed: " + strings.Join(bad, "; ")
+			}
 			t.warnf(kindAP, ap.Namespace, ap.Name, "%s", st.Message)
 			t.policies = append(t.policies, st)
 			continue
@@ -234,7 +241,7 @@ func convertAuthorizationPolicy(rootNs string, ap *securityv1.AuthorizationPolic
 		if action == securityapi.Action_ALLOW {
 			msgs = append(msgs, fmt.Sprintf("node proxies cannot match %s; %d ALLOW rule(s) using them dropped (more restrictive; use a waypoint for L7 rules)", attrs, droppedL7))
 		} else {
-			msgs = append(msgs, fmt.Sprintf("node proxies cannot match %s; omitted from DENY rules (a match left with only L7 conditions never matches)", attrs))
+			msgs = append(msgs, fmt.Sprintf("node proxies cannot match %s; DENY rules are enforced without them, so they match more connections (fail closed: more restrictive than written, as istiod does; use a waypoint for L7 rules)", attrs))
 		}
 	}
 	if len(bad) > 0 {
@@ -249,38 +256,30 @@ func convertAuthorizationPolicy(rootNs string, ap *securityv1.AuthorizationPolic
 	switch {
 	case action == securityapi.Action_ALLOW && len(out.Rules) == 0 && droppedL7+droppedBad > 0:
 		msgs = append(msgs, "no rule is left, so this policy denies all traffic to the workloads it selects")
-	case action == securityapi.Action_DENY && len(l7) > 0 && neverMatches(out):
-		msgs = append(msgs, "this DENY policy has no effect at node proxies")
+	case action == securityapi.Action_DENY && len(l7) > 0 && matchesEverything(out):
+		msgs = append(msgs, "a DENY rule left without conditions denies all traffic to the workloads it selects")
 	}
 	return out, msgs, bad
 }
 
-// neverMatches reports whether every rule has a clause made only of empty
-// Matches (node proxies skip empty Matches), or there is no rule at all.
-func neverMatches(a *securityapi.Authorization) bool {
+// matchesEverything reports whether some rule has no clause left.
+func matchesEverything(a *securityapi.Authorization) bool {
 	for _, r := range a.Rules {
-		dead := false
-		for _, c := range r.Clauses {
-			empty := len(c.Matches) > 0
-			for _, m := range c.Matches {
-				if !proto.Equal(m, &securityapi.Match{}) {
-					empty = false
-				}
-			}
-			dead = dead || empty
-		}
-		if !dead {
-			return false
+		if len(r.Clauses) == 0 {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // convertRule converts one rule at path, adding every value it cannot
 // enforce to bad (the caller decides what an invalid rule becomes). For
-// ALLOW, any L7 attribute drops the rule (nil). For DENY, L7 attributes
-// are omitted from their Match. Each non-empty from/to/when list becomes
-// one Clause (AND between them); each entry one Match (OR within).
+// ALLOW, any L7 attribute drops the rule (nil). For DENY, the rule is
+// enforced without its L7 attributes, as istiod sends it to ztunnel: an
+// entry left with only L7 attributes matches every connection, so its
+// from/to list and an L7 `when` impose nothing and the rule matches more
+// (fail closed). Each remaining from/to/when list becomes one Clause (AND
+// between them); each entry one Match (OR within).
 func convertRule(action securityapi.Action, ns, path string, rule *securityv1beta1.Rule, bad *problems) (*securityapi.Rule, []string) {
 	var l7 []string
 	var from, to, when []*securityapi.Match
@@ -346,13 +345,23 @@ func convertRule(action securityapi.Action, ns, path string, rule *securityv1bet
 		return nil, l7
 	}
 	r := &securityapi.Rule{}
-	for _, ms := range [][]*securityapi.Match{from, to, when} {
-		if len(ms) > 0 {
+	for _, ms := range [][]*securityapi.Match{from, to} {
+		if len(ms) > 0 && !slices.ContainsFunc(ms, emptyMatch) {
 			r.Clauses = append(r.Clauses, &securityapi.Clause{Matches: ms})
+		}
+	}
+	for _, m := range when {
+		if !emptyMatch(m) {
+			r.Clauses = append(r.Clauses, &securityapi.Clause{Matches: []*securityapi.Match{m}})
 		}
 	}
 	return r, l7
 }
+
+// emptyMatch: a Match with no condition left (only L7 attributes, or none):
+// it matches every connection, but node proxies skip empty Matches, so the
+// clause holding it is omitted instead.
+func emptyMatch(m *securityapi.Match) bool { return proto.Equal(m, &securityapi.Match{}) }
 
 func l7Source(s *securityv1beta1.Source) []string {
 	var out []string
@@ -399,11 +408,14 @@ func dedupe(s []string) []string {
 	return out
 }
 
-// policiesFor returns the WORKLOAD_SELECTOR policy keys selecting labels in ns.
+// policiesFor returns the WORKLOAD_SELECTOR policy keys selecting labels
+// of a workload in ns: the policies of ns and, as istiod attaches them
+// (buildWorkloadPolicies), those of the root namespace, whose selector
+// policies select matching workloads in every namespace.
 func (t *translator) policiesFor(ns string, labels map[string]string) []string {
 	var out []string
 	for _, p := range t.selectorPolicies {
-		if p.namespace == ns && subset(p.selector, labels) {
+		if (p.namespace == ns || p.namespace == t.cfg.RootNamespace) && subset(p.selector, labels) {
 			out = append(out, p.key)
 		}
 	}
@@ -411,20 +423,22 @@ func (t *translator) policiesFor(ns string, labels map[string]string) []string {
 }
 
 // ValidateAuthorizationPolicy returns the values of ap that cannot be
-// enforced, each "<field path>: <why>" (what PolicyStatus.Invalid reports
-// after translation), for an admission webhook to reject. A policy with
-// targetRefs is only checked for its action: its rules are for waypoints.
+// enforced, each "<field path>: <why>", for an admission webhook to reject.
+// It runs the conversion translation runs, so it returns exactly what
+// PolicyStatus.Invalid reports after translation: for a policy without
+// targetRefs the node proxies' conversion, for one with targetRefs the
+// waypoints' (L7 fields included; CUSTOM, which no waypoint of ours
+// enforces, is refused). A node-proxy CUSTOM policy is not sent (its status
+// says so) and is not invalid.
 func ValidateAuthorizationPolicy(rootNamespace string, ap *securityv1.AuthorizationPolicy) []string {
 	if rootNamespace == "" {
 		rootNamespace = DefaultRootNamespace
 	}
-	if ap.Spec.Action == securityv1beta1.AuthorizationPolicy_CUSTOM {
-		return nil
-	}
 	if len(targetRefs(ap)) > 0 {
-		if _, known := securityv1beta1.AuthorizationPolicy_Action_name[int32(ap.Spec.Action)]; !known {
-			return []string{fmt.Sprintf("spec.action: unknown value %d", int32(ap.Spec.Action))}
-		}
+		_, bad := convertWaypointPolicy(ap)
+		return bad
+	}
+	if ap.Spec.Action == securityv1beta1.AuthorizationPolicy_CUSTOM {
 		return nil
 	}
 	_, _, bad := convertAuthorizationPolicy(rootNamespace, ap)

@@ -402,6 +402,14 @@ func protocolFromString(p string) workloadapi.AppProtocol {
 		return workloadapi.AppProtocol_HTTP2
 	case "grpc", "grpc-web":
 		return workloadapi.AppProtocol_GRPC
+	case "tcp":
+		// istiod's toAppProtocolFromProtocol: TCP is TCP, and HTTPS is
+		// TLS to ztunnel (it carries no HTTP a proxy can read).
+		return workloadapi.AppProtocol_TCP
+	case "https", "tls", "kubernetes.io/wss":
+		return workloadapi.AppProtocol_TLS
+	case "kubernetes.io/ws":
+		return workloadapi.AppProtocol_HTTP11
 	}
 	return workloadapi.AppProtocol_UNKNOWN
 }

@@ -267,9 +267,13 @@ func (t *translator) translateServiceEntries() {
 			if !tcpProtocol(p.Protocol) {
 				continue
 			}
+			target := p.TargetPort
+			if target == 0 {
+				target = p.Number // istiod's default: the port number
+			}
 			ports = append(ports, &workloadapi.Port{
 				ServicePort: p.Number,
-				TargetPort:  p.TargetPort,
+				TargetPort:  target,
 				AppProtocol: protocolFromString(p.Protocol),
 			})
 		}

@@ -22,6 +22,7 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -69,6 +70,9 @@ type Config struct {
 	// which fetches in the background); its answers go to the waypoints
 	// inline. nil: only inline jwks, every other rule rejects its tokens.
 	JWKS JWKSResolver
+	// PathNormalization is meshConfig pathNormalization, sent to every
+	// waypoint (the zero value is Istio's default, BASE).
+	PathNormalization waypointapi.PathNormalization
 
 	// DefaultServiceExportTo, DefaultVirtualServiceExportTo and
 	// DefaultDestinationRuleExportTo are meshConfig's defaults for objects

@@ -400,22 +400,23 @@ func convertVSMatch(path string, m *networkingv1alpha3.HTTPMatchRequest, bad *pr
 	return rm
 }
 
-// istioHeaderMatch: exact stays exact; prefix and regex become anchored RE2
-// (Istio's regex is a full match); an empty match is presence.
+// istioHeaderMatch: exact stays exact; prefix and regex become RE2, which
+// the waypoint matches against the whole value (Istio's regex is a full
+// match); an empty match is presence.
 func istioHeaderMatch(path, name string, sm *networkingv1alpha3.StringMatch, bad *problems) *waypointapi.HeaderMatch {
 	hm := &waypointapi.HeaderMatch{Name: name}
 	switch v := sm.GetMatchType().(type) {
 	case *networkingv1alpha3.StringMatch_Exact:
 		hm.Value = v.Exact
 	case *networkingv1alpha3.StringMatch_Prefix:
-		hm.Value, hm.Regex = "^"+regexp.QuoteMeta(v.Prefix), true
+		hm.Value, hm.Regex = regexp.QuoteMeta(v.Prefix)+".*", true
 	case *networkingv1alpha3.StringMatch_Regex:
 		hm.Value, hm.Regex = "^(?:"+v.Regex+")$", true
 		if _, err := regexp.Compile(hm.Value); err != nil {
 			bad.addf(path, "not an RE2 expression: %v", err)
 		}
 	default:
-		hm.Value, hm.Regex = "", true // present, any value
+		hm.Value, hm.Regex = ".*", true // present, any value
 	}
 	return hm
 }

@@ -215,7 +215,7 @@ spec:
 	}
 	m := rules[0].GetMatches()[0]
 	if rules[0].GetBackends() != nil || m.GetPath().GetValue() != "/api.*" || m.GetPath().GetType() != waypointapi.PathMatch_REGULAR_EXPRESSION ||
-		!proto.Equal(m.GetHeaders()[0], &waypointapi.HeaderMatch{Name: "x-v", Value: "^2", Regex: true}) {
+		!proto.Equal(m.GetHeaders()[0], &waypointapi.HeaderMatch{Name: "x-v", Value: "2.*", Regex: true}) {
 		t.Fatalf("rule 0 %v", rules[0])
 	}
 	r1 := rules[1]

@@ -1,13 +1,11 @@
 package translate
 
 import (
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
-	securityv1beta1 "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -66,7 +64,8 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 			Name: name, Namespace: ns, TrafficType: w.trafficType,
 			// The waypoint Deployment runs as a ServiceAccount named after
 			// the Gateway, as istiod's waypoint controller creates it.
-			Identity: "spiffe://" + cfg.TrustDomain + "/ns/" + ns + "/sa/" + name,
+			Identity:          "spiffe://" + cfg.TrustDomain + "/ns/" + ns + "/sa/" + name,
+			PathNormalization: cfg.PathNormalization,
 		}
 		if a := w.addr.GetAddress(); a != nil {
 			c.Addresses = [][]byte{a.GetAddress()}
@@ -199,155 +198,9 @@ func (t *translator) waypointPort(kind string, s *workloadapi.Service, p *worklo
 	return wp
 }
 
-// convertWaypointPolicy converts an AuthorizationPolicy for a waypoint, L7
-// fields included. It returns the values that cannot be enforced ("field:
-// why"), which fail closed.
-func convertWaypointPolicy(ap *securityv1.AuthorizationPolicy) (*waypointapi.Policy, []string) {
-	p := &waypointapi.Policy{Name: ap.Name, Namespace: ap.Namespace}
-	var bad problems
-	switch ap.Spec.Action {
-	case securityv1beta1.AuthorizationPolicy_ALLOW:
-		p.Action = waypointapi.Action_ALLOW
-	case securityv1beta1.AuthorizationPolicy_DENY:
-		p.Action = waypointapi.Action_DENY
-	case securityv1beta1.AuthorizationPolicy_AUDIT:
-		p.Action, p.DryRun = waypointapi.Action_AUDIT, true
-	default:
-		// CUSTOM (ext_authz) has no provider here: deny everything.
-		bad.addf("spec.action", "%s is not supported by ztunnel-go's waypoint; the policy denies every request", ap.Spec.Action)
-		p.Action, p.Rules = waypointapi.Action_DENY, []*waypointapi.Rule{{}}
-		return p, bad
-	}
-	if v, ok := ap.Annotations["istio.io/dry-run"]; ok && v == "true" {
-		p.DryRun = true
-	}
-	for i, r := range ap.Spec.Rules {
-		path := fieldAt("spec.rules", i)
-		before := len(bad)
-		wr := convertWaypointRule(path, r, &bad)
-		switch {
-		case len(bad) == before:
-			p.Rules = append(p.Rules, wr)
-		case p.Action == waypointapi.Action_DENY:
-			p.Rules = append(p.Rules, &waypointapi.Rule{}) // matches every request
-		}
-		// ALLOW/AUDIT: a rule with a bad value is dropped (allows less).
-	}
-	return p, bad
-}
-
-func convertWaypointRule(path string, r *securityv1beta1.Rule, bad *problems) *waypointapi.Rule {
-	wr := &waypointapi.Rule{}
-	if r == nil {
-		return wr
-	}
-	for i, f := range r.From {
-		s := f.GetSource()
-		if s == nil {
-			continue
-		}
-		fp := fieldAt(path+".from", i) + ".source"
-		wr.From = append(wr.From, &waypointapi.Source{
-			Principals:        wpStrings(s.Principals, true),
-			NotPrincipals:     wpStrings(s.NotPrincipals, true),
-			Namespaces:        wpStrings(s.Namespaces, false),
-			NotNamespaces:     wpStrings(s.NotNamespaces, false),
-			IpBlocks:          wpCidrs(fp+".ipBlocks", s.IpBlocks, bad),
-			NotIpBlocks:       wpCidrs(fp+".notIpBlocks", s.NotIpBlocks, bad),
-			RemoteIpBlocks:    wpCidrs(fp+".remoteIpBlocks", s.RemoteIpBlocks, bad),
-			NotRemoteIpBlocks: wpCidrs(fp+".notRemoteIpBlocks", s.NotRemoteIpBlocks, bad),
-			// "iss/sub" of a JWT the waypoint validated (RequestAuthentication).
-			RequestPrincipals:    wpStrings(s.RequestPrincipals, false),
-			NotRequestPrincipals: wpStrings(s.NotRequestPrincipals, false),
-		})
-	}
-	for i, t := range r.To {
-		o := t.GetOperation()
-		if o == nil {
-			continue
-		}
-		op := fieldAt(path+".to", i) + ".operation"
-		wr.To = append(wr.To, &waypointapi.Operation{
-			Hosts: wpStrings(o.Hosts, false), NotHosts: wpStrings(o.NotHosts, false),
-			Ports: ports(op+".ports", o.Ports, bad), NotPorts: ports(op+".notPorts", o.NotPorts, bad),
-			Methods: wpStrings(o.Methods, false), NotMethods: wpStrings(o.NotMethods, false),
-			Paths: wpStrings(o.Paths, false), NotPaths: wpStrings(o.NotPaths, false),
-		})
-	}
-	for i, c := range r.When {
-		cp := fieldAt(path+".when", i)
-		switch {
-		case strings.HasPrefix(c.Key, "request.headers[") && strings.HasSuffix(c.Key, "]") && len(c.Key) > len("request.headers[]"),
-			slices.Contains([]string{"source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"}, c.Key),
-			slices.Contains([]string{"request.auth.principal", "request.auth.audiences", "request.auth.presenter"}, c.Key),
-			validClaimKey(c.Key):
-			wr.When = append(wr.When, &waypointapi.Condition{Key: c.Key, Values: wpStrings(c.Values, false), NotValues: wpStrings(c.NotValues, false)})
-		default:
-			bad.addf(cp+".key", "%q is not an attribute ztunnel-go's waypoint evaluates", c.Key)
-		}
-	}
-	return wr
-}
-
-// wpStrings converts Istio's string forms: "*" presence, "x*" prefix, "*x"
-// suffix, else exact. principal: a leading "spiffe://" is dropped.
-func wpStrings(vs []string, principal bool) []*waypointapi.StringMatch {
-	var out []*waypointapi.StringMatch
-	for _, v := range vs {
-		if principal {
-			v = strings.TrimPrefix(v, "spiffe://")
-		}
-		var m waypointapi.StringMatch
-		switch {
-		case v == "*":
-			m.MatchType = &waypointapi.StringMatch_Presence{Presence: true}
-		case strings.HasSuffix(v, "*"):
-			m.MatchType = &waypointapi.StringMatch_Prefix{Prefix: strings.TrimSuffix(v, "*")}
-		case strings.HasPrefix(v, "*"):
-			m.MatchType = &waypointapi.StringMatch_Suffix{Suffix: strings.TrimPrefix(v, "*")}
-		default:
-			m.MatchType = &waypointapi.StringMatch_Exact{Exact: v}
-		}
-		out = append(out, &m)
-	}
-	return out
-}
-
-func wpCidrs(path string, vs []string, bad *problems) []*waypointapi.Cidr {
-	var out []*waypointapi.Cidr
-	for i, v := range vs {
-		pfx, err := netip.ParsePrefix(v)
-		if err != nil {
-			a, aerr := netip.ParseAddr(v)
-			if aerr != nil {
-				bad.addf(fieldAt(path, i), "%q is not an IP or CIDR", v)
-				continue
-			}
-			pfx = netip.PrefixFrom(a, a.BitLen())
-		}
-		out = append(out, &waypointapi.Cidr{Address: pfx.Addr().AsSlice(), Length: uint32(pfx.Bits())})
-	}
-	return out
-}
-
 func (r *Result) policiesOrNil() []PolicyStatus {
 	if r == nil {
 		return nil
 	}
 	return r.Policies
-}
-
-// validClaimKey reports whether k is request.auth.claims[a] or a nested
-// request.auth.claims[a][b]..., as Istio spells JWT claims.
-func validClaimKey(k string) bool {
-	const prefix = "request.auth.claims["
-	if !strings.HasPrefix(k, prefix) || !strings.HasSuffix(k, "]") {
-		return false
-	}
-	for _, p := range strings.Split(k[len(prefix):len(k)-1], "][") {
-		if p == "" || strings.ContainsAny(p, "[]") {
-			return false
-		}
-	}
-	return true
 }

@@ -84,7 +84,7 @@ metadata: {name: svc-allow, namespace: demo}
 spec:
   targetRefs: [{kind: Service, group: "", name: server}]
   rules:
-  - from: [{source: {principals: ["spiffe://cluster.local/ns/demo/sa/client"], namespaces: ["demo"], ipBlocks: [10.0.0.0/8]}}]
+  - from: [{source: {principals: ["cluster.local/ns/demo/sa/client"], namespaces: ["demo"], ipBlocks: [10.0.0.0/8]}}]
   - from: [{source: {requestPrincipals: ["*"]}}]
 ---
 apiVersion: security.istio.io/v1

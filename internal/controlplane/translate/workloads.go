@@ -157,10 +157,20 @@ func (t *translator) workloadPolicies(ns string, labels map[string]string) []str
 }
 
 // selectorPoliciesFor is policiesFor through the namespace index: the
-// WORKLOAD_SELECTOR policy keys selecting labels in ns.
+// WORKLOAD_SELECTOR policy keys selecting labels in ns or in the root
+// namespace, whose selector policies apply in every namespace (istiod's
+// buildWorkloadPolicies).
 func (t *translator) selectorPoliciesFor(ns string, labels map[string]string) []string {
 	var out []string
 	for _, p := range t.idx.policiesByNs[ns] {
+		if subset(p.selector, labels) {
+			out = append(out, p.key)
+		}
+	}
+	if ns == t.cfg.RootNamespace {
+		return out
+	}
+	for _, p := range t.idx.policiesByNs[t.cfg.RootNamespace] {
 		if subset(p.selector, labels) {
 			out = append(out, p.key)
 		}

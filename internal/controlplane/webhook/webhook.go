@@ -91,7 +91,9 @@ func Handler(cfg Config) http.Handler {
 // Validate returns the problems of one object (its JSON, as the API server
 // sends it), each naming the object and the field: strict decoding (unknown
 // fields, bad enum values), AuthorizationPolicy values that cannot be
-// enforced (translate.ValidateAuthorizationPolicy), and PeerAuthentication
+// enforced (translate.ValidateAuthorizationPolicy: the node proxies'
+// conversion, or the waypoints' for a policy with targetRefs, so exactly
+// what the policy's status would call invalid), and PeerAuthentication
 // modes no Istio release defines or port-level settings Istio rejects. An object of any other kind has none.
 func Validate(rootNamespace string, raw []byte) []string {
 	var objs cluster.Objects

@@ -20,6 +20,7 @@ var (
 		"telemetry": "stats: istio_* metrics and the access log",
 		"h1":        "the HTTP/1.1 fast path, downstream side",
 		"upstream":  "the HTTP/1.1 fast path's upstream connections",
+		"pathnorm":  "path normalization: the mesh's pathNormalization, before every other step",
 	}
 	waypointShared = map[string]string{
 		"stream": "what filters tell each other about one request (attributes, authentication, verdict, refusal)",

@@ -8,6 +8,7 @@ package authz
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -91,6 +92,8 @@ func inAny(ps []netip.Prefix, a netip.Addr) bool {
 type source struct {
 	principals, notPrincipals, namespaces, notNamespaces []stringMatch
 	requestPrincipals, notRequestPrincipals              []stringMatch
+	trustDomains, notTrustDomains                        []stringMatch
+	serviceAccounts, notServiceAccounts                  []string // "ns/sa"
 	ips, notIPs, remoteIPs, notRemoteIPs                 []netip.Prefix
 }
 
@@ -108,6 +111,9 @@ type condition struct {
 	values, notValues []stringMatch
 	cidrs, notCidrs   []netip.Prefix // for source.ip, remote.ip, destination.ip
 	claim             []string       // for request.auth.claims[a][b]: [a b]
+	// broken: a value cannot be read, or there is none; the condition
+	// then never holds for ALLOW and always holds for DENY.
+	broken bool
 }
 
 type rule struct {
@@ -145,6 +151,10 @@ func Compile(p *waypointapi.Policy) *Policy {
 				remoteIPs: compileCidrs(s.GetRemoteIpBlocks()), notRemoteIPs: compileCidrs(s.GetNotRemoteIpBlocks()),
 				requestPrincipals:    compileStrings(s.GetRequestPrincipals(), false),
 				notRequestPrincipals: compileStrings(s.GetNotRequestPrincipals(), false),
+				trustDomains:         compileStrings(s.GetTrustDomains(), false),
+				notTrustDomains:      compileStrings(s.GetNotTrustDomains(), false),
+				serviceAccounts:      compileAccounts(s.GetServiceAccounts()),
+				notServiceAccounts:   compileAccounts(s.GetNotServiceAccounts()),
 			})
 		}
 		for _, o := range r.GetTo() {
@@ -159,7 +169,11 @@ func Compile(p *waypointapi.Policy) *Policy {
 			cc := condition{key: c.GetKey(), values: compileStrings(c.GetValues(), false), notValues: compileStrings(c.GetNotValues(), false)}
 			if ipKey(cc.key) {
 				cc.cidrs, cc.notCidrs = stringCidrs(c.GetValues()), stringCidrs(c.GetNotValues())
+				cc.broken = len(cc.cidrs) != len(c.GetValues()) || len(cc.notCidrs) != len(c.GetNotValues())
 			}
+			// A condition without values constrains nothing in a naive
+			// reading; Istio rejects it, so it fails closed here.
+			cc.broken = cc.broken || len(c.GetValues())+len(c.GetNotValues()) == 0
 			cc.claim = claimPath(cc.key)
 			cr.when = append(cr.when, cc)
 		}
@@ -270,10 +284,57 @@ func (s *source) matches(a *stream.Attrs, deny bool) bool {
 	if len(s.ips) > 0 && !inAny(s.ips, a.SrcIP) || inAny(s.notIPs, a.SrcIP) {
 		return false
 	}
+	// remote.ip is the client address Envoy trusts: with Istio's default
+	// numTrustedProxies 0 (no gatewayTopology for waypoints) that is the
+	// connection's peer, never X-Forwarded-For, which the client writes.
 	if len(s.remoteIPs) > 0 && !inAny(s.remoteIPs, a.SrcIP) || inAny(s.notRemoteIPs, a.SrcIP) {
 		return false
 	}
+	if len(s.trustDomains)+len(s.notTrustDomains) > 0 {
+		td := trustDomain(a.Principal)
+		if len(s.trustDomains) > 0 && !anyMatch(s.trustDomains, td) || anyMatch(s.notTrustDomains, td) {
+			return false
+		}
+	}
+	if len(s.serviceAccounts)+len(s.notServiceAccounts) > 0 {
+		sa := serviceAccount(a.Principal)
+		if len(s.serviceAccounts) > 0 && !slices.Contains(s.serviceAccounts, sa) || sa != "" && slices.Contains(s.notServiceAccounts, sa) {
+			return false
+		}
+	}
 	return true
+}
+
+func compileAccounts(in []*waypointapi.ServiceAccount) []string {
+	out := make([]string, 0, len(in))
+	for _, sa := range in {
+		out = append(out, sa.GetNamespace()+"/"+sa.GetName())
+	}
+	return out
+}
+
+// serviceAccount is "ns/sa" of a principal "<td>/ns/<ns>/sa/<sa>", as
+// Istio's serviceAccounts match a SPIFFE id of any trust domain; "" for
+// another form (which matches no serviceAccounts value).
+func serviceAccount(principal string) string {
+	_, rest, ok := strings.Cut(principal, "/ns/")
+	if !ok {
+		return ""
+	}
+	ns, sa, ok := strings.Cut(rest, "/sa/")
+	if !ok || ns == "" || sa == "" || strings.Contains(ns, "/") || strings.Contains(sa, "/") {
+		return ""
+	}
+	return ns + "/" + sa
+}
+
+// trustDomain is the trust domain of a principal ("" for none).
+func trustDomain(principal string) string {
+	td, _, ok := strings.Cut(principal, "/")
+	if !ok {
+		return ""
+	}
+	return td
 }
 
 func (o *operation) matches(a *stream.Attrs, deny bool) bool {
@@ -286,9 +347,9 @@ func (o *operation) matches(a *stream.Attrs, deny bool) bool {
 		}
 		return true
 	}
-	host := strings.ToLower(a.Host)
-	if len(o.hosts) > 0 && !anyMatch(o.hosts, host) && !anyMatch(o.hosts, stripPort(host)) ||
-		anyMatch(o.notHosts, host) || anyMatch(o.notHosts, stripPort(host)) {
+	host, bare := hostForms(a.Host)
+	if len(o.hosts) > 0 && !anyMatch(o.hosts, host) && !anyMatch(o.hosts, bare) ||
+		anyMatch(o.notHosts, host) || anyMatch(o.notHosts, bare) {
 		return false
 	}
 	if len(o.methods) > 0 && !anyMatch(o.methods, a.Method) || anyMatch(o.notMethods, a.Method) {
@@ -316,7 +377,23 @@ func stripPort(h string) string {
 	return h
 }
 
+// hostForms is the request host lowercased, without the trailing dot of
+// a fully qualified name (on the name or before the port), and the same
+// without the port: "Web.NS.:80" is ("web.ns:80", "web.ns"). Both name the
+// same destination, so a policy on the name covers them all (a DENY cannot
+// be stepped around with "web.ns." or "WEB.ns:80").
+func hostForms(h string) (host, bare string) {
+	h = strings.ToLower(h)
+	bare = stripPort(h)
+	port := h[len(bare):]
+	bare = strings.TrimSuffix(bare, ".")
+	return bare + port, bare
+}
+
 func (c *condition) matches(a *stream.Attrs, deny bool) bool {
+	if c.broken {
+		return deny // a value the control plane let through that cannot be read
+	}
 	var v string
 	switch {
 	case ipKey(c.key):
@@ -329,6 +406,10 @@ func (c *condition) matches(a *stream.Attrs, deny bool) bool {
 		v = a.Namespace
 	case c.key == "source.principal":
 		v = a.Principal
+	case c.key == "source.serviceAccount":
+		v = serviceAccount(a.Principal)
+	case c.key == "source.trustDomain":
+		v = trustDomain(a.Principal)
 	case c.key == "destination.port":
 		v = strconv.Itoa(int(a.DstPort))
 	case strings.HasPrefix(c.key, "request.headers["):

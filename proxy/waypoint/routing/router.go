@@ -171,7 +171,10 @@ func Compile(routes []*waypointapi.Route) *Table {
 func compileHeaderMatch(h *waypointapi.HeaderMatch) (headerMatch, bool) {
 	hm := headerMatch{name: h.GetName(), value: h.GetValue()}
 	if h.GetRegex() {
-		re, err := regexp.Compile(h.GetValue())
+		// Envoy's safe_regex (RE2) matches the whole value, as Gateway
+		// API's RegularExpression is read by Istio: "v1" must not match
+		// "xv1y".
+		re, err := regexp.Compile("^(?:" + h.GetValue() + ")$")
 		if err != nil {
 			return hm, false
 		}
