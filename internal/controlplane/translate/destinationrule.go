@@ -233,7 +233,8 @@ func validateDR(d *networkingv1.DestinationRule) problems {
 	for i, sub := range d.Spec.GetSubsets() {
 		check(fieldAt("spec.subsets", i)+".trafficPolicy", sub.GetTrafficPolicy())
 	}
-	return bad
+	_, exp := parseExportTo(d.Spec.GetExportTo(), nil, d.Namespace, "spec.exportTo")
+	return append(bad, exp...)
 }
 
 func (ir *istioRouting) subsetWorkloads(svcKey string, sel map[string]string) []string {

@@ -83,7 +83,11 @@ type istioStatus struct {
 func newIstioRouting(t *translator, res *Result) *istioRouting {
 	ir := &istioRouting{t: t, res: res, vs: map[string]*istioStatus{}, dr: map[string]*istioStatus{}}
 	for _, v := range t.objs.VirtualServices {
-		ir.vs[v.Namespace+"/"+v.Name] = &istioStatus{}
+		st := &istioStatus{}
+		for _, p := range ValidateVirtualService(v) {
+			st.addInvalid(p)
+		}
+		ir.vs[v.Namespace+"/"+v.Name] = st
 	}
 	for _, d := range t.objs.DestinationRules {
 		st := &istioStatus{}

@@ -137,3 +137,68 @@ func TestWebhookMatchesControlPlane(t *testing.T) {
 		})
 	}
 }
+
+// TestWebhookMatchesControlPlaneIstioRouting does the same for
+// DestinationRules and VirtualServices (their status, from the waypoint
+// configs), ServiceEntries (the control plane's refusal of an address no
+// namespace may claim) and HTTPRoutes (the Accepted condition the control
+// plane writes into status.parents): the webhook refuses exactly what the
+// control plane refuses without looking at the rest of the cluster.
+func TestWebhookMatchesControlPlaneIstioRouting(t *testing.T) {
+	cases := []struct {
+		name, kind, doc, wantField string
+	}{
+		{"dr ok", "DestinationRule", "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: o, namespace: demo}\nspec: {host: web, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}", ""},
+		{"dr connectionPool", "DestinationRule", "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: o, namespace: demo}\nspec: {host: web, trafficPolicy: {connectionPool: {tcp: {maxConnections: 1}}}}", "spec.trafficPolicy.connectionPool"},
+		{"dr unused subset's policy", "DestinationRule", "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: o, namespace: demo}\nspec: {host: web, subsets: [{name: v1, labels: {v: \"1\"}, trafficPolicy: {loadBalancer: {consistentHash: {useSourceIp: true}}}}]}", "spec.subsets[0].trafficPolicy.loadBalancer.consistentHash"},
+		{"dr bad exportTo", "DestinationRule", "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: o, namespace: demo}\nspec: {host: web, exportTo: [\"*\", other]}", "spec.exportTo[0]"},
+		{"vs bad exportTo", "VirtualService", "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: o, namespace: demo}\nspec: {hosts: [web], exportTo: [Not_A_Namespace], http: [{route: [{destination: {host: web}}]}]}", "spec.exportTo[0]"},
+		{"vs ok", "VirtualService", "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: o, namespace: demo}\nspec: {hosts: [web], exportTo: [.], http: [{route: [{destination: {host: web}}]}]}", ""},
+		{"se every address", "ServiceEntry", "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: o, namespace: demo}\nspec: {hosts: [x.example], addresses: [0.0.0.0/0], ports: [{number: 80, name: http, protocol: HTTP}], resolution: NONE}", "spec.addresses[0]"},
+		{"se ok", "ServiceEntry", "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: o, namespace: demo}\nspec: {hosts: [x.example], addresses: [192.0.2.0/24], ports: [{number: 80, name: http, protocol: HTTP}], resolution: NONE}", ""},
+		{"route backoff", "HTTPRoute", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: o, namespace: demo}\nspec: {parentRefs: [{group: \"\", kind: Service, name: web}], rules: [{retry: {attempts: 1, backoff: 1s}, backendRefs: [{name: web, port: 80}]}]}", "spec.rules[0].retry.backoff"},
+		{"route ok", "HTTPRoute", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: o, namespace: demo}\nspec: {parentRefs: [{group: \"\", kind: Service, name: web}], rules: [{timeouts: {backendRequest: 1s}, backendRefs: [{name: web, port: 80}]}]}", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, err := yaml.YAMLToJSON([]byte(tc.doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			refused := Validate("", raw)
+			var objs cluster.Objects
+			if errs := cluster.Decode("mesh.yaml", []byte(meshYAML+"---\n"+tc.doc), &objs); len(errs) > 0 {
+				t.Fatalf("decode: %v", errs)
+			}
+			objs.Sort()
+			cfg := translate.Config{}
+			res := translate.Translate(cfg, &objs, nil)
+			_, statuses := translate.WaypointConfigs(cfg, &objs, res)
+			// What the control plane says of the object, wherever it says it.
+			var said []string
+			for _, s := range statuses {
+				if s.Kind == tc.kind && s.Name == "demo/o" {
+					said = append(said, s.Invalid...)
+				}
+			}
+			for _, rs := range translate.RouteStatuses(cfg, &objs) {
+				if rs.Kind == tc.kind && rs.Name == "o" {
+					for _, p := range rs.Parents {
+						if !p.Accepted.Status {
+							said = append(said, p.Accepted.Message)
+						}
+					}
+				}
+			}
+			names := func(list []string) bool {
+				return slices.ContainsFunc(list, func(p string) bool { return strings.Contains(p, tc.wantField) })
+			}
+			switch {
+			case tc.wantField == "" && (len(refused) > 0 || len(said) > 0):
+				t.Errorf("webhook refused %q, control plane said %q; want both to accept", refused, said)
+			case tc.wantField != "" && (!names(refused) || !names(said)):
+				t.Errorf("webhook refused %q, control plane said %q; want both to name %s", refused, said, tc.wantField)
+			}
+		})
+	}
+}

@@ -93,8 +93,11 @@ func Handler(cfg Config) http.Handler {
 // fields, bad enum values), AuthorizationPolicy values that cannot be
 // enforced (translate.ValidateAuthorizationPolicy: the node proxies'
 // conversion, or the waypoints' for a policy with targetRefs, so exactly
-// what the policy's status would call invalid), and PeerAuthentication
-// modes no Istio release defines or port-level settings Istio rejects. An object of any other kind has none.
+// what the policy's status would call invalid), PeerAuthentication modes
+// no Istio release defines or port-level settings Istio rejects, and what
+// the control plane refuses in a ServiceEntry, VirtualService,
+// DestinationRule, HTTPRoute or GRPCRoute without looking at the rest of
+// the cluster (translate.Validate*). An object of any other kind has none.
 func Validate(rootNamespace string, raw []byte) []string {
 	var objs cluster.Objects
 	var out []string
@@ -112,6 +115,26 @@ func Validate(rootNamespace string, raw []byte) []string {
 		for _, p := range translate.ValidateAuthorizationPolicy(rootNamespace, ap) {
 			out = append(out, fmt.Sprintf("AuthorizationPolicy %s/%s: %s", ap.Namespace, ap.Name, p))
 		}
+	}
+	add := func(kind, ns, name string, problems []string) {
+		for _, p := range problems {
+			out = append(out, fmt.Sprintf("%s %s/%s: %s", kind, ns, name, p))
+		}
+	}
+	for _, se := range objs.ServiceEntries {
+		add("ServiceEntry", se.Namespace, se.Name, translate.ValidateServiceEntry(se))
+	}
+	for _, v := range objs.VirtualServices {
+		add("VirtualService", v.Namespace, v.Name, translate.ValidateVirtualService(v))
+	}
+	for _, d := range objs.DestinationRules {
+		add("DestinationRule", d.Namespace, d.Name, translate.ValidateDestinationRule(d))
+	}
+	for _, r := range objs.HTTPRoutes {
+		add("HTTPRoute", r.Namespace, r.Name, translate.ValidateHTTPRoute(r))
+	}
+	for _, r := range objs.GRPCRoutes {
+		add("GRPCRoute", r.Namespace, r.Name, translate.ValidateGRPCRoute(r))
 	}
 	for _, pa := range objs.PeerAuthentications {
 		for _, p := range translate.ValidatePeerAuthentication(pa) {
