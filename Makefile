@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check check test-node node-up node-down
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check check test-node node-up node-down interop-istiod
 
 all: build
 
@@ -106,6 +106,15 @@ e2e: tools k8s-bins
 	@# Under the lock the node tests and hand-run e2e tests take too: two runs from one checkout name their
 	@# network namespaces alike.
 	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) flock /tmp/e2e.lock $(GO) test -race -count=1 -p 1 -timeout 40m ./e2e/...; fi
+
+## interop-istiod: istiod (pilot-discovery from the istio.io/istio module, hack/istiod/build.sh; 10-20 min the first
+## time, then cached in ~/.cache/ztunnel-go) and ztunnel-cp on one real API server with the same objects; the
+## workload API each serves a node proxy is compared field by field (e2e/interop, docs/istiod-differences.md).
+## Not part of `make test`. ISTIOD_REPORT=file writes every difference as JSON lines.
+interop-istiod: k8s-bins
+	@bin=$$(hack/istiod/build.sh) && dir=$$(hack/istiod/build.sh -m) && \
+	ZTG_ISTIOD_BIN=$$bin ZTG_ISTIO_DIR=$$dir ZTG_ISTIOD_REPORT=$(ISTIOD_REPORT) $(K8S_ENV) \
+	$(GO) test -count=1 -timeout 15m -run 'TestIstiodDifferential$$' -v ./e2e/interop/
 
 ## deploy-check: helm lint, helm template vs deploy/manifests, server-side dry-run + RBAC check on a real API server.
 deploy-check: k8s-bins
