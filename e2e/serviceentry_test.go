@@ -119,7 +119,10 @@ func TestServiceEntryCIDR(t *testing.T) {
 	}
 	virtual := netip.MustParsePrefix("10.77.0.0/16") // nothing listens here
 	static := serviceEntry("virtual", 4, "virtual.ext", networkingv1alpha3.ServiceEntry_STATIC, 9000, virtual.String())
-	static.Spec.Endpoints = []*networkingv1alpha3.WorkloadEntry{{Address: a.IP.String(), Ports: map[string]uint32{"tcp": 8081}}}
+	// The endpoint is b, which exact.ext names anyway: an endpoint is a
+	// workload, and a range never takes a workload's address, so an
+	// endpoint at a would keep wide.ext from capturing a.
+	static.Spec.Endpoints = []*networkingv1alpha3.WorkloadEntry{{Address: b.IP.String(), Ports: map[string]uint32{"tcp": 8081}}}
 	res := e.apply(
 		serviceEntry("wide", 1, "wide.ext", networkingv1alpha3.ServiceEntry_NONE, 8081, wide.String()),
 		serviceEntry("narrow", 2, "narrow.ext", networkingv1alpha3.ServiceEntry_NONE, 8081, narrow.String()),
@@ -136,12 +139,12 @@ func TestServiceEntryCIDR(t *testing.T) {
 	e.expectConn(port(b.IP, 8081), "exact.ext", port(b.IP, 8081))
 	// Any address of the STATIC range reaches the endpoint.
 	for _, ip := range []string{"10.77.0.1", "10.77.200.9"} {
-		e.expectConn(port(netip.MustParseAddr(ip), 9000), "virtual.ext", port(a.IP, 8081))
+		e.expectConn(port(netip.MustParseAddr(ip), 9000), "virtual.ext", port(b.IP, 8081))
 	}
 
 	// Removing the narrow entry hands its range back to the wide one.
 	if err := e.store.ApplyAddresses(nil, []string{"egress/narrow.ext", "egress/virtual.ext",
-		"Kubernetes/networking.istio.io/ServiceEntry/egress/virtual/" + a.IP.String()}); err != nil {
+		"Kubernetes/networking.istio.io/ServiceEntry/egress/virtual/" + b.IP.String()}); err != nil {
 		t.Fatal(err)
 	}
 	e.expectConn(port(c.IP, 8081), "wide.ext", port(c.IP, 8081))

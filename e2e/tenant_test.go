@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -69,17 +70,35 @@ func echoService(t *testing.T, m *meshlab.Mesh, ns, name, app string) netip.Addr
 // present false, lacks) s.
 func waitDump(t *testing.T, ctx context.Context, m *meshlab.Mesh, node int, s string, present bool) {
 	t.Helper()
+	ns, host, _ := strings.Cut(s, "/")
 	for {
 		d, err := m.ConfigDump(ctx, node)
-		if err == nil && bytes.Contains(d, []byte(s)) == present {
+		if err == nil && dumpHasService(d, ns, host) == present {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("node%d config dump: %q present=%v never held (last error %v)", node, s, present, err)
+			t.Fatalf("node%d config dump: service %q present=%v never held (last error %v)", node, s, present, err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// dumpHasService reports whether a node proxy's config dump (Istio
+// ztunnel's shape) lists the service ns/host.
+func dumpHasService(dump []byte, ns, host string) bool {
+	var d struct {
+		Services []struct{ Namespace, Hostname string } `json:"services"`
+	}
+	if json.Unmarshal(dump, &d) != nil {
+		return false
+	}
+	for _, s := range d.Services {
+		if s.Namespace == ns && s.Hostname == host {
+			return true
+		}
+	}
+	return false
 }
 
 // cpStatus waits (up to 20 s) until the control plane's config dump
