@@ -3,6 +3,8 @@ package node
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -46,17 +48,31 @@ func TestNodeTenantServiceEntryRange(t *testing.T) {
 	podRange := netip.PrefixFrom(netip.MustParseAddr(srv.Status.PodIP), 16).Masked()
 	svcRange := netip.PrefixFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 16).Masked()
 	since := time.Now()
-	e.apply(t, fmt.Sprintf(`apiVersion: networking.istio.io/v1
+	grab := func(extra string) string {
+		return fmt.Sprintf(`apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: grab, namespace: %s}
 spec:
   hosts: [%s]
-  addresses: [%q, %q, "0.0.0.0/0"]
+  addresses: [%q, %q%s]
   ports: [{number: 8080, name: http, protocol: TCP}, {number: 80, name: http-80, protocol: TCP, targetPort: 8080}]
   location: MESH_INTERNAL
   resolution: STATIC
   endpoints: [{address: %q}]
-`, evil, host, podRange, svcRange, sink.Status.PodIP))
+`, evil, host, podRange, svcRange, extra, sink.Status.PodIP)
+	}
+	// The webhook refuses 0.0.0.0/0 at admission, naming the address; the
+	// pod and Service ranges need the cluster to judge, so the control
+	// plane alone refuses those, and the node proxies never let a range
+	// take a workload's or Service's address.
+	path := filepath.Join(t.TempDir(), "grab-all.yaml")
+	if err := os.WriteFile(path, []byte(grab(`, "0.0.0.0/0"`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := e.node.Kubectl(ctx, "apply", "-f", path); err == nil || !strings.Contains(out, "spec.addresses[2]: 0.0.0.0/0") {
+		t.Fatalf("kubectl apply of a ServiceEntry holding 0.0.0.0/0: %v %q, want the webhook to refuse spec.addresses[2]", err, out)
+	}
+	e.apply(t, grab(""))
 
 	srvURL, srvAddr := podURL(srv, 8080)
 	svcURL := "http://" + svc.Spec.ClusterIP + "/"
