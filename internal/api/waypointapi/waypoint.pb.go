@@ -248,6 +248,56 @@ func (LoadBalancer) EnumDescriptor() ([]byte, []int) {
 	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{3}
 }
 
+// Unmatched is what a preflight from an origin that is not allowed gets.
+type Cors_Unmatched int32
+
+const (
+	// FORWARD: it goes upstream like any request (Istio's default).
+	Cors_FORWARD Cors_Unmatched = 0
+	// ANSWER: the waypoint answers it 200 without CORS headers (Istio's
+	// IGNORE; Gateway API).
+	Cors_ANSWER Cors_Unmatched = 1
+)
+
+// Enum value maps for Cors_Unmatched.
+var (
+	Cors_Unmatched_name = map[int32]string{
+		0: "FORWARD",
+		1: "ANSWER",
+	}
+	Cors_Unmatched_value = map[string]int32{
+		"FORWARD": 0,
+		"ANSWER":  1,
+	}
+)
+
+func (x Cors_Unmatched) Enum() *Cors_Unmatched {
+	p := new(Cors_Unmatched)
+	*p = x
+	return p
+}
+
+func (x Cors_Unmatched) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Cors_Unmatched) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[4].Descriptor()
+}
+
+func (Cors_Unmatched) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[4]
+}
+
+func (x Cors_Unmatched) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Cors_Unmatched.Descriptor instead.
+func (Cors_Unmatched) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18, 0}
+}
+
 type PathModifier_Type int32
 
 const (
@@ -294,11 +344,11 @@ func (x PathModifier_Type) String() string {
 }
 
 func (PathModifier_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[4].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[5].Descriptor()
 }
 
 func (PathModifier_Type) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[4]
+	return &file_waypointapi_waypoint_proto_enumTypes[5]
 }
 
 func (x PathModifier_Type) Number() protoreflect.EnumNumber {
@@ -307,7 +357,7 @@ func (x PathModifier_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathModifier_Type.Descriptor instead.
 func (PathModifier_Type) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19, 0}
 }
 
 // PortRule says which port a redirect without port goes to.
@@ -355,11 +405,11 @@ func (x Redirect_PortRule) String() string {
 }
 
 func (Redirect_PortRule) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[5].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[6].Descriptor()
 }
 
 func (Redirect_PortRule) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[5]
+	return &file_waypointapi_waypoint_proto_enumTypes[6]
 }
 
 func (x Redirect_PortRule) Number() protoreflect.EnumNumber {
@@ -368,7 +418,7 @@ func (x Redirect_PortRule) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Redirect_PortRule.Descriptor instead.
 func (Redirect_PortRule) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21, 0}
 }
 
 type PathMatch_Type int32
@@ -409,11 +459,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[6].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[7].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[6]
+	return &file_waypointapi_waypoint_proto_enumTypes[7]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -422,7 +472,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -1918,8 +1968,11 @@ type RouteRule struct {
 	// direct_response, when set, answers every request the rule matches
 	// locally (VirtualService directResponse); backends are unused.
 	DirectResponse *DirectResponse `protobuf:"bytes,11,opt,name=direct_response,json=directResponse,proto3" json:"direct_response,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// cors is the rule's CORS policy (HTTPRoute CORS filter, VirtualService
+	// corsPolicy); nil: none.
+	Cors          *Cors `protobuf:"bytes,12,opt,name=cors,proto3" json:"cors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteRule) Reset() {
@@ -2029,6 +2082,119 @@ func (x *RouteRule) GetDirectResponse() *DirectResponse {
 	return nil
 }
 
+func (x *RouteRule) GetCors() *Cors {
+	if x != nil {
+		return x.Cors
+	}
+	return nil
+}
+
+// Cors is a CORS policy, applied as Envoy's CORS filter does: a request
+// without Origin is not a CORS request and passes untouched; a preflight
+// (OPTIONS with Origin and Access-Control-Request-Method) from an allowed
+// origin is answered 200 by the waypoint with the Access-Control-Allow-*
+// headers; any other request from an allowed origin goes upstream and its
+// response gets Access-Control-Allow-Origin (the request's Origin),
+// -Expose-Headers and -Allow-Credentials.
+type Cors struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allow_origins: an origin is allowed when one of these RE2 expressions
+	// matches the whole Origin header (the control plane turns exact, prefix
+	// and wildcard forms into one each).
+	AllowOrigins []string `protobuf:"bytes,1,rep,name=allow_origins,json=allowOrigins,proto3" json:"allow_origins,omitempty"`
+	// allow_methods, allow_headers, expose_headers: the values of the
+	// headers of the same names; ["*"] with allow_credentials echoes what the
+	// preflight asked for (Gateway API: "*" must not be sent then).
+	AllowMethods  []string `protobuf:"bytes,2,rep,name=allow_methods,json=allowMethods,proto3" json:"allow_methods,omitempty"`
+	AllowHeaders  []string `protobuf:"bytes,3,rep,name=allow_headers,json=allowHeaders,proto3" json:"allow_headers,omitempty"`
+	ExposeHeaders []string `protobuf:"bytes,4,rep,name=expose_headers,json=exposeHeaders,proto3" json:"expose_headers,omitempty"`
+	// max_age_s is Access-Control-Max-Age in seconds; negative: not sent.
+	MaxAgeS            int32          `protobuf:"varint,5,opt,name=max_age_s,json=maxAgeS,proto3" json:"max_age_s,omitempty"`
+	AllowCredentials   bool           `protobuf:"varint,6,opt,name=allow_credentials,json=allowCredentials,proto3" json:"allow_credentials,omitempty"`
+	UnmatchedPreflight Cors_Unmatched `protobuf:"varint,7,opt,name=unmatched_preflight,json=unmatchedPreflight,proto3,enum=ztunnelgo.waypoint.Cors_Unmatched" json:"unmatched_preflight,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *Cors) Reset() {
+	*x = Cors{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cors) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cors) ProtoMessage() {}
+
+func (x *Cors) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cors.ProtoReflect.Descriptor instead.
+func (*Cors) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Cors) GetAllowOrigins() []string {
+	if x != nil {
+		return x.AllowOrigins
+	}
+	return nil
+}
+
+func (x *Cors) GetAllowMethods() []string {
+	if x != nil {
+		return x.AllowMethods
+	}
+	return nil
+}
+
+func (x *Cors) GetAllowHeaders() []string {
+	if x != nil {
+		return x.AllowHeaders
+	}
+	return nil
+}
+
+func (x *Cors) GetExposeHeaders() []string {
+	if x != nil {
+		return x.ExposeHeaders
+	}
+	return nil
+}
+
+func (x *Cors) GetMaxAgeS() int32 {
+	if x != nil {
+		return x.MaxAgeS
+	}
+	return 0
+}
+
+func (x *Cors) GetAllowCredentials() bool {
+	if x != nil {
+		return x.AllowCredentials
+	}
+	return false
+}
+
+func (x *Cors) GetUnmatchedPreflight() Cors_Unmatched {
+	if x != nil {
+		return x.UnmatchedPreflight
+	}
+	return Cors_FORWARD
+}
+
 // PathModifier says what a rewrite or redirect makes of the request path
 // (the query string is kept).
 type PathModifier struct {
@@ -2042,7 +2208,7 @@ type PathModifier struct {
 
 func (x *PathModifier) Reset() {
 	*x = PathModifier{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2220,7 @@ func (x *PathModifier) String() string {
 func (*PathModifier) ProtoMessage() {}
 
 func (x *PathModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2233,7 @@ func (x *PathModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathModifier.ProtoReflect.Descriptor instead.
 func (*PathModifier) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PathModifier) GetType() PathModifier_Type {
@@ -2104,7 +2270,7 @@ type Rewrite struct {
 
 func (x *Rewrite) Reset() {
 	*x = Rewrite{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2282,7 @@ func (x *Rewrite) String() string {
 func (*Rewrite) ProtoMessage() {}
 
 func (x *Rewrite) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2295,7 @@ func (x *Rewrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rewrite.ProtoReflect.Descriptor instead.
 func (*Rewrite) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Rewrite) GetPath() *PathModifier {
@@ -2167,7 +2333,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2345,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2358,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Redirect) GetScheme() string {
@@ -2250,7 +2416,7 @@ type DirectResponse struct {
 
 func (x *DirectResponse) Reset() {
 	*x = DirectResponse{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2428,7 @@ func (x *DirectResponse) String() string {
 func (*DirectResponse) ProtoMessage() {}
 
 func (x *DirectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2441,7 @@ func (x *DirectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirectResponse.ProtoReflect.Descriptor instead.
 func (*DirectResponse) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DirectResponse) GetStatus() uint32 {
@@ -2307,7 +2473,7 @@ type Fault struct {
 
 func (x *Fault) Reset() {
 	*x = Fault{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2319,7 +2485,7 @@ func (x *Fault) String() string {
 func (*Fault) ProtoMessage() {}
 
 func (x *Fault) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2332,7 +2498,7 @@ func (x *Fault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fault.ProtoReflect.Descriptor instead.
 func (*Fault) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{22}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Fault) GetDelayMs() uint32 {
@@ -2376,7 +2542,7 @@ type Mirror struct {
 
 func (x *Mirror) Reset() {
 	*x = Mirror{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2554,7 @@ func (x *Mirror) String() string {
 func (*Mirror) ProtoMessage() {}
 
 func (x *Mirror) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2567,7 @@ func (x *Mirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mirror.ProtoReflect.Descriptor instead.
 func (*Mirror) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{23}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Mirror) GetBackend() *Backend {
@@ -2435,7 +2601,7 @@ type RouteMatch struct {
 
 func (x *RouteMatch) Reset() {
 	*x = RouteMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2447,7 +2613,7 @@ func (x *RouteMatch) String() string {
 func (*RouteMatch) ProtoMessage() {}
 
 func (x *RouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2460,7 +2626,7 @@ func (x *RouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteMatch.ProtoReflect.Descriptor instead.
 func (*RouteMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{24}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RouteMatch) GetPath() *PathMatch {
@@ -2512,7 +2678,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2690,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2703,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -2574,7 +2740,7 @@ type HeaderMatch struct {
 
 func (x *HeaderMatch) Reset() {
 	*x = HeaderMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2752,7 @@ func (x *HeaderMatch) String() string {
 func (*HeaderMatch) ProtoMessage() {}
 
 func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2765,7 @@ func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderMatch.ProtoReflect.Descriptor instead.
 func (*HeaderMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HeaderMatch) GetName() string {
@@ -2636,7 +2802,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2814,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2827,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HeaderModifier) GetSet() map[string]string {
@@ -2723,7 +2889,7 @@ type Backend struct {
 
 func (x *Backend) Reset() {
 	*x = Backend{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2901,7 @@ func (x *Backend) String() string {
 func (*Backend) ProtoMessage() {}
 
 func (x *Backend) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2914,7 @@ func (x *Backend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backend.ProtoReflect.Descriptor instead.
 func (*Backend) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{28}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Backend) GetHostname() string {
@@ -2847,7 +3013,7 @@ type TrafficPolicy struct {
 
 func (x *TrafficPolicy) Reset() {
 	*x = TrafficPolicy{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2859,7 +3025,7 @@ func (x *TrafficPolicy) String() string {
 func (*TrafficPolicy) ProtoMessage() {}
 
 func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2872,7 +3038,7 @@ func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrafficPolicy.ProtoReflect.Descriptor instead.
 func (*TrafficPolicy) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{29}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TrafficPolicy) GetLoadBalancer() LoadBalancer {
@@ -2904,7 +3070,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +3082,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +3095,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{30}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -2982,7 +3148,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3160,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3173,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -3153,7 +3319,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05rules\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.RouteRuleR\x05rules\x12\x12\n" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05ports\x18\x05 \x03(\rR\x05ports\x12)\n" +
-	"\x10client_namespace\x18\x06 \x01(\tR\x0fclientNamespace\"\xb1\x05\n" +
+	"\x10client_namespace\x18\x06 \x01(\tR\x0fclientNamespace\"\xdf\x05\n" +
 	"\tRouteRule\x128\n" +
 	"\amatches\x18\x01 \x03(\v2\x1e.ztunnelgo.waypoint.RouteMatchR\amatches\x12\\\n" +
 	"\x18request_header_modifiers\x18\x02 \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x16requestHeaderModifiers\x127\n" +
@@ -3167,7 +3333,20 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\arewrite\x18\t \x01(\v2\x1b.ztunnelgo.waypoint.RewriteR\arewrite\x128\n" +
 	"\bredirect\x18\n" +
 	" \x01(\v2\x1c.ztunnelgo.waypoint.RedirectR\bredirect\x12K\n" +
-	"\x0fdirect_response\x18\v \x01(\v2\".ztunnelgo.waypoint.DirectResponseR\x0edirectResponse\"\xb5\x01\n" +
+	"\x0fdirect_response\x18\v \x01(\v2\".ztunnelgo.waypoint.DirectResponseR\x0edirectResponse\x12,\n" +
+	"\x04cors\x18\f \x01(\v2\x18.ztunnelgo.waypoint.CorsR\x04cors\"\xe0\x02\n" +
+	"\x04Cors\x12#\n" +
+	"\rallow_origins\x18\x01 \x03(\tR\fallowOrigins\x12#\n" +
+	"\rallow_methods\x18\x02 \x03(\tR\fallowMethods\x12#\n" +
+	"\rallow_headers\x18\x03 \x03(\tR\fallowHeaders\x12%\n" +
+	"\x0eexpose_headers\x18\x04 \x03(\tR\rexposeHeaders\x12\x1a\n" +
+	"\tmax_age_s\x18\x05 \x01(\x05R\amaxAgeS\x12+\n" +
+	"\x11allow_credentials\x18\x06 \x01(\bR\x10allowCredentials\x12S\n" +
+	"\x13unmatched_preflight\x18\a \x01(\x0e2\".ztunnelgo.waypoint.Cors.UnmatchedR\x12unmatchedPreflight\"$\n" +
+	"\tUnmatched\x12\v\n" +
+	"\aFORWARD\x10\x00\x12\n" +
+	"\n" +
+	"\x06ANSWER\x10\x01\"\xb5\x01\n" +
 	"\fPathModifier\x129\n" +
 	"\x04type\x18\x01 \x01(\x0e2%.ztunnelgo.waypoint.PathModifier.TypeR\x04type\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x18\n" +
@@ -3300,124 +3479,128 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 	return file_waypointapi_waypoint_proto_rawDescData
 }
 
-var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_waypointapi_waypoint_proto_goTypes = []any{
 	(PathNormalization)(0),   // 0: ztunnelgo.waypoint.PathNormalization
 	(Protocol)(0),            // 1: ztunnelgo.waypoint.Protocol
 	(Action)(0),              // 2: ztunnelgo.waypoint.Action
 	(LoadBalancer)(0),        // 3: ztunnelgo.waypoint.LoadBalancer
-	(PathModifier_Type)(0),   // 4: ztunnelgo.waypoint.PathModifier.Type
-	(Redirect_PortRule)(0),   // 5: ztunnelgo.waypoint.Redirect.PortRule
-	(PathMatch_Type)(0),      // 6: ztunnelgo.waypoint.PathMatch.Type
-	(*Config)(nil),           // 7: ztunnelgo.waypoint.Config
-	(*RequestAuthn)(nil),     // 8: ztunnelgo.waypoint.RequestAuthn
-	(*JwtRule)(nil),          // 9: ztunnelgo.waypoint.JwtRule
-	(*JwtHeader)(nil),        // 10: ztunnelgo.waypoint.JwtHeader
-	(*ClaimToHeader)(nil),    // 11: ztunnelgo.waypoint.ClaimToHeader
-	(*Service)(nil),          // 12: ztunnelgo.waypoint.Service
-	(*Port)(nil),             // 13: ztunnelgo.waypoint.Port
-	(*Workload)(nil),         // 14: ztunnelgo.waypoint.Workload
-	(*Policy)(nil),           // 15: ztunnelgo.waypoint.Policy
-	(*Rule)(nil),             // 16: ztunnelgo.waypoint.Rule
-	(*Source)(nil),           // 17: ztunnelgo.waypoint.Source
-	(*ServiceAccount)(nil),   // 18: ztunnelgo.waypoint.ServiceAccount
-	(*Operation)(nil),        // 19: ztunnelgo.waypoint.Operation
-	(*Condition)(nil),        // 20: ztunnelgo.waypoint.Condition
-	(*Cidr)(nil),             // 21: ztunnelgo.waypoint.Cidr
-	(*StringMatch)(nil),      // 22: ztunnelgo.waypoint.StringMatch
-	(*Route)(nil),            // 23: ztunnelgo.waypoint.Route
-	(*RouteRule)(nil),        // 24: ztunnelgo.waypoint.RouteRule
-	(*PathModifier)(nil),     // 25: ztunnelgo.waypoint.PathModifier
-	(*Rewrite)(nil),          // 26: ztunnelgo.waypoint.Rewrite
-	(*Redirect)(nil),         // 27: ztunnelgo.waypoint.Redirect
-	(*DirectResponse)(nil),   // 28: ztunnelgo.waypoint.DirectResponse
-	(*Fault)(nil),            // 29: ztunnelgo.waypoint.Fault
-	(*Mirror)(nil),           // 30: ztunnelgo.waypoint.Mirror
-	(*RouteMatch)(nil),       // 31: ztunnelgo.waypoint.RouteMatch
-	(*PathMatch)(nil),        // 32: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),      // 33: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil),   // 34: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),          // 35: ztunnelgo.waypoint.Backend
-	(*TrafficPolicy)(nil),    // 36: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil), // 37: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),            // 38: ztunnelgo.waypoint.Retry
-	nil,                      // 39: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                      // 40: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                      // 41: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	(Cors_Unmatched)(0),      // 4: ztunnelgo.waypoint.Cors.Unmatched
+	(PathModifier_Type)(0),   // 5: ztunnelgo.waypoint.PathModifier.Type
+	(Redirect_PortRule)(0),   // 6: ztunnelgo.waypoint.Redirect.PortRule
+	(PathMatch_Type)(0),      // 7: ztunnelgo.waypoint.PathMatch.Type
+	(*Config)(nil),           // 8: ztunnelgo.waypoint.Config
+	(*RequestAuthn)(nil),     // 9: ztunnelgo.waypoint.RequestAuthn
+	(*JwtRule)(nil),          // 10: ztunnelgo.waypoint.JwtRule
+	(*JwtHeader)(nil),        // 11: ztunnelgo.waypoint.JwtHeader
+	(*ClaimToHeader)(nil),    // 12: ztunnelgo.waypoint.ClaimToHeader
+	(*Service)(nil),          // 13: ztunnelgo.waypoint.Service
+	(*Port)(nil),             // 14: ztunnelgo.waypoint.Port
+	(*Workload)(nil),         // 15: ztunnelgo.waypoint.Workload
+	(*Policy)(nil),           // 16: ztunnelgo.waypoint.Policy
+	(*Rule)(nil),             // 17: ztunnelgo.waypoint.Rule
+	(*Source)(nil),           // 18: ztunnelgo.waypoint.Source
+	(*ServiceAccount)(nil),   // 19: ztunnelgo.waypoint.ServiceAccount
+	(*Operation)(nil),        // 20: ztunnelgo.waypoint.Operation
+	(*Condition)(nil),        // 21: ztunnelgo.waypoint.Condition
+	(*Cidr)(nil),             // 22: ztunnelgo.waypoint.Cidr
+	(*StringMatch)(nil),      // 23: ztunnelgo.waypoint.StringMatch
+	(*Route)(nil),            // 24: ztunnelgo.waypoint.Route
+	(*RouteRule)(nil),        // 25: ztunnelgo.waypoint.RouteRule
+	(*Cors)(nil),             // 26: ztunnelgo.waypoint.Cors
+	(*PathModifier)(nil),     // 27: ztunnelgo.waypoint.PathModifier
+	(*Rewrite)(nil),          // 28: ztunnelgo.waypoint.Rewrite
+	(*Redirect)(nil),         // 29: ztunnelgo.waypoint.Redirect
+	(*DirectResponse)(nil),   // 30: ztunnelgo.waypoint.DirectResponse
+	(*Fault)(nil),            // 31: ztunnelgo.waypoint.Fault
+	(*Mirror)(nil),           // 32: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),       // 33: ztunnelgo.waypoint.RouteMatch
+	(*PathMatch)(nil),        // 34: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),      // 35: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),   // 36: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),          // 37: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),    // 38: ztunnelgo.waypoint.TrafficPolicy
+	(*OutlierDetection)(nil), // 39: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),            // 40: ztunnelgo.waypoint.Retry
+	nil,                      // 41: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                      // 42: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                      // 43: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
-	12, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
-	14, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
-	15, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
-	8,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
+	13, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
+	15, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
+	16, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
+	9,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
 	0,  // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
-	9,  // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
-	10, // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
-	11, // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
-	13, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
-	23, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
+	10, // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
+	11, // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
+	12, // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
+	14, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
+	24, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
 	1,  // 10: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
 	2,  // 11: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	16, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	17, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	19, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	20, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	22, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	21, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	21, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	21, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	21, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	22, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	18, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	18, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	22, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	24, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	31, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	34, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	35, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	38, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	30, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	29, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	34, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	26, // 46: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
-	27, // 47: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
-	28, // 48: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
-	4,  // 49: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
-	25, // 50: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
-	25, // 51: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
-	5,  // 52: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
-	35, // 53: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	32, // 54: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	33, // 55: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	33, // 56: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	6,  // 57: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	39, // 58: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	40, // 59: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	41, // 60: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	36, // 61: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	34, // 62: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	34, // 63: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	3,  // 64: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	37, // 65: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	66, // [66:66] is the sub-list for method output_type
-	66, // [66:66] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	17, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	18, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	20, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	21, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	23, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	22, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	22, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	22, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	22, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	23, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	19, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	19, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	23, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	25, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	33, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	36, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	37, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	40, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	32, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	31, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	36, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	28, // 46: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
+	29, // 47: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
+	30, // 48: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
+	26, // 49: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
+	4,  // 50: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
+	5,  // 51: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
+	27, // 52: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
+	27, // 53: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
+	6,  // 54: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
+	37, // 55: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	34, // 56: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	35, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	35, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	7,  // 59: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	41, // 60: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	42, // 61: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	43, // 62: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	38, // 63: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	36, // 64: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	36, // 65: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	3,  // 66: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	39, // 67: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	68, // [68:68] is the sub-list for method output_type
+	68, // [68:68] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -3436,8 +3619,8 @@ func file_waypointapi_waypoint_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   35,
+			NumEnums:      8,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -134,6 +134,7 @@ spec:
     filters:
     - {type: URLRewrite, urlRewrite: {hostname: api.example, path: {type: ReplaceFullPath, replaceFullPath: /v2}}}
     - {type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x-r, value: "1"}]}}
+    - {type: CORS, cors: {allowOrigins: ["https://*.example.com", "http://a.test:8080"], allowMethods: [GET], allowCredentials: true}}
     backendRefs: [{name: cart, port: 80}]
   - matches: [{path: {type: Exact, value: /exact}}]
     filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /x}}}]
@@ -156,6 +157,11 @@ spec:
 	wantRw := &waypointapi.Rewrite{Host: "api.example", Path: &waypointapi.PathModifier{Type: waypointapi.PathModifier_FULL, Value: "/v2"}}
 	if r := rules[1]; !proto.Equal(r.GetRewrite(), wantRw) || len(r.GetBackends()) != 1 || r.GetResponseHeaderModifiers()[0].GetAdd()["x-r"] != "1" {
 		t.Errorf("rewrite rule %v", r)
+	}
+	wantCors := &waypointapi.Cors{AllowOrigins: []string{`https://.*\.example\.com`, `http://a\.test:8080`}, AllowMethods: []string{"GET"},
+		MaxAgeS: 5, AllowCredentials: true, UnmatchedPreflight: waypointapi.Cors_ANSWER}
+	if !proto.Equal(rules[1].GetCors(), wantCors) {
+		t.Errorf("cors %v", rules[1].GetCors())
 	}
 	if r := rules[2]; len(r.GetBackends()) != 0 {
 		t.Errorf("ReplacePrefixMatch on an Exact match %v routes; it must answer 500", r)

@@ -229,7 +229,8 @@ func unsupportedHTTPRule(i int, rule gatewayv1.HTTPRouteRule) []string {
 		case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil,
 			f.Type == gatewayv1.HTTPRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil,
 			f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil,
-			f.Type == gatewayv1.HTTPRouteFilterRequestRedirect && f.RequestRedirect != nil:
+			f.Type == gatewayv1.HTTPRouteFilterRequestRedirect && f.RequestRedirect != nil,
+			f.Type == gatewayv1.HTTPRouteFilterCORS && f.CORS != nil:
 			if f.RequestRedirect != nil && f.RequestRedirect.Path != nil {
 				out = append(out, prefixModifierProblem(i, "requestRedirect", f.RequestRedirect.Path, rule.Matches)...)
 			}
@@ -335,6 +336,31 @@ func requestRedirect(f *gatewayv1.HTTPRequestRedirectFilter) *waypointapi.Redire
 	return rd
 }
 
+// gatewayCors converts a CORS filter: an origin's host may hold "*",
+// matching any run of characters (labels and dots) to its left, and "*"
+// alone matches every origin; maxAge defaults to 5 s; a preflight from
+// another origin is answered 200 without CORS headers.
+func gatewayCors(f *gatewayv1.HTTPCORSFilter) *waypointapi.Cors {
+	c := &waypointapi.Cors{MaxAgeS: 5, UnmatchedPreflight: waypointapi.Cors_ANSWER}
+	for _, o := range f.AllowOrigins {
+		c.AllowOrigins = append(c.AllowOrigins, strings.ReplaceAll(regexp.QuoteMeta(string(o)), `\*`, ".*"))
+	}
+	for _, m := range f.AllowMethods {
+		c.AllowMethods = append(c.AllowMethods, string(m))
+	}
+	for _, h := range f.AllowHeaders {
+		c.AllowHeaders = append(c.AllowHeaders, string(h))
+	}
+	for _, h := range f.ExposeHeaders {
+		c.ExposeHeaders = append(c.ExposeHeaders, string(h))
+	}
+	if f.MaxAge > 0 {
+		c.MaxAgeS = f.MaxAge
+	}
+	c.AllowCredentials = f.AllowCredentials != nil && *f.AllowCredentials
+	return c
+}
+
 // urlRewrite converts a URLRewrite filter.
 func urlRewrite(f *gatewayv1.HTTPURLRewriteFilter) *waypointapi.Rewrite {
 	rw := &waypointapi.Rewrite{Path: pathModifier(f.Path)}
@@ -408,6 +434,8 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 				rr.Redirect = requestRedirect(f.RequestRedirect)
 			case f.Type == gatewayv1.HTTPRouteFilterURLRewrite && f.URLRewrite != nil:
 				rr.Rewrite = urlRewrite(f.URLRewrite)
+			case f.Type == gatewayv1.HTTPRouteFilterCORS && f.CORS != nil:
+				rr.Cors = gatewayCors(f.CORS)
 			}
 		}
 		if rr.Redirect != nil {

@@ -298,7 +298,7 @@ func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.
 		}
 	}
 	unsupported("delegate", h.GetDelegate() != nil)
-	unsupported("corsPolicy", h.GetCorsPolicy() != nil)
+	rr.Cors = convertVSCors(path+".corsPolicy", h.GetCorsPolicy(), bad)
 	if len(h.GetRoute()) == 0 && h.GetRedirect() == nil && h.GetDirectResponse() == nil && h.GetDelegate() == nil {
 		bad.addf(path+".route", "a rule without destinations routes nowhere; requests it matches answer 500")
 	}
@@ -365,6 +365,48 @@ func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.
 		rr.Backends, rr.Redirect, rr.DirectResponse = nil, nil, nil
 	}
 	return rr, true
+}
+
+// convertVSCors converts corsPolicy: allowOrigins (exact, prefix, regex)
+// and the deprecated allowOrigin ("*" or exact); maxAge in whole seconds
+// (unset: not sent); unmatchedPreflights IGNORE answers a preflight from
+// another origin, FORWARD (the default) sends it upstream.
+func convertVSCors(path string, c *networkingv1alpha3.CorsPolicy, bad *problems) *waypointapi.Cors {
+	if c == nil {
+		return nil
+	}
+	out := &waypointapi.Cors{AllowMethods: c.GetAllowMethods(), AllowHeaders: c.GetAllowHeaders(), ExposeHeaders: c.GetExposeHeaders(),
+		MaxAgeS: -1, AllowCredentials: c.GetAllowCredentials().GetValue()}
+	if c.GetUnmatchedPreflights() == networkingv1alpha3.CorsPolicy_IGNORE {
+		out.UnmatchedPreflight = waypointapi.Cors_ANSWER
+	}
+	if d := c.GetMaxAge(); d != nil {
+		out.MaxAgeS = int32(min(max(d.AsDuration().Milliseconds()/1000, 0), math.MaxInt32))
+	}
+	for _, o := range c.GetAllowOrigin() {
+		if o == "*" {
+			out.AllowOrigins = append(out.AllowOrigins, ".*")
+		} else {
+			out.AllowOrigins = append(out.AllowOrigins, regexp.QuoteMeta(o))
+		}
+	}
+	for i, o := range c.GetAllowOrigins() {
+		switch v := o.GetMatchType().(type) {
+		case *networkingv1alpha3.StringMatch_Exact:
+			out.AllowOrigins = append(out.AllowOrigins, regexp.QuoteMeta(v.Exact))
+		case *networkingv1alpha3.StringMatch_Prefix:
+			out.AllowOrigins = append(out.AllowOrigins, regexp.QuoteMeta(v.Prefix)+".*")
+		case *networkingv1alpha3.StringMatch_Regex:
+			if _, err := regexp.Compile(v.Regex); err != nil {
+				bad.addf(fieldAt(path+".allowOrigins", i), "not an RE2 expression: %v", err)
+				continue
+			}
+			out.AllowOrigins = append(out.AllowOrigins, v.Regex)
+		default:
+			bad.addf(fieldAt(path+".allowOrigins", i), "an empty match; requests this rule matches answer 500")
+		}
+	}
+	return out
 }
 
 // istioHeaderOps converts a VirtualService HeaderOperations (nil: none).

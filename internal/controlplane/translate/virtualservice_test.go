@@ -198,7 +198,7 @@ spec:
   hosts: [reviews.default.svc.cluster.local]
   http:
   - match: [{uri: {prefix: /api}, headers: {x-v: {prefix: "2"}}}]
-    corsPolicy: {allowOrigins: [{exact: "https://example.com"}]}
+    delegate: {name: other}
     route: [{destination: {host: reviews, subset: v2}}]
   - match: [{uri: {regex: "/r/[0-9]+"}, ignoreUriCase: true}, {uri: {exact: /x}, gateways: [istio-system/ingress]}]
     timeout: 2s
@@ -226,7 +226,7 @@ spec:
 		t.Fatalf("rule 1 %v", r1)
 	}
 	st := statusOf(sts, "VirtualService", "default/reviews")
-	if !slices.ContainsFunc(st.Invalid, func(s string) bool { return strings.HasPrefix(s, "spec.http[0].corsPolicy: ") }) || len(st.Invalid) != 1 ||
+	if !slices.ContainsFunc(st.Invalid, func(s string) bool { return strings.HasPrefix(s, "spec.http[0].delegate: ") }) || len(st.Invalid) != 1 ||
 		!strings.Contains(st.Message, "spec.http[1].retries.retryOn: no-such-condition") {
 		t.Fatalf("status %+v", st)
 	}
@@ -257,6 +257,13 @@ spec:
     redirect: {uri: /new, authority: example.org, derivePort: FROM_REQUEST_PORT}
   - match: [{uri: {exact: /teapot}}]
     directResponse: {status: 418, body: {string: short and stout}}
+    corsPolicy:
+      allowOrigins: [{exact: "https://a.example"}, {prefix: "https://b."}, {regex: "https://.*[.]c[.]example"}]
+      allowOrigin: ["*"]
+      allowMethods: [GET, POST]
+      maxAge: 24h
+      allowCredentials: true
+      unmatchedPreflights: IGNORE
   - rewrite: {uri: /v2}
     route: [{destination: {host: reviews, subset: v3}}]
 `)
@@ -281,6 +288,10 @@ spec:
 	}
 	if want := (&waypointapi.DirectResponse{Status: 418, Body: []byte("short and stout")}); !proto.Equal(rules[3].GetDirectResponse(), want) {
 		t.Errorf("rule 3 %v", rules[3])
+	}
+	if want := (&waypointapi.Cors{AllowOrigins: []string{".*", `https://a\.example`, `https://b\..*`, "https://.*[.]c[.]example"},
+		AllowMethods: []string{"GET", "POST"}, MaxAgeS: 86400, AllowCredentials: true, UnmatchedPreflight: waypointapi.Cors_ANSWER}); !proto.Equal(rules[3].GetCors(), want) {
+		t.Errorf("rule 3 cors %v", rules[3].GetCors())
 	}
 	// No uri match: Envoy's prefix "/" is what the prefix rewrite replaces.
 	if m := rules[4].GetMatches(); len(m) != 1 || !proto.Equal(m[0].GetPath(), &waypointapi.PathMatch{Type: waypointapi.PathMatch_STRING_PREFIX, Value: "/"}) ||

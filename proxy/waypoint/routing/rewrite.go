@@ -254,6 +254,8 @@ type Edit struct {
 	rule      *Rule
 	backend   *backend // nil: none picked (or no filters)
 	prefixLen int      // of the matched path prefix; -1: not a prefix match
+	cors      corsState
+	origin    string // the allowed Origin (cors)
 }
 
 // Request applies the request filters to r, whose header h is (the
@@ -294,17 +296,20 @@ func (e Edit) Response(h http.Header) {
 		applyHeaderOps(e.backend.respMods, h)
 	}
 	applyHeaderOps(e.rule.respMods, h)
+	if e.cors == corsAllowed {
+		e.rule.cors.response(h, e.origin)
+	}
 }
 
 // ModifiesResponse reports whether Response changes anything.
 func (e Edit) ModifiesResponse() bool {
-	return e.rule != nil && (len(e.rule.respMods) > 0 || e.backend != nil && len(e.backend.respMods) > 0)
+	return e.rule != nil && (len(e.rule.respMods) > 0 || e.backend != nil && len(e.backend.respMods) > 0 || e.cors == corsAllowed)
 }
 
-// Answers reports whether the rule answers requests itself (a redirect or
-// a direct response) instead of routing them.
+// Answers reports whether the rule answers the request itself (a CORS
+// preflight, a redirect or a direct response) instead of routing it.
 func (e Edit) Answers() bool {
-	return e.rule != nil && (e.rule.redirect != nil || e.rule.direct != nil)
+	return e.rule != nil && (e.rule.redirect != nil || e.rule.direct != nil || e.cors == corsPreflight || e.cors == corsRefused)
 }
 
 // Answer writes the rule's own answer to r (Answers) to rw, after the
@@ -314,13 +319,27 @@ func (e Edit) Answers() bool {
 func (e Edit) Answer(rw http.ResponseWriter, r *http.Request, svcPort uint16) int {
 	h := rw.Header()
 	switch {
+	case e.cors == corsPreflight || e.cors == corsRefused:
+		// Envoy's CORS filter answers before the route acts.
+		if e.cors == corsPreflight {
+			e.rule.cors.preflight(h, r, e.origin)
+		}
+		applyHeaderOps(e.rule.respMods, h)
+		rw.WriteHeader(http.StatusOK)
+		return http.StatusOK
 	case e.rule.redirect != nil:
+		if e.cors == corsAllowed {
+			e.rule.cors.response(h, e.origin)
+		}
 		rd := e.rule.redirect
 		h.Set("Location", rd.location(r.Host, r.URL.Path, r.URL.RawQuery, e.prefixLen, svcPort))
 		applyHeaderOps(e.rule.respMods, h)
 		rw.WriteHeader(rd.code)
 		return rd.code
 	default:
+		if e.cors == corsAllowed {
+			e.rule.cors.response(h, e.origin)
+		}
 		d := e.rule.direct
 		if len(d.body) > 0 {
 			h.Set("Content-Type", "text/plain")

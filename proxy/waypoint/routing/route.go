@@ -76,6 +76,9 @@ func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, 
 			return res, &stream.Refusal{Code: http.StatusNotFound, Msg: "no HTTPRoute rule matches"}
 		default:
 			res.Edit = Edit{rule: rule, prefixLen: m.prefixLen}
+			if rule.cors != nil {
+				res.Edit.cors, res.Edit.origin = rule.cors.decide(req)
+			}
 			if res.Edit.Answers() {
 				return res, nil
 			}

@@ -83,6 +83,7 @@ type Rule struct {
 	rewrite           *rewrite
 	redirect          *redirect
 	direct            *directResponse
+	cors              *cors // its CORS policy (cors.go)
 	backends          []backend
 	total             uint64
 	timeout           time.Duration
@@ -128,6 +129,11 @@ func Compile(routes []*waypointapi.Route) *Table {
 				broken = true
 			} else {
 				cr.redirect = rd
+			}
+			if c, ok := compileCors(rr.GetCors()); !ok {
+				broken = true
+			} else {
+				cr.cors = c
 			}
 			if d := rr.GetDirectResponse(); d != nil && cr.redirect == nil {
 				cr.direct = &directResponse{code: int(d.GetStatus()), body: d.GetBody()}
@@ -191,7 +197,7 @@ func Compile(routes []*waypointapi.Route) *Table {
 				})
 			}
 			if broken {
-				cr.rewrite, cr.redirect, cr.direct, cr.backends, cr.total = nil, nil, nil, nil, 0
+				cr.rewrite, cr.redirect, cr.direct, cr.cors, cr.backends, cr.total = nil, nil, nil, nil, nil, 0
 			}
 			cr.timeout = time.Duration(rr.GetTimeoutMs()) * time.Millisecond
 			if rt := rr.GetRetry(); rt != nil {
