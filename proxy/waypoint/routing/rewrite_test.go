@@ -313,3 +313,34 @@ func TestBrokenFilterAnswers500(t *testing.T) {
 		}
 	}
 }
+
+// TestEditNoAllocs: picking a rule and applying an Edit that changes
+// nothing (no filters: the common route) allocates nothing, and a
+// prefix rewrite allocates only its new path.
+func TestEditNoAllocs(t *testing.T) {
+	tab := Compile([]*waypointapi.Route{{Name: "r", Namespace: "ns", Rules: []*waypointapi.RouteRule{
+		{Matches: []*waypointapi.RouteMatch{{Path: &waypointapi.PathMatch{Value: "/api"}}}, Backends: []*waypointapi.Backend{{Hostname: "b", Weight: 1}}},
+		{Matches: []*waypointapi.RouteMatch{{Path: &waypointapi.PathMatch{Value: "/old"}}}, Rewrite: &waypointapi.Rewrite{Path: prefix("/new")},
+			Backends: []*waypointapi.Backend{{Hostname: "b", Weight: 1}}},
+	}}})
+	r := httptest.NewRequest("GET", "/api/x", nil)
+	h := http.Header{"X-A": {"1"}}
+	if n := testing.AllocsPerRun(100, func() {
+		rule, m, _ := tab.pick(r, "", 80)
+		e := Edit{rule: rule, prefixLen: m.prefixLen}
+		e.Request(r, h)
+		if e.ModifiesResponse() || e.Answers() {
+			t.Fatal("a rule without filters changes the response")
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per request without filters, want 0", n)
+	}
+	rw := httptest.NewRequest("GET", "/old/x", nil)
+	if n := testing.AllocsPerRun(100, func() {
+		rw.URL.Path = "/old/x"
+		rule, m, _ := tab.pick(rw, "", 80)
+		Edit{rule: rule, prefixLen: m.prefixLen}.Request(rw, rw.Header)
+	}); n > 2 {
+		t.Errorf("%v allocations per prefix rewrite, want at most 2 (the path, the request URI)", n)
+	}
+}
