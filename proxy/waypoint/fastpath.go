@@ -113,6 +113,12 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 			return local(lr, code, flags)
 		}
 	}
+	if ex.edit.Answers() {
+		// A redirect or a direct response: the rule's own answer.
+		lr := h1.NewLocalResponse()
+		code := ex.edit.Answer(lr, r, ex.dst.Port())
+		return local(lr, code, "")
+	}
 	if ex.rule != nil && ex.rule.HasMirrors() {
 		ex.mirror = w.startMirrors(ex, r)
 	}
@@ -189,6 +195,9 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		}
 		resp := ex2.Resp
 		if i == attempts-1 || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode) {
+			if ex.edit.ModifiesResponse() {
+				ex.edit.Response(resp.Header)
+			}
 			n, reuse, err := c.WriteResponse(r, resp, keep)
 			if !ex2.Wait() {
 				reuse, keep = false, false // the rest of the body is not read: close after this one
@@ -238,9 +247,7 @@ func (fc *fastConn) upstreamHeader(ex *exchange, r *http.Request) {
 	h["X-Forwarded-Host"] = vs[1:2:2]
 	h["X-Forwarded-Proto"] = vs[2:3:3]
 	h["Forwarded"] = vs[3:4:4]
-	if ex.rule != nil {
-		ex.rule.Modify(h)
-	}
+	ex.edit.Request(r, h) // the route's header modifiers and URL rewrite
 	delete(h, "Content-Length")
 	delete(h, "Transfer-Encoding")
 	delete(h, "Host")

@@ -143,9 +143,13 @@ func (w *Waypoint) initHTTP() {
 			// The original source, as Envoy's waypoint forwards it.
 			pr.SetXForwarded()
 			pr.Out.Header.Set("Forwarded", hbone.BuildForwarded(ex.src, ex.attrs.Service))
-			if ex.rule != nil {
-				ex.rule.Modify(pr.Out.Header)
+			ex.edit.Request(pr.Out, pr.Out.Header)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			if ex, ok := resp.Request.Context().Value(exKey{}).(*exchange); ok && ex.edit.ModifiesResponse() {
+				ex.edit.Response(resp.Header)
 			}
+			return nil
 		},
 		Transport: &retrier{w: w},
 		// 0, not -1: a response of known length goes out in one write with
@@ -274,6 +278,12 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	if code, flags, done, why := w.router.InjectFault(ex.rule, sw, r); done {
 		ex.err = why
 		w.record(ex, code, flags, time.Since(start), sizes())
+		return
+	}
+	if ex.edit.Answers() {
+		// A redirect or a direct response: the rule's own answer.
+		code := ex.edit.Answer(sw, r, ex.dst.Port())
+		w.record(ex, code, "", time.Since(start), sizes())
 		return
 	}
 	if ex.rule != nil && ex.rule.HasMirrors() {

@@ -181,6 +181,7 @@ type exchange struct {
 	snap         *state.Snapshot
 	verdict      stream.Verdict
 	rule         *routing.Rule
+	edit         routing.Edit // what the rule (and its backend) do to the request
 	route        string
 	target       netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
 	picked       *routing.Picked // the endpoint a DestinationRule policy picked
@@ -246,7 +247,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 	}
 	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req, ex.peer.Namespace)
 	if table != nil {
-		ex.rule = res.Rule
+		ex.rule, ex.edit = res.Rule, res.Edit
 		if res.Rule != nil {
 			ex.route = res.Rule.Route()
 		}

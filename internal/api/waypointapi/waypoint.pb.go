@@ -248,12 +248,188 @@ func (LoadBalancer) EnumDescriptor() ([]byte, []int) {
 	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{3}
 }
 
+// Unmatched is what a preflight from an origin that is not allowed gets.
+type Cors_Unmatched int32
+
+const (
+	// FORWARD: it goes upstream like any request (Istio's default).
+	Cors_FORWARD Cors_Unmatched = 0
+	// ANSWER: the waypoint answers it 200 without CORS headers (Istio's
+	// IGNORE; Gateway API).
+	Cors_ANSWER Cors_Unmatched = 1
+)
+
+// Enum value maps for Cors_Unmatched.
+var (
+	Cors_Unmatched_name = map[int32]string{
+		0: "FORWARD",
+		1: "ANSWER",
+	}
+	Cors_Unmatched_value = map[string]int32{
+		"FORWARD": 0,
+		"ANSWER":  1,
+	}
+)
+
+func (x Cors_Unmatched) Enum() *Cors_Unmatched {
+	p := new(Cors_Unmatched)
+	*p = x
+	return p
+}
+
+func (x Cors_Unmatched) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Cors_Unmatched) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[4].Descriptor()
+}
+
+func (Cors_Unmatched) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[4]
+}
+
+func (x Cors_Unmatched) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Cors_Unmatched.Descriptor instead.
+func (Cors_Unmatched) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18, 0}
+}
+
+type PathModifier_Type int32
+
+const (
+	// FULL: the path becomes value.
+	PathModifier_FULL PathModifier_Type = 0
+	// PREFIX: Gateway API ReplacePrefixMatch: the path elements the
+	// matched PathPrefix matched are replaced by value (a trailing "/" of
+	// either is ignored; an empty result is "/"). A match that is not a
+	// prefix match replaces the full path.
+	PathModifier_PREFIX PathModifier_Type = 1
+	// STRING_PREFIX: Istio's rewrite.uri: the string the matched prefix
+	// matched is replaced by value (Envoy's prefix_rewrite); a match that
+	// is not a prefix match (or none) replaces the full path.
+	PathModifier_STRING_PREFIX PathModifier_Type = 2
+	// REGEX: every match of pattern (RE2) in the path is replaced by value,
+	// in Go's regexp.Expand syntax ($1, ${name}): Istio's uriRegexRewrite.
+	PathModifier_REGEX PathModifier_Type = 3
+)
+
+// Enum value maps for PathModifier_Type.
+var (
+	PathModifier_Type_name = map[int32]string{
+		0: "FULL",
+		1: "PREFIX",
+		2: "STRING_PREFIX",
+		3: "REGEX",
+	}
+	PathModifier_Type_value = map[string]int32{
+		"FULL":          0,
+		"PREFIX":        1,
+		"STRING_PREFIX": 2,
+		"REGEX":         3,
+	}
+)
+
+func (x PathModifier_Type) Enum() *PathModifier_Type {
+	p := new(PathModifier_Type)
+	*p = x
+	return p
+}
+
+func (x PathModifier_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PathModifier_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[5].Descriptor()
+}
+
+func (PathModifier_Type) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[5]
+}
+
+func (x PathModifier_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PathModifier_Type.Descriptor instead.
+func (PathModifier_Type) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19, 0}
+}
+
+// PortRule says which port a redirect without port goes to.
+type Redirect_PortRule int32
+
+const (
+	// GATEWAY: Gateway API: the well-known port of scheme when scheme is
+	// set, else the service port the client addressed.
+	Redirect_GATEWAY Redirect_PortRule = 0
+	// KEEP: Envoy's default for a VirtualService: the port of the
+	// request's Host header, if it has one.
+	Redirect_KEEP Redirect_PortRule = 1
+	// PROTOCOL_DEFAULT: Istio derivePort FROM_PROTOCOL_DEFAULT: 80 for
+	// http, 443 for https.
+	Redirect_PROTOCOL_DEFAULT Redirect_PortRule = 2
+	// REQUEST_PORT: Istio derivePort FROM_REQUEST_PORT: the service port
+	// the client addressed.
+	Redirect_REQUEST_PORT Redirect_PortRule = 3
+)
+
+// Enum value maps for Redirect_PortRule.
+var (
+	Redirect_PortRule_name = map[int32]string{
+		0: "GATEWAY",
+		1: "KEEP",
+		2: "PROTOCOL_DEFAULT",
+		3: "REQUEST_PORT",
+	}
+	Redirect_PortRule_value = map[string]int32{
+		"GATEWAY":          0,
+		"KEEP":             1,
+		"PROTOCOL_DEFAULT": 2,
+		"REQUEST_PORT":     3,
+	}
+)
+
+func (x Redirect_PortRule) Enum() *Redirect_PortRule {
+	p := new(Redirect_PortRule)
+	*p = x
+	return p
+}
+
+func (x Redirect_PortRule) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Redirect_PortRule) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[6].Descriptor()
+}
+
+func (Redirect_PortRule) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[6]
+}
+
+func (x Redirect_PortRule) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Redirect_PortRule.Descriptor instead.
+func (Redirect_PortRule) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21, 0}
+}
+
 type PathMatch_Type int32
 
 const (
 	PathMatch_PATH_PREFIX        PathMatch_Type = 0
 	PathMatch_EXACT              PathMatch_Type = 1
 	PathMatch_REGULAR_EXPRESSION PathMatch_Type = 2
+	// STRING_PREFIX: Istio's uri prefix, a string prefix ("/api" matches
+	// "/apix").
+	PathMatch_STRING_PREFIX PathMatch_Type = 3
 )
 
 // Enum value maps for PathMatch_Type.
@@ -262,11 +438,13 @@ var (
 		0: "PATH_PREFIX",
 		1: "EXACT",
 		2: "REGULAR_EXPRESSION",
+		3: "STRING_PREFIX",
 	}
 	PathMatch_Type_value = map[string]int32{
 		"PATH_PREFIX":        0,
 		"EXACT":              1,
 		"REGULAR_EXPRESSION": 2,
+		"STRING_PREFIX":      3,
 	}
 )
 
@@ -281,11 +459,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[4].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[7].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[4]
+	return &file_waypointapi_waypoint_proto_enumTypes[7]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -294,7 +472,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -1774,7 +1952,25 @@ type RouteRule struct {
 	// filters); their responses are discarded.
 	Mirrors []*Mirror `protobuf:"bytes,6,rep,name=mirrors,proto3" json:"mirrors,omitempty"`
 	// fault is VirtualService fault injection (nil: none).
-	Fault         *Fault `protobuf:"bytes,7,opt,name=fault,proto3" json:"fault,omitempty"`
+	Fault *Fault `protobuf:"bytes,7,opt,name=fault,proto3" json:"fault,omitempty"`
+	// response_header_modifiers change the response on its way back
+	// (ResponseHeaderModifier filters, VirtualService headers.response), after
+	// the backend's own.
+	ResponseHeaderModifiers []*HeaderModifier `protobuf:"bytes,8,rep,name=response_header_modifiers,json=responseHeaderModifiers,proto3" json:"response_header_modifiers,omitempty"`
+	// rewrite changes the request before it goes upstream (URLRewrite,
+	// VirtualService rewrite); nil: none. Authorization saw the request as
+	// the client sent it.
+	Rewrite *Rewrite `protobuf:"bytes,9,opt,name=rewrite,proto3" json:"rewrite,omitempty"`
+	// redirect, when set, answers every request the rule matches with a
+	// redirect (RequestRedirect, VirtualService redirect); nothing goes
+	// upstream and backends are unused.
+	Redirect *Redirect `protobuf:"bytes,10,opt,name=redirect,proto3" json:"redirect,omitempty"`
+	// direct_response, when set, answers every request the rule matches
+	// locally (VirtualService directResponse); backends are unused.
+	DirectResponse *DirectResponse `protobuf:"bytes,11,opt,name=direct_response,json=directResponse,proto3" json:"direct_response,omitempty"`
+	// cors is the rule's CORS policy (HTTPRoute CORS filter, VirtualService
+	// corsPolicy); nil: none.
+	Cors          *Cors `protobuf:"bytes,12,opt,name=cors,proto3" json:"cors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1858,6 +2054,410 @@ func (x *RouteRule) GetFault() *Fault {
 	return nil
 }
 
+func (x *RouteRule) GetResponseHeaderModifiers() []*HeaderModifier {
+	if x != nil {
+		return x.ResponseHeaderModifiers
+	}
+	return nil
+}
+
+func (x *RouteRule) GetRewrite() *Rewrite {
+	if x != nil {
+		return x.Rewrite
+	}
+	return nil
+}
+
+func (x *RouteRule) GetRedirect() *Redirect {
+	if x != nil {
+		return x.Redirect
+	}
+	return nil
+}
+
+func (x *RouteRule) GetDirectResponse() *DirectResponse {
+	if x != nil {
+		return x.DirectResponse
+	}
+	return nil
+}
+
+func (x *RouteRule) GetCors() *Cors {
+	if x != nil {
+		return x.Cors
+	}
+	return nil
+}
+
+// Cors is a CORS policy, applied as Envoy's CORS filter does: a request
+// without Origin is not a CORS request and passes untouched; a preflight
+// (OPTIONS with Origin and Access-Control-Request-Method) from an allowed
+// origin is answered 200 by the waypoint with the Access-Control-Allow-*
+// headers; any other request from an allowed origin goes upstream and its
+// response gets Access-Control-Allow-Origin (the request's Origin),
+// -Expose-Headers and -Allow-Credentials.
+type Cors struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allow_origins: an origin is allowed when one of these RE2 expressions
+	// matches the whole Origin header (the control plane turns exact, prefix
+	// and wildcard forms into one each).
+	AllowOrigins []string `protobuf:"bytes,1,rep,name=allow_origins,json=allowOrigins,proto3" json:"allow_origins,omitempty"`
+	// allow_methods, allow_headers, expose_headers: the values of the
+	// headers of the same names; ["*"] with allow_credentials echoes what the
+	// preflight asked for (Gateway API: "*" must not be sent then).
+	AllowMethods  []string `protobuf:"bytes,2,rep,name=allow_methods,json=allowMethods,proto3" json:"allow_methods,omitempty"`
+	AllowHeaders  []string `protobuf:"bytes,3,rep,name=allow_headers,json=allowHeaders,proto3" json:"allow_headers,omitempty"`
+	ExposeHeaders []string `protobuf:"bytes,4,rep,name=expose_headers,json=exposeHeaders,proto3" json:"expose_headers,omitempty"`
+	// max_age_s is Access-Control-Max-Age in seconds; negative: not sent.
+	MaxAgeS            int32          `protobuf:"varint,5,opt,name=max_age_s,json=maxAgeS,proto3" json:"max_age_s,omitempty"`
+	AllowCredentials   bool           `protobuf:"varint,6,opt,name=allow_credentials,json=allowCredentials,proto3" json:"allow_credentials,omitempty"`
+	UnmatchedPreflight Cors_Unmatched `protobuf:"varint,7,opt,name=unmatched_preflight,json=unmatchedPreflight,proto3,enum=ztunnelgo.waypoint.Cors_Unmatched" json:"unmatched_preflight,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *Cors) Reset() {
+	*x = Cors{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cors) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cors) ProtoMessage() {}
+
+func (x *Cors) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cors.ProtoReflect.Descriptor instead.
+func (*Cors) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Cors) GetAllowOrigins() []string {
+	if x != nil {
+		return x.AllowOrigins
+	}
+	return nil
+}
+
+func (x *Cors) GetAllowMethods() []string {
+	if x != nil {
+		return x.AllowMethods
+	}
+	return nil
+}
+
+func (x *Cors) GetAllowHeaders() []string {
+	if x != nil {
+		return x.AllowHeaders
+	}
+	return nil
+}
+
+func (x *Cors) GetExposeHeaders() []string {
+	if x != nil {
+		return x.ExposeHeaders
+	}
+	return nil
+}
+
+func (x *Cors) GetMaxAgeS() int32 {
+	if x != nil {
+		return x.MaxAgeS
+	}
+	return 0
+}
+
+func (x *Cors) GetAllowCredentials() bool {
+	if x != nil {
+		return x.AllowCredentials
+	}
+	return false
+}
+
+func (x *Cors) GetUnmatchedPreflight() Cors_Unmatched {
+	if x != nil {
+		return x.UnmatchedPreflight
+	}
+	return Cors_FORWARD
+}
+
+// PathModifier says what a rewrite or redirect makes of the request path
+// (the query string is kept).
+type PathModifier struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          PathModifier_Type      `protobuf:"varint,1,opt,name=type,proto3,enum=ztunnelgo.waypoint.PathModifier_Type" json:"type,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Pattern       string                 `protobuf:"bytes,3,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PathModifier) Reset() {
+	*x = PathModifier{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PathModifier) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PathModifier) ProtoMessage() {}
+
+func (x *PathModifier) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PathModifier.ProtoReflect.Descriptor instead.
+func (*PathModifier) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PathModifier) GetType() PathModifier_Type {
+	if x != nil {
+		return x.Type
+	}
+	return PathModifier_FULL
+}
+
+func (x *PathModifier) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *PathModifier) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+// Rewrite is a URLRewrite filter or a VirtualService rewrite.
+type Rewrite struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path: nil keeps the path.
+	Path *PathModifier `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// host replaces the Host (:authority) header ("": kept).
+	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rewrite) Reset() {
+	*x = Rewrite{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rewrite) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rewrite) ProtoMessage() {}
+
+func (x *Rewrite) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rewrite.ProtoReflect.Descriptor instead.
+func (*Rewrite) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *Rewrite) GetPath() *PathModifier {
+	if x != nil {
+		return x.Path
+	}
+	return nil
+}
+
+func (x *Rewrite) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+// Redirect is a RequestRedirect filter or a VirtualService redirect: the
+// answer's Location is built from the request with these replaced.
+type Redirect struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scheme: "" keeps the request's (http inside the mesh).
+	Scheme string `protobuf:"bytes,1,opt,name=scheme,proto3" json:"scheme,omitempty"`
+	// host: "" keeps the request's host.
+	Host string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	// port: 0 derives it by port_rule.
+	Port uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	// path: nil keeps the path.
+	Path *PathModifier `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	// code is the status: 301, 302, 303, 307 or 308.
+	Code          uint32            `protobuf:"varint,5,opt,name=code,proto3" json:"code,omitempty"`
+	PortRule      Redirect_PortRule `protobuf:"varint,6,opt,name=port_rule,json=portRule,proto3,enum=ztunnelgo.waypoint.Redirect_PortRule" json:"port_rule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Redirect) Reset() {
+	*x = Redirect{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Redirect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Redirect) ProtoMessage() {}
+
+func (x *Redirect) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
+func (*Redirect) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Redirect) GetScheme() string {
+	if x != nil {
+		return x.Scheme
+	}
+	return ""
+}
+
+func (x *Redirect) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *Redirect) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *Redirect) GetPath() *PathModifier {
+	if x != nil {
+		return x.Path
+	}
+	return nil
+}
+
+func (x *Redirect) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *Redirect) GetPortRule() Redirect_PortRule {
+	if x != nil {
+		return x.PortRule
+	}
+	return Redirect_GATEWAY
+}
+
+// DirectResponse answers a request locally (VirtualService
+// directResponse).
+type DirectResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Status uint32                 `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
+	// body: none when empty.
+	Body          []byte `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DirectResponse) Reset() {
+	*x = DirectResponse{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DirectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DirectResponse) ProtoMessage() {}
+
+func (x *DirectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DirectResponse.ProtoReflect.Descriptor instead.
+func (*DirectResponse) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DirectResponse) GetStatus() uint32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *DirectResponse) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
 // Fault is a VirtualService http fault: a delay and/or an abort, each for a
 // percentage of requests (0..100).
 type Fault struct {
@@ -1873,7 +2473,7 @@ type Fault struct {
 
 func (x *Fault) Reset() {
 	*x = Fault{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +2485,7 @@ func (x *Fault) String() string {
 func (*Fault) ProtoMessage() {}
 
 func (x *Fault) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[18]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +2498,7 @@ func (x *Fault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fault.ProtoReflect.Descriptor instead.
 func (*Fault) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{18}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Fault) GetDelayMs() uint32 {
@@ -1942,7 +2542,7 @@ type Mirror struct {
 
 func (x *Mirror) Reset() {
 	*x = Mirror{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2554,7 @@ func (x *Mirror) String() string {
 func (*Mirror) ProtoMessage() {}
 
 func (x *Mirror) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[19]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2567,7 @@ func (x *Mirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mirror.ProtoReflect.Descriptor instead.
 func (*Mirror) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{19}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Mirror) GetBackend() *Backend {
@@ -1990,15 +2590,18 @@ type RouteMatch struct {
 	Path    *PathMatch             `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	Headers []*HeaderMatch         `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty"`
 	// method: "" matches any.
-	Method        string         `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
-	QueryParams   []*HeaderMatch `protobuf:"bytes,4,rep,name=query_params,json=queryParams,proto3" json:"query_params,omitempty"`
+	Method      string         `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	QueryParams []*HeaderMatch `protobuf:"bytes,4,rep,name=query_params,json=queryParams,proto3" json:"query_params,omitempty"`
+	// port: the service port the client addressed must be this one (0: any);
+	// VirtualService match.port.
+	Port          uint32 `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteMatch) Reset() {
 	*x = RouteMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2613,7 @@ func (x *RouteMatch) String() string {
 func (*RouteMatch) ProtoMessage() {}
 
 func (x *RouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[20]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2626,7 @@ func (x *RouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteMatch.ProtoReflect.Descriptor instead.
 func (*RouteMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{20}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RouteMatch) GetPath() *PathMatch {
@@ -2054,18 +2657,28 @@ func (x *RouteMatch) GetQueryParams() []*HeaderMatch {
 	return nil
 }
 
+func (x *RouteMatch) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
 // PathMatch is Gateway API's path match.
 type PathMatch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Type          PathMatch_Type         `protobuf:"varint,1,opt,name=type,proto3,enum=ztunnelgo.waypoint.PathMatch_Type" json:"type,omitempty"`
-	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  PathMatch_Type         `protobuf:"varint,1,opt,name=type,proto3,enum=ztunnelgo.waypoint.PathMatch_Type" json:"type,omitempty"`
+	Value string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// ignore_case: STRING_PREFIX compares ASCII case-insensitively
+	// (VirtualService ignoreUriCase).
+	IgnoreCase    bool `protobuf:"varint,3,opt,name=ignore_case,json=ignoreCase,proto3" json:"ignore_case,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2690,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[21]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2703,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{21}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -2107,6 +2720,13 @@ func (x *PathMatch) GetValue() string {
 	return ""
 }
 
+func (x *PathMatch) GetIgnoreCase() bool {
+	if x != nil {
+		return x.IgnoreCase
+	}
+	return false
+}
+
 // HeaderMatch matches a header (or a query parameter) value.
 type HeaderMatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2120,7 +2740,7 @@ type HeaderMatch struct {
 
 func (x *HeaderMatch) Reset() {
 	*x = HeaderMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2132,7 +2752,7 @@ func (x *HeaderMatch) String() string {
 func (*HeaderMatch) ProtoMessage() {}
 
 func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[22]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2145,7 +2765,7 @@ func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderMatch.ProtoReflect.Descriptor instead.
 func (*HeaderMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{22}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HeaderMatch) GetName() string {
@@ -2169,7 +2789,8 @@ func (x *HeaderMatch) GetRegex() bool {
 	return false
 }
 
-// HeaderModifier is a RequestHeaderModifier filter.
+// HeaderModifier is a RequestHeaderModifier or ResponseHeaderModifier
+// filter: set, then add, then remove; names are case-insensitive.
 type HeaderModifier struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Set           map[string]string      `protobuf:"bytes,1,rep,name=set,proto3" json:"set,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -2181,7 +2802,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2814,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[23]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2827,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{23}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HeaderModifier) GetSet() map[string]string {
@@ -2255,14 +2876,20 @@ type Backend struct {
 	// (a cross-namespace reference without a ReferenceGrant, an unknown kind,
 	// a missing Service): requests that would go to it are answered 500, as
 	// Gateway API requires for an invalid backendRef; it keeps its weight.
-	Refused       string `protobuf:"bytes,10,opt,name=refused,proto3" json:"refused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Refused string `protobuf:"bytes,10,opt,name=refused,proto3" json:"refused,omitempty"`
+	// request_header_modifiers and response_header_modifiers apply only to
+	// requests sent to this backend (backendRef filters, VirtualService
+	// route[].headers), after the rule's request modifiers and before the
+	// rule's response modifiers.
+	RequestHeaderModifiers  []*HeaderModifier `protobuf:"bytes,11,rep,name=request_header_modifiers,json=requestHeaderModifiers,proto3" json:"request_header_modifiers,omitempty"`
+	ResponseHeaderModifiers []*HeaderModifier `protobuf:"bytes,12,rep,name=response_header_modifiers,json=responseHeaderModifiers,proto3" json:"response_header_modifiers,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
 	*x = Backend{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2901,7 @@ func (x *Backend) String() string {
 func (*Backend) ProtoMessage() {}
 
 func (x *Backend) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[24]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2914,7 @@ func (x *Backend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backend.ProtoReflect.Descriptor instead.
 func (*Backend) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{24}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Backend) GetHostname() string {
@@ -2360,6 +2987,20 @@ func (x *Backend) GetRefused() string {
 	return ""
 }
 
+func (x *Backend) GetRequestHeaderModifiers() []*HeaderModifier {
+	if x != nil {
+		return x.RequestHeaderModifiers
+	}
+	return nil
+}
+
+func (x *Backend) GetResponseHeaderModifiers() []*HeaderModifier {
+	if x != nil {
+		return x.ResponseHeaderModifiers
+	}
+	return nil
+}
+
 // TrafficPolicy is the part of a DestinationRule trafficPolicy a waypoint
 // enforces.
 type TrafficPolicy struct {
@@ -2372,7 +3013,7 @@ type TrafficPolicy struct {
 
 func (x *TrafficPolicy) Reset() {
 	*x = TrafficPolicy{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +3025,7 @@ func (x *TrafficPolicy) String() string {
 func (*TrafficPolicy) ProtoMessage() {}
 
 func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[25]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +3038,7 @@ func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrafficPolicy.ProtoReflect.Descriptor instead.
 func (*TrafficPolicy) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{25}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TrafficPolicy) GetLoadBalancer() LoadBalancer {
@@ -2429,7 +3070,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +3082,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +3095,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -2507,7 +3148,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +3160,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +3173,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -2678,7 +3319,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05rules\x18\x03 \x03(\v2\x1d.ztunnelgo.waypoint.RouteRuleR\x05rules\x12\x12\n" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05ports\x18\x05 \x03(\rR\x05ports\x12)\n" +
-	"\x10client_namespace\x18\x06 \x01(\tR\x0fclientNamespace\"\x93\x03\n" +
+	"\x10client_namespace\x18\x06 \x01(\tR\x0fclientNamespace\"\xdf\x05\n" +
 	"\tRouteRule\x128\n" +
 	"\amatches\x18\x01 \x03(\v2\x1e.ztunnelgo.waypoint.RouteMatchR\amatches\x12\\\n" +
 	"\x18request_header_modifiers\x18\x02 \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x16requestHeaderModifiers\x127\n" +
@@ -2687,7 +3328,53 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x12/\n" +
 	"\x05retry\x18\x05 \x01(\v2\x19.ztunnelgo.waypoint.RetryR\x05retry\x124\n" +
 	"\amirrors\x18\x06 \x03(\v2\x1a.ztunnelgo.waypoint.MirrorR\amirrors\x12/\n" +
-	"\x05fault\x18\a \x01(\v2\x19.ztunnelgo.waypoint.FaultR\x05fault\"\x8f\x01\n" +
+	"\x05fault\x18\a \x01(\v2\x19.ztunnelgo.waypoint.FaultR\x05fault\x12^\n" +
+	"\x19response_header_modifiers\x18\b \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x17responseHeaderModifiers\x125\n" +
+	"\arewrite\x18\t \x01(\v2\x1b.ztunnelgo.waypoint.RewriteR\arewrite\x128\n" +
+	"\bredirect\x18\n" +
+	" \x01(\v2\x1c.ztunnelgo.waypoint.RedirectR\bredirect\x12K\n" +
+	"\x0fdirect_response\x18\v \x01(\v2\".ztunnelgo.waypoint.DirectResponseR\x0edirectResponse\x12,\n" +
+	"\x04cors\x18\f \x01(\v2\x18.ztunnelgo.waypoint.CorsR\x04cors\"\xe0\x02\n" +
+	"\x04Cors\x12#\n" +
+	"\rallow_origins\x18\x01 \x03(\tR\fallowOrigins\x12#\n" +
+	"\rallow_methods\x18\x02 \x03(\tR\fallowMethods\x12#\n" +
+	"\rallow_headers\x18\x03 \x03(\tR\fallowHeaders\x12%\n" +
+	"\x0eexpose_headers\x18\x04 \x03(\tR\rexposeHeaders\x12\x1a\n" +
+	"\tmax_age_s\x18\x05 \x01(\x05R\amaxAgeS\x12+\n" +
+	"\x11allow_credentials\x18\x06 \x01(\bR\x10allowCredentials\x12S\n" +
+	"\x13unmatched_preflight\x18\a \x01(\x0e2\".ztunnelgo.waypoint.Cors.UnmatchedR\x12unmatchedPreflight\"$\n" +
+	"\tUnmatched\x12\v\n" +
+	"\aFORWARD\x10\x00\x12\n" +
+	"\n" +
+	"\x06ANSWER\x10\x01\"\xb5\x01\n" +
+	"\fPathModifier\x129\n" +
+	"\x04type\x18\x01 \x01(\x0e2%.ztunnelgo.waypoint.PathModifier.TypeR\x04type\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x18\n" +
+	"\apattern\x18\x03 \x01(\tR\apattern\":\n" +
+	"\x04Type\x12\b\n" +
+	"\x04FULL\x10\x00\x12\n" +
+	"\n" +
+	"\x06PREFIX\x10\x01\x12\x11\n" +
+	"\rSTRING_PREFIX\x10\x02\x12\t\n" +
+	"\x05REGEX\x10\x03\"S\n" +
+	"\aRewrite\x124\n" +
+	"\x04path\x18\x01 \x01(\v2 .ztunnelgo.waypoint.PathModifierR\x04path\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\"\xa3\x02\n" +
+	"\bRedirect\x12\x16\n" +
+	"\x06scheme\x18\x01 \x01(\tR\x06scheme\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x124\n" +
+	"\x04path\x18\x04 \x01(\v2 .ztunnelgo.waypoint.PathModifierR\x04path\x12\x12\n" +
+	"\x04code\x18\x05 \x01(\rR\x04code\x12B\n" +
+	"\tport_rule\x18\x06 \x01(\x0e2%.ztunnelgo.waypoint.Redirect.PortRuleR\bportRule\"I\n" +
+	"\bPortRule\x12\v\n" +
+	"\aGATEWAY\x10\x00\x12\b\n" +
+	"\x04KEEP\x10\x01\x12\x14\n" +
+	"\x10PROTOCOL_DEFAULT\x10\x02\x12\x10\n" +
+	"\fREQUEST_PORT\x10\x03\"<\n" +
+	"\x0eDirectResponse\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\rR\x06status\x12\x12\n" +
+	"\x04body\x18\x02 \x01(\fR\x04body\"\x8f\x01\n" +
 	"\x05Fault\x12\x19\n" +
 	"\bdelay_ms\x18\x01 \x01(\rR\adelayMs\x12#\n" +
 	"\rdelay_percent\x18\x02 \x01(\x01R\fdelayPercent\x12!\n" +
@@ -2695,20 +3382,24 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\rabort_percent\x18\x04 \x01(\x01R\fabortPercent\"Y\n" +
 	"\x06Mirror\x125\n" +
 	"\abackend\x18\x01 \x01(\v2\x1b.ztunnelgo.waypoint.BackendR\abackend\x12\x18\n" +
-	"\apercent\x18\x02 \x01(\rR\apercent\"\xd6\x01\n" +
+	"\apercent\x18\x02 \x01(\rR\apercent\"\xea\x01\n" +
 	"\n" +
 	"RouteMatch\x121\n" +
 	"\x04path\x18\x01 \x01(\v2\x1d.ztunnelgo.waypoint.PathMatchR\x04path\x129\n" +
 	"\aheaders\x18\x02 \x03(\v2\x1f.ztunnelgo.waypoint.HeaderMatchR\aheaders\x12\x16\n" +
 	"\x06method\x18\x03 \x01(\tR\x06method\x12B\n" +
-	"\fquery_params\x18\x04 \x03(\v2\x1f.ztunnelgo.waypoint.HeaderMatchR\vqueryParams\"\x95\x01\n" +
+	"\fquery_params\x18\x04 \x03(\v2\x1f.ztunnelgo.waypoint.HeaderMatchR\vqueryParams\x12\x12\n" +
+	"\x04port\x18\x05 \x01(\rR\x04port\"\xc9\x01\n" +
 	"\tPathMatch\x126\n" +
 	"\x04type\x18\x01 \x01(\x0e2\".ztunnelgo.waypoint.PathMatch.TypeR\x04type\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\":\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1f\n" +
+	"\vignore_case\x18\x03 \x01(\bR\n" +
+	"ignoreCase\"M\n" +
 	"\x04Type\x12\x0f\n" +
 	"\vPATH_PREFIX\x10\x00\x12\t\n" +
 	"\x05EXACT\x10\x01\x12\x16\n" +
-	"\x12REGULAR_EXPRESSION\x10\x02\"M\n" +
+	"\x12REGULAR_EXPRESSION\x10\x02\x12\x11\n" +
+	"\rSTRING_PREFIX\x10\x03\"M\n" +
 	"\vHeaderMatch\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
@@ -2722,7 +3413,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bAddEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd2\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x05\n" +
 	"\aBackend\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2734,7 +3425,9 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x0etraffic_policy\x18\b \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\rtrafficPolicy\x12)\n" +
 	"\x10subset_workloads\x18\t \x03(\tR\x0fsubsetWorkloads\x12\x18\n" +
 	"\arefused\x18\n" +
-	" \x01(\tR\arefused\x1a?\n" +
+	" \x01(\tR\arefused\x12\\\n" +
+	"\x18request_header_modifiers\x18\v \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x16requestHeaderModifiers\x12^\n" +
+	"\x19response_header_modifiers\x18\f \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x17responseHeaderModifiers\x1a?\n" +
 	"\x11SubsetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
@@ -2786,108 +3479,128 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 	return file_waypointapi_waypoint_proto_rawDescData
 }
 
-var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_waypointapi_waypoint_proto_goTypes = []any{
 	(PathNormalization)(0),   // 0: ztunnelgo.waypoint.PathNormalization
 	(Protocol)(0),            // 1: ztunnelgo.waypoint.Protocol
 	(Action)(0),              // 2: ztunnelgo.waypoint.Action
 	(LoadBalancer)(0),        // 3: ztunnelgo.waypoint.LoadBalancer
-	(PathMatch_Type)(0),      // 4: ztunnelgo.waypoint.PathMatch.Type
-	(*Config)(nil),           // 5: ztunnelgo.waypoint.Config
-	(*RequestAuthn)(nil),     // 6: ztunnelgo.waypoint.RequestAuthn
-	(*JwtRule)(nil),          // 7: ztunnelgo.waypoint.JwtRule
-	(*JwtHeader)(nil),        // 8: ztunnelgo.waypoint.JwtHeader
-	(*ClaimToHeader)(nil),    // 9: ztunnelgo.waypoint.ClaimToHeader
-	(*Service)(nil),          // 10: ztunnelgo.waypoint.Service
-	(*Port)(nil),             // 11: ztunnelgo.waypoint.Port
-	(*Workload)(nil),         // 12: ztunnelgo.waypoint.Workload
-	(*Policy)(nil),           // 13: ztunnelgo.waypoint.Policy
-	(*Rule)(nil),             // 14: ztunnelgo.waypoint.Rule
-	(*Source)(nil),           // 15: ztunnelgo.waypoint.Source
-	(*ServiceAccount)(nil),   // 16: ztunnelgo.waypoint.ServiceAccount
-	(*Operation)(nil),        // 17: ztunnelgo.waypoint.Operation
-	(*Condition)(nil),        // 18: ztunnelgo.waypoint.Condition
-	(*Cidr)(nil),             // 19: ztunnelgo.waypoint.Cidr
-	(*StringMatch)(nil),      // 20: ztunnelgo.waypoint.StringMatch
-	(*Route)(nil),            // 21: ztunnelgo.waypoint.Route
-	(*RouteRule)(nil),        // 22: ztunnelgo.waypoint.RouteRule
-	(*Fault)(nil),            // 23: ztunnelgo.waypoint.Fault
-	(*Mirror)(nil),           // 24: ztunnelgo.waypoint.Mirror
-	(*RouteMatch)(nil),       // 25: ztunnelgo.waypoint.RouteMatch
-	(*PathMatch)(nil),        // 26: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),      // 27: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil),   // 28: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),          // 29: ztunnelgo.waypoint.Backend
-	(*TrafficPolicy)(nil),    // 30: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil), // 31: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),            // 32: ztunnelgo.waypoint.Retry
-	nil,                      // 33: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                      // 34: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                      // 35: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	(Cors_Unmatched)(0),      // 4: ztunnelgo.waypoint.Cors.Unmatched
+	(PathModifier_Type)(0),   // 5: ztunnelgo.waypoint.PathModifier.Type
+	(Redirect_PortRule)(0),   // 6: ztunnelgo.waypoint.Redirect.PortRule
+	(PathMatch_Type)(0),      // 7: ztunnelgo.waypoint.PathMatch.Type
+	(*Config)(nil),           // 8: ztunnelgo.waypoint.Config
+	(*RequestAuthn)(nil),     // 9: ztunnelgo.waypoint.RequestAuthn
+	(*JwtRule)(nil),          // 10: ztunnelgo.waypoint.JwtRule
+	(*JwtHeader)(nil),        // 11: ztunnelgo.waypoint.JwtHeader
+	(*ClaimToHeader)(nil),    // 12: ztunnelgo.waypoint.ClaimToHeader
+	(*Service)(nil),          // 13: ztunnelgo.waypoint.Service
+	(*Port)(nil),             // 14: ztunnelgo.waypoint.Port
+	(*Workload)(nil),         // 15: ztunnelgo.waypoint.Workload
+	(*Policy)(nil),           // 16: ztunnelgo.waypoint.Policy
+	(*Rule)(nil),             // 17: ztunnelgo.waypoint.Rule
+	(*Source)(nil),           // 18: ztunnelgo.waypoint.Source
+	(*ServiceAccount)(nil),   // 19: ztunnelgo.waypoint.ServiceAccount
+	(*Operation)(nil),        // 20: ztunnelgo.waypoint.Operation
+	(*Condition)(nil),        // 21: ztunnelgo.waypoint.Condition
+	(*Cidr)(nil),             // 22: ztunnelgo.waypoint.Cidr
+	(*StringMatch)(nil),      // 23: ztunnelgo.waypoint.StringMatch
+	(*Route)(nil),            // 24: ztunnelgo.waypoint.Route
+	(*RouteRule)(nil),        // 25: ztunnelgo.waypoint.RouteRule
+	(*Cors)(nil),             // 26: ztunnelgo.waypoint.Cors
+	(*PathModifier)(nil),     // 27: ztunnelgo.waypoint.PathModifier
+	(*Rewrite)(nil),          // 28: ztunnelgo.waypoint.Rewrite
+	(*Redirect)(nil),         // 29: ztunnelgo.waypoint.Redirect
+	(*DirectResponse)(nil),   // 30: ztunnelgo.waypoint.DirectResponse
+	(*Fault)(nil),            // 31: ztunnelgo.waypoint.Fault
+	(*Mirror)(nil),           // 32: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),       // 33: ztunnelgo.waypoint.RouteMatch
+	(*PathMatch)(nil),        // 34: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),      // 35: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),   // 36: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),          // 37: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),    // 38: ztunnelgo.waypoint.TrafficPolicy
+	(*OutlierDetection)(nil), // 39: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),            // 40: ztunnelgo.waypoint.Retry
+	nil,                      // 41: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                      // 42: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                      // 43: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
-	10, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
-	12, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
-	13, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
-	6,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
+	13, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
+	15, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
+	16, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
+	9,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
 	0,  // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
-	7,  // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
-	8,  // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
-	9,  // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
-	11, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
-	21, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
+	10, // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
+	11, // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
+	12, // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
+	14, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
+	24, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
 	1,  // 10: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
 	2,  // 11: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	14, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	15, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	17, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	18, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	20, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	19, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	19, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	19, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	19, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	20, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	16, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	16, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	20, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	20, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	25, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	28, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	29, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	32, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	24, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	23, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	29, // 45: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	26, // 46: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	27, // 47: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	27, // 48: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	4,  // 49: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	33, // 50: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	34, // 51: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	35, // 52: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	30, // 53: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	3,  // 54: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	31, // 55: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	56, // [56:56] is the sub-list for method output_type
-	56, // [56:56] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	17, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	18, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	20, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	21, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	23, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	22, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	22, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	22, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	22, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	23, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	19, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	19, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	23, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	25, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	33, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	36, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	37, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	40, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	32, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	31, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	36, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	28, // 46: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
+	29, // 47: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
+	30, // 48: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
+	26, // 49: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
+	4,  // 50: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
+	5,  // 51: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
+	27, // 52: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
+	27, // 53: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
+	6,  // 54: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
+	37, // 55: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	34, // 56: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	35, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	35, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	7,  // 59: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	41, // 60: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	42, // 61: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	43, // 62: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	38, // 63: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	36, // 64: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	36, // 65: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	3,  // 66: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	39, // 67: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	68, // [68:68] is the sub-list for method output_type
+	68, // [68:68] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -2906,8 +3619,8 @@ func file_waypointapi_waypoint_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   31,
+			NumEnums:      8,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

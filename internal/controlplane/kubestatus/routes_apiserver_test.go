@@ -41,10 +41,10 @@ spec:
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
-metadata: {name: redirect, namespace: shop}
+metadata: {name: extension, namespace: shop}
 spec:
   parentRefs: [{group: "", kind: Service, name: cart}]
-  rules: [{filters: [{type: RequestRedirect, requestRedirect: {statusCode: 301}}]}]
+  rules: [{filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Plugin, name: p}}]}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -165,7 +165,7 @@ func TestHTTPRouteStatusOnAPIServer(t *testing.T) {
 		t.Fatalf("HTTPRoute %s/%s status, want our entry with %+v:\n%s", ns, name, w, last)
 	}
 	expect("shop", "good", want{"True", "Accepted", "True", "ResolvedRefs"})
-	expect("shop", "redirect", want{"False", "UnsupportedValue", "True", "ResolvedRefs"})
+	expect("shop", "extension", want{"False", "UnsupportedValue", "True", "ResolvedRefs"})
 	expect("shop", "missing", want{"True", "Accepted", "False", "BackendNotFound"})
 	expect("evil", "steal", want{"True", "Accepted", "False", "RefNotPermitted"})
 

@@ -210,10 +210,12 @@ type backendRefProblem struct {
 }
 
 // unsupportedFilter makes a rule that uses a filter the waypoint does not
-// implement (anything but RequestHeaderModifier and, for HTTPRoute,
-// RequestMirror) answer 500 (no backends), as Gateway API requires of a filter
-// that cannot be applied: it must not be skipped.
-func unsupportedFilter(rr *waypointapi.RouteRule) { rr.Backends = nil }
+// implement (CORS, ExtensionRef, ExternalAuth; for GRPCRoute also
+// RequestMirror) answer 500 (no backends, no answer of its own), as Gateway
+// API requires of a filter that cannot be applied: it must not be skipped.
+func unsupportedFilter(rr *waypointapi.RouteRule) {
+	rr.Backends, rr.Redirect, rr.DirectResponse = nil, nil, nil
+}
 
 // unsupportedHTTPRule lists what rule i of an HTTPRoute asks that the
 // waypoint cannot do, one "spec.rules[i]...: what" each. A rule with any
@@ -224,15 +226,30 @@ func unsupportedHTTPRule(i int, rule gatewayv1.HTTPRouteRule) []string {
 	var out []string
 	for _, f := range rule.Filters {
 		switch {
-		case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
-		case f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil:
+		case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil,
+			f.Type == gatewayv1.HTTPRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil,
+			f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil,
+			f.Type == gatewayv1.HTTPRouteFilterRequestRedirect && f.RequestRedirect != nil,
+			f.Type == gatewayv1.HTTPRouteFilterCORS && f.CORS != nil:
+			if f.RequestRedirect != nil && f.RequestRedirect.Path != nil {
+				out = append(out, prefixModifierProblem(i, "requestRedirect", f.RequestRedirect.Path, rule.Matches)...)
+			}
+		case f.Type == gatewayv1.HTTPRouteFilterURLRewrite && f.URLRewrite != nil:
+			if f.URLRewrite.Path != nil {
+				out = append(out, prefixModifierProblem(i, "urlRewrite", f.URLRewrite.Path, rule.Matches)...)
+			}
 		default:
 			out = append(out, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
 		}
 	}
 	for j, b := range rule.BackendRefs {
-		if len(b.Filters) > 0 {
-			out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters", i, j))
+		for _, f := range b.Filters {
+			switch {
+			case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil,
+				f.Type == gatewayv1.HTTPRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil:
+			default:
+				out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters: filter type %q", i, j, f.Type))
+			}
 		}
 	}
 	if rule.SessionPersistence != nil {
@@ -248,20 +265,109 @@ func unsupportedHTTPRule(i int, rule gatewayv1.HTTPRouteRule) []string {
 // only filter the waypoint applies is RequestHeaderModifier.
 func unsupportedGRPCRule(i int, rule gatewayv1.GRPCRouteRule) []string {
 	var out []string
+	headerFilter := func(f gatewayv1.GRPCRouteFilter) bool {
+		return f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil ||
+			f.Type == gatewayv1.GRPCRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil
+	}
 	for _, f := range rule.Filters {
-		if f.Type != gatewayv1.GRPCRouteFilterRequestHeaderModifier || f.RequestHeaderModifier == nil {
+		if !headerFilter(f) {
 			out = append(out, fmt.Sprintf("spec.rules[%d]: filter type %q", i, f.Type))
 		}
 	}
 	for j, b := range rule.BackendRefs {
-		if len(b.Filters) > 0 {
-			out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters", i, j))
+		for _, f := range b.Filters {
+			if !headerFilter(f) {
+				out = append(out, fmt.Sprintf("spec.rules[%d].backendRefs[%d].filters: filter type %q", i, j, f.Type))
+			}
 		}
 	}
 	if rule.SessionPersistence != nil {
 		out = append(out, fmt.Sprintf("spec.rules[%d].sessionPersistence", i))
 	}
 	return out
+}
+
+// prefixModifierProblem: ReplacePrefixMatch is only defined for a rule
+// whose matches are all PathPrefix (Gateway API: the route is not
+// accepted otherwise).
+func prefixModifierProblem(i int, filter string, p *gatewayv1.HTTPPathModifier, matches []gatewayv1.HTTPRouteMatch) []string {
+	if p.Type != gatewayv1.PrefixMatchHTTPPathModifier {
+		return nil
+	}
+	for _, m := range matches {
+		if m.Path != nil && m.Path.Type != nil && *m.Path.Type != gatewayv1.PathMatchPathPrefix {
+			return []string{fmt.Sprintf("spec.rules[%d]: filter %s: path.replacePrefixMatch needs every match of the rule to be a PathPrefix", i, filter)}
+		}
+	}
+	return nil
+}
+
+// pathModifier converts a Gateway API path modifier (nil: none).
+func pathModifier(p *gatewayv1.HTTPPathModifier) *waypointapi.PathModifier {
+	if p == nil {
+		return nil
+	}
+	switch {
+	case p.Type == gatewayv1.FullPathHTTPPathModifier && p.ReplaceFullPath != nil:
+		return &waypointapi.PathModifier{Type: waypointapi.PathModifier_FULL, Value: *p.ReplaceFullPath}
+	case p.Type == gatewayv1.PrefixMatchHTTPPathModifier && p.ReplacePrefixMatch != nil:
+		return &waypointapi.PathModifier{Type: waypointapi.PathModifier_PREFIX, Value: *p.ReplacePrefixMatch}
+	}
+	return nil
+}
+
+// requestRedirect converts a RequestRedirect filter: Gateway API's
+// defaults are status 302 and, for the port, the scheme's well-known port
+// when a scheme is set, else the service port (Redirect_GATEWAY).
+func requestRedirect(f *gatewayv1.HTTPRequestRedirectFilter) *waypointapi.Redirect {
+	rd := &waypointapi.Redirect{Code: 302, Path: pathModifier(f.Path)}
+	if f.Scheme != nil {
+		rd.Scheme = *f.Scheme
+	}
+	if f.Hostname != nil {
+		rd.Host = string(*f.Hostname)
+	}
+	if f.Port != nil {
+		rd.Port = uint32(*f.Port)
+	}
+	if f.StatusCode != nil {
+		rd.Code = uint32(*f.StatusCode)
+	}
+	return rd
+}
+
+// gatewayCors converts a CORS filter: an origin's host may hold "*",
+// matching any run of characters (labels and dots) to its left, and "*"
+// alone matches every origin; maxAge defaults to 5 s; a preflight from
+// another origin is answered 200 without CORS headers.
+func gatewayCors(f *gatewayv1.HTTPCORSFilter) *waypointapi.Cors {
+	c := &waypointapi.Cors{MaxAgeS: 5, UnmatchedPreflight: waypointapi.Cors_ANSWER}
+	for _, o := range f.AllowOrigins {
+		c.AllowOrigins = append(c.AllowOrigins, strings.ReplaceAll(regexp.QuoteMeta(string(o)), `\*`, ".*"))
+	}
+	for _, m := range f.AllowMethods {
+		c.AllowMethods = append(c.AllowMethods, string(m))
+	}
+	for _, h := range f.AllowHeaders {
+		c.AllowHeaders = append(c.AllowHeaders, string(h))
+	}
+	for _, h := range f.ExposeHeaders {
+		c.ExposeHeaders = append(c.ExposeHeaders, string(h))
+	}
+	if f.MaxAge > 0 {
+		c.MaxAgeS = f.MaxAge
+	}
+	c.AllowCredentials = f.AllowCredentials != nil && *f.AllowCredentials
+	return c
+}
+
+// urlRewrite converts a URLRewrite filter.
+func urlRewrite(f *gatewayv1.HTTPURLRewriteFilter) *waypointapi.Rewrite {
+	rw := &waypointapi.Rewrite{Path: pathModifier(f.Path)}
+	if f.Hostname != nil {
+		rw.Host = string(*f.Hostname)
+	}
+	return rw
 }
 
 func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
@@ -304,17 +410,37 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 		}
 		for _, b := range rule.BackendRefs {
 			be, _ := t.backend(kindHTTPRoute, r.Namespace, b.BackendRef)
+			for _, f := range b.Filters {
+				switch {
+				case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
+					be.RequestHeaderModifiers = append(be.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
+				case f.Type == gatewayv1.HTTPRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil:
+					be.ResponseHeaderModifiers = append(be.ResponseHeaderModifiers, headerModifier(f.ResponseHeaderModifier))
+				}
+			}
 			rr.Backends = append(rr.Backends, be)
 		}
 		for _, f := range rule.Filters {
 			switch {
 			case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
 				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
+			case f.Type == gatewayv1.HTTPRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil:
+				rr.ResponseHeaderModifiers = append(rr.ResponseHeaderModifiers, headerModifier(f.ResponseHeaderModifier))
 			case f.Type == gatewayv1.HTTPRouteFilterRequestMirror && f.RequestMirror != nil:
 				if m, _ := t.mirror(r.Namespace, f.RequestMirror); m != nil {
 					rr.Mirrors = append(rr.Mirrors, m)
 				}
+			case f.Type == gatewayv1.HTTPRouteFilterRequestRedirect && f.RequestRedirect != nil:
+				rr.Redirect = requestRedirect(f.RequestRedirect)
+			case f.Type == gatewayv1.HTTPRouteFilterURLRewrite && f.URLRewrite != nil:
+				rr.Rewrite = urlRewrite(f.URLRewrite)
+			case f.Type == gatewayv1.HTTPRouteFilterCORS && f.CORS != nil:
+				rr.Cors = gatewayCors(f.CORS)
 			}
+		}
+		if rr.Redirect != nil {
+			// A redirect answers itself: no backend, no mirror.
+			rr.Backends, rr.Mirrors = nil, nil
 		}
 		if rule.Timeouts != nil && rule.Timeouts.Request != nil {
 			if d, err := parseGatewayDuration(string(*rule.Timeouts.Request)); err == nil {
@@ -371,11 +497,22 @@ func (t *translator) convertGRPCRoute(r *gatewayv1.GRPCRoute) *waypointapi.Route
 		}
 		for _, b := range rule.BackendRefs {
 			be, _ := t.backend(kindGRPCRoute, r.Namespace, b.BackendRef)
+			for _, f := range b.Filters {
+				switch {
+				case f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
+					be.RequestHeaderModifiers = append(be.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
+				case f.Type == gatewayv1.GRPCRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil:
+					be.ResponseHeaderModifiers = append(be.ResponseHeaderModifiers, headerModifier(f.ResponseHeaderModifier))
+				}
+			}
 			rr.Backends = append(rr.Backends, be)
 		}
 		for _, f := range rule.Filters {
-			if f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil {
+			switch {
+			case f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
 				rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, headerModifier(f.RequestHeaderModifier))
+			case f.Type == gatewayv1.GRPCRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil:
+				rr.ResponseHeaderModifiers = append(rr.ResponseHeaderModifiers, headerModifier(f.ResponseHeaderModifier))
 			}
 		}
 		if len(unsupportedGRPCRule(0, rule)) > 0 {

@@ -302,7 +302,7 @@ metadata: {name: redirect, namespace: shop}
 spec:
   parentRefs: [{group: "", kind: Service, name: cart}]
   rules:
-  - filters: [{type: RequestRedirect, requestRedirect: {statusCode: 301}}]
+  - filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Plugin, name: p}}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute

@@ -270,16 +270,22 @@ func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.
 	if len(h.GetMatch()) > 0 && len(rr.Matches) == 0 {
 		return nil, false
 	}
-	for i, d := range h.GetRoute() {
-		dp := fieldAt(path+".route", i)
-		if d.GetHeaders() != nil {
-			bad.addf(dp+".headers", "per-destination header changes are not supported by ztunnel-go's waypoint; requests this rule matches answer 500")
-		}
+	for _, d := range h.GetRoute() {
 		weight := uint32(max(d.GetWeight(), 0))
 		if len(h.GetRoute()) == 1 {
 			weight = 1
 		}
-		rr.Backends = append(rr.Backends, ir.vsBackend(ns, d.GetDestination(), weight))
+		be := ir.vsBackend(ns, d.GetDestination(), weight)
+		if hd := d.GetHeaders(); hd != nil {
+			// Per destination: only for requests sent to it.
+			if m := istioHeaderOps(hd.GetRequest()); m != nil {
+				be.RequestHeaderModifiers = []*waypointapi.HeaderModifier{m}
+			}
+			if m := istioHeaderOps(hd.GetResponse()); m != nil {
+				be.ResponseHeaderModifiers = []*waypointapi.HeaderModifier{m}
+			}
+		}
+		rr.Backends = append(rr.Backends, be)
 	}
 	if len(h.GetRoute()) > 1 && !slices.ContainsFunc(rr.Backends, func(b *waypointapi.Backend) bool { return b.Weight > 0 }) {
 		for _, b := range rr.Backends {
@@ -291,18 +297,46 @@ func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.
 			bad.addf(path+"."+field, "not supported by ztunnel-go's waypoint; requests this rule matches answer 500")
 		}
 	}
-	unsupported("redirect", h.GetRedirect() != nil)
-	unsupported("directResponse", h.GetDirectResponse() != nil)
 	unsupported("delegate", h.GetDelegate() != nil)
-	unsupported("rewrite", h.GetRewrite() != nil)
-	unsupported("corsPolicy", h.GetCorsPolicy() != nil)
+	rr.Cors = convertVSCors(path+".corsPolicy", h.GetCorsPolicy(), bad)
 	if len(h.GetRoute()) == 0 && h.GetRedirect() == nil && h.GetDirectResponse() == nil && h.GetDelegate() == nil {
 		bad.addf(path+".route", "a rule without destinations routes nowhere; requests it matches answer 500")
 	}
 	if hd := h.GetHeaders(); hd != nil {
-		unsupported("headers.response", hd.GetResponse() != nil)
-		if rq := hd.GetRequest(); rq != nil {
-			rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, &waypointapi.HeaderModifier{Set: rq.GetSet(), Add: rq.GetAdd(), Remove: rq.GetRemove()})
+		if m := istioHeaderOps(hd.GetRequest()); m != nil {
+			rr.RequestHeaderModifiers = append(rr.RequestHeaderModifiers, m)
+		}
+		if m := istioHeaderOps(hd.GetResponse()); m != nil {
+			rr.ResponseHeaderModifiers = append(rr.ResponseHeaderModifiers, m)
+		}
+	}
+	rr.Rewrite = convertVSRewrite(path+".rewrite", h.GetRewrite(), bad)
+	rr.Redirect = convertVSRedirect(path+".redirect", h.GetRedirect(), bad)
+	if d := h.GetDirectResponse(); d != nil && rr.Redirect == nil {
+		if d.GetStatus() < 200 || d.GetStatus() > 599 {
+			bad.addf(path+".directResponse.status", "%d is not an HTTP status; requests this rule matches answer 500", d.GetStatus())
+		}
+		body := d.GetBody().GetBytes()
+		if s := d.GetBody().GetString_(); s != "" {
+			body = []byte(s)
+		}
+		rr.DirectResponse = &waypointapi.DirectResponse{Status: d.GetStatus(), Body: body}
+	}
+	if rr.Redirect != nil || rr.DirectResponse != nil {
+		// The rule answers itself (Envoy's redirect and direct_response
+		// route actions): no destination, no mirror.
+		rr.Backends, rr.Mirrors = nil, nil
+	}
+	if rr.Rewrite.GetPath().GetType() == waypointapi.PathModifier_STRING_PREFIX || rr.Redirect.GetPath().GetType() == waypointapi.PathModifier_STRING_PREFIX {
+		// Envoy matches a rule without a uri match as the prefix "/", and
+		// a prefix rewrite replaces that "/".
+		for _, m := range rr.Matches {
+			if m.Path == nil {
+				m.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_STRING_PREFIX, Value: "/"}
+			}
+		}
+		if len(rr.Matches) == 0 {
+			rr.Matches = []*waypointapi.RouteMatch{{Path: &waypointapi.PathMatch{Type: waypointapi.PathMatch_STRING_PREFIX, Value: "/"}}}
 		}
 	}
 	if ms, ok := durationMs(h.GetTimeout()); ok {
@@ -327,9 +361,141 @@ func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.
 		rr.Mirrors = append(rr.Mirrors, ir.vsMirror(ns, m.GetDestination(), pct))
 	}
 	if len(*bad) > before {
-		rr.Backends = nil // fail closed: 500 for what it matches
+		// fail closed: 500 for what it matches
+		rr.Backends, rr.Redirect, rr.DirectResponse = nil, nil, nil
 	}
 	return rr, true
+}
+
+// convertVSCors converts corsPolicy: allowOrigins (exact, prefix, regex)
+// and the deprecated allowOrigin ("*" or exact); maxAge in whole seconds
+// (unset: not sent); unmatchedPreflights IGNORE answers a preflight from
+// another origin, FORWARD (the default) sends it upstream.
+func convertVSCors(path string, c *networkingv1alpha3.CorsPolicy, bad *problems) *waypointapi.Cors {
+	if c == nil {
+		return nil
+	}
+	out := &waypointapi.Cors{AllowMethods: c.GetAllowMethods(), AllowHeaders: c.GetAllowHeaders(), ExposeHeaders: c.GetExposeHeaders(),
+		MaxAgeS: -1, AllowCredentials: c.GetAllowCredentials().GetValue()}
+	if c.GetUnmatchedPreflights() == networkingv1alpha3.CorsPolicy_IGNORE {
+		out.UnmatchedPreflight = waypointapi.Cors_ANSWER
+	}
+	if d := c.GetMaxAge(); d != nil {
+		out.MaxAgeS = int32(min(max(d.AsDuration().Milliseconds()/1000, 0), math.MaxInt32))
+	}
+	for _, o := range c.GetAllowOrigin() {
+		if o == "*" {
+			out.AllowOrigins = append(out.AllowOrigins, ".*")
+		} else {
+			out.AllowOrigins = append(out.AllowOrigins, regexp.QuoteMeta(o))
+		}
+	}
+	for i, o := range c.GetAllowOrigins() {
+		switch v := o.GetMatchType().(type) {
+		case *networkingv1alpha3.StringMatch_Exact:
+			out.AllowOrigins = append(out.AllowOrigins, regexp.QuoteMeta(v.Exact))
+		case *networkingv1alpha3.StringMatch_Prefix:
+			out.AllowOrigins = append(out.AllowOrigins, regexp.QuoteMeta(v.Prefix)+".*")
+		case *networkingv1alpha3.StringMatch_Regex:
+			if _, err := regexp.Compile(v.Regex); err != nil {
+				bad.addf(fieldAt(path+".allowOrigins", i), "not an RE2 expression: %v", err)
+				continue
+			}
+			out.AllowOrigins = append(out.AllowOrigins, v.Regex)
+		default:
+			bad.addf(fieldAt(path+".allowOrigins", i), "an empty match; requests this rule matches answer 500")
+		}
+	}
+	return out
+}
+
+// istioHeaderOps converts a VirtualService HeaderOperations (nil: none).
+func istioHeaderOps(h *networkingv1alpha3.Headers_HeaderOperations) *waypointapi.HeaderModifier {
+	if h == nil || len(h.GetSet()) == 0 && len(h.GetAdd()) == 0 && len(h.GetRemove()) == 0 {
+		return nil
+	}
+	return &waypointapi.HeaderModifier{Set: h.GetSet(), Add: h.GetAdd(), Remove: h.GetRemove()}
+}
+
+// convertVSRewrite converts rewrite: uri replaces the prefix a prefix
+// match matched (Envoy's prefix_rewrite, a string prefix: the rule's
+// prefix matches become STRING_PREFIX) or else the whole path;
+// uriRegexRewrite replaces every match of its RE2 pattern, with Envoy's
+// \1 group references; authority replaces the Host.
+func convertVSRewrite(path string, rw *networkingv1alpha3.HTTPRewrite, bad *problems) *waypointapi.Rewrite {
+	if rw == nil {
+		return nil
+	}
+	out := &waypointapi.Rewrite{Host: rw.GetAuthority()}
+	switch {
+	case rw.GetUriRegexRewrite() != nil:
+		rx := rw.GetUriRegexRewrite()
+		if _, err := regexp.Compile(rx.GetMatch()); err != nil {
+			bad.addf(path+".uriRegexRewrite.match", "not an RE2 expression: %v", err)
+		}
+		out.Path = &waypointapi.PathModifier{Type: waypointapi.PathModifier_REGEX, Pattern: rx.GetMatch(), Value: envoySubstitution(rx.GetRewrite())}
+		if rw.GetUri() != "" {
+			bad.addf(path+".uri", "uri and uriRegexRewrite are mutually exclusive")
+		}
+	case rw.GetUri() != "":
+		out.Path = &waypointapi.PathModifier{Type: waypointapi.PathModifier_STRING_PREFIX, Value: rw.GetUri()}
+	}
+	return out
+}
+
+// envoySubstitution turns an Envoy regex substitution (\1 references a
+// group) into Go's regexp.Expand template ($ escaped).
+func envoySubstitution(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '$':
+			b.WriteString("$$")
+		case s[i] == '\\' && i+1 < len(s) && s[i+1] >= '0' && s[i+1] <= '9':
+			b.WriteString("${" + s[i+1:i+2] + "}")
+			i++
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	return b.String()
+}
+
+// convertVSRedirect converts redirect: uri replaces the whole path,
+// prefixRewrite the matched prefix; authority the host; port, or the
+// port derivePort names, else the Host's own port (Envoy's default);
+// redirectCode defaults to 301.
+func convertVSRedirect(path string, rd *networkingv1alpha3.HTTPRedirect, bad *problems) *waypointapi.Redirect {
+	if rd == nil {
+		return nil
+	}
+	out := &waypointapi.Redirect{Scheme: rd.GetScheme(), Host: rd.GetAuthority(), Code: rd.GetRedirectCode(), PortRule: waypointapi.Redirect_KEEP}
+	if out.Code == 0 {
+		out.Code = 301
+	}
+	switch out.Code {
+	case 301, 302, 303, 307, 308:
+	default:
+		bad.addf(path+".redirectCode", "%d is not a redirect status (301, 302, 303, 307, 308); requests this rule matches answer 500", out.Code)
+	}
+	switch p := rd.GetRedirectPort().(type) {
+	case *networkingv1alpha3.HTTPRedirect_Port:
+		out.Port = p.Port
+	case *networkingv1alpha3.HTTPRedirect_DerivePort:
+		out.PortRule = waypointapi.Redirect_PROTOCOL_DEFAULT
+		if p.DerivePort == networkingv1alpha3.HTTPRedirect_FROM_REQUEST_PORT {
+			out.PortRule = waypointapi.Redirect_REQUEST_PORT
+		}
+	}
+	switch {
+	case rd.GetUri() != "" && rd.GetPrefixRewrite() != "":
+		bad.addf(path+".prefixRewrite", "uri and prefixRewrite are mutually exclusive")
+	case rd.GetUri() != "":
+		out.Path = &waypointapi.PathModifier{Type: waypointapi.PathModifier_FULL, Value: rd.GetUri()}
+	case rd.GetPrefixRewrite() != "":
+		out.Path = &waypointapi.PathModifier{Type: waypointapi.PathModifier_STRING_PREFIX, Value: rd.GetPrefixRewrite()}
+	}
+	return out
 }
 
 func (ir *istioRouting) vsBackend(ns string, d *networkingv1alpha3.Destination, weight uint32) *waypointapi.Backend {
@@ -365,7 +531,7 @@ func convertVSMatch(path string, m *networkingv1alpha3.HTTPMatchRequest, bad *pr
 			}
 		case *networkingv1alpha3.StringMatch_Prefix:
 			// Istio's prefix is a string prefix ("/api" matches "/apix").
-			rm.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_REGULAR_EXPRESSION, Value: fold + regexp.QuoteMeta(v.Prefix) + ".*"}
+			rm.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_STRING_PREFIX, Value: v.Prefix, IgnoreCase: fold != ""}
 		case *networkingv1alpha3.StringMatch_Regex:
 			rm.Path = &waypointapi.PathMatch{Type: waypointapi.PathMatch_REGULAR_EXPRESSION, Value: fold + "(?:" + v.Regex + ")"}
 		}
@@ -397,7 +563,7 @@ func convertVSMatch(path string, m *networkingv1alpha3.HTTPMatchRequest, bad *pr
 		}
 	}
 	unsupported("scheme", m.GetScheme() != nil)
-	unsupported("port", m.GetPort() != 0)
+	rm.Port = m.GetPort()
 	unsupported("sourceLabels", len(m.GetSourceLabels()) > 0)
 	unsupported("sourceNamespace", m.GetSourceNamespace() != "")
 	unsupported("withoutHeaders", len(m.GetWithoutHeaders()) > 0)

@@ -198,7 +198,7 @@ spec:
   hosts: [reviews.default.svc.cluster.local]
   http:
   - match: [{uri: {prefix: /api}, headers: {x-v: {prefix: "2"}}}]
-    rewrite: {uri: /v2}
+    delegate: {name: other}
     route: [{destination: {host: reviews, subset: v2}}]
   - match: [{uri: {regex: "/r/[0-9]+"}, ignoreUriCase: true}, {uri: {exact: /x}, gateways: [istio-system/ingress]}]
     timeout: 2s
@@ -214,7 +214,7 @@ spec:
 		t.Fatalf("rules %v (the gateway-only rule must not apply to the mesh)", rules)
 	}
 	m := rules[0].GetMatches()[0]
-	if rules[0].GetBackends() != nil || m.GetPath().GetValue() != "/api.*" || m.GetPath().GetType() != waypointapi.PathMatch_REGULAR_EXPRESSION ||
+	if rules[0].GetBackends() != nil || m.GetPath().GetValue() != "/api" || m.GetPath().GetType() != waypointapi.PathMatch_STRING_PREFIX ||
 		!proto.Equal(m.GetHeaders()[0], &waypointapi.HeaderMatch{Name: "x-v", Value: "2.*", Regex: true}) {
 		t.Fatalf("rule 0 %v", rules[0])
 	}
@@ -226,9 +226,95 @@ spec:
 		t.Fatalf("rule 1 %v", r1)
 	}
 	st := statusOf(sts, "VirtualService", "default/reviews")
-	if !slices.ContainsFunc(st.Invalid, func(s string) bool { return strings.HasPrefix(s, "spec.http[0].rewrite: ") }) || len(st.Invalid) != 1 ||
+	if !slices.ContainsFunc(st.Invalid, func(s string) bool { return strings.HasPrefix(s, "spec.http[0].delegate: ") }) || len(st.Invalid) != 1 ||
 		!strings.Contains(st.Message, "spec.http[1].retries.retryOn: no-such-condition") {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestVirtualServiceRedirectRewrite: rewrite (uri on a prefix match, on no
+// uri match, uriRegexRewrite with Envoy's \1, authority), redirect (uri,
+// authority, derivePort, default 301), directResponse, headers.response
+// and per-destination headers, and match.port reach the waypoint's config.
+func TestVirtualServiceRedirectRewrite(t *testing.T) {
+	c, sts := bookinfoConfig(t, istioSample(t, "destination-rule-all.yaml"), `---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{uri: {prefix: /ratings}, port: 9080}]
+    rewrite: {uri: /v1/bookRatings, authority: ratings.example}
+    headers: {response: {set: {x-r: "1"}, remove: [server]}}
+    route:
+    - destination: {host: reviews, subset: v1}
+      headers: {request: {add: {x-d: v1}}, response: {set: {x-dr: v1}}}
+  - match: [{uri: {prefix: /z2m/}}]
+    rewrite: {uriRegexRewrite: {match: "/z2m(/|$)(.*)", rewrite: "/\\2"}}
+    route: [{destination: {host: reviews, subset: v2}}]
+  - match: [{uri: {exact: /old}}]
+    redirect: {uri: /new, authority: example.org, derivePort: FROM_REQUEST_PORT}
+  - match: [{uri: {exact: /teapot}}]
+    directResponse: {status: 418, body: {string: short and stout}}
+    corsPolicy:
+      allowOrigins: [{exact: "https://a.example"}, {prefix: "https://b."}, {regex: "https://.*[.]c[.]example"}]
+      allowOrigin: ["*"]
+      allowMethods: [GET, POST]
+      maxAge: 24h
+      allowCredentials: true
+      unmatchedPreflights: IGNORE
+  - rewrite: {uri: /v2}
+    route: [{destination: {host: reviews, subset: v3}}]
+`)
+	rules := serviceRoutes(t, c, "reviews")[0].GetRules()
+	if len(rules) != 5 {
+		t.Fatalf("rules %v", rules)
+	}
+	r0 := rules[0]
+	if !proto.Equal(r0.GetMatches()[0], &waypointapi.RouteMatch{Path: &waypointapi.PathMatch{Type: waypointapi.PathMatch_STRING_PREFIX, Value: "/ratings"}, Port: 9080}) ||
+		!proto.Equal(r0.GetRewrite(), &waypointapi.Rewrite{Host: "ratings.example", Path: &waypointapi.PathModifier{Type: waypointapi.PathModifier_STRING_PREFIX, Value: "/v1/bookRatings"}}) ||
+		!proto.Equal(r0.GetResponseHeaderModifiers()[0], &waypointapi.HeaderModifier{Set: map[string]string{"x-r": "1"}, Remove: []string{"server"}}) ||
+		len(r0.GetBackends()) != 1 || !proto.Equal(r0.GetBackends()[0].GetRequestHeaderModifiers()[0], &waypointapi.HeaderModifier{Add: map[string]string{"x-d": "v1"}}) ||
+		!proto.Equal(r0.GetBackends()[0].GetResponseHeaderModifiers()[0], &waypointapi.HeaderModifier{Set: map[string]string{"x-dr": "v1"}}) {
+		t.Errorf("rule 0 %v", r0)
+	}
+	if want := (&waypointapi.PathModifier{Type: waypointapi.PathModifier_REGEX, Pattern: "/z2m(/|$)(.*)", Value: "/${2}"}); !proto.Equal(rules[1].GetRewrite().GetPath(), want) {
+		t.Errorf("rule 1 rewrite %v", rules[1].GetRewrite())
+	}
+	if want := (&waypointapi.Redirect{Host: "example.org", Code: 301, PortRule: waypointapi.Redirect_REQUEST_PORT,
+		Path: &waypointapi.PathModifier{Type: waypointapi.PathModifier_FULL, Value: "/new"}}); !proto.Equal(rules[2].GetRedirect(), want) || rules[2].GetBackends() != nil {
+		t.Errorf("rule 2 %v", rules[2])
+	}
+	if want := (&waypointapi.DirectResponse{Status: 418, Body: []byte("short and stout")}); !proto.Equal(rules[3].GetDirectResponse(), want) {
+		t.Errorf("rule 3 %v", rules[3])
+	}
+	if want := (&waypointapi.Cors{AllowOrigins: []string{".*", `https://a\.example`, `https://b\..*`, "https://.*[.]c[.]example"},
+		AllowMethods: []string{"GET", "POST"}, MaxAgeS: 86400, AllowCredentials: true, UnmatchedPreflight: waypointapi.Cors_ANSWER}); !proto.Equal(rules[3].GetCors(), want) {
+		t.Errorf("rule 3 cors %v", rules[3].GetCors())
+	}
+	// No uri match: Envoy's prefix "/" is what the prefix rewrite replaces.
+	if m := rules[4].GetMatches(); len(m) != 1 || !proto.Equal(m[0].GetPath(), &waypointapi.PathMatch{Type: waypointapi.PathMatch_STRING_PREFIX, Value: "/"}) ||
+		len(rules[4].GetBackends()) != 1 {
+		t.Errorf("rule 4 %v", rules[4])
+	}
+	if st := statusOf(sts, "VirtualService", "default/reviews"); len(st.Invalid) != 0 || !st.Sent {
+		t.Errorf("status %+v", st)
+	}
+	// A redirect code that is not one fails closed.
+	c, sts = bookinfoConfig(t, `---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews]
+  http: [{redirect: {uri: /x, redirectCode: 200}}]
+`)
+	if r := serviceRoutes(t, c, "reviews")[0].GetRules()[0]; r.GetRedirect() != nil || r.GetBackends() != nil {
+		t.Errorf("bad redirect %v", r)
+	}
+	if st := statusOf(sts, "VirtualService", "default/reviews"); len(st.Invalid) != 1 || !strings.HasPrefix(st.Invalid[0], "spec.http[0].redirect.redirectCode: ") {
+		t.Errorf("status %+v", st)
 	}
 }
 

@@ -304,7 +304,8 @@ func TestWaypointGRPCRoutes(t *testing.T) {
 	})
 	// A rule with an unimplemented filter.
 	mirror.Spec.Rules = append(mirror.Spec.Rules, gatewayv1.HTTPRouteRule{
-		Filters:     []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterURLRewrite, URLRewrite: &gatewayv1.HTTPURLRewriteFilter{}}},
+		Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterExtensionRef, ExtensionRef: &gatewayv1.LocalObjectReference{
+			Group: "example.com", Kind: "Plugin", Name: "p"}}},
 		BackendRefs: mirror.Spec.Rules[0].BackendRefs,
 	})
 	withRoutes := *objs
@@ -337,6 +338,6 @@ func TestWaypointGRPCRoutes(t *testing.T) {
 		t.Errorf("the mirroring rule's backends = %v", mr.GetBackends())
 	}
 	if b := routes[1].GetRules()[1].GetBackends(); len(b) != 0 {
-		t.Errorf("a rule with an unimplemented filter (URLRewrite) kept backends %v; it must answer 500", b)
+		t.Errorf("a rule with an unimplemented filter (ExtensionRef) kept backends %v; it must answer 500", b)
 	}
 }

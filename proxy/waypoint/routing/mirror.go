@@ -71,7 +71,7 @@ func (rt *Router) StartMirrors(rule *Rule, snap *state.Snapshot, src, dst netip.
 		if body != nil {
 			out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
-		rule.modify(out.Header)
+		applyHeaderOps(rule.reqMods, out.Header)
 		out.Header.Set("X-Forwarded-For", src.Addr().String())
 		sent++
 		go func() { // bounded by mirrorTimeout

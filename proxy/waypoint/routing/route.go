@@ -39,6 +39,10 @@ func New(ip netip.Addr, rnd func(n uint64) uint64, log *zap.Logger) *Router {
 type Result struct {
 	// Rule is the route rule that matched (nil: none, or no routes).
 	Rule *Rule
+	// Edit is what the rule and the backend it picked do to the request
+	// and its response (rewrite.go); when Edit.Answers, the rule answers
+	// the request itself and nothing else of Result is set.
+	Edit Edit
 	// Target is the endpoint, or the authority an HBONE tunnel is opened
 	// for; Upstream says how, for the access log.
 	Target   netip.AddrPort
@@ -63,13 +67,21 @@ func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, 
 	host, ns, port := "", "", dst.Port()
 	var pol *backend // a backend with a DestinationRule policy
 	if table != nil {
-		rule, routed := table.pick(req, clientNs, dst.Port())
+		rule, m, routed := table.pick(req, clientNs, dst.Port())
 		res.Rule = rule
 		switch {
 		case !routed:
 			table = nil // no route applies to this client or port
 		case rule == nil:
 			return res, &stream.Refusal{Code: http.StatusNotFound, Msg: "no HTTPRoute rule matches"}
+		default:
+			res.Edit = Edit{rule: rule, prefixLen: m.prefixLen}
+			if rule.cors != nil {
+				res.Edit.cors, res.Edit.origin = rule.cors.decide(req)
+			}
+			if res.Edit.Answers() {
+				return res, nil
+			}
 		}
 	}
 	if table != nil {
@@ -89,7 +101,10 @@ func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, 
 			return res, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
 		}
 		if b.policy != nil {
-			pol = &b
+			pol = b
+		}
+		if len(b.reqMods) > 0 || len(b.respMods) > 0 {
+			res.Edit.backend = b
 		}
 	}
 	var d route.Decision

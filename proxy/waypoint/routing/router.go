@@ -23,6 +23,9 @@ type backend struct {
 	// defined, the request answers 503.
 	policy        *backendPolicy
 	missingSubset string
+	// reqMods and respMods: the backend's own header modifiers
+	// (rewrite.go), for requests sent to it.
+	reqMods, respMods []headerOps
 }
 
 type headerMatch struct {
@@ -47,7 +50,13 @@ type routeMatch struct {
 	headers  []headerMatch
 	method   string
 	query    []headerMatch
-	invalid  bool // a regex that does not compile: never matches
+	port     uint16 // the addressed service port (0: any)
+	// prefixLen is the length of the path prefix a prefix match matches
+	// (without a trailing "/" for a Gateway API PathPrefix), for a prefix
+	// rewrite or redirect; -1: not a prefix match.
+	prefixLen int
+	fold      bool // STRING_PREFIX compares case-insensitively
+	invalid   bool // a regex that does not compile: never matches
 }
 
 // mirror is one RequestMirror of a rule: a backend and the percent of
@@ -66,16 +75,22 @@ type Rule struct {
 	clientNs string
 	// ports the route is scoped to (parentRefs port/sectionName); nil:
 	// every port.
-	ports    []uint32
-	matches  []routeMatch
-	modifers []*waypointapi.HeaderModifier
-	backends []backend
-	total    uint64
-	timeout  time.Duration
-	retries  int
-	perTry   time.Duration
-	retryOn  map[int]bool
-	fault    *compiledFault // VirtualService fault injection (fault.go)
+	ports   []uint32
+	matches []routeMatch
+	// reqMods and respMods: the rule's header modifiers; rewrite, redirect
+	// and direct: its URL rewrite and own answers (rewrite.go).
+	reqMods, respMods []headerOps
+	rewrite           *rewrite
+	redirect          *redirect
+	direct            *directResponse
+	cors              *cors // its CORS policy (cors.go)
+	backends          []backend
+	total             uint64
+	timeout           time.Duration
+	retries           int
+	perTry            time.Duration
+	retryOn           map[int]bool
+	fault             *compiledFault // VirtualService fault injection (fault.go)
 }
 
 // Table is the compiled HTTPRoutes of one service, in precedence
@@ -100,17 +115,47 @@ func Compile(routes []*waypointapi.Route) *Table {
 	for _, r := range routes {
 		t.firstMatch = t.firstMatch || r.GetKind() == "VirtualService"
 		for _, rr := range r.GetRules() {
-			cr := &Rule{route: r.GetNamespace() + "/" + r.GetName(), modifers: rr.GetRequestHeaderModifiers(), fault: compileFault(rr.GetFault()),
-				clientNs: r.GetClientNamespace(), ports: r.GetPorts()}
+			cr := &Rule{route: r.GetNamespace() + "/" + r.GetName(), fault: compileFault(rr.GetFault()),
+				clientNs: r.GetClientNamespace(), ports: r.GetPorts(),
+				reqMods: compileHeaderOps(rr.GetRequestHeaderModifiers()), respMods: compileHeaderOps(rr.GetResponseHeaderModifiers())}
+			// A filter that cannot be compiled (a bad regex, a bad status)
+			// makes the rule answer 500: it must not be skipped.
+			broken := false
+			if rw := rr.GetRewrite(); rw != nil {
+				pm, ok := compilePathModifier(rw.GetPath())
+				cr.rewrite, broken = &rewrite{path: pm, host: rw.GetHost()}, !ok
+			}
+			if rd, ok := compileRedirect(rr.GetRedirect()); !ok {
+				broken = true
+			} else {
+				cr.redirect = rd
+			}
+			if c, ok := compileCors(rr.GetCors()); !ok {
+				broken = true
+			} else {
+				cr.cors = c
+			}
+			if d := rr.GetDirectResponse(); d != nil && cr.redirect == nil {
+				cr.direct = &directResponse{code: int(d.GetStatus()), body: d.GetBody()}
+				if cr.direct.code < 200 || cr.direct.code > 599 {
+					cr.direct, broken = nil, true
+				}
+			}
 			t.scoped = t.scoped || cr.clientNs != "" || len(cr.ports) > 0
 			for _, m := range rr.GetMatches() {
-				cm := routeMatch{pathType: m.GetPath().GetType(), path: m.GetPath().GetValue(), method: m.GetMethod()}
+				cm := routeMatch{pathType: m.GetPath().GetType(), path: m.GetPath().GetValue(), method: m.GetMethod(),
+					port: uint16(m.GetPort()), fold: m.GetPath().GetIgnoreCase(), prefixLen: -1}
 				if m.GetPath() == nil {
 					cm.path = "/"
 				}
-				if cm.pathType == waypointapi.PathMatch_REGULAR_EXPRESSION {
+				switch cm.pathType {
+				case waypointapi.PathMatch_REGULAR_EXPRESSION:
 					re, err := regexp.Compile("^(?:" + cm.path + ")$")
 					cm.pathRe, cm.invalid = re, err != nil
+				case waypointapi.PathMatch_PATH_PREFIX:
+					cm.prefixLen = len(strings.TrimSuffix(cm.path, "/"))
+				case waypointapi.PathMatch_STRING_PREFIX:
+					cm.prefixLen = len(cm.path)
 				}
 				for _, h := range m.GetHeaders() {
 					hm, ok := compileHeaderMatch(h)
@@ -129,7 +174,8 @@ func Compile(routes []*waypointapi.Route) *Table {
 			}
 			for _, b := range rr.GetBackends() {
 				cb := backend{hostname: b.GetHostname(), namespace: b.GetNamespace(), port: uint16(b.GetPort()), weight: b.GetWeight(),
-					policy: compileBackendPolicy(b), refused: b.GetRefused()}
+					policy: compileBackendPolicy(b), refused: b.GetRefused(),
+					reqMods: compileHeaderOps(b.GetRequestHeaderModifiers()), respMods: compileHeaderOps(b.GetResponseHeaderModifiers())}
 				if b.GetMissingSubset() {
 					cb.missingSubset = b.GetSubset()
 				}
@@ -149,6 +195,9 @@ func Compile(routes []*waypointapi.Route) *Table {
 					backend: mb,
 					percent: uint64(min(m.GetPercent(), 100)),
 				})
+			}
+			if broken {
+				cr.rewrite, cr.redirect, cr.direct, cr.cors, cr.backends, cr.total = nil, nil, nil, nil, nil, 0
 			}
 			cr.timeout = time.Duration(rr.GetTimeoutMs()) * time.Millisecond
 			if rt := rr.GetRetry(); rt != nil {
@@ -189,6 +238,10 @@ func (m *routeMatch) matches(r *http.Request) bool {
 	}
 	p := r.URL.Path
 	switch m.pathType {
+	case waypointapi.PathMatch_STRING_PREFIX:
+		if len(p) < len(m.path) || !(p[:len(m.path)] == m.path || m.fold && strings.EqualFold(p[:len(m.path)], m.path)) {
+			return false
+		}
 	case waypointapi.PathMatch_EXACT:
 		if p != m.path {
 			return false
@@ -281,7 +334,7 @@ func (t *Table) applicable(rule *Rule, clientNs string, port uint16, consumer bo
 // matches). nil with routed true: no applicable rule matches (404); routed
 // false: no route applies to this request at all (the service itself
 // takes it).
-func (t *Table) pick(r *http.Request, clientNs string, port uint16) (best *Rule, routed bool) {
+func (t *Table) pick(r *http.Request, clientNs string, port uint16) (best *Rule, bestMatch *routeMatch, routed bool) {
 	consumer := false
 	if t.scoped {
 		for _, rule := range t.rules {
@@ -299,48 +352,34 @@ func (t *Table) pick(r *http.Request, clientNs string, port uint16) (best *Rule,
 		routed = true
 		for i := range rule.matches {
 			m := &rule.matches[i]
-			if !m.matches(r) {
+			if m.port != 0 && m.port != port || !m.matches(r) {
 				continue
 			}
 			if t.firstMatch {
-				return rule, true
+				return rule, m, true
 			}
 			if s := m.specificity(); best == nil || less(bestSpec, s) {
-				best, bestSpec = rule, s
+				best, bestMatch, bestSpec = rule, m, s
 			}
 		}
 	}
-	return best, routed
+	return best, bestMatch, routed
 }
 
 // choose picks a backend by weight with n a random number in [0, total).
-func (r *Rule) choose(n uint64) (backend, bool) {
+func (r *Rule) choose(n uint64) (*backend, bool) {
 	if r.total == 0 {
-		return backend{}, false
+		return nil, false
 	}
 	n %= r.total
-	for _, b := range r.backends {
+	for i := range r.backends {
+		b := &r.backends[i]
 		if n < uint64(b.weight) {
 			return b, true
 		}
 		n -= uint64(b.weight)
 	}
-	return backend{}, false
-}
-
-// modify applies the rule's request header modifiers.
-func (r *Rule) modify(h http.Header) {
-	for _, m := range r.modifers {
-		for k, v := range m.GetSet() {
-			h.Set(k, v)
-		}
-		for k, v := range m.GetAdd() {
-			h.Add(k, v)
-		}
-		for _, k := range m.GetRemove() {
-			h.Del(k)
-		}
-	}
+	return nil, false
 }
 
 // Route names the route the rule is of ("ns/name").
@@ -361,6 +400,3 @@ func (r *Rule) RetryOn(code int) bool { return r.retryOn[code] }
 // mirrors requests.
 func (r *Rule) HasFault() bool   { return r.fault != nil }
 func (r *Rule) HasMirrors() bool { return len(r.mirrors) > 0 }
-
-// Modify applies the rule's request header modifiers to h.
-func (r *Rule) Modify(h http.Header) { r.modify(h) }

@@ -54,7 +54,7 @@ func TestRouteScope(t *testing.T) {
 		{"other", 80, "/", "shop/producer", true},   // its consumer route is for 8080 only
 		{"other", 8080, "/x", "other/theirs", true}, // replaces the producer routes there
 	} {
-		got, routed := tbl.pick(req(tc.path), tc.client, tc.port)
+		got, _, routed := tbl.pick(req(tc.path), tc.client, tc.port)
 		name := ""
 		if got != nil {
 			name = got.Route()
@@ -66,7 +66,7 @@ func TestRouteScope(t *testing.T) {
 
 	// Only a consumer route: other clients get the service itself.
 	only := Compile([]*waypointapi.Route{scopeRoute("evil", "hijack", "evil", nil, "", be("sink"))})
-	if r, routed := only.pick(req("/"), "shop", 80); r != nil || routed {
+	if r, _, routed := only.pick(req("/"), "shop", 80); r != nil || routed {
 		t.Errorf("a shop client under evil's consumer route: rule %v routed %v, want none (the service itself)", r, routed)
 	}
 }
