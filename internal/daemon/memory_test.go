@@ -3,7 +3,9 @@ package daemon
 import (
 	"context"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
+	"sync"
 	"testing"
 	"time"
 )
@@ -41,4 +43,41 @@ func TestReleaseMemoryReturnsABurst(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestReleaseMemoryEmptiesPools: buffers a burst left in a sync.Pool are
+// released too, though one collection only moves them to the pool's victim
+// cache (where they count as live).
+func TestReleaseMemoryEmptiesPools(t *testing.T) {
+	// No collection but the test's and the release's own: the burst's
+	// buffers stay in the pool's primary cache until the release.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	runtime.GC()
+	var pool sync.Pool
+	for range 32 << 10 {
+		pool.Put(new([1 << 10]byte))
+	}
+	heap := func() uint64 {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	if h := heap(); h < 32<<20 {
+		t.Skipf("heap %d bytes: the pool was emptied already", h)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ReleaseMemory(ctx, 10*time.Millisecond, 4<<20)
+	}()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(time.Minute)
+	for heap() >= 16<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("heap still %d bytes: the pooled burst was kept", heap())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	runtime.KeepAlive(&pool)
 }
