@@ -107,7 +107,7 @@ func (c *conn) payload(n uint32) ([]byte, error) {
 // releaseScratch drops a large scratch buffer so a connection that once
 // saw a big header block does not pin it.
 func (c *conn) releaseScratch() {
-	if cap(c.rbuf) > maxChunk {
+	if cap(c.rbuf) > scratchSize {
 		c.rbuf = nil
 	}
 }
@@ -190,6 +190,14 @@ func (c *conn) readData(length uint32, flags uint8, sid uint32) error {
 	return nil
 }
 
+// scratchSize is the read loop's scratch buffer, held for the connection's
+// life: DATA chunks smaller than it pass through it, and control and
+// header frames are read into it (a larger one gets a buffer of its own
+// that releaseScratch drops). 4 KiB, not a whole 16 KiB frame: larger
+// chunks go to pooled buffers anyway, and every pooled HBONE connection,
+// client and server side, holds one.
+const scratchSize = 4 << 10
+
 // readChunk reads the next k (at most maxChunk) bytes of a DATA payload and
 // queues them on t. A chunk of 4 KiB or more is read straight into a pooled
 // buffer that the queue then owns; a smaller one goes through the scratch
@@ -200,12 +208,12 @@ func (c *conn) readData(length uint32, flags uint8, sid uint32) error {
 func (c *conn) readChunk(t *Tunnel, k int, through bool) error {
 	var bp *[]byte
 	var b []byte
-	if k >= 4<<10 {
+	if k >= scratchSize {
 		bp = getBuf(k)
 		b = *bp
 	} else {
-		if cap(c.rbuf) < maxChunk {
-			c.rbuf = make([]byte, maxChunk)
+		if cap(c.rbuf) < scratchSize {
+			c.rbuf = make([]byte, scratchSize)
 		}
 		b = c.rbuf[:k]
 	}

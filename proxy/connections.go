@@ -49,8 +49,8 @@ func (m *Metrics) Connections() []Connection {
 		return nil
 	}
 	m.live.mu.Lock()
-	rs := make([]*Result, 0, len(m.live.conns))
-	for r := range m.live.conns {
+	rs := make([]*Result, 0, m.live.conns.len())
+	for r := range m.live.conns.all() {
 		rs = append(rs, r)
 	}
 	m.live.mu.Unlock()

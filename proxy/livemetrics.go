@@ -31,9 +31,11 @@ func FlushEvery(d time.Duration) MetricsOption {
 // non-empty (running says so) and exits, under mu, when it finds it empty;
 // each Result's flushed counts only grow, under that Result's fmu, so the
 // flusher and Record never add the same bytes twice.
+//
+// conns gives its memory back after a burst (shrinkSet).
 type liveSet struct {
 	mu      sync.Mutex
-	conns   map[*Result]struct{}
+	conns   shrinkSet[*Result]
 	running bool
 }
 
@@ -45,10 +47,7 @@ type openCounters struct {
 
 func (m *Metrics) addLive(r *Result) {
 	m.live.mu.Lock()
-	if m.live.conns == nil {
-		m.live.conns = make(map[*Result]struct{})
-	}
-	m.live.conns[r] = struct{}{}
+	m.live.conns.add(r)
 	start := !m.live.running
 	m.live.running = true
 	m.live.mu.Unlock()
@@ -59,7 +58,7 @@ func (m *Metrics) addLive(r *Result) {
 
 func (m *Metrics) removeLive(r *Result) {
 	m.live.mu.Lock()
-	delete(m.live.conns, r)
+	m.live.conns.remove(r)
 	m.live.mu.Unlock()
 }
 
@@ -71,13 +70,13 @@ func (m *Metrics) flushLoop() {
 	var batch []*Result
 	for range t.C {
 		m.live.mu.Lock()
-		if len(m.live.conns) == 0 {
+		if m.live.conns.len() == 0 {
 			m.live.running = false
 			m.live.mu.Unlock()
 			return
 		}
 		batch = batch[:0]
-		for r := range m.live.conns {
+		for r := range m.live.conns.all() {
 			batch = append(batch, r)
 		}
 		m.live.mu.Unlock()

@@ -103,8 +103,8 @@ func keyOf(w *state.Workload) workloadKey {
 func (m *Metrics) liveWorkloads() map[workloadKey]struct{} {
 	m.live.mu.Lock()
 	defer m.live.mu.Unlock()
-	out := make(map[workloadKey]struct{}, 2*len(m.live.conns))
-	for r := range m.live.conns {
+	out := make(map[workloadKey]struct{}, 2*m.live.conns.len())
+	for r := range m.live.conns.all() {
 		out[workloadKey{r.Src.Workload, r.Src.Namespace}] = struct{}{}
 		out[workloadKey{r.Dst.Workload, r.Dst.Namespace}] = struct{}{}
 	}

@@ -60,29 +60,26 @@ type tracked struct {
 // can be checked against them (ztunnel's PolicyWatcher).
 type registry struct {
 	mu    sync.Mutex
-	conns map[*tracked]struct{}
+	conns shrinkSet[*tracked]
 }
 
 func (r *registry) add(t *tracked) {
 	r.mu.Lock()
-	if r.conns == nil {
-		r.conns = make(map[*tracked]struct{})
-	}
-	r.conns[t] = struct{}{}
+	r.conns.add(t)
 	r.mu.Unlock()
 }
 
 func (r *registry) remove(t *tracked) {
 	r.mu.Lock()
-	delete(r.conns, t)
+	r.conns.remove(t)
 	r.mu.Unlock()
 }
 
 func (r *registry) snapshot() []*tracked {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*tracked, 0, len(r.conns))
-	for t := range r.conns {
+	out := make([]*tracked, 0, r.conns.len())
+	for t := range r.conns.all() {
 		out = append(out, t)
 	}
 	return out

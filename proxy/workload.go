@@ -103,8 +103,7 @@ type WorkloadProxy struct {
 	acceptors sync.WaitGroup
 	inbound   registry
 	local     atomic.Pointer[localCache]
-	ctx       context.Context // cancelled by Close (and by the drain's force)
-	cancel    context.CancelFunc
+	ctx       context.Context // done once the drain forces (or Close): group.Context()
 	closing   atomic.Bool
 	closeMu   sync.Once
 	closedCh  chan struct{}
@@ -159,12 +158,11 @@ func NewWorkloadProxy(d *Deps, info WorkloadInfo, ns *netns.Handle) (_ *Workload
 		group:    drain.New(),
 		closedCh: make(chan struct{}),
 	}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
 	// The drain's force (or Close) also ends dials and waits in progress.
-	go func() {
-		<-p.group.Force()
-		p.cancel()
-	}()
+	// Every connection derives from it (its connect timeout, its force
+	// callback): the group's context forgets them without keeping a map
+	// sized for the most connections ever open (drain.Group.Context).
+	p.ctx = p.group.Context()
 	var closers []func()
 	defer func() {
 		if reterr != nil {
@@ -394,8 +392,7 @@ func (p *WorkloadProxy) Close() {
 		p.lnPlain.Close()
 		p.lnHBONE.Close()
 		_ = p.hsrv.Close()
-		p.group.Close()
-		p.cancel()
+		p.group.Close() // ends p.ctx
 		if p.ownPool {
 			_ = p.pool.Close()
 		}
