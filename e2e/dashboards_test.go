@@ -42,7 +42,9 @@ type grafanaDashboard struct {
 // of every kind the panels show flows: allowed and denied connections, a
 // dry-run policy, DNS answered and forwarded, waypoint requests (200, 403,
 // 500) and an L4 connection through the waypoint. Each query must parse,
-// and each panel must have data, so a renamed metric or label breaks here.
+// and each panel must have data, so a renamed metric or label breaks here;
+// the canonical service, security policy and waypoint TCP byte panels
+// read the labels docs/telemetry.md lists.
 func TestDashboardQueries(t *testing.T) {
 	roottest.Require(t)
 	promBin, err := exec.LookPath("prometheus")
