@@ -42,7 +42,9 @@ type grafanaDashboard struct {
 // of every kind the panels show flows: allowed and denied connections, a
 // dry-run policy, DNS answered and forwarded, waypoint requests (200, 403,
 // 500) and an L4 connection through the waypoint. Each query must parse,
-// and each panel must have data, so a renamed metric or label breaks here.
+// and each panel must have data, so a renamed metric or label breaks here;
+// the canonical service, security policy and waypoint TCP byte panels
+// read the labels docs/telemetry.md lists.
 func TestDashboardQueries(t *testing.T) {
 	roottest.Require(t)
 	promBin, err := exec.LookPath("prometheus")
@@ -91,39 +93,7 @@ spec:
   rules: [{to: [{operation: {paths: ["/admin*"]}}]}]
 `)
 
-	// Prometheus scrapes the node proxies and the waypoint through a relay
-	// on the host's loopback: their stats ports are inside the cluster's
-	// network namespaces. Each scrape fetches the live /metrics.
-	relay := http.NewServeMux()
-	relayFrom := func(fetch func(context.Context) (string, error)) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			body, err := fetch(r.Context())
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadGateway)
-				return
-			}
-			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-			io.WriteString(w, body)
-		}
-	}
-	for i := range m.Nodes {
-		relay.Handle(fmt.Sprintf("/node%d", i), relayFrom(func(ctx context.Context) (string, error) {
-			code, body, err := m.NodeHTTP(ctx, i, fmt.Sprintf("http://%s:%d/metrics", m.Nodes[i].UnderlayIP, meshlab.ProxyStatsPort))
-			if err == nil && code != http.StatusOK {
-				err = fmt.Errorf("status %d", code)
-			}
-			return string(body), err
-		}))
-	}
-	relay.Handle("/waypoint", relayFrom(wp.Metrics))
-	rl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs := &http.Server{Handler: relay, ReadHeaderTimeout: 5 * time.Second}
-	go rs.Serve(rl)
-	t.Cleanup(func() { rs.Close() })
-	prom := startPrometheus(t, promBin, rl.Addr().String(), len(m.Nodes))
+	prom := scrapeMesh(t, promBin, m, wp)
 
 	// Traffic of every kind, for a few scrapes.
 	vip := m.Service("dash", "web")
@@ -148,23 +118,7 @@ spec:
 		meshlab.DNSQuery(tctx, client, "udp", clusterDNS, "upstream.example", dns.TypeA)
 	}
 
-	type result struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []json.RawMessage `json:"result"`
-		} `json:"data"`
-	}
-	query := func(expr string) (result, error) {
-		var r result
-		resp, err := http.Get(prom + "/api/v1/query?query=" + url.QueryEscape(expr))
-		if err != nil {
-			return r, err
-		}
-		defer resp.Body.Close()
-		err = json.NewDecoder(resp.Body).Decode(&r)
-		return r, err
-	}
+	query := func(expr string) (promResult, error) { return promQuery(prom, expr) }
 	// empty lists the panels without data yet; an unparsable query fails
 	// at once.
 	empty := func() []string {
@@ -204,6 +158,66 @@ spec:
 	}
 }
 
+// scrapeMesh runs Prometheus scraping m's node proxies and the waypoint wp
+// every second and returns its base URL.
+func scrapeMesh(t *testing.T, promBin string, m *meshlab.Mesh, wp *meshlab.Waypoint) string {
+	t.Helper()
+	// Prometheus scrapes the node proxies and the waypoint through a relay
+	// on the host's loopback: their stats ports are inside the cluster's
+	// network namespaces. Each scrape fetches the live /metrics.
+	relay := http.NewServeMux()
+	relayFrom := func(fetch func(context.Context) (string, error)) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			body, err := fetch(r.Context())
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			io.WriteString(w, body)
+		}
+	}
+	for i := range m.Nodes {
+		relay.Handle(fmt.Sprintf("/node%d", i), relayFrom(func(ctx context.Context) (string, error) {
+			code, body, err := m.NodeHTTP(ctx, i, fmt.Sprintf("http://%s:%d/metrics", m.Nodes[i].UnderlayIP, meshlab.ProxyStatsPort))
+			if err == nil && code != http.StatusOK {
+				err = fmt.Errorf("status %d", code)
+			}
+			return string(body), err
+		}))
+	}
+	relay.Handle("/waypoint", relayFrom(wp.Metrics))
+	rl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := &http.Server{Handler: relay, ReadHeaderTimeout: 5 * time.Second}
+	go rs.Serve(rl)
+	t.Cleanup(func() { rs.Close() })
+	return startPrometheus(t, promBin, rl.Addr().String(), len(m.Nodes))
+}
+
+// promResult is an instant query's answer.
+type promResult struct {
+	Status string `json:"status"`
+	Error  string `json:"error"`
+	Data   struct {
+		Result []json.RawMessage `json:"result"`
+	} `json:"data"`
+}
+
+// promQuery runs an instant query against the Prometheus at prom.
+func promQuery(prom, expr string) (promResult, error) {
+	var r promResult
+	resp, err := http.Get(prom + "/api/v1/query?query=" + url.QueryEscape(expr))
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&r)
+	return r, err
+}
+
 func loadDashboards(t *testing.T) map[string]grafanaDashboard {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join(dashboardsDir, "*.json"))
@@ -236,7 +250,9 @@ func startPrometheus(t *testing.T, bin, relay string, nodes int) string {
 	var cfg strings.Builder
 	cfg.WriteString("global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}\nscrape_configs:\n")
 	for i := 0; i < nodes; i++ {
-		fmt.Fprintf(&cfg, "- {job_name: node-proxy-%d, metrics_path: /node%d, static_configs: [{targets: [%q], labels: {instance: node%d}}]}\n", i, i, relay, i)
+		// app: the node proxy pod's label, as Kubernetes service discovery
+		// would attach it (Kiali's queries select ztunnel's series by it).
+		fmt.Fprintf(&cfg, "- {job_name: node-proxy-%d, metrics_path: /node%d, static_configs: [{targets: [%q], labels: {instance: node%d, app: ztunnel}}]}\n", i, i, relay, i)
 	}
 	fmt.Fprintf(&cfg, "- {job_name: waypoint, metrics_path: /waypoint, static_configs: [{targets: [%q], labels: {instance: waypoint}}]}\n", relay)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg.String()), 0o600); err != nil {

@@ -78,6 +78,8 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	} else if req.Host == "" {
 		if svc := forwardedService(snap, local, req.Forwarded); svc != nil {
 			res.Service = serviceOf(svc)
+		} else if svc := serviceByTargetPort(snap, local, d.Target.Port()); svc != nil {
+			res.Service = serviceOf(svc)
 		}
 	}
 	if err != nil {
@@ -204,6 +206,27 @@ func inboundRefusal(err error) (int, Reason) {
 		return 503, ReasonSelfCall
 	}
 	return 503, ReasonUnknownDest
+}
+
+// serviceByTargetPort guesses, for telemetry, the service a connection to
+// port of local was for when the client did not say (a waypoint's pooled
+// upstream connections carry no forwarded host): the first of local's
+// services that maps a port to it, as Istio's ztunnel guesses
+// (guess_inbound_service), so destination_service is the same.
+func serviceByTargetPort(snap *state.Snapshot, local *state.Workload, port uint16) *state.Service {
+	if port == 0 {
+		return nil
+	}
+	for _, sp := range local.Services {
+		for _, pm := range sp.Ports {
+			if pm.TargetPort == port {
+				if svc := snap.ServiceByHost(sp.Service); svc != nil {
+					return svc
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // forwardedService is the service named by the forwarded header's host=,

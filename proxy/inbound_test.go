@@ -216,3 +216,24 @@ func TestInboundApplicationTunnel(t *testing.T) {
 	}
 	waitLog(t, e.logs, map[string]string{"direction": "inbound", "reason": "self_call"})
 }
+
+// TestServiceByTargetPort: a connection that names no service (a
+// waypoint's pooled upstream) is labelled with the first of the pod's
+// services mapping a port to the one it arrived on, as Istio's ztunnel
+// guesses; none for a port no service maps, or an unknown port.
+func TestServiceByTargetPort(t *testing.T) {
+	s := state.NewStore()
+	pt.Apply(t, s,
+		pt.Pod("apps", "web", "10.0.0.5", pt.InService(pt.ServiceKey("apps", "web"), 80, 8080)),
+		pt.Service("apps", "web", "10.96.0.5", []uint32{80, 8080}))
+	snap := s.Load()
+	local := snap.WorkloadByIP("", netip.MustParseAddr("10.0.0.5"))
+	if svc := serviceByTargetPort(snap, local, 8080); svc == nil || svc.Name != "web" {
+		t.Errorf("serviceByTargetPort(8080) = %v, want apps/web", svc)
+	}
+	for _, port := range []uint16{9090, 0} {
+		if svc := serviceByTargetPort(snap, local, port); svc != nil {
+			t.Errorf("serviceByTargetPort(%d) = %v, want none", port, svc.Name)
+		}
+	}
+}

@@ -84,8 +84,10 @@ func (r Reason) responseFlag() string {
 	switch r {
 	case ReasonNone, ReasonDrained:
 		return "-"
-	case ReasonPolicyDenied, ReasonRevoked:
+	case ReasonPolicyDenied:
 		return "DENY"
+	case ReasonRevoked:
+		return "CERT_REVOKED" // Istio's ztunnel: a CRL revoked the peer's certificate
 	case ReasonConnectFailed, ReasonNoHealthyUpstream, ReasonUpstreamStatus, ReasonUnknownDest, ReasonSelfCall:
 		return "CONNECT"
 	case ReasonTLSFailure:

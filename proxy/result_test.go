@@ -81,7 +81,7 @@ func TestReasonMapping(t *testing.T) {
 		{WithReason(ReasonConnectFailed, errors.New("refused")), ReasonConnectFailed, "CONNECT"},
 		{fmt.Errorf("outer: %w", WithReason(ReasonTLSFailure, errors.New("bad cert"))), ReasonTLSFailure, "TLS_FAILURE"},
 		{ErrForced, ReasonDrained, "-"},
-		{fmt.Errorf("hbone: connection closed: %w", hbone.ErrRevoked), ReasonRevoked, "DENY"},
+		{fmt.Errorf("hbone: connection closed: %w", hbone.ErrRevoked), ReasonRevoked, "CERT_REVOKED"},
 		{errors.New("mystery"), ReasonInternal, "CONNECT"},
 	}
 	for _, tt := range tests {

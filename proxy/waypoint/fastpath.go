@@ -206,6 +206,9 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 				ex.err, keep = err, false
 			}
 			fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+			if ex.grpcStatus = resp.Trailer.Get("Grpc-Status"); ex.grpcStatus == "" {
+				ex.grpcStatus = resp.Header.Get("Grpc-Status")
+			}
 			w.record(ex, resp.StatusCode, "", time.Since(start), telemetry.Sizes{Request: reqSize(), Response: n})
 			return keep
 		}

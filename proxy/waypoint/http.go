@@ -261,23 +261,27 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + telemetry.HeaderBytes(sw.Header()) + sw.n
 		return telemetry.Sizes{Request: req, Response: resp}
 	}
+	record := func(code int, flags string, d time.Duration, sizes telemetry.Sizes) {
+		ex.grpcStatus = grpcStatus(sw.Header())
+		w.record(ex, code, flags, d, sizes)
+	}
 	if r.ProtoMajor == 1 && !h1.ServedTarget(r.URL) {
 		// As the fast path refuses it: the filters would match one path
 		// and the endpoint be sent another (HTTP/2 servers refuse such a
 		// :path themselves).
 		ex.err = fmt.Errorf("invalid request target %q", r.RequestURI)
 		http.Error(sw, "400 Bad Request: invalid request target", http.StatusBadRequest)
-		w.record(ex, http.StatusBadRequest, "DPE", time.Since(start), sizes())
+		record(http.StatusBadRequest, "DPE", time.Since(start), sizes())
 		return
 	}
 	if err := w.decide(ex); err != nil {
 		code := answerRefusal(sw, r, ex, err)
-		w.record(ex, code, flagFor(code), time.Since(start), sizes())
+		record(code, flagFor(code), time.Since(start), sizes())
 		return
 	}
 	if code, flags, done, why := w.router.InjectFault(ex.rule, sw, r); done {
 		ex.err = why
-		w.record(ex, code, flags, time.Since(start), sizes())
+		record(code, flags, time.Since(start), sizes())
 		return
 	}
 	if ex.edit.Answers() {
@@ -307,7 +311,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	if ex.err != nil {
 		flags = flagFor(code)
 	}
-	w.record(ex, code, flags, time.Since(start), sizes())
+	record(code, flags, time.Since(start), sizes())
 }
 
 // smallBodyMax is the largest request body (of known length) read before
@@ -492,4 +496,14 @@ func (w *Waypoint) startMirrors(ex *exchange, r *http.Request) string {
 		base = w.h2
 	}
 	return w.router.StartMirrors(ex.rule, ex.snap, ex.src, ex.dst, r, base)
+}
+
+// grpcStatus is a response's grpc-status: a trailer (ReverseProxy sets
+// trailers in the header map, under http.TrailerPrefix when they were not
+// announced) or the header of a trailers-only response; "" when none.
+func grpcStatus(h http.Header) string {
+	if v := h.Get("Grpc-Status"); v != "" {
+		return v
+	}
+	return h.Get(http.TrailerPrefix + "Grpc-Status")
 }

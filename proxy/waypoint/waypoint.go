@@ -57,6 +57,8 @@ type Options struct {
 	Log, Access *zap.Logger
 	// Registerer receives the istio_* metrics; nil: not registered.
 	Registerer prometheus.Registerer
+	// MetricsLimits bound the metrics' series; zero: telemetry's defaults.
+	MetricsLimits telemetry.Limits
 	// Rand returns a number in [0, n); nil: math/rand/v2. Tests fix it.
 	Rand func(n uint64) uint64
 	// Revocation refuses HBONE clients whose certificate chain a CRL
@@ -112,7 +114,7 @@ func New(opts Options) (*Waypoint, error) {
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64N
 	}
-	stats, err := telemetry.New(opts.Registerer, opts.Access)
+	stats, err := telemetry.New(opts.Registerer, opts.Access, opts.MetricsLimits)
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
 	}
@@ -167,29 +169,28 @@ func (w *Waypoint) Close() error {
 // filters. Each step reads what the earlier steps filled in.
 type exchange struct {
 	// metadata
-	src, dst     netip.AddrPort
-	peer         identity.Identity
-	baggage      hbone.Baggage
-	srcWorkload  string
-	svc          *boundService // nil when a workload was addressed
-	protocol     waypointapi.Protocol
-	mirror       string // what request mirroring did ("": no mirror)
-	attrs        stream.Attrs
-	h2           bool
-	req          *http.Request
-	cfg          *Config
-	snap         *state.Snapshot
-	verdict      stream.Verdict
-	rule         *routing.Rule
-	edit         routing.Edit // what the rule (and its backend) do to the request
-	route        string
-	target       netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
-	picked       *routing.Picked // the endpoint a DestinationRule policy picked
-	upstream     string
-	dstWorkload  string
-	dstNamespace string
-	dstPrincipal string
-	err          error
+	src, dst    netip.AddrPort
+	peer        identity.Identity
+	baggage     hbone.Baggage
+	source      telemetry.Peer // for the stats step
+	svc         *boundService  // nil when a workload was addressed
+	protocol    waypointapi.Protocol
+	mirror      string // what request mirroring did ("": no mirror)
+	grpcStatus  string // the response's grpc-status, for the stats step
+	attrs       stream.Attrs
+	h2          bool
+	req         *http.Request
+	cfg         *Config
+	snap        *state.Snapshot
+	verdict     stream.Verdict
+	rule        *routing.Rule
+	edit        routing.Edit // what the rule (and its backend) do to the request
+	route       string
+	target      netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
+	picked      *routing.Picked // the endpoint a DestinationRule policy picked
+	upstream    string
+	destination telemetry.Peer // the endpoint picked, for the stats step
+	err         error
 }
 
 // decide runs the filters in their one order: metadata → authentication →
@@ -199,16 +200,13 @@ type exchange struct {
 func (w *Waypoint) decide(ex *exchange) error {
 	// 1. metadata: who is asking, from the verified certificate; baggage and
 	// the workload API name the source workload for telemetry only.
-	ex.attrs.Principal = strings.TrimPrefix(ex.peer.String(), "spiffe://")
+	principal := ex.peer.String()
+	ex.attrs.Principal = strings.TrimPrefix(principal, "spiffe://")
 	ex.attrs.Namespace = ex.peer.Namespace
 	ex.attrs.SrcIP, ex.attrs.DstIP, ex.attrs.DstPort = ex.src.Addr(), ex.dst.Addr(), ex.dst.Port()
-	if sw := ex.snap.WorkloadByIP("", ex.src.Addr()); sw != nil && sw.Identity() == ex.peer {
-		ex.srcWorkload = sw.WorkloadName
-		if ex.srcWorkload == "" {
-			ex.srcWorkload = sw.Name
-		}
-	} else if ex.baggage.WorkloadName != "" && ex.baggage.Namespace == ex.peer.Namespace {
-		ex.srcWorkload = ex.baggage.WorkloadName
+	ex.source = sourcePeer(ex.snap, ex.src.Addr(), ex.peer, ex.baggage)
+	if !ex.peer.IsZero() {
+		ex.source.Principal = principal
 	}
 	if ex.svc != nil {
 		ex.attrs.Service = ex.svc.hostname
@@ -256,8 +254,9 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 		return err
 	}
 	ex.picked = res.Picked
-	if res.DstWorkload != nil {
-		ex.dstWorkload, ex.dstNamespace, ex.dstPrincipal = res.DstName, res.DstNamespace, res.DstPrincipal
+	if w := res.DstWorkload; w != nil {
+		ex.destination = telemetry.Peer{Workload: res.DstName, Namespace: res.DstNamespace, Principal: res.DstPrincipal,
+			CanonicalService: w.CanonicalName, CanonicalRevision: w.CanonicalRevision, Cluster: w.ClusterID}
 	}
 	ex.target, ex.upstream = res.Target, res.Upstream
 	return nil
@@ -352,22 +351,46 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
 	}
-	w.record(ex, http.StatusOK, "", time.Since(start), telemetry.Sizes{})
-	return hbone.Reply{Status: http.StatusOK, Upstream: up}
+	st := w.record(ex, http.StatusOK, "", time.Since(start), telemetry.Sizes{})
+	return hbone.Reply{Status: http.StatusOK, Upstream: up, Done: func(ts hbone.TunnelStats, _ error) {
+		// Read out of the tunnel: from the client (received); written
+		// into it: to the client (sent).
+		st.Done(ts.BytesReceived, ts.BytesSent)
+	}}
 }
 
-// record is the stats step, whatever step answered.
-func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration, sizes telemetry.Sizes) {
+// record is the stats step, whatever step answered. For an accepted TCP
+// stream it returns the stream's report (see telemetry.Recorder.Record).
+func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration, sizes telemetry.Sizes) *telemetry.Stream {
 	e := telemetry.Entry{
-		Src: ex.src, Dst: ex.dst, Peer: ex.peer, SrcWorkload: ex.srcWorkload, Attrs: &ex.attrs, H2: ex.h2, Req: ex.req,
-		Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror,
-		DstWorkload: ex.dstWorkload, DstNamespace: ex.dstNamespace, DstPrincipal: ex.dstPrincipal, Err: ex.err,
+		Src: ex.src, Dst: ex.dst, Peer: ex.peer, Source: ex.source, Destination: ex.destination, Attrs: &ex.attrs, Req: ex.req,
+		GRPCStatus: ex.grpcStatus, Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror, Err: ex.err,
 		Code: code, Flags: flags, Duration: d, Sizes: sizes,
 	}
 	if ex.svc != nil {
 		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace
 	}
-	w.stats.Record(&e)
+	return w.stats.Record(&e)
+}
+
+// sourcePeer names the client for telemetry: the workload at its address
+// when that workload's identity is the certificate's, else what its
+// baggage says when the certificate's namespace vouches for it (a client
+// in another cluster), else only the certificate's namespace.
+func sourcePeer(snap *state.Snapshot, ip netip.Addr, peer identity.Identity, bg hbone.Baggage) telemetry.Peer {
+	if sw := snap.WorkloadByIP("", ip); sw != nil && sw.Identity() == peer {
+		name := sw.WorkloadName
+		if name == "" {
+			name = sw.Name
+		}
+		return telemetry.Peer{Workload: name, Namespace: sw.Namespace, CanonicalService: sw.CanonicalName,
+			CanonicalRevision: sw.CanonicalRevision, Cluster: sw.ClusterID}
+	}
+	if bg.WorkloadName != "" && bg.Namespace == peer.Namespace {
+		return telemetry.Peer{Workload: bg.WorkloadName, Namespace: bg.Namespace, CanonicalService: bg.ServiceName,
+			CanonicalRevision: bg.ServiceVersion, Cluster: bg.ClusterName}
+	}
+	return telemetry.Peer{Namespace: peer.Namespace}
 }
 
 func flagFor(code int) string {

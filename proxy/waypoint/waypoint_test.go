@@ -303,7 +303,7 @@ func TestL7DenyPath(t *testing.T) {
 				for _, lp := range m.GetLabel() {
 					lab[lp.GetName()] = lp.GetValue()
 				}
-				if lab["reporter"] == "waypoint" && lab["response_code"] == codeLabel && lab["source_principal"] == "cluster.local/ns/demo/sa/sa-client" &&
+				if lab["reporter"] == "waypoint" && lab["response_code"] == codeLabel && lab["source_principal"] == "spiffe://cluster.local/ns/demo/sa/sa-client" &&
 					lab["destination_service"] == "server.demo.svc.cluster.local" &&
 					(codeLabel == "403") == (lab["destination_workload"] == "unknown") {
 					got += m.GetCounter().GetValue()
@@ -595,6 +595,13 @@ func TestGRPC(t *testing.T) {
 		return got
 	}
 	testkit.Eventually(t, 2*time.Second, `istio_requests_total{request_protocol="grpc"} = 2`, func() bool { return grpcRequests() == 2 })
+	// grpc_response_status: OK from the trailers of Check, PERMISSION_DENIED
+	// (7) from the waypoint's trailers-only refusal of Watch.
+	for code, want := range map[string]float64{"0": 1, "7": 1} {
+		if got := l.metric(t, "istio_requests_total", "request_protocol", "grpc", "grpc_response_status", code); got != want {
+			t.Errorf(`istio_requests_total{grpc_response_status=%q} = %v, want %v`, code, got, want)
+		}
+	}
 }
 
 // TestMirror: a rule's RequestMirror sends a copy of each request (body

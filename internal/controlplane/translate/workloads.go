@@ -67,26 +67,28 @@ func podIPs(p *corev1.Pod) []netip.Addr {
 }
 
 // canonical returns canonical name and revision from labels, falling back
-// to the workload name and "latest" as istiod does.
+// to the workload name and "latest" as istiod does (pkg/config/labels
+// CanonicalService): the first of the labels present wins, even when its
+// value is empty.
 func canonical(labels map[string]string, workloadName string) (string, string) {
-	name := firstLabel(labels, "service.istio.io/canonical-name", "app.kubernetes.io/name", "app")
-	if name == "" {
+	name, ok := firstLabel(labels, "service.istio.io/canonical-name", "app.kubernetes.io/name", "app")
+	if !ok {
 		name = workloadName
 	}
-	rev := firstLabel(labels, "service.istio.io/canonical-revision", "app.kubernetes.io/version", "version")
-	if rev == "" {
+	rev, ok := firstLabel(labels, "service.istio.io/canonical-revision", "app.kubernetes.io/version", "version")
+	if !ok {
 		rev = "latest"
 	}
 	return name, rev
 }
 
-func firstLabel(labels map[string]string, keys ...string) string {
+func firstLabel(labels map[string]string, keys ...string) (string, bool) {
 	for _, k := range keys {
-		if v := labels[k]; v != "" {
-			return v
+		if v, ok := labels[k]; ok {
+			return v, true
 		}
 	}
-	return ""
+	return "", false
 }
 
 // workloadNameAndType derives the owning workload: a ReplicaSet owned the

@@ -9,7 +9,6 @@ package routing
 import (
 	"net/http"
 	"net/netip"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -50,7 +49,8 @@ type Result struct {
 	// Picked is the endpoint a DestinationRule policy chose: Done ends it.
 	Picked *Picked
 	// DstWorkload is the workload routed to (nil: not a known workload);
-	// DstName, DstNamespace and DstPrincipal name it for telemetry.
+	// DstName, DstNamespace and DstPrincipal (its SPIFFE URI) name it for
+	// telemetry.
 	DstWorkload                         *state.Workload
 	DstName, DstNamespace, DstPrincipal string
 }
@@ -123,7 +123,7 @@ func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, 
 		if d.DstWorkload.WorkloadName != "" {
 			res.DstName = d.DstWorkload.WorkloadName
 		}
-		res.DstPrincipal = strings.TrimPrefix(d.UpstreamIdentity.String(), "spiffe://")
+		res.DstPrincipal = d.UpstreamIdentity.String()
 	}
 	res.Target = Target(d)
 	res.Upstream = d.Kind.String() + " " + res.Target.String() // not Sprintf: 2.5 % of a request's CPU

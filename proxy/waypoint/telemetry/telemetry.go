@@ -6,8 +6,6 @@ package telemetry
 import (
 	"net/http"
 	"net/netip"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,70 +16,21 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
-// Istio's request metrics, reporter="waypoint". Every label value comes from
-// the control plane (workload API names, identities from certificates) or
-// from a bounded set (protocol, response code, flags), never from request
-// headers, so the series count is bounded by the mesh.
-var requestLabels = []string{
-	"reporter", "source_workload", "source_workload_namespace", "source_principal",
-	"destination_service", "destination_service_name", "destination_service_namespace",
-	"destination_workload", "destination_workload_namespace", "destination_principal",
-	"request_protocol", "response_code", "response_flags", "connection_security_policy",
-}
-
 type metrics struct {
-	requests  *prometheus.CounterVec
-	duration  *prometheus.HistogramVec
-	reqBytes  *prometheus.HistogramVec
-	respBytes *prometheus.HistogramVec
-	tcpOpen   *prometheus.CounterVec
+	requests    *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	reqBytes    *prometheus.HistogramVec
+	respBytes   *prometheus.HistogramVec
+	tcpOpened   *prometheus.CounterVec
+	tcpClosed   *prometheus.CounterVec
+	tcpSent     *prometheus.CounterVec
+	tcpReceived *prometheus.CounterVec
 	// Ours, for the dashboards: Istio's labels name no route or policy.
 	// Both label values come from the control plane (route and policy
 	// names), so they are bounded like Istio's.
 	routeRequests *prometheus.CounterVec   // route, response_code
 	routeDuration *prometheus.HistogramVec // route
 	denials       *prometheus.CounterVec   // policy
-	// series caches httpSeries by label tuple (string → *httpSeries).
-	series sync.Map
-}
-
-// httpSeries are the series one HTTP request updates, looked up once per
-// label tuple and kept: WithLabelValues hashes and compares every label on
-// each call, and six calls per request were ~4 % of the waypoint's CPU at
-// 1k req/s (bench/waypoint). The tuples are bounded as the series are
-// (control-plane values), and no series is ever deleted.
-type httpSeries struct {
-	requests, routeRequests                      prometheus.Counter
-	duration, reqBytes, respBytes, routeDuration prometheus.Observer
-}
-
-// httpSeriesFor returns the series of the Istio labels lv and route.
-func (m *metrics) httpSeriesFor(lv []string, route string) *httpSeries {
-	var b strings.Builder
-	n := len(route)
-	for _, v := range lv {
-		n += len(v) + 1
-	}
-	b.Grow(n)
-	for _, v := range lv {
-		b.WriteString(v)
-		b.WriteByte(0)
-	}
-	b.WriteString(route)
-	key := b.String()
-	if s, ok := m.series.Load(key); ok {
-		return s.(*httpSeries)
-	}
-	s := &httpSeries{
-		requests:      m.requests.WithLabelValues(lv...),
-		duration:      m.duration.WithLabelValues(lv...),
-		reqBytes:      m.reqBytes.WithLabelValues(lv...),
-		respBytes:     m.respBytes.WithLabelValues(lv...),
-		routeRequests: m.routeRequests.WithLabelValues(route, lv[11]),
-		routeDuration: m.routeDuration.WithLabelValues(route),
-	}
-	v, _ := m.series.LoadOrStore(key, s)
-	return v.(*httpSeries)
 }
 
 // durationBuckets are Istio's request duration buckets, in milliseconds.
@@ -90,82 +39,101 @@ var durationBuckets = []float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500
 // byteBuckets are powers of ten from 1 B to 100 MB, Istio's size buckets.
 var byteBuckets = prometheus.ExponentialBuckets(1, 10, 9)
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "istio_requests_total", Help: "Requests handled by the waypoint.",
-		}, requestLabels),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "istio_request_duration_milliseconds", Help: "Request duration at the waypoint.",
-			Buckets: durationBuckets,
-		}, requestLabels),
-		reqBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "istio_request_bytes", Help: "Request size at the waypoint: request line and headers as HTTP/1.1 text, plus the body.",
-			Buckets: byteBuckets,
-		}, requestLabels),
-		respBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "istio_response_bytes", Help: "Response size at the waypoint: status line and headers as HTTP/1.1 text, plus the body.",
-			Buckets: byteBuckets,
-		}, requestLabels),
-		tcpOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "istio_tcp_connections_opened_total", Help: "TCP connections the waypoint accepted.",
-		}, requestLabels),
-		routeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ztunnel_waypoint_route_requests_total", Help: "Requests by the route that took them (\"-\" for none) and response code.",
-		}, []string{"route", "response_code"}),
-		routeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "ztunnel_waypoint_route_duration_milliseconds", Help: "Request duration by the route that took it.",
-			Buckets: durationBuckets,
-		}, []string{"route"}),
-		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ztunnel_waypoint_authorization_denials_total", Help: "Requests and connections denied, by the policy that denied them (\"-\" for the default deny).",
-		}, []string{"policy"}),
+func newMetrics() *metrics {
+	counter := func(name, help string, labels []string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.duration, m.reqBytes, m.respBytes, m.tcpOpen,
-			m.routeRequests, m.routeDuration, m.denials} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	histogram := func(name, help string, buckets []float64, labels []string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
 	}
-	return m, nil
+	return &metrics{
+		requests: counter("istio_requests_total", "Requests handled by the waypoint.", requestLabels),
+		duration: histogram("istio_request_duration_milliseconds", "Request duration at the waypoint.",
+			durationBuckets, requestLabels),
+		reqBytes: histogram("istio_request_bytes",
+			"Request size at the waypoint: request line and headers as HTTP/1.1 text, plus the body.", byteBuckets, requestLabels),
+		respBytes: histogram("istio_response_bytes",
+			"Response size at the waypoint: status line and headers as HTTP/1.1 text, plus the body.", byteBuckets, requestLabels),
+		tcpOpened: counter("istio_tcp_connections_opened_total", "TCP streams (HBONE CONNECTs of TCP services) the waypoint accepted.", tcpLabels),
+		tcpClosed: counter("istio_tcp_connections_closed_total", "TCP streams the waypoint closed or refused.", tcpLabels),
+		tcpSent: counter("istio_tcp_sent_bytes_total",
+			"Bytes sent to the client (response direction) on TCP streams, counted when the stream ends.", tcpLabels),
+		tcpReceived: counter("istio_tcp_received_bytes_total",
+			"Bytes received from the client (request direction) on TCP streams, counted when the stream ends.", tcpLabels),
+		routeRequests: counter("ztunnel_waypoint_route_requests_total",
+			"Requests by the route that took them (\"-\" for none) and response code.", []string{"route", "response_code"}),
+		routeDuration: histogram("ztunnel_waypoint_route_duration_milliseconds", "Request duration by the route that took it.",
+			durationBuckets, []string{"route"}),
+		denials: counter("ztunnel_waypoint_authorization_denials_total",
+			"Requests and connections denied, by the policy that denied them (\"-\" for the default deny).", []string{"policy"}),
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.duration, m.reqBytes, m.respBytes,
+		m.tcpOpened, m.tcpClosed, m.tcpSent, m.tcpReceived, m.routeRequests, m.routeDuration, m.denials}
 }
 
 // Recorder is the stats step of one waypoint: its metrics and its access
 // log.
 type Recorder struct {
 	m      *metrics
+	series *seriesCache
 	access *zap.Logger
 }
 
 // New registers the metrics with reg (nil: not registered) and writes the
-// access log to access.
-func New(reg prometheus.Registerer, access *zap.Logger) (*Recorder, error) {
-	m, err := newMetrics(reg)
-	if err != nil {
-		return nil, err
+// access log to access. The series are bounded by lim (see Limits).
+func New(reg prometheus.Registerer, access *zap.Logger, lim Limits) (*Recorder, error) {
+	if lim.Idle <= 0 {
+		lim.Idle = DefaultIdle
 	}
-	return &Recorder{m: m, access: access}, nil
+	if lim.Max <= 0 {
+		lim.Max = DefaultMaxSeries
+	}
+	m := newMetrics()
+	c := &seriesCache{limits: lim, now: time.Now, m: m, http: map[httpKey]*httpSeries{}, tcp: map[tcpKey]*tcpSeries{}}
+	if reg != nil {
+		for _, col := range append(m.collectors(), sweeper{c}) {
+			if err := reg.Register(col); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &Recorder{m: m, series: c, access: access}, nil
+}
+
+// Peer names one end of a request for Istio's labels. Every value comes
+// from the control plane (the workload API) or from a verified
+// certificate; "" is rendered as Istio renders a missing value.
+type Peer struct {
+	Workload, Namespace string
+	// Principal is the SPIFFE URI ("spiffe://td/ns/x/sa/y").
+	Principal                           string
+	CanonicalService, CanonicalRevision string
+	Cluster                             string
 }
 
 // Entry is what the stats step reads of one request (one TCP stream): what
 // the earlier steps filled in, and the outcome.
 type Entry struct {
-	Src, Dst    netip.AddrPort
-	Peer        identity.Identity
-	SrcWorkload string
+	Src, Dst netip.AddrPort
+	Peer     identity.Identity
+	// Source is the client workload (from the workload API by address, or
+	// from baggage its certificate's namespace vouches for); Destination
+	// the endpoint the request went to (zero: none was picked).
+	Source, Destination Peer
 	// ServiceName and ServiceNamespace name the bound service addressed
 	// ("": a workload was).
 	ServiceName, ServiceNamespace string
 	Attrs                         *stream.Attrs
-	// H2 and Req tell gRPC (HTTP/2 with a gRPC content type) from HTTP.
-	H2                                      bool
-	Req                                     *http.Request
-	Verdict                                 *stream.Verdict
-	Route, Upstream, Mirror                 string
-	DstWorkload, DstNamespace, DstPrincipal string
-	Err                                     error
+	Req                           *http.Request
+	// GRPCStatus is the response's grpc-status (trailer, or header of a
+	// trailers-only response); "" when none was seen.
+	GRPCStatus              string
+	Verdict                 *stream.Verdict
+	Route, Upstream, Mirror string
+	Err                     error
 	// Code is the status answered; Flags Envoy's response flags ("": none).
 	Code     int
 	Flags    string
@@ -173,50 +141,80 @@ type Entry struct {
 	Sizes    Sizes
 }
 
-// Record is the stats step: one metric sample and one access-log line per
-// request (per connection for TCP).
-func (rec *Recorder) Record(ex *Entry) {
-	code, flags, d, sizes := ex.Code, ex.Flags, ex.Duration, ex.Sizes
-	proto := "http"
+// Stream is one accepted TCP stream's report: Done adds its bytes and
+// counts it closed.
+type Stream struct {
+	rec  *Recorder
+	s    *tcpSeries
+	once sync.Once
+}
+
+// Done counts the stream closed with received bytes from the client and
+// sent bytes to it. Calls after the first do nothing.
+func (st *Stream) Done(received, sent int64) {
+	if st == nil {
+		return
+	}
+	st.once.Do(func() {
+		st.s.received.Add(float64(max(received, 0)))
+		st.s.sent.Add(float64(max(sent, 0)))
+		st.s.closed.Inc()
+		st.rec.series.release(st.s)
+	})
+}
+
+// protocol is Istio's request_protocol: "grpc" for a gRPC content type
+// (whatever the HTTP version, as Envoy's isGrpcRequestHeaders), "http"
+// for other HTTP, "tcp" for a TCP stream.
+func protocol(ex *Entry) string {
 	switch {
 	case !ex.Attrs.HTTP:
-		proto = "tcp"
-	case ex.H2:
-		proto = "grpc"
-		if ex.Req == nil || ex.Req.Header.Get("content-type") == "" || !IsGRPC(ex.Req.Header.Get("content-type")) {
-			proto = "http"
-		}
+		return "tcp"
+	case ex.Req != nil && IsGRPC(ex.Req.Header.Get("content-type")):
+		return "grpc"
 	}
-	if flags == "" {
-		flags = "-"
+	return "http"
+}
+
+// tcpLabelValues fills k with the Istio labels shared by both families.
+func tcpLabelValues(k *tcpKey, ex *Entry, proto, flags string) {
+	src, dst := &ex.Source, &ex.Destination
+	// The source namespace is the certificate's, as Envoy takes it from
+	// the peer SAN first.
+	srcNs := ex.Peer.Namespace
+	if srcNs == "" {
+		srcNs = src.Namespace
 	}
 	svcName, svcNs := "unknown", "unknown"
 	if ex.ServiceName != "" || ex.ServiceNamespace != "" {
-		svcName, svcNs = ex.ServiceName, ex.ServiceNamespace
+		svcName, svcNs = orUnknown(ex.ServiceName), orUnknown(ex.ServiceNamespace)
 	}
-	lv := []string{
-		"waypoint", orUnknown(ex.SrcWorkload), orUnknown(ex.Peer.Namespace), orUnknown(ex.Attrs.Principal),
-		orUnknown(ex.Attrs.Service), svcName, svcNs,
-		orUnknown(ex.DstWorkload), orUnknown(ex.DstNamespace), orUnknown(ex.DstPrincipal),
-		proto, strconv.Itoa(code), flags, "mutual_tls",
+	*k = tcpKey{
+		"waypoint",
+		orUnknown(src.Workload), orUnknown(src.CanonicalService), orDefault(src.CanonicalRevision, "latest"),
+		orUnknown(srcNs), orUnknown(src.Principal), orUnknown(src.CanonicalService), orUnknown(src.CanonicalRevision),
+		orUnknown(src.Cluster),
+		orUnknown(dst.Workload), orUnknown(dst.Namespace), orUnknown(dst.Principal),
+		orUnknown(dst.CanonicalService), orUnknown(dst.CanonicalRevision), orUnknown(ex.Attrs.Service),
+		orUnknown(dst.CanonicalService), orUnknown(dst.CanonicalRevision),
+		svcName, svcNs, orUnknown(dst.Cluster),
+		proto, flags, "mutual_tls", // every client of the waypoint presented a certificate (HBONE)
 	}
-	m := rec.m
-	if ex.Attrs.HTTP {
-		route := ex.Route
-		if route == "" {
-			route = "-"
-		}
-		ms := float64(d.Microseconds()) / 1000
-		hs := m.httpSeriesFor(lv, route)
-		hs.requests.Inc()
-		hs.duration.Observe(ms)
-		hs.reqBytes.Observe(float64(sizes.Request))
-		hs.respBytes.Observe(float64(sizes.Response))
-		hs.routeRequests.Inc()
-		hs.routeDuration.Observe(ms)
-	} else {
-		m.tcpOpen.WithLabelValues(lv...).Inc()
+}
+
+// Record is the stats step: one metric sample and one access-log line per
+// request. For a TCP stream it counts the stream opened and returns its
+// Stream, whose Done reports the bytes and the close; a TCP stream that
+// was refused (Code other than 200) is counted opened and closed at once,
+// as Envoy counts a connection that ends before its peer is known, and
+// Record returns nil.
+func (rec *Recorder) Record(ex *Entry) *Stream {
+	code, flags := ex.Code, ex.Flags
+	proto := protocol(ex)
+	if flags == "" {
+		flags = "-"
 	}
+	st := rec.count(ex, proto, flags)
 	// A 403 that authorization decided (not "NR", a destination not bound
 	// here).
 	if code == http.StatusForbidden && flags != "NR" && !ex.Verdict.Allow {
@@ -224,14 +222,58 @@ func (rec *Recorder) Record(ex *Entry) {
 		if policy == "" {
 			policy = "-"
 		}
-		m.denials.WithLabelValues(policy).Inc()
+		rec.m.denials.WithLabelValues(policy).Inc()
 	}
+	rec.log(ex, proto, code, flags, ex.Duration, ex.Sizes)
+	return st
+}
+
+// count is Record's metrics: the series of ex's label set, found without
+// allocating once the label set was seen (TestCountAllocs).
+func (rec *Recorder) count(ex *Entry, proto, flags string) *Stream {
+	code, d, sizes := ex.Code, ex.Duration, ex.Sizes
+	var st *Stream
+	if ex.Attrs.HTTP {
+		route := ex.Route
+		if route == "" {
+			route = "-"
+		}
+		var k httpKey
+		tcpLabelValues((*tcpKey)(k.lv[:nTCP]), ex, proto, flags)
+		k.lv[iCode] = codeLabel(code)
+		if proto == "grpc" {
+			k.lv[iCode+1] = grpcStatusLabel(ex.GRPCStatus, code)
+		}
+		k.route = route
+		ms := float64(d.Microseconds()) / 1000
+		hs := rec.series.httpFor(&k)
+		hs.requests.Inc()
+		hs.duration.Observe(ms)
+		hs.reqBytes.Observe(float64(sizes.Request))
+		hs.respBytes.Observe(float64(sizes.Response))
+		hs.routeRequests.Inc()
+		hs.routeDuration.Observe(ms)
+	} else {
+		var k tcpKey
+		tcpLabelValues(&k, ex, proto, flags)
+		ts := rec.series.tcpFor(&k)
+		ts.opened.Inc()
+		st = &Stream{rec: rec, s: ts}
+		if code != http.StatusOK {
+			st.Done(0, 0)
+			st = nil
+		}
+	}
+	return st
+}
+
+func (rec *Recorder) log(ex *Entry, proto string, code int, flags string, d time.Duration, sizes Sizes) {
 	// Room for every field below: one allocation, no regrowth.
 	fields := append(make([]zap.Field, 0, 24),
 		zap.String("src.addr", ex.Src.String()), zap.String("src.identity", ex.Peer.String()),
-		zap.String("src.workload", ex.SrcWorkload),
+		zap.String("src.workload", ex.Source.Workload),
 		zap.String("dst.addr", ex.Dst.String()), zap.String("dst.service", ex.Attrs.Service),
-		zap.String("dst.workload", ex.DstWorkload), zap.String("upstream", ex.Upstream),
+		zap.String("dst.workload", ex.Destination.Workload), zap.String("upstream", ex.Upstream),
 		zap.String("protocol", proto), zap.Int("code", code), zap.String("flags", flags),
 		zap.Duration("duration", d),
 	)
@@ -259,6 +301,36 @@ func (rec *Recorder) Record(ex *Entry) {
 		fields = append(fields, zap.Error(ex.Err))
 	}
 	rec.access.Info("request", fields...)
+}
+
+// grpcStatusLabel is grpc_response_status of a gRPC request: the
+// response's grpc-status, else its HTTP status mapped as gRPC maps it
+// (as Envoy's Grpc::Common::getGrpcStatus does with the stream info, so a
+// plain-HTTP refusal such as the waypoint's 403 still has one).
+func grpcStatusLabel(status string, code int) string {
+	if status != "" {
+		return status
+	}
+	switch code {
+	case http.StatusBadRequest:
+		return "13" // INTERNAL
+	case http.StatusUnauthorized:
+		return "16" // UNAUTHENTICATED
+	case http.StatusForbidden:
+		return "7" // PERMISSION_DENIED
+	case http.StatusNotFound:
+		return "12" // UNIMPLEMENTED
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return "14" // UNAVAILABLE
+	}
+	return "2" // UNKNOWN
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 func orUnknown(s string) string {
