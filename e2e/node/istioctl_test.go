@@ -170,9 +170,11 @@ spec:
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, section := range []string{"WORKLOAD INFO", "SERVICE INFO", "POLICY INFO", "SECRET INFO", "CONNECTIONS INFO"} {
-			if !strings.Contains(all, "------ "+section+" ------") {
-				t.Errorf("istioctl ztunnel-config all lacks %s:\n%s", section, all)
+		// Every view's table, one after the other.
+		for _, header := range []string{want["workload"][0], want["service"][0], want["policy"][0], want["certificate"][0],
+			"WORKLOAD DIRECTION LOCAL REMOTE REMOTE TARGET PROTOCOL"} {
+			if !slices.Contains(rows(all), header) {
+				t.Errorf("istioctl ztunnel-config all lacks the table %q:\n%s", header, all)
 			}
 		}
 		for _, view := range []string{"workload", "service", "policy", "certificate", "all"} {
