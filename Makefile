@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check check test-node node-up node-down interop-istiod
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check istioctl-bin check test-node node-up node-down interop-istiod
 
 all: build
 
@@ -130,14 +130,16 @@ images:
 ## controller manager, scheduler, kube-proxy and kubelet v1.37.2 from hack/k8s/build.sh; containerd and runc from
 ## apt; bridge + host-local CNI), the chart installed with helm from the images of `make images`, the TestNode*
 ## tests of e2e/node, teardown (root; under the e2e lock). CoreDNS v1.15.0 (hack/k8s/build.sh coredns) is the
-## cluster DNS, in an image hack/images/testimage writes beside the pause and test-app images. RUN=regexp picks tests.
+## cluster DNS, in an image hack/images/testimage writes beside the pause and test-app images. Istio's istioctl
+## (istioctl-bin) is pointed at the installed node (TestNodeIstioctl). RUN=regexp picks tests.
 NODE_TEST_IMAGES := $(CURDIR)/bin/test-images
-test-node: deps tools images
+test-node: deps tools images istioctl-bin
 	@dirs=$$(hack/k8s/build.sh k8s helm node coredns) && \
 	(cd hack/images && $(GO) run ./testimage -repo $(CURDIR) -out $(NODE_TEST_IMAGES) -coredns $$(sed -n 4p <<<"$$dirs")/coredns >/dev/null) && \
 	flock /tmp/e2e.lock env ZTG_REQUIRE_NODE=1 ZTG_K8S_BIN=$$(sed -n 1p <<<"$$dirs") ZTG_HELM_BIN=$$(sed -n 2p <<<"$$dirs") \
 		ZTG_NODE_BIN=$$(sed -n 3p <<<"$$dirs") ZTG_CNI_BIN=$(CNI_BIN) ZTG_IMAGES=$(CURDIR)/bin/images \
-		ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) $(GO) test -count=1 -v -timeout 20m ./e2e/node/ $(if $(RUN),-run '$(RUN)')
+		ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) ZTG_ISTIOCTL=$(ISTIOCTL_BIN) \
+		$(GO) test -count=1 -v -timeout 25m ./e2e/node/ $(if $(RUN),-run '$(RUN)')
 
 ## node-up: the real node of test-node with our images (make images) and the test images imported, left running for
 ## a person to follow docs/install.md by hand (prints KUBECONFIG, PATH and the containerd socket); node-down tears it
@@ -158,6 +160,13 @@ node-down:
 ## ztunnel-cp and zctl); the first run also compiles the istio packages (~10-20 min on 2 cores).
 istioctl-check:
 	cd hack/istioctl && $(GO) vet ./... && $(GO) test -count=1 -timeout 30m ./...
+
+## istioctl-bin: bin/istioctl, Istio's istioctl with its ztunnel-config and analyze commands (hack/istioctl/cmd/istioctl;
+## the istio packages istioctl-check compiles, plus istioctl's kubectl helpers), for test-node and a person on node-up.
+ISTIOCTL_BIN := $(CURDIR)/bin/istioctl
+istioctl-bin:
+	@mkdir -p bin
+	cd hack/istioctl && $(GO) build -o $(ISTIOCTL_BIN) ./cmd/istioctl
 
 ## images-test: the image builder's vet and tests (two full builds give the same digests; root runs its iptables).
 images-test:

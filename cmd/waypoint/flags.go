@@ -68,8 +68,12 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.DrainDuration, "drain-duration", 5*time.Second, "how long open tunnels may finish after SIGTERM")
 	fs.BoolVar(&o.CheckFlags, "check-flags", false, "print the parsed options as JSON and exit")
 	o.log.Register(fs, "", "")
+	version := daemon.VersionFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *version {
+		return nil, daemon.ErrVersion
 	}
 	var errs []error
 	ns, gw, ok := strings.Cut(o.Gateway, "/")

@@ -74,6 +74,7 @@ var commands = []struct{ name, args, summary string }{
 	{"log", "[--level [default:]LEVEL | --reset]", "read or set the node proxy's log level (one per process)"},
 	{"precheck", "[--after-install] [--cni-bin-dir DIR] [--cni-conf-dir DIR] [--kubeconfig FILE]", "can this node (and cluster) run ztunnel-go, before or after the install; exit 2 on a FAIL"},
 	{"waypoint", "apply|list|status|delete [-n NS] [--enroll-namespace] [--for service|workload|all]", "manage waypoint Gateways, as istioctl waypoint"},
+	{"version", "(no arguments)", "the release zctl was built as (the proxies' is in status)"},
 }
 
 // subcommands are the commands that parse their own flags.
@@ -83,6 +84,7 @@ var subcommands = map[string]func(args []string, out io.Writer) error{
 	"log":         runLog,
 	"precheck":    runPrecheck,
 	"waypoint":    runWaypoint,
+	"version":     runVersion,
 }
 
 func usage(w io.Writer) {

@@ -89,8 +89,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.ExcludeNamespaces, "exclude-namespaces", "", "comma-separated namespaces never captured")
 	fs.StringVar(&o.SystemNamespace, "system-namespace", plugin.DefaultSystemNamespace, "namespace of the mesh's own pods (never captured)")
 	fs.BoolVar(&o.checkFlags, "check-flags", false, "validate the flags, print their effect as JSON and exit without starting anything")
+	version := daemon.VersionFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if *version {
+		return o, daemon.ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())

@@ -116,8 +116,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.SystemNamespace, "system-namespace", "istio-system", "Kubernetes mode: the namespace this control plane runs in: it publishes ConfigMap "+bootstrap.RootConfigMapName+" there, and its serving certificate covers "+bootstrap.ServiceName+".<namespace>.svc")
 	fs.StringVar(&o.LeaseNamespace, "lease-namespace", kubestatus.DefaultLeaseNamespace, "Kubernetes mode: namespace of the leader-election Lease for ServiceEntry address and Istio object status writes")
 	fs.StringVar(&o.LeaseName, "lease-name", kubestatus.DefaultLeaseName, "Kubernetes mode: name of that Lease")
+	version := daemon.VersionFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if *version {
+		return o, daemon.ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())

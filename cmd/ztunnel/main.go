@@ -59,8 +59,12 @@ func parseConfig(args []string, lookup config.Lookup, environ []string, stderr i
 	localDir := fs.String(removedLocalConfig, "", "removed: run `ztunnel-cp --config-dir DIR` beside the node proxy and point XDS_ADDRESS at it")
 	var logFlags daemon.LogFlags
 	logFlags.Register(fs, "", "")
+	version := daemon.VersionFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *version {
+		return nil, daemon.ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())

@@ -20,11 +20,26 @@ func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 }
 
+// ErrVersion is what a daemon's flag parsing returns when -version was
+// given (VersionFlag): ExitOnFlagError prints the version then.
+var ErrVersion = errors.New("version requested")
+
+// VersionFlag registers -version on fs. After fs.Parse, a true value means
+// the caller returns ErrVersion before validating anything else.
+func VersionFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("version", false, "print the release this binary was built as and exit")
+}
+
 // ExitOnFlagError ends the process for a flag-parsing error of binary name:
-// 0 for -h/--help (usage is printed already), else the error and exit code
+// 0 for -h/--help (usage is printed already) and for -version (ErrVersion:
+// "<name> <version>" is printed on stdout), else the error and exit code
 // 2. It returns when err is nil.
 func ExitOnFlagError(name string, err error) {
 	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if errors.Is(err, ErrVersion) {
+		fmt.Println(name, Version())
 		os.Exit(0)
 	}
 	if err != nil {

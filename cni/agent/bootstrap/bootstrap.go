@@ -204,7 +204,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	log.Info("starting node agent", zap.Any("options", o))
+	log.Info("starting node agent", zap.String("version", daemon.Version()), zap.Any("options", o))
 	var (
 		src        cluster.Source
 		refresh    func() error
