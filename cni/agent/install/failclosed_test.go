@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,4 +143,46 @@ func runtimeChainOf(t *testing.T, path string) (string, []string) {
 		t.Fatalf("%s does not load", path)
 	}
 	return name, types
+}
+
+// TestKeepSeesRewriteBeforeWatch: a primary config rewritten after the first
+// attempt read the directory but before the watch began raises no event; the
+// keeper must still chain again at once, not after KeepResync (a pod started
+// in between would run uncaptured).
+func TestKeepSeesRewriteBeforeWatch(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "self")
+	if err := os.WriteFile(bin, []byte("binary"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	confDir := filepath.Join(dir, "net.d")
+	os.MkdirAll(confDir, 0o755)
+	const primaryConf = `{"cniVersion":"0.4.0","name":"k8s-pod-network","type":"bridge","bridge":"cni0"}`
+	primary := filepath.Join(confDir, "10-flannel.conf")
+	if err := os.WriteFile(primary, []byte(primaryConf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{BinDir: filepath.Join(dir, "bin"), ConfDir: confDir, Binary: bin, Plugin: map[string]any{"agent_socket": "/run/x.sock"}}
+
+	var once sync.Once
+	afterAttempt = func() {
+		once.Do(func() {
+			if err := os.WriteFile(primary, []byte(primaryConf), 0o644); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	defer func() { afterAttempt = nil }()
+	k := NewKeeper(cfg, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); k.Run(ctx, zaptest.NewLogger(t)) }()
+	defer func() { cancel(); <-done }()
+	// Well under KeepResync: only a re-check after the watch began finds it.
+	testkit.EventuallyErr(t, KeepResync/2, "our plugin chained after a rewrite before the watch", func() error {
+		if file, chain := runtimeChain(t, confDir); !slices.Equal(chain, []string{"bridge", PluginType}) {
+			return fmt.Errorf("the runtime uses %s with chain %v", file, chain)
+		}
+		return nil
+	})
 }

@@ -24,6 +24,10 @@ const (
 	keepSettle = 20 * time.Millisecond
 )
 
+// afterAttempt, when set by a test, runs between an attempt and the start
+// of the directory watch: the window a concurrent rewrite can fall into.
+var afterAttempt func()
+
 // Keep installs the plugin (Install) and keeps it installed until ctx is
 // done; see Keeper.Run.
 func Keep(ctx context.Context, cfg Config, log *zap.Logger) {
@@ -116,16 +120,20 @@ func (k *Keeper) Run(ctx context.Context, log *zap.Logger) {
 	var lastErr string
 	for first := true; ; first = false {
 		cfg, res, err := k.attempt()
+		if afterAttempt != nil {
+			afterAttempt()
+		}
 		if w != nil && watched != cfg.ConfDir {
 			w.close()
 			w = nil
 		}
+		fresh := false
 		if w == nil && cfg.ConfDir != "" {
 			var werr error
 			if w, werr = watchDir(cfg.ConfDir); werr != nil {
 				log.Debug("watching the CNI conf dir failed; re-checking periodically", zap.Error(werr))
 			}
-			watched = cfg.ConfDir
+			watched, fresh = cfg.ConfDir, w != nil
 		}
 		switch {
 		case err != nil && err.Error() != lastErr:
@@ -138,6 +146,11 @@ func (k *Keeper) Run(ctx context.Context, log *zap.Logger) {
 		interval := KeepResync
 		if err != nil {
 			lastErr, interval = err.Error(), keepRetry
+		}
+		if fresh {
+			// The watch began after this attempt read the directory: a
+			// rewrite in between raised no event, so look once more now.
+			continue
 		}
 		if !w.wait(ctx, interval) {
 			w.close()
