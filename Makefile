@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check istioctl-bin check test-node node-up node-down interop-istiod
+.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check istioctl-bin check test-node node-up node-down interop-istiod conformance conformance-core
 
 all: build
 
@@ -141,6 +141,35 @@ test-node: deps tools images istioctl-bin
 		ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) ZTG_ISTIOCTL=$(ISTIOCTL_BIN) \
 		$(GO) test -count=1 -v -timeout 25m ./e2e/node/ $(if $(RUN),-run '$(RUN)')
 
+## conformance: Gateway API's mesh conformance suite v1.6.3 (hack/conformance, its own module), profiles MESH-HTTP and
+## MESH-GRPC, core and extended, against our waypoint on the real node of test-node; writes the suite's report to
+## docs/conformance/report.yaml and the per-test table to docs/conformance/results.md, then tears the node down (root;
+## under the e2e lock). The suite's echo workload is Istio's echo app, built from the istio.io/istio module at
+## hack/istioctl's version into the image the suite's manifests name (hack/images/testimage -echo). It exits non-zero
+## while a test fails (docs/conformance/README.md lists them). conformance-core, part of `make test`, runs MESH-HTTP's
+## core tests only, less those README lists as known failures, and writes no report.
+ECHO_BIN := $(CURDIR)/bin/echo
+ECHO_PKGS := istio.io/istio/pkg/test/echo/cmd/server istio.io/istio/pkg/test/echo/cmd/client
+# conformance_run SCOPE,REPORT_DIR
+define conformance_run
+	@dirs=$$(hack/k8s/build.sh k8s helm node coredns) && \
+	(cd hack/conformance && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(ECHO_BIN)/ $(ECHO_PKGS)) && \
+	certs=$$(cd hack/conformance && $(GO) list -m -f '{{.Dir}}' istio.io/istio)/tests/testdata/certs/dns && \
+	install -m 0644 $$certs/cert-chain.pem $(ECHO_BIN)/cert.crt && install -m 0644 $$certs/key.pem $(ECHO_BIN)/cert.key && \
+	(cd hack/images && $(GO) run ./testimage -repo $(CURDIR) -out $(NODE_TEST_IMAGES) -coredns $$(sed -n 4p <<<"$$dirs")/coredns \
+		-echo $(ECHO_BIN) >/dev/null) && \
+	cd hack/conformance && flock /tmp/e2e.lock env ZTG_REQUIRE_NODE=1 ZTG_K8S_BIN=$$(sed -n 1p <<<"$$dirs") \
+		ZTG_HELM_BIN=$$(sed -n 2p <<<"$$dirs") ZTG_NODE_BIN=$$(sed -n 3p <<<"$$dirs") ZTG_CNI_BIN=$(CNI_BIN) \
+		ZTG_IMAGES=$(CURDIR)/bin/images ZTG_TEST_IMAGES=$(NODE_TEST_IMAGES) ZTG_CONFORMANCE_SCOPE=$(1) ZTG_CONFORMANCE_REPORT=$(2) \
+		$(GO) test -count=1 -v -timeout 40m -run 'TestMeshConformance$$' .
+endef
+
+conformance: deps tools images
+	$(call conformance_run,all,$(CURDIR)/docs/conformance)
+
+conformance-core: deps tools images
+	$(call conformance_run,core,)
+
 ## node-up: the real node of test-node with our images (make images) and the test images imported, left running for
 ## a person to follow docs/install.md by hand (prints KUBECONFIG, PATH and the containerd socket); node-down tears it
 ## down (safe twice). The lock is taken while it starts (flock -o: the node's processes do not keep it).
@@ -191,7 +220,7 @@ fuzz:
 	done
 
 ## test: everything CI runs, the real node (test-node) included.
-test: deps tools lint proto-check unit e2e deploy-check images-test istioctl-check test-node
+test: deps tools lint proto-check unit e2e deploy-check images-test istioctl-check test-node conformance-core
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 bench-hbone:
