@@ -409,7 +409,7 @@ func (t *translator) convertRoute(r *gatewayv1.HTTPRoute) *waypointapi.Route {
 			rr.Matches = append(rr.Matches, rm)
 		}
 		for _, b := range rule.BackendRefs {
-			be, _ := t.backend(kindHTTPRoute, r.Namespace, b.BackendRef)
+			be, _ := t.backend(kindHTTPRoute, r.Namespace, r.Spec.ParentRefs, b.BackendRef)
 			for _, f := range b.Filters {
 				switch {
 				case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
@@ -496,7 +496,7 @@ func (t *translator) convertGRPCRoute(r *gatewayv1.GRPCRoute) *waypointapi.Route
 			rr.Matches = append(rr.Matches, rm)
 		}
 		for _, b := range rule.BackendRefs {
-			be, _ := t.backend(kindGRPCRoute, r.Namespace, b.BackendRef)
+			be, _ := t.backend(kindGRPCRoute, r.Namespace, r.Spec.ParentRefs, b.BackendRef)
 			for _, f := range b.Filters {
 				switch {
 				case f.Type == gatewayv1.GRPCRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
@@ -556,10 +556,15 @@ func grpcMethodPath(mm *gatewayv1.GRPCMethodMatch) *waypointapi.PathMatch {
 // host, a Hostname (networking.istio.io) names its host. A reference to
 // another namespace needs a ReferenceGrant there (checked first, so that a
 // refused reference tells nothing about what exists there); an unknown
-// kind or a missing object is refused too. A refused backend keeps its
+// kind or a missing object is refused too. One reference needs no grant:
+// a Service that is also one of the route's parentRefs (a consumer route
+// sending its own namespace's clients on to the Service they called, as
+// GAMMA's MeshConsumerRoute conformance test requires). It gives no reach
+// the clients lack, since the route applies only to its own namespace's
+// clients, who can call that Service anyway. A refused backend keeps its
 // weight and has no hostname: the waypoint answers its share 500, as
 // Gateway API requires. The problem, if any, is returned for the status.
-func (t *translator) backend(routeKind, routeNs string, b gatewayv1.BackendRef) (*waypointapi.Backend, *backendRefProblem) {
+func (t *translator) backend(routeKind, routeNs string, parents []gatewayv1.ParentReference, b gatewayv1.BackendRef) (*waypointapi.Backend, *backendRefProblem) {
 	ns := routeNs
 	if b.Namespace != nil && *b.Namespace != "" {
 		ns = string(*b.Namespace)
@@ -589,7 +594,7 @@ func (t *translator) backend(routeKind, routeNs string, b gatewayv1.BackendRef) 
 	default:
 		return refuse(gatewayv1.RouteReasonInvalidKind, "backendRef %s/%s: kind %q of group %q is not supported (Service, or networking.istio.io ServiceEntry or Hostname)", ns, name, kind, group)
 	}
-	if ns != routeNs && !t.referenceGranted(routeKind, routeNs, ns, group, kind, name) {
+	if ns != routeNs && !isServiceParent(routeNs, parents, group, kind, ns, name) && !t.referenceGranted(routeKind, routeNs, ns, group, kind, name) {
 		return refuse(gatewayv1.RouteReasonRefNotPermitted, "backendRef %s %s/%s is in another namespace and no ReferenceGrant in %s allows %s from %s to refer to it", kind, ns, name, ns, routeKind, routeNs)
 	}
 	switch kind {
@@ -614,7 +619,7 @@ func (t *translator) backend(routeKind, routeNs string, b gatewayv1.BackendRef) 
 // and the share of requests (percent, or fraction over its denominator,
 // default 100 %). A refused backend gets no copy (nil).
 func (t *translator) mirror(routeNs string, f *gatewayv1.HTTPRequestMirrorFilter) (*waypointapi.Mirror, *backendRefProblem) {
-	b, bad := t.backend(kindHTTPRoute, routeNs, gatewayv1.BackendRef{BackendObjectReference: f.BackendRef})
+	b, bad := t.backend(kindHTTPRoute, routeNs, nil, gatewayv1.BackendRef{BackendObjectReference: f.BackendRef})
 	if bad != nil {
 		return nil, bad
 	}
@@ -678,4 +683,28 @@ func parseGatewayDuration(s string) (uint32, error) {
 		}
 	}
 	return uint32(min(total, 1<<31)), nil
+}
+
+// isServiceParent reports whether the Service ns/name (group and kind as a
+// backendRef names them) is one of parents, a route in routeNs's parentRefs.
+func isServiceParent(routeNs string, parents []gatewayv1.ParentReference, group, kind, ns, name string) bool {
+	if group != "" || kind != "Service" {
+		return false
+	}
+	for _, p := range parents {
+		pGroup, pKind, pNs := "gateway.networking.k8s.io", "Gateway", routeNs
+		if p.Group != nil {
+			pGroup = string(*p.Group)
+		}
+		if p.Kind != nil {
+			pKind = string(*p.Kind)
+		}
+		if p.Namespace != nil && *p.Namespace != "" {
+			pNs = string(*p.Namespace)
+		}
+		if pGroup == "" && pKind == "Service" && pNs == ns && string(p.Name) == name {
+			return true
+		}
+	}
+	return false
 }

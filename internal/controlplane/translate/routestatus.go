@@ -69,7 +69,7 @@ func RouteStatuses(cfg Config, objs *cluster.Objects) []RouteStatus {
 		var refs []*backendRefProblem
 		for i, rule := range r.Spec.Rules {
 			for _, b := range rule.BackendRefs {
-				if _, bad := t.backend(kindHTTPRoute, r.Namespace, b.BackendRef); bad != nil {
+				if _, bad := t.backend(kindHTTPRoute, r.Namespace, r.Spec.ParentRefs, b.BackendRef); bad != nil {
 					refs = append(refs, bad)
 				}
 			}
@@ -91,7 +91,7 @@ func RouteStatuses(cfg Config, objs *cluster.Objects) []RouteStatus {
 		var refs []*backendRefProblem
 		for i, rule := range r.Spec.Rules {
 			for _, b := range rule.BackendRefs {
-				if _, bad := t.backend(kindGRPCRoute, r.Namespace, b.BackendRef); bad != nil {
+				if _, bad := t.backend(kindGRPCRoute, r.Namespace, r.Spec.ParentRefs, b.BackendRef); bad != nil {
 					refs = append(refs, bad)
 				}
 			}

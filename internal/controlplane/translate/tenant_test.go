@@ -277,6 +277,61 @@ spec:
 	})
 }
 
+// TestConsumerRouteOwnParentBackend: a consumer route in evil whose parentRef
+// is shop/cart may send to shop/cart itself with no ReferenceGrant (GAMMA's
+// MeshConsumerRoute: its clients reach shop/cart anyway), but any other
+// Service of shop stays refused, also when the route names it as a
+// parentRef of another kind (a Gateway) or lists shop/cart only as the backend.
+func TestConsumerRouteOwnParentBackend(t *testing.T) {
+	objs := tenantObjects(t, `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: consumer, namespace: evil}
+spec:
+  parentRefs: [{group: "", kind: Service, name: cart, namespace: shop}]
+  rules:
+  - backendRefs:
+    - {name: cart, namespace: shop, port: 80}
+    - {name: payments, namespace: shop, port: 80}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: not-parent, namespace: evil}
+spec:
+  parentRefs:
+  - {group: "", kind: Service, name: sink}
+  - {name: cart, namespace: shop}
+  rules: [{backendRefs: [{name: cart, namespace: shop, port: 80}]}]
+`)
+	tr := newTranslator(LocalDefaults().withDefaults(), objs, nil)
+	tr.buildIndex()
+	for _, r := range objs.HTTPRoutes {
+		b := tr.convertRoute(r).GetRules()[0].GetBackends()
+		switch r.Name {
+		case "consumer":
+			if b[0].GetHostname() != "cart.shop.svc.cluster.local" || b[0].GetRefused() != "" {
+				t.Errorf("consumer route: its own parent as backend = %v, want resolved", b[0])
+			}
+			if b[1].GetHostname() != "" || !strings.Contains(b[1].GetRefused(), "ReferenceGrant") {
+				t.Errorf("consumer route: another Service of shop = %v, want refused", b[1])
+			}
+		case "not-parent":
+			if b[0].GetHostname() != "" || !strings.Contains(b[0].GetRefused(), "ReferenceGrant") {
+				t.Errorf("a Gateway parentRef named like the Service: backend = %v, want refused", b[0])
+			}
+		}
+	}
+	st := routeStatusOf(t, objs, "HTTPRoute", "evil", "consumer")
+	if len(st.Parents) == 0 {
+		t.Fatal("consumer route: no parent status")
+	}
+	for _, p := range st.Parents {
+		if rr := p.ResolvedRefs; rr.Status || rr.Reason != gatewayv1.RouteReasonRefNotPermitted || !strings.Contains(rr.Message, "payments") {
+			t.Errorf("consumer route ResolvedRefs = %+v, want False RefNotPermitted naming payments", rr)
+		}
+	}
+}
+
 // TestRouteStatusReasons: BackendNotFound, InvalidKind and an unsupported
 // filter (Accepted False UnsupportedValue), and a parent that does not
 // exist (NoMatchingParent); a Gateway parent gets no entry of ours.
