@@ -64,9 +64,7 @@ var extraMeshFeatures = []features.FeatureName{
 // with why (docs/conformance/README.md has the plan). With scope core (make
 // test) the suite skips them, so CI guards what passes; make conformance
 // runs them and the report counts them as failed.
-var knownCoreFailures = map[string]string{
-	"MeshHTTPRouteRedirectHostAndStatus": "RequestRedirect answers 500 until the wp-filters branch lands",
-}
+var knownCoreFailures = map[string]string{}
 
 // TestMeshConformance runs Gateway API's mesh conformance suite (GAMMA,
 // sigs.k8s.io/gateway-api/conformance v1.6.3) against our waypoint on the
