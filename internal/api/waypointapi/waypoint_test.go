@@ -43,20 +43,32 @@ var contract = apitest.Contract{
 			"hosts": 1, "not_hosts": 2, "ports": 3, "not_ports": 4,
 			"methods": 5, "not_methods": 6, "paths": 7, "not_paths": 8,
 		},
-		"Condition":      {"key": 1, "values": 2, "not_values": 3},
-		"Cidr":           {"address": 1, "length": 2},
-		"StringMatch":    {"exact": 1, "prefix": 2, "suffix": 3, "presence": 4},
-		"Route":          {"name": 1, "namespace": 2, "rules": 3, "kind": 4, "ports": 5, "client_namespace": 6},
-		"RouteRule":      {"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5, "mirrors": 6, "fault": 7},
+		"Condition":   {"key": 1, "values": 2, "not_values": 3},
+		"Cidr":        {"address": 1, "length": 2},
+		"StringMatch": {"exact": 1, "prefix": 2, "suffix": 3, "presence": 4},
+		"Route":       {"name": 1, "namespace": 2, "rules": 3, "kind": 4, "ports": 5, "client_namespace": 6},
+		"RouteRule": {
+			"matches": 1, "request_header_modifiers": 2, "backends": 3, "timeout_ms": 4, "retry": 5, "mirrors": 6, "fault": 7,
+			"response_header_modifiers": 8, "rewrite": 9, "redirect": 10, "direct_response": 11, "cors": 12,
+		},
+		"Cors": {
+			"allow_origins": 1, "allow_methods": 2, "allow_headers": 3, "expose_headers": 4, "max_age_s": 5,
+			"allow_credentials": 6, "unmatched_preflight": 7,
+		},
+		"PathModifier":   {"type": 1, "value": 2, "pattern": 3},
+		"Rewrite":        {"path": 1, "host": 2},
+		"Redirect":       {"scheme": 1, "host": 2, "port": 3, "path": 4, "code": 5, "port_rule": 6},
+		"DirectResponse": {"status": 1, "body": 2},
 		"Fault":          {"delay_ms": 1, "delay_percent": 2, "abort_status": 3, "abort_percent": 4},
 		"Mirror":         {"backend": 1, "percent": 2},
-		"RouteMatch":     {"path": 1, "headers": 2, "method": 3, "query_params": 4},
-		"PathMatch":      {"type": 1, "value": 2},
+		"RouteMatch":     {"path": 1, "headers": 2, "method": 3, "query_params": 4, "port": 5},
+		"PathMatch":      {"type": 1, "value": 2, "ignore_case": 3},
 		"HeaderMatch":    {"name": 1, "value": 2, "regex": 3},
 		"HeaderModifier": {"set": 1, "add": 2, "remove": 3},
 		"Backend": {
 			"hostname": 1, "namespace": 2, "port": 3, "weight": 4, "subset": 5, "subset_labels": 6,
 			"missing_subset": 7, "traffic_policy": 8, "subset_workloads": 9, "refused": 10,
+			"request_header_modifiers": 11, "response_header_modifiers": 12,
 		},
 		"TrafficPolicy": {"load_balancer": 1, "outlier_detection": 2},
 		"OutlierDetection": {
@@ -66,10 +78,13 @@ var contract = apitest.Contract{
 		"Retry": {"attempts": 1, "per_try_timeout_ms": 2, "codes": 3},
 	},
 	Enums: map[string]map[string]protoreflect.EnumNumber{
-		"Protocol":       {"TCP": 0, "HTTP": 1, "HTTP2": 2},
-		"Action":         {"ALLOW": 0, "DENY": 1, "AUDIT": 2},
-		"PathMatch.Type": {"PATH_PREFIX": 0, "EXACT": 1, "REGULAR_EXPRESSION": 2},
-		"LoadBalancer":   {"LB_DEFAULT": 0, "ROUND_ROBIN": 1, "RANDOM": 2, "LEAST_REQUEST": 3},
+		"Protocol":          {"TCP": 0, "HTTP": 1, "HTTP2": 2},
+		"Action":            {"ALLOW": 0, "DENY": 1, "AUDIT": 2},
+		"PathMatch.Type":    {"PATH_PREFIX": 0, "EXACT": 1, "REGULAR_EXPRESSION": 2, "STRING_PREFIX": 3},
+		"Cors.Unmatched":    {"FORWARD": 0, "ANSWER": 1},
+		"PathModifier.Type": {"FULL": 0, "PREFIX": 1, "STRING_PREFIX": 2, "REGEX": 3},
+		"Redirect.PortRule": {"GATEWAY": 0, "KEEP": 1, "PROTOCOL_DEFAULT": 2, "REQUEST_PORT": 3},
+		"LoadBalancer":      {"LB_DEFAULT": 0, "ROUND_ROBIN": 1, "RANDOM": 2, "LEAST_REQUEST": 3},
 		"PathNormalization": {
 			"PATH_NORMALIZATION_DEFAULT": 0, "PATH_NORMALIZATION_NONE": 1, "PATH_NORMALIZATION_BASE": 2,
 			"PATH_NORMALIZATION_MERGE_SLASHES": 3, "PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES": 4,
@@ -133,14 +148,17 @@ func fullRule() *Rule {
 func fullRouteRule() *RouteRule {
 	return &RouteRule{
 		Matches: []*RouteMatch{{
-			Path:    &PathMatch{Type: PathMatch_EXACT, Value: "/x"},
+			Path:    &PathMatch{Type: PathMatch_EXACT, Value: "/x", IgnoreCase: true},
 			Headers: []*HeaderMatch{{Name: "h", Value: "v", Regex: true}}, Method: "GET",
-			QueryParams: []*HeaderMatch{{Name: "q", Value: "1"}},
+			QueryParams: []*HeaderMatch{{Name: "q", Value: "1"}}, Port: 8080,
 		}},
 		RequestHeaderModifiers: []*HeaderModifier{{Set: map[string]string{"a": "1"}, Add: map[string]string{"b": "2"}, Remove: []string{"c"}}},
 		Backends: []*Backend{{
 			Hostname: "h", Namespace: "default", Port: 80, Weight: 90, Subset: "v1",
 			SubsetLabels: map[string]string{"version": "v1"}, MissingSubset: true, SubsetWorkloads: []string{"uid-1"},
+			Refused:                 "no ReferenceGrant",
+			RequestHeaderModifiers:  []*HeaderModifier{{Set: map[string]string{"d": "4"}}},
+			ResponseHeaderModifiers: []*HeaderModifier{{Remove: []string{"e"}}},
 			TrafficPolicy: &TrafficPolicy{
 				LoadBalancer: LoadBalancer_LEAST_REQUEST,
 				OutlierDetection: &OutlierDetection{
@@ -152,6 +170,18 @@ func fullRouteRule() *RouteRule {
 		Retry:     &Retry{Attempts: 2, PerTryTimeoutMs: 100, Codes: []uint32{503}},
 		Mirrors:   []*Mirror{{Backend: &Backend{Hostname: "m", Namespace: "default", Port: 80, Weight: 1}, Percent: 25}},
 		Fault:     &Fault{DelayMs: 100, DelayPercent: 10, AbortStatus: 503, AbortPercent: 5.5},
+
+		ResponseHeaderModifiers: []*HeaderModifier{{Add: map[string]string{"x": "y"}}},
+		Rewrite:                 &Rewrite{Path: &PathModifier{Type: PathModifier_REGEX, Value: "/v2/\\1", Pattern: "^/v1/(.*)"}, Host: "h2"},
+		Redirect: &Redirect{
+			Scheme: "https", Host: "h3", Port: 8443, Path: &PathModifier{Type: PathModifier_PREFIX, Value: "/new"},
+			Code: 308, PortRule: Redirect_REQUEST_PORT,
+		},
+		DirectResponse: &DirectResponse{Status: 418, Body: []byte("teapot")},
+		Cors: &Cors{
+			AllowOrigins: []string{"https://a"}, AllowMethods: []string{"GET"}, AllowHeaders: []string{"x-a"},
+			ExposeHeaders: []string{"x-b"}, MaxAgeS: 60, AllowCredentials: true, UnmatchedPreflight: Cors_ANSWER,
+		},
 	}
 }
 
