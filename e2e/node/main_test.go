@@ -7,24 +7,14 @@ package node
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"flag"
 	"fmt"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/realnode"
 )
@@ -131,7 +121,7 @@ func runWithNode(m *testing.M) (int, error) {
 			"controlPlane.replicas=1", "logLevel=debug",
 		},
 	}
-	if err := createCASecret(ctx, n); err != nil {
+	if err := n.CreateMeshCA(ctx, systemNS, "ztunnel-go node-test root"); err != nil {
 		return 0, err
 	}
 	// Gateway API's CRDs, which Istio's install asks for first and
@@ -167,37 +157,6 @@ func (e *nodeEnv) helmCmd(ctx context.Context, args ...string) (string, error) {
 	cmd.Env = e.helmEnv
 	out, err := cmd.CombinedOutput()
 	return string(out), err
-}
-
-// createCASecret makes the mesh root CA the chart expects (controlPlane.caSecret).
-func createCASecret(ctx context.Context, n *realnode.Node) error {
-	if _, err := n.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS}}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("namespace %s: %w", systemNS, err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{Organization: []string{"cluster.local"}, CommonName: "ztunnel-go node-test root"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(30 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return err
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return err
-	}
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ztunnel-go-ca", Namespace: systemNS}, Data: map[string][]byte{
-		"root-cert.pem": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"root-key.pem":  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
-	}}
-	if _, err := n.Client.CoreV1().Secrets(systemNS).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("ca secret: %w", err)
-	}
-	return nil
 }
 
 // dumpState logs pods, events and the mesh components' logs after a failure.

@@ -2,23 +2,12 @@ package conformance
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"fmt"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/realnode"
 )
@@ -90,7 +79,7 @@ func startMesh(t *testing.T) *meshEnv {
 		logf("teardown in %v (component logs kept in %s)", time.Since(t0).Round(time.Millisecond), e.node.LogDir())
 	})
 
-	if err := createCASecret(ctx, e.node); err != nil {
+	if err := e.node.CreateMeshCA(ctx, systemNS, "ztunnel-go conformance root"); err != nil {
 		t.Fatal(err)
 	}
 	// Gateway API's standard CRDs of the version the suite tests (it reads
@@ -119,37 +108,6 @@ func startMesh(t *testing.T) *meshEnv {
 	}
 	logf("mesh installed %v after the start", time.Since(start).Round(time.Millisecond))
 	return e
-}
-
-// createCASecret makes the mesh root CA the chart expects (controlPlane.caSecret).
-func createCASecret(ctx context.Context, n *realnode.Node) error {
-	if _, err := n.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS}}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("namespace %s: %w", systemNS, err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{Organization: []string{"cluster.local"}, CommonName: "ztunnel-go conformance root"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(30 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return err
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return err
-	}
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ztunnel-go-ca", Namespace: systemNS}, Data: map[string][]byte{
-		"root-cert.pem": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"root-key.pem":  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
-	}}
-	if _, err := n.Client.CoreV1().Secrets(systemNS).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("ca secret: %w", err)
-	}
-	return nil
 }
 
 // dumpState logs pods, events and the mesh's logs after a failure.
