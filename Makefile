@@ -100,6 +100,9 @@ unit: tools k8s-bins
 	@# have a Test...Allocs (building every package's tests a second time without -race took minutes).
 	$(GO) test -count=1 -run 'Allocs' $$(grep -rl --include='*_test.go' '^func Test[A-Za-z0-9_]*Allocs' . | \
 		grep -v '^./e2e/' | xargs -n1 dirname | sort -u)
+	@# Heap retention is measured without -race too (its shadow memory swamps the bound), so TestOutboundNoRetention
+	@# skips under -race and runs here (~4 s).
+	$(GO) test -count=1 -run 'TestOutboundNoRetention$$' ./proxy/
 
 ## e2e: end-to-end tests in network namespaces (root).
 e2e: tools k8s-bins
