@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"syscall"
@@ -356,5 +358,130 @@ func assertSockopt(t *testing.T, c syscall.Conn, level, name, want int) {
 	}
 	if gerr != nil || got != want {
 		t.Fatalf("getsockopt(%d, %d) = %d, %v; want %d", level, name, got, gerr, want)
+	}
+}
+
+// BenchmarkDial measures one connection from inside a pod-like namespace to a
+// listener in it, the node proxy's per-connection cost of entering the pod.
+func BenchmarkDial(b *testing.B) {
+	roottest.Require(b)
+	ns := netnstest.New(b, "bench")
+	ctx := context.Background()
+	ln, err := ns.Listen(ctx, netip.MustParseAddrPort("127.0.0.1:0"), netns.SockOpts{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	addr := ln.Addr().(*net.TCPAddr).AddrPort()
+	b.ReportAllocs()
+	for b.Loop() {
+		c, err := ns.Dial(ctx, "tcp", addr, netns.SockOpts{Mark: 1337})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
+}
+
+// Dial makes only the socket inside the namespace and connects from the
+// caller's goroutine; these are the outcomes a dial can have.
+func TestDialOutcomes(t *testing.T) {
+	roottest.Require(t)
+	ns := netnstest.New(t, "d")
+	ctx := context.Background()
+	for _, lo := range []string{"127.0.0.1", "[::1]"} {
+		ln, err := ns.Listen(ctx, netip.MustParseAddrPort(lo+":0"), netns.SockOpts{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().(*net.TCPAddr).AddrPort()
+		c, err := ns.Dial(ctx, "tcp", addr, netns.SockOpts{Mark: 5, LocalAddr: netip.AddrPortFrom(addr.Addr(), 0)})
+		if err != nil {
+			t.Fatalf("dial %v: %v", addr, err)
+		}
+		assertSockopt(t, c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK, 5)
+		assertSockopt(t, c.(*net.TCPConn), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		if got := c.RemoteAddr().(*net.TCPAddr).AddrPort(); got != addr {
+			t.Errorf("remote address %v, want %v", got, addr)
+		}
+		sc, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1)
+		if _, err := io.ReadFull(sc, buf); err != nil || buf[0] != 'x' {
+			t.Fatalf("read %q, %v", buf, err)
+		}
+		sc.Close()
+		c.Close()
+		ln.Close()
+
+		// The listener is gone: the port refuses.
+		if c, err := ns.Dial(ctx, "tcp", addr, netns.SockOpts{}); !errors.Is(err, syscall.ECONNREFUSED) {
+			if c != nil {
+				c.Close()
+			}
+			t.Fatalf("dial closed port %v = %v, want ECONNREFUSED", addr, err)
+		}
+	}
+
+	// A connect that never completes ends with its context: the namespace
+	// drops every SYN to port 9.
+	if err := ns.Do(func() error {
+		out, err := exec.Command("iptables", "-w", "-A", "INPUT", "-p", "tcp", "--dport", "9", "-j", "DROP").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables: %v: %s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if c, err := ns.Dial(dctx, "tcp", netip.MustParseAddrPort("127.0.0.1:9"), netns.SockOpts{}); !errors.Is(err, context.DeadlineExceeded) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("dial to a dropping port = %v, want DeadlineExceeded", err)
+	}
+	cctx, cancel2 := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel2)
+	if c, err := ns.Dial(cctx, "tcp", netip.MustParseAddrPort("127.0.0.1:9"), netns.SockOpts{}); !errors.Is(err, context.Canceled) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("cancelled dial to a dropping port = %v, want Canceled", err)
+	}
+
+	// UDP: the socket is connected and carries datagrams in the namespace.
+	pc, err := ns.ListenPacket(ctx, netip.MustParseAddrPort("127.0.0.1:0"), netns.SockOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	uc, err := ns.Dial(ctx, "udp", pc.LocalAddr().(*net.UDPAddr).AddrPort(), netns.SockOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	if _, err := uc.Write([]byte("u")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8)
+	pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, _, err := pc.ReadFrom(buf); err != nil || string(buf[:n]) != "u" {
+		t.Fatalf("udp read %q, %v", buf[:n], err)
 	}
 }
