@@ -93,6 +93,8 @@ k8s-bins:
 K8S_ENV = ZTG_K8S_BIN=$$(hack/k8s/build.sh k8s)
 
 unit: tools k8s-bins
+	@# cmd/zctl's TestBookinfoSamplesAccepted reads Istio's samples from the module cache, at hack/istioctl's version.
+	@cd hack/istioctl && $(GO) mod download istio.io/istio
 	ZTG_REQUIRE_ROOT=$${ZTG_REQUIRE_ROOT:-$$( [ $$(id -u) = 0 ] && echo 1 )} \
 	ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) \
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/e2e')

@@ -11,6 +11,7 @@ import (
 
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	corev1 "k8s.io/api/core/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
@@ -26,6 +27,8 @@ var errFindings = errors.New("analyze: error-level findings")
 const (
 	levelError   = "Error"
 	levelWarning = "Warning"
+	// levelInfo: not applicable here, with the reason (no action needed).
+	levelInfo = "Info"
 )
 
 // Finding codes are stable: never renumber one, only add new ones.
@@ -45,6 +48,7 @@ const (
 	codeRouteNotApplied = "ZTG0015" // a VirtualService or DestinationRule no waypoint applies
 	codeAddressOwned    = "ZTG0016" // a ServiceEntry address owned by someone else (refused)
 	codeRouteStatus     = "ZTG0017" // an HTTPRoute/GRPCRoute parent not accepted, or a backendRef refused
+	codeGatewayProxy    = "ZTG0018" // config for gateway proxies (ingress/egress Envoy), not the mesh: n/a
 )
 
 // finding is one problem analyze reports.
@@ -107,7 +111,14 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 	out = append(out, serviceEntryFindings(objs)...)
 	out = append(out, dnsCaptureFindings(objs, pods)...)
 	out = append(out, routeStatusFindings(cfg, objs)...)
+	out = append(out, gatewayProxyFindings(objs)...)
 	for _, o := range objs.Ignored {
+		if o.Kind == "Gateway" && strings.HasPrefix(o.APIVersion, "networking.istio.io/") {
+			out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: o.Kind + " " + o.Namespace + "/" + o.Name,
+				Message: "not applicable: an Istio Gateway (" + o.APIVersion + ") configures the gateway proxies its selector picks (an ingress or egress gateway's Envoy), which ztunnel-go does not run or configure; node proxies and waypoints are unaffected, and a gateway's requests into the mesh are handled as any client's",
+				Fix:     "none for the mesh; the gateway's own control plane (istiod) reads it"})
+			continue
+		}
 		note := ignoredNotes[o.Kind]
 		if note == "" {
 			note = "nothing replaces it in the control plane"
@@ -122,6 +133,52 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 		}
 		return out[i].Object < out[j].Object
 	})
+	return out
+}
+
+// gatewayProxyFindings reports Gateway API Gateways of a class other than
+// istio-waypoint, and the routes whose every parent is one: they configure
+// gateway proxies (Istio's ingress gateway), not the mesh, and are not
+// applicable to ztunnel-go, which neither runs nor configures them.
+func gatewayProxyFindings(objs *cluster.Objects) []finding {
+	var out []finding
+	proxies := map[string]string{} // ns/name → class
+	for _, g := range objs.Gateways {
+		if c := string(g.Spec.GatewayClassName); c != translate.WaypointClass {
+			proxies[g.Namespace+"/"+g.Name] = c
+			out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: "Gateway " + g.Namespace + "/" + g.Name,
+				Message: "not applicable: a Gateway of class " + c + " is a gateway proxy (an ingress gateway), which ztunnel-go does not run or configure; only class " + translate.WaypointClass + " makes a waypoint",
+				Fix:     "none for the mesh; that class's controller (istiod for class istio) programs it"})
+		}
+	}
+	route := func(kind, ns, name string, parents []gatewayv1.ParentReference) {
+		var names []string
+		for _, p := range parents {
+			if p.Kind != nil && *p.Kind != "Gateway" || p.Group != nil && *p.Group != gatewayv1.GroupName {
+				return // a Service parent: the mesh's
+			}
+			pns := ns
+			if p.Namespace != nil {
+				pns = string(*p.Namespace)
+			}
+			if _, ok := proxies[pns+"/"+string(p.Name)]; !ok {
+				return // a waypoint, or a Gateway that does not exist (routeStatusFindings)
+			}
+			names = append(names, pns+"/"+string(p.Name))
+		}
+		if len(names) == 0 {
+			return
+		}
+		out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: kind + " " + ns + "/" + name,
+			Message: "not applicable: attached only to gateway proxies (Gateway " + strings.Join(names, ", ") + "), which ztunnel-go does not configure",
+			Fix:     "none for the mesh; attach it to a Service (parentRefs kind Service) to route at its waypoint"})
+	}
+	for _, r := range objs.HTTPRoutes {
+		route("HTTPRoute", r.Namespace, r.Name, r.Spec.ParentRefs)
+	}
+	for _, r := range objs.GRPCRoutes {
+		route("GRPCRoute", r.Namespace, r.Name, r.Spec.ParentRefs)
+	}
 	return out
 }
 
@@ -180,6 +237,9 @@ func policyFindings(statuses []translate.PolicyStatus) []finding {
 			out = append(out, finding{Code: codeNoWaypoint, Level: levelWarning, Object: obj,
 				Message: st.Message,
 				Fix:     "deploy a waypoint and bind the target to it (istio.io/use-waypoint), or use a selector policy node proxies enforce"})
+		case strings.HasPrefix(st.Message, translate.NotForMesh):
+			out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: obj, Message: "not applicable: " + strings.TrimPrefix(st.Message, translate.NotForMesh),
+				Fix: "none for the mesh; add \"mesh\" to spec.gateways to apply it at waypoints too"})
 		case strings.HasPrefix(st.Message, translate.EnforcedByWaypoint):
 			// Working as designed: a waypoint enforces it.
 		case !st.Sent && (st.Kind == "VirtualService" || st.Kind == "DestinationRule"):

@@ -169,11 +169,14 @@ func (w *Waypoint) Close() error {
 // filters. Each step reads what the earlier steps filled in.
 type exchange struct {
 	// metadata
-	src, dst    netip.AddrPort
-	peer        identity.Identity
-	baggage     hbone.Baggage
-	source      telemetry.Peer // for the stats step
-	svc         *boundService  // nil when a workload was addressed
+	src, dst netip.AddrPort
+	peer     identity.Identity
+	baggage  hbone.Baggage
+	source   telemetry.Peer // for the stats step
+	// srcWorkload: the uid of the client's workload, proven (its address
+	// and the peer certificate's identity agree); "": not proven.
+	srcWorkload string
+	svc         *boundService // nil when a workload was addressed
 	protocol    waypointapi.Protocol
 	mirror      string // what request mirroring did ("": no mirror)
 	grpcStatus  string // the response's grpc-status, for the stats step
@@ -204,7 +207,7 @@ func (w *Waypoint) decide(ex *exchange) error {
 	ex.attrs.Principal = strings.TrimPrefix(principal, "spiffe://")
 	ex.attrs.Namespace = ex.peer.Namespace
 	ex.attrs.SrcIP, ex.attrs.DstIP, ex.attrs.DstPort = ex.src.Addr(), ex.dst.Addr(), ex.dst.Port()
-	ex.source = sourcePeer(ex.snap, ex.src.Addr(), ex.peer, ex.baggage)
+	ex.source, ex.srcWorkload = sourcePeer(ex.snap, ex.src.Addr(), ex.peer, ex.baggage)
 	if !ex.peer.IsZero() {
 		ex.source.Principal = principal
 	}
@@ -243,7 +246,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 	if ex.attrs.HTTP && ex.svc != nil {
 		table = ex.svc.routes
 	}
-	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req, ex.peer.Namespace)
+	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req, routing.Client{Namespace: ex.peer.Namespace, WorkloadUID: ex.srcWorkload})
 	if table != nil {
 		ex.rule, ex.edit = res.Rule, res.Edit
 		if res.Rule != nil {
@@ -376,21 +379,27 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 // sourcePeer names the client for telemetry: the workload at its address
 // when that workload's identity is the certificate's, else what its
 // baggage says when the certificate's namespace vouches for it (a client
-// in another cluster), else only the certificate's namespace.
-func sourcePeer(snap *state.Snapshot, ip netip.Addr, peer identity.Identity, bg hbone.Baggage) telemetry.Peer {
+// in another cluster), else only the certificate's namespace. uid is the
+// workload's only in the first case, the one the waypoint can prove:
+// baggage is the client's own word and never selects a route.
+func sourcePeer(snap *state.Snapshot, ip netip.Addr, peer identity.Identity, bg hbone.Baggage) (p telemetry.Peer, uid string) {
 	if sw := snap.WorkloadByIP("", ip); sw != nil && sw.Identity() == peer {
 		name := sw.WorkloadName
 		if name == "" {
 			name = sw.Name
 		}
-		return telemetry.Peer{Workload: name, Namespace: sw.Namespace, CanonicalService: sw.CanonicalName,
+		p = telemetry.Peer{Workload: name, Namespace: sw.Namespace, CanonicalService: sw.CanonicalName,
 			CanonicalRevision: sw.CanonicalRevision, Cluster: sw.ClusterID}
+		if !peer.IsZero() {
+			uid = sw.UID
+		}
+		return p, uid
 	}
 	if bg.WorkloadName != "" && bg.Namespace == peer.Namespace {
 		return telemetry.Peer{Workload: bg.WorkloadName, Namespace: bg.Namespace, CanonicalService: bg.ServiceName,
-			CanonicalRevision: bg.ServiceVersion, Cluster: bg.ClusterName}
+			CanonicalRevision: bg.ServiceVersion, Cluster: bg.ClusterName}, ""
 	}
-	return telemetry.Peer{Namespace: peer.Namespace}
+	return telemetry.Peer{Namespace: peer.Namespace}, ""
 }
 
 func flagFor(code int) string {

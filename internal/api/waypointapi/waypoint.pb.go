@@ -472,7 +472,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -2594,9 +2594,19 @@ type RouteMatch struct {
 	QueryParams []*HeaderMatch `protobuf:"bytes,4,rep,name=query_params,json=queryParams,proto3" json:"query_params,omitempty"`
 	// port: the service port the client addressed must be this one (0: any);
 	// VirtualService match.port.
-	Port          uint32 `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Port uint32 `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`
+	// source_namespace: the client's namespace, that of its HBONE peer
+	// certificate's SPIFFE identity, must be this one ("": any);
+	// VirtualService match.sourceNamespace.
+	SourceNamespace string `protobuf:"bytes,6,opt,name=source_namespace,json=sourceNamespace,proto3" json:"source_namespace,omitempty"`
+	// source_workloads, when set, is VirtualService match.sourceLabels
+	// resolved by the control plane: the client must be one of these
+	// workloads. The waypoint finds the client's workload by its address in
+	// the workload API and requires that workload's identity to be the peer
+	// certificate's; a client it cannot prove does not match.
+	SourceWorkloads *SourceWorkloads `protobuf:"bytes,7,opt,name=source_workloads,json=sourceWorkloads,proto3" json:"source_workloads,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RouteMatch) Reset() {
@@ -2664,6 +2674,76 @@ func (x *RouteMatch) GetPort() uint32 {
 	return 0
 }
 
+func (x *RouteMatch) GetSourceNamespace() string {
+	if x != nil {
+		return x.SourceNamespace
+	}
+	return ""
+}
+
+func (x *RouteMatch) GetSourceWorkloads() *SourceWorkloads {
+	if x != nil {
+		return x.SourceWorkloads
+	}
+	return nil
+}
+
+// SourceWorkloads is a client selector resolved to workloads.
+type SourceWorkloads struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// labels is the selector as written (for logs and the config dump).
+	Labels map[string]string `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// uids of the workloads (as in the workload API) whose labels it
+	// selects; empty: no client matches.
+	Uids          []string `protobuf:"bytes,2,rep,name=uids,proto3" json:"uids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SourceWorkloads) Reset() {
+	*x = SourceWorkloads{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SourceWorkloads) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SourceWorkloads) ProtoMessage() {}
+
+func (x *SourceWorkloads) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SourceWorkloads.ProtoReflect.Descriptor instead.
+func (*SourceWorkloads) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SourceWorkloads) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *SourceWorkloads) GetUids() []string {
+	if x != nil {
+		return x.Uids
+	}
+	return nil
+}
+
 // PathMatch is Gateway API's path match.
 type PathMatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2678,7 +2758,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2770,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[26]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2783,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -2740,7 +2820,7 @@ type HeaderMatch struct {
 
 func (x *HeaderMatch) Reset() {
 	*x = HeaderMatch{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +2832,7 @@ func (x *HeaderMatch) String() string {
 func (*HeaderMatch) ProtoMessage() {}
 
 func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[27]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +2845,7 @@ func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderMatch.ProtoReflect.Descriptor instead.
 func (*HeaderMatch) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HeaderMatch) GetName() string {
@@ -2802,7 +2882,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +2894,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[28]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +2907,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{28}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HeaderModifier) GetSet() map[string]string {
@@ -2889,7 +2969,7 @@ type Backend struct {
 
 func (x *Backend) Reset() {
 	*x = Backend{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2901,7 +2981,7 @@ func (x *Backend) String() string {
 func (*Backend) ProtoMessage() {}
 
 func (x *Backend) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[29]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2914,7 +2994,7 @@ func (x *Backend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backend.ProtoReflect.Descriptor instead.
 func (*Backend) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{29}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Backend) GetHostname() string {
@@ -3013,7 +3093,7 @@ type TrafficPolicy struct {
 
 func (x *TrafficPolicy) Reset() {
 	*x = TrafficPolicy{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3105,7 @@ func (x *TrafficPolicy) String() string {
 func (*TrafficPolicy) ProtoMessage() {}
 
 func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[30]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3118,7 @@ func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrafficPolicy.ProtoReflect.Descriptor instead.
 func (*TrafficPolicy) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{30}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TrafficPolicy) GetLoadBalancer() LoadBalancer {
@@ -3070,7 +3150,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3162,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3175,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -3148,7 +3228,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3160,7 +3240,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3173,7 +3253,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -3382,14 +3462,22 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\rabort_percent\x18\x04 \x01(\x01R\fabortPercent\"Y\n" +
 	"\x06Mirror\x125\n" +
 	"\abackend\x18\x01 \x01(\v2\x1b.ztunnelgo.waypoint.BackendR\abackend\x12\x18\n" +
-	"\apercent\x18\x02 \x01(\rR\apercent\"\xea\x01\n" +
+	"\apercent\x18\x02 \x01(\rR\apercent\"\xe5\x02\n" +
 	"\n" +
 	"RouteMatch\x121\n" +
 	"\x04path\x18\x01 \x01(\v2\x1d.ztunnelgo.waypoint.PathMatchR\x04path\x129\n" +
 	"\aheaders\x18\x02 \x03(\v2\x1f.ztunnelgo.waypoint.HeaderMatchR\aheaders\x12\x16\n" +
 	"\x06method\x18\x03 \x01(\tR\x06method\x12B\n" +
 	"\fquery_params\x18\x04 \x03(\v2\x1f.ztunnelgo.waypoint.HeaderMatchR\vqueryParams\x12\x12\n" +
-	"\x04port\x18\x05 \x01(\rR\x04port\"\xc9\x01\n" +
+	"\x04port\x18\x05 \x01(\rR\x04port\x12)\n" +
+	"\x10source_namespace\x18\x06 \x01(\tR\x0fsourceNamespace\x12N\n" +
+	"\x10source_workloads\x18\a \x01(\v2#.ztunnelgo.waypoint.SourceWorkloadsR\x0fsourceWorkloads\"\xa9\x01\n" +
+	"\x0fSourceWorkloads\x12G\n" +
+	"\x06labels\x18\x01 \x03(\v2/.ztunnelgo.waypoint.SourceWorkloads.LabelsEntryR\x06labels\x12\x12\n" +
+	"\x04uids\x18\x02 \x03(\tR\x04uids\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x01\n" +
 	"\tPathMatch\x126\n" +
 	"\x04type\x18\x01 \x01(\x0e2\".ztunnelgo.waypoint.PathMatch.TypeR\x04type\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1f\n" +
@@ -3480,7 +3568,7 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 }
 
 var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_waypointapi_waypoint_proto_goTypes = []any{
 	(PathNormalization)(0),   // 0: ztunnelgo.waypoint.PathNormalization
 	(Protocol)(0),            // 1: ztunnelgo.waypoint.Protocol
@@ -3516,16 +3604,18 @@ var file_waypointapi_waypoint_proto_goTypes = []any{
 	(*Fault)(nil),            // 31: ztunnelgo.waypoint.Fault
 	(*Mirror)(nil),           // 32: ztunnelgo.waypoint.Mirror
 	(*RouteMatch)(nil),       // 33: ztunnelgo.waypoint.RouteMatch
-	(*PathMatch)(nil),        // 34: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),      // 35: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil),   // 36: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),          // 37: ztunnelgo.waypoint.Backend
-	(*TrafficPolicy)(nil),    // 38: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil), // 39: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),            // 40: ztunnelgo.waypoint.Retry
-	nil,                      // 41: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                      // 42: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                      // 43: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	(*SourceWorkloads)(nil),  // 34: ztunnelgo.waypoint.SourceWorkloads
+	(*PathMatch)(nil),        // 35: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),      // 36: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),   // 37: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),          // 38: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),    // 39: ztunnelgo.waypoint.TrafficPolicy
+	(*OutlierDetection)(nil), // 40: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),            // 41: ztunnelgo.waypoint.Retry
+	nil,                      // 42: ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	nil,                      // 43: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                      // 44: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                      // 45: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	13, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
@@ -3568,12 +3658,12 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	23, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
 	25, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
 	33, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	36, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	37, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	40, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	37, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	38, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	41, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
 	32, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
 	31, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	36, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	37, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	28, // 46: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
 	29, // 47: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
 	30, // 48: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
@@ -3583,24 +3673,26 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	27, // 52: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
 	27, // 53: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
 	6,  // 54: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
-	37, // 55: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	34, // 56: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	35, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	35, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	7,  // 59: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	41, // 60: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	42, // 61: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	43, // 62: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	38, // 63: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	36, // 64: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	36, // 65: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	3,  // 66: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	39, // 67: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	68, // [68:68] is the sub-list for method output_type
-	68, // [68:68] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	38, // 55: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	35, // 56: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	36, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	36, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	34, // 59: ztunnelgo.waypoint.RouteMatch.source_workloads:type_name -> ztunnelgo.waypoint.SourceWorkloads
+	42, // 60: ztunnelgo.waypoint.SourceWorkloads.labels:type_name -> ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	7,  // 61: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	43, // 62: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	44, // 63: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	45, // 64: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	39, // 65: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	37, // 66: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	37, // 67: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	3,  // 68: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	40, // 69: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	70, // [70:70] is the sub-list for method output_type
+	70, // [70:70] is the sub-list for method input_type
+	70, // [70:70] is the sub-list for extension type_name
+	70, // [70:70] is the sub-list for extension extendee
+	0,  // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -3620,7 +3712,7 @@ func file_waypointapi_waypoint_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -98,7 +98,8 @@ type Changes struct {
 	PodChanges []PodChange
 	// Routes is true when an HTTPRoute, GRPCRoute, ReferenceGrant,
 	// VirtualService or DestinationRule changed, or a pod while DestinationRules exist (their
-	// subsets list workloads), not when Full. Routes are not translated
+	// subsets list workloads) or a VirtualService matches sourceLabels (they
+	// list client workloads), not when Full. Routes are not translated
 	// into addresses; only waypoint configs (WaypointConfigs) read them.
 	Routes bool
 }
@@ -148,7 +149,9 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		changed(tr.objs.ReferenceGrants, objs.ReferenceGrants) ||
 		// DestinationRule subsets name workloads by their labels: a pod
 		// change can change a subset's members.
-		len(podCh) > 0 && len(objs.DestinationRules) > 0
+		len(podCh) > 0 && len(objs.DestinationRules) > 0 ||
+		// So do VirtualService sourceLabels: they list client workloads.
+		len(podCh) > 0 && anySourceLabels(objs.VirtualServices)
 
 	t, x := tr.t, &tr.t.idx
 	t.objs, tr.objs = objs, objs

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
@@ -69,6 +70,11 @@ type istioRouting struct {
 	// endpoints: "ns/hostname" → workloads of that service (built once).
 	endpoints map[string][]*workloadapi.Workload
 	vs, dr    map[string]*istioStatus // by ns/name
+	// vsByName: every VirtualService by ns/name (built on first use, for
+	// delegates); clients: workload uids by sourceLabels selector
+	// (selectorKey), built on first use.
+	vsByName map[string]*networkingv1.VirtualService
+	clients  map[string][]string
 }
 
 // istioStatus is what became of one VirtualService or DestinationRule.
@@ -78,7 +84,16 @@ type istioStatus struct {
 	displaced []string // routes that took precedence
 	invalid   []string
 	notes     []string
+	// gatewaysOnly: the VirtualService's gateways, when "mesh" is not
+	// among them (it is for gateway proxies only).
+	gatewaysOnly []string
 }
+
+// NotForMesh begins the status of a VirtualService bound to gateways only:
+// it configures gateway proxies (an ingress gateway's Envoy), which
+// ztunnel-go does not run or configure, so it is not applicable here
+// rather than wrong.
+const NotForMesh = "not for the mesh: "
 
 func newIstioRouting(t *translator, res *Result) *istioRouting {
 	ir := &istioRouting{t: t, res: res, vs: map[string]*istioStatus{}, dr: map[string]*istioStatus{}}
@@ -86,6 +101,9 @@ func newIstioRouting(t *translator, res *Result) *istioRouting {
 		st := &istioStatus{}
 		for _, p := range ValidateVirtualService(v) {
 			st.addInvalid(p)
+		}
+		if !appliesToMesh(v.Spec.GetGateways()) {
+			st.gatewaysOnly = v.Spec.GetGateways()
 		}
 		ir.vs[v.Namespace+"/"+v.Name] = st
 	}
@@ -177,7 +195,7 @@ func (ir *istioRouting) routes(wp string, s *workloadapi.Service, gw []*waypoint
 		for _, v := range vss {
 			st := ir.vs[v.Namespace+"/"+v.Name]
 			st.attach(wp, svcKey)
-			out = append(out, ir.convertVS(v, st))
+			out = append(out, ir.convertVS(v, st, wp, svcKey))
 		}
 	}
 	for _, r := range out {
@@ -235,8 +253,10 @@ func (ir *istioRouting) virtualServicesFor(hostname, proxyNs string) []*networki
 	return out
 }
 
-// convertVS turns a VirtualService's http rules into a Route.
-func (ir *istioRouting) convertVS(v *networkingv1.VirtualService, st *istioStatus) *waypointapi.Route {
+// convertVS turns a VirtualService's http rules into a Route (a rule that
+// delegates becomes its delegate's rules, delegate.go); wp and svcKey say
+// where it is applied.
+func (ir *istioRouting) convertVS(v *networkingv1.VirtualService, st *istioStatus, wp, svcKey string) *waypointapi.Route {
 	wr := &waypointapi.Route{Name: v.Name, Namespace: v.Namespace, Kind: kindVS}
 	var bad problems
 	for i := range v.Spec.GetTcp() {
@@ -246,14 +266,42 @@ func (ir *istioRouting) convertVS(v *networkingv1.VirtualService, st *istioStatu
 		bad.addf(fieldAt("spec.tls", i), "TLS routes are not supported by ztunnel-go's waypoint; TLS goes to the addressed service")
 	}
 	for i, h := range v.Spec.GetHttp() {
-		if rr, ok := ir.convertHTTPRoute(fieldAt("spec.http", i), v.Namespace, h, &bad, st); ok {
-			wr.Rules = append(wr.Rules, rr)
+		path := fieldAt("spec.http", i)
+		if h.GetDelegate() == nil {
+			if rr, ok := ir.convertHTTPRoute(path, v.Namespace, h, &bad, st); ok {
+				wr.Rules = append(wr.Rules, rr)
+			}
+			continue
+		}
+		for _, d := range ir.convertDelegating(path, v, h, wp, svcKey, &bad, st) {
+			var rr *waypointapi.RouteRule
+			ok := false
+			if d.fail {
+				rr, ok = ir.failClosedRule(d.path, d.rule, &bad)
+			} else {
+				rr, ok = ir.convertHTTPRoute(d.path, d.ns, d.rule, &bad, st)
+			}
+			if ok {
+				wr.Rules = append(wr.Rules, rr)
+			}
 		}
 	}
 	for _, p := range bad {
 		st.addInvalid(p)
 	}
 	return wr
+}
+
+// failClosedRule is a rule with h's mesh matches that answers them 500;
+// ok is false when none of its matches applies to mesh traffic.
+func (ir *istioRouting) failClosedRule(path string, h *networkingv1alpha3.HTTPRoute, bad *problems) (*waypointapi.RouteRule, bool) {
+	rr := &waypointapi.RouteRule{}
+	for i, m := range h.GetMatch() {
+		if appliesToMesh(m.GetGateways()) {
+			rr.Matches = append(rr.Matches, ir.convertVSMatch(fieldAt(path+".match", i), m, bad))
+		}
+	}
+	return rr, len(h.GetMatch()) == 0 || len(rr.Matches) > 0
 }
 
 // convertHTTPRoute converts one http rule; ok is false when none of its
@@ -265,7 +313,7 @@ func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.
 		if !appliesToMesh(m.GetGateways()) {
 			continue
 		}
-		rr.Matches = append(rr.Matches, convertVSMatch(fieldAt(path+".match", i), m, bad))
+		rr.Matches = append(rr.Matches, ir.convertVSMatch(fieldAt(path+".match", i), m, bad))
 	}
 	if len(h.GetMatch()) > 0 && len(rr.Matches) == 0 {
 		return nil, false
@@ -292,14 +340,8 @@ func (ir *istioRouting) convertHTTPRoute(path, ns string, h *networkingv1alpha3.
 			b.Weight = 1
 		}
 	}
-	unsupported := func(field string, set bool) {
-		if set {
-			bad.addf(path+"."+field, "not supported by ztunnel-go's waypoint; requests this rule matches answer 500")
-		}
-	}
-	unsupported("delegate", h.GetDelegate() != nil)
 	rr.Cors = convertVSCors(path+".corsPolicy", h.GetCorsPolicy(), bad)
-	if len(h.GetRoute()) == 0 && h.GetRedirect() == nil && h.GetDirectResponse() == nil && h.GetDelegate() == nil {
+	if len(h.GetRoute()) == 0 && h.GetRedirect() == nil && h.GetDirectResponse() == nil {
 		bad.addf(path+".route", "a rule without destinations routes nowhere; requests it matches answer 500")
 	}
 	if hd := h.GetHeaders(); hd != nil {
@@ -515,7 +557,17 @@ func (ir *istioRouting) vsMirror(ns string, d *networkingv1alpha3.Destination, p
 // convertVSMatch converts one HTTPMatchRequest. Conditions that cannot be
 // evaluated are left out of the match (which then matches more) and
 // reported; the caller makes the rule answer 500.
-func convertVSMatch(path string, m *networkingv1alpha3.HTTPMatchRequest, bad *problems) *waypointapi.RouteMatch {
+//
+// sourceNamespace and sourceLabels are about the client, which the
+// waypoint knows better than a sidecar's route table does: its namespace
+// from its peer certificate, its workload from its address in the workload
+// API (with that certificate's identity). sourceLabels become the uids of
+// the workloads they select, in any namespace, as Istio's sourceLabels
+// select client proxies in any namespace; none selected matches no client.
+// Istio's own waypoint drops matches with sourceLabels and compares
+// sourceNamespace with the waypoint's namespace (istio/istio#51565);
+// ztunnel-go matches the client, as the field is documented.
+func (ir *istioRouting) convertVSMatch(path string, m *networkingv1alpha3.HTTPMatchRequest, bad *problems) *waypointapi.RouteMatch {
 	rm := &waypointapi.RouteMatch{}
 	if u := m.GetUri(); u != nil {
 		fold := ""
@@ -564,8 +616,20 @@ func convertVSMatch(path string, m *networkingv1alpha3.HTTPMatchRequest, bad *pr
 	}
 	unsupported("scheme", m.GetScheme() != nil)
 	rm.Port = m.GetPort()
-	unsupported("sourceLabels", len(m.GetSourceLabels()) > 0)
-	unsupported("sourceNamespace", m.GetSourceNamespace() != "")
+	if sl := m.GetSourceLabels(); len(sl) > 0 {
+		for _, k := range sortedKeys(sl) {
+			if e := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(sl[k])...); len(e) > 0 {
+				bad.addf(path+".sourceLabels["+k+"]", "not a label: %s; requests this rule matches answer 500", strings.Join(e, "; "))
+			}
+		}
+		rm.SourceWorkloads = &waypointapi.SourceWorkloads{Labels: sl, Uids: ir.clientsWithLabels(sl)}
+	}
+	if ns := m.GetSourceNamespace(); ns != "" {
+		if len(validation.IsDNS1123Label(ns)) > 0 {
+			bad.addf(path+".sourceNamespace", "%q is not a namespace name; requests this rule matches answer 500", ns)
+		}
+		rm.SourceNamespace = ns
+	}
 	unsupported("withoutHeaders", len(m.GetWithoutHeaders()) > 0)
 	return rm
 }
@@ -710,6 +774,9 @@ func (ir *istioRouting) statuses() []PolicyStatus {
 				sort.Strings(st.waypoints)
 				sort.Strings(st.services)
 				ps.Message = EnforcedByWaypoint + strings.Join(st.waypoints, ", ") + " for " + strings.Join(st.services, ", ")
+			case len(st.gatewaysOnly) > 0:
+				ps.Message = NotForMesh + "bound to gateways " + strings.Join(st.gatewaysOnly, ", ") +
+					" only, not \"mesh\": it configures those gateway proxies, which ztunnel-go does not run or configure; waypoints apply mesh rules"
 			case len(st.displaced) > 0:
 				ps.Message = "not applied: Gateway API routes take precedence over a VirtualService for one service (" + strings.Join(st.displaced, "; ") + ")"
 			default:

@@ -397,7 +397,7 @@ spec:
 
 // TestWaypointRoutesChangeIncrementally: a VirtualService change, and a pod
 // change while DestinationRules exist (a subset's members follow pod
-// labels), mark Changes.Routes so that waypoint configs are rebuilt; a pod
+// labels) or a VirtualService matches sourceLabels, mark Changes.Routes so that waypoint configs are rebuilt; a pod
 // change without any DestinationRule does not.
 func TestWaypointRoutesChangeIncrementally(t *testing.T) {
 	decode := func(doc string) *cluster.Objects {
@@ -420,6 +420,11 @@ kind: VirtualService
 metadata: {name: reviews, namespace: default}
 spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v2}}]}]}
 `
+	srcVS := "---\n" + `apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec: {hosts: [reviews], http: [{match: [{sourceLabels: {app: productpage}}], route: [{destination: {host: ratings}}]}, {route: [{destination: {host: reviews}}]}]}
+`
 	for _, c := range []struct {
 		name, from, to string
 		want           bool
@@ -427,6 +432,7 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v
 		{"pod without DestinationRules", base, more, false},
 		{"pod with a DestinationRule", base + dr, more + dr, true},
 		{"VirtualService added", base + dr, base + dr + vs, true},
+		{"pod with a sourceLabels VirtualService", base + srcVS, more + srcVS, true},
 	} {
 		tr := NewTranslator(Config{ClusterID: "Kubernetes"})
 		from, to := decode(c.from), decode(c.to)
@@ -437,6 +443,9 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v
 		}
 		if len(to.DestinationRules) == len(from.DestinationRules) {
 			to.DestinationRules = from.DestinationRules
+		}
+		if len(to.VirtualServices) == len(from.VirtualServices) {
+			to.VirtualServices = from.VirtualServices
 		}
 		tr.Update(from, nil)
 		if _, ch := tr.Update(to, nil); ch.Full || ch.Routes != c.want {

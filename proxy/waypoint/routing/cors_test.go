@@ -70,7 +70,7 @@ func TestCors(t *testing.T) {
 			for k, v := range tc.hdr {
 				r.Header.Set(k, v)
 			}
-			rule, m, _ := tc.tab.pick(r, "", 80)
+			rule, m, _ := tc.tab.pick(r, Client{}, 80)
 			e := Edit{rule: rule, prefixLen: m.prefixLen}
 			e.cors, e.origin = rule.cors.decide(r)
 			if e.Answers() != tc.want.answers {

@@ -203,7 +203,7 @@ func TestEditRequest(t *testing.T) {
 			r.Header.Set("X-Header-Set", "set-val")
 			r.Header.Set("X-Header-Add-Append", "append-val-1")
 			r.Header.Set("X-Header-Remove", "remove-val")
-			rule, m, _ := tab.pick(r, "", 80)
+			rule, m, _ := tab.pick(r, Client{}, 80)
 			if rule == nil {
 				t.Fatal("no rule matched")
 			}
@@ -278,7 +278,7 @@ func TestAnswer(t *testing.T) {
 	} {
 		r := httptest.NewRequest("GET", tc.target, nil)
 		r.Host = "svc:8080"
-		rule, m, _ := tab.pick(r, "", tc.port)
+		rule, m, _ := tab.pick(r, Client{}, tc.port)
 		e := Edit{rule: rule, prefixLen: m.prefixLen}
 		if !e.Answers() {
 			t.Fatalf("%s: rule does not answer", tc.target)
@@ -326,7 +326,7 @@ func TestEditNoAllocs(t *testing.T) {
 	r := httptest.NewRequest("GET", "/api/x", nil)
 	h := http.Header{"X-A": {"1"}}
 	if n := testing.AllocsPerRun(100, func() {
-		rule, m, _ := tab.pick(r, "", 80)
+		rule, m, _ := tab.pick(r, Client{}, 80)
 		e := Edit{rule: rule, prefixLen: m.prefixLen}
 		e.Request(r, h)
 		if e.ModifiesResponse() || e.Answers() {
@@ -338,7 +338,7 @@ func TestEditNoAllocs(t *testing.T) {
 	rw := httptest.NewRequest("GET", "/old/x", nil)
 	if n := testing.AllocsPerRun(100, func() {
 		rw.URL.Path = "/old/x"
-		rule, m, _ := tab.pick(rw, "", 80)
+		rule, m, _ := tab.pick(rw, Client{}, 80)
 		Edit{rule: rule, prefixLen: m.prefixLen}.Request(rw, rw.Header)
 	}); n > 2 {
 		t.Errorf("%v allocations per prefix rewrite, want at most 2 (the path, the request URI)", n)

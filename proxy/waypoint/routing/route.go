@@ -55,19 +55,19 @@ type Result struct {
 	DstName, DstNamespace, DstPrincipal string
 }
 
-// Route picks the endpoint for a request to dst from a client in
-// namespace clientNs (the namespace of its verified peer identity, which
-// consumer routes are matched against): through the service's routes
+// Route picks the endpoint for a request to dst from client c (its
+// verified peer namespace, which consumer routes are matched against, and
+// its proven workload): through the service's routes
 // (weighted backends) when table is not nil (HTTP to a bound service with
 // routes) and one applies to the request, else the addressed service or
 // workload itself. Result.Rule is set as soon as a rule matched, even when
 // routing then fails. An error is a *stream.Refusal.
-func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, req *http.Request, clientNs string) (Result, error) {
+func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, req *http.Request, c Client) (Result, error) {
 	var res Result
 	host, ns, port := "", "", dst.Port()
 	var pol *backend // a backend with a DestinationRule policy
 	if table != nil {
-		rule, m, routed := table.pick(req, clientNs, dst.Port())
+		rule, m, routed := table.pick(req, c, dst.Port())
 		res.Rule = rule
 		switch {
 		case !routed:

@@ -57,6 +57,23 @@ type routeMatch struct {
 	prefixLen int
 	fold      bool // STRING_PREFIX compares case-insensitively
 	invalid   bool // a regex that does not compile: never matches
+	// srcNs: the client's namespace must be this one ("": any); srcSel:
+	// the client's proven workload must be one of srcUIDs (VirtualService
+	// sourceNamespace and sourceLabels).
+	srcNs   string
+	srcSel  bool
+	srcUIDs map[string]bool
+}
+
+// Client is who sends a request, as far as the waypoint can prove it.
+type Client struct {
+	// Namespace is that of the client's verified peer identity ("":
+	// none); consumer routes and sourceNamespace are matched against it.
+	Namespace string
+	// WorkloadUID is the uid of the workload at the client's address when
+	// that workload's identity is the peer certificate's ("": not proven,
+	// so no sourceLabels match holds).
+	WorkloadUID string
 }
 
 // mirror is one RequestMirror of a rule: a backend and the percent of
@@ -148,6 +165,13 @@ func Compile(routes []*waypointapi.Route) *Table {
 				if m.GetPath() == nil {
 					cm.path = "/"
 				}
+				cm.srcNs = m.GetSourceNamespace()
+				if sw := m.GetSourceWorkloads(); sw != nil {
+					cm.srcSel, cm.srcUIDs = true, make(map[string]bool, len(sw.GetUids()))
+					for _, uid := range sw.GetUids() {
+						cm.srcUIDs[uid] = true
+					}
+				}
 				switch cm.pathType {
 				case waypointapi.PathMatch_REGULAR_EXPRESSION:
 					re, err := regexp.Compile("^(?:" + cm.path + ")$")
@@ -230,6 +254,14 @@ func compileHeaderMatch(h *waypointapi.HeaderMatch) (headerMatch, bool) {
 		hm.re = re
 	}
 	return hm, true
+}
+
+// from reports whether the request's client is one this match is for.
+func (m *routeMatch) from(c Client) bool {
+	if m.srcNs != "" && c.Namespace != m.srcNs {
+		return false
+	}
+	return !m.srcSel || c.WorkloadUID != "" && m.srcUIDs[c.WorkloadUID]
 }
 
 func (m *routeMatch) matches(r *http.Request) bool {
@@ -328,13 +360,13 @@ func (t *Table) applicable(rule *Rule, clientNs string, port uint16, consumer bo
 	return rule.clientNs == ""
 }
 
-// pick returns the rule for r from a client in namespace clientNs to
-// port: among the applicable rules, the most specific matching match,
+// pick returns the rule for r from client c to port: among the applicable rules, the most specific matching match,
 // ties to the earlier rule (VirtualService rules: the first that
 // matches). nil with routed true: no applicable rule matches (404); routed
 // false: no route applies to this request at all (the service itself
 // takes it).
-func (t *Table) pick(r *http.Request, clientNs string, port uint16) (best *Rule, bestMatch *routeMatch, routed bool) {
+func (t *Table) pick(r *http.Request, c Client, port uint16) (best *Rule, bestMatch *routeMatch, routed bool) {
+	clientNs := c.Namespace
 	consumer := false
 	if t.scoped {
 		for _, rule := range t.rules {
@@ -352,7 +384,7 @@ func (t *Table) pick(r *http.Request, clientNs string, port uint16) (best *Rule,
 		routed = true
 		for i := range rule.matches {
 			m := &rule.matches[i]
-			if m.port != 0 && m.port != port || !m.matches(r) {
+			if m.port != 0 && m.port != port || !m.matches(r) || !m.from(c) {
 				continue
 			}
 			if t.firstMatch {

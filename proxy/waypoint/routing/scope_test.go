@@ -54,7 +54,7 @@ func TestRouteScope(t *testing.T) {
 		{"other", 80, "/", "shop/producer", true},   // its consumer route is for 8080 only
 		{"other", 8080, "/x", "other/theirs", true}, // replaces the producer routes there
 	} {
-		got, _, routed := tbl.pick(req(tc.path), tc.client, tc.port)
+		got, _, routed := tbl.pick(req(tc.path), Client{Namespace: tc.client}, tc.port)
 		name := ""
 		if got != nil {
 			name = got.Route()
@@ -66,7 +66,7 @@ func TestRouteScope(t *testing.T) {
 
 	// Only a consumer route: other clients get the service itself.
 	only := Compile([]*waypointapi.Route{scopeRoute("evil", "hijack", "evil", nil, "", be("sink"))})
-	if r, _, routed := only.pick(req("/"), "shop", 80); r != nil || routed {
+	if r, _, routed := only.pick(req("/"), Client{Namespace: "shop"}, 80); r != nil || routed {
 		t.Errorf("a shop client under evil's consumer route: rule %v routed %v, want none (the service itself)", r, routed)
 	}
 }
@@ -77,7 +77,7 @@ func TestRefusedBackend(t *testing.T) {
 	tbl := Compile([]*waypointapi.Route{scopeRoute("evil", "steal", "", nil, "",
 		&waypointapi.Backend{Namespace: "shop", Weight: 1, Refused: "no ReferenceGrant"})})
 	rt := New(netip.MustParseAddr("10.0.0.9"), func(n uint64) uint64 { return 0 }, zap.NewNop())
-	_, err := rt.Route(nil, netip.MustParseAddrPort("10.96.0.12:80"), tbl, httptest.NewRequest("GET", "http://sink/", nil), "evil")
+	_, err := rt.Route(nil, netip.MustParseAddrPort("10.96.0.12:80"), tbl, httptest.NewRequest("GET", "http://sink/", nil), Client{Namespace: "evil"})
 	var ref *stream.Refusal
 	if !errors.As(err, &ref) || ref.Code != http.StatusInternalServerError {
 		t.Fatalf("Route = %v, want a 500 refusal", err)
