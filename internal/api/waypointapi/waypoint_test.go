@@ -36,7 +36,7 @@ var contract = apitest.Contract{
 		"TracingProvider": {
 			"name": 1, "service": 2, "port": 3, "protocol": 4, "http_path": 5, "headers": 6, "max_tag_length": 7, "timeout_ms": 8,
 		},
-		"CustomTag": {"name": 1, "literal": 2, "header": 3, "environment": 4, "default_value": 5},
+		"CustomTag":    {"name": 1, "literal": 2, "header": 3, "environment": 4, "default_value": 5},
 		"RequestAuthn": {"name": 1, "namespace": 2, "services": 3, "rules": 4, "target": 5},
 		"JwtRule": {
 			"issuer": 1, "audiences": 2, "jwks": 3, "from_headers": 4, "from_params": 5,
