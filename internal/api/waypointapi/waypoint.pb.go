@@ -1183,7 +1183,12 @@ type Service struct {
 	// Service), ordered as Gateway API orders them (oldest first, then name).
 	Routes []*Route `protobuf:"bytes,6,rep,name=routes,proto3" json:"routes,omitempty"`
 	// kind: "Service" or "ServiceEntry".
-	Kind          string `protobuf:"bytes,7,opt,name=kind,proto3" json:"kind,omitempty"`
+	Kind string `protobuf:"bytes,7,opt,name=kind,proto3" json:"kind,omitempty"`
+	// telemetry, when set, replaces Config.telemetry for requests to this
+	// service: a Telemetry in the service's namespace attaches to it with
+	// targetRefs (kind Service or ServiceEntry), merged over the waypoint's.
+	// Field 20 leaves 8..19 to routing additions.
+	Telemetry     *Telemetry `protobuf:"bytes,20,opt,name=telemetry,proto3" json:"telemetry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1265,6 +1270,13 @@ func (x *Service) GetKind() string {
 		return x.Kind
 	}
 	return ""
+}
+
+func (x *Service) GetTelemetry() *Telemetry {
+	if x != nil {
+		return x.Telemetry
+	}
+	return nil
 }
 
 // Port is one service port and how the waypoint speaks on it.
@@ -4515,7 +4527,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x06prefix\x18\x02 \x01(\tR\x06prefix\"=\n" +
 	"\rClaimToHeader\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\tR\x06header\x12\x14\n" +
-	"\x05claim\x18\x02 \x01(\tR\x05claim\"\xec\x01\n" +
+	"\x05claim\x18\x02 \x01(\tR\x05claim\"\xa9\x02\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -4523,7 +4535,8 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\taddresses\x18\x04 \x03(\fR\taddresses\x12.\n" +
 	"\x05ports\x18\x05 \x03(\v2\x18.ztunnelgo.waypoint.PortR\x05ports\x121\n" +
 	"\x06routes\x18\x06 \x03(\v2\x19.ztunnelgo.waypoint.RouteR\x06routes\x12\x12\n" +
-	"\x04kind\x18\a \x01(\tR\x04kind\"h\n" +
+	"\x04kind\x18\a \x01(\tR\x04kind\x12;\n" +
+	"\ttelemetry\x18\x14 \x01(\v2\x1d.ztunnelgo.waypoint.TelemetryR\ttelemetry\"h\n" +
 	"\x04Port\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\rR\x04port\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x128\n" +
@@ -4948,89 +4961,90 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	16, // 8: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
 	18, // 9: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
 	28, // 10: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
-	1,  // 11: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
-	2,  // 12: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	21, // 13: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	22, // 14: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	24, // 15: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	25, // 16: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	27, // 17: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 18: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 19: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 20: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	26, // 21: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	26, // 22: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	26, // 23: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	26, // 24: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	27, // 25: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 26: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 27: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	23, // 28: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	27, // 29: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 30: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 31: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 32: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 33: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 34: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 35: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 36: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 37: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 38: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	29, // 39: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	37, // 40: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	40, // 41: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	41, // 42: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	44, // 43: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	36, // 44: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	35, // 45: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	40, // 46: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	32, // 47: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
-	33, // 48: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
-	34, // 49: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
-	30, // 50: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
-	6,  // 51: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
-	7,  // 52: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
-	31, // 53: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
-	31, // 54: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
-	8,  // 55: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
-	41, // 56: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	38, // 57: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	39, // 58: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	39, // 59: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	9,  // 60: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	58, // 61: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	59, // 62: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	60, // 63: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	42, // 64: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	40, // 65: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	40, // 66: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	3,  // 67: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	43, // 68: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	46, // 69: ztunnelgo.waypoint.Telemetry.access_logging:type_name -> ztunnelgo.waypoint.AccessLogging
-	52, // 70: ztunnelgo.waypoint.Telemetry.metric_overrides:type_name -> ztunnelgo.waypoint.MetricOverride
-	55, // 71: ztunnelgo.waypoint.Telemetry.tracing:type_name -> ztunnelgo.waypoint.Tracing
-	48, // 72: ztunnelgo.waypoint.AccessLogging.providers:type_name -> ztunnelgo.waypoint.AccessLogProvider
-	47, // 73: ztunnelgo.waypoint.AccessLogging.filter:type_name -> ztunnelgo.waypoint.LogCondition
-	4,  // 74: ztunnelgo.waypoint.LogCondition.attribute:type_name -> ztunnelgo.waypoint.Attribute
-	10, // 75: ztunnelgo.waypoint.LogCondition.op:type_name -> ztunnelgo.waypoint.LogCondition.Op
-	50, // 76: ztunnelgo.waypoint.AccessLogProvider.file:type_name -> ztunnelgo.waypoint.FileAccessLog
-	51, // 77: ztunnelgo.waypoint.AccessLogProvider.otel:type_name -> ztunnelgo.waypoint.OtelAccessLog
-	61, // 78: ztunnelgo.waypoint.LogFormat.labels:type_name -> ztunnelgo.waypoint.LogFormat.LabelsEntry
-	49, // 79: ztunnelgo.waypoint.FileAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
-	49, // 80: ztunnelgo.waypoint.OtelAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
-	5,  // 81: ztunnelgo.waypoint.MetricOverride.metric:type_name -> ztunnelgo.waypoint.Metric
-	53, // 82: ztunnelgo.waypoint.MetricOverride.tags:type_name -> ztunnelgo.waypoint.TagOverride
-	54, // 83: ztunnelgo.waypoint.TagOverride.value:type_name -> ztunnelgo.waypoint.TagValue
-	4,  // 84: ztunnelgo.waypoint.TagValue.attribute:type_name -> ztunnelgo.waypoint.Attribute
-	56, // 85: ztunnelgo.waypoint.Tracing.provider:type_name -> ztunnelgo.waypoint.TracingProvider
-	57, // 86: ztunnelgo.waypoint.Tracing.custom_tags:type_name -> ztunnelgo.waypoint.CustomTag
-	11, // 87: ztunnelgo.waypoint.TracingProvider.protocol:type_name -> ztunnelgo.waypoint.TracingProvider.Protocol
-	62, // 88: ztunnelgo.waypoint.TracingProvider.headers:type_name -> ztunnelgo.waypoint.TracingProvider.HeadersEntry
-	89, // [89:89] is the sub-list for method output_type
-	89, // [89:89] is the sub-list for method input_type
-	89, // [89:89] is the sub-list for extension type_name
-	89, // [89:89] is the sub-list for extension extendee
-	0,  // [0:89] is the sub-list for field type_name
+	45, // 11: ztunnelgo.waypoint.Service.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
+	1,  // 12: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
+	2,  // 13: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
+	21, // 14: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	22, // 15: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	24, // 16: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	25, // 17: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	27, // 18: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 19: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 20: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 21: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	26, // 22: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	26, // 23: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	26, // 24: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	26, // 25: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	27, // 26: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 27: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 28: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	23, // 29: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	27, // 30: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 31: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 32: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 33: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 34: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 35: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 36: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 37: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 38: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 39: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	29, // 40: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	37, // 41: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	40, // 42: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	41, // 43: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	44, // 44: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	36, // 45: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	35, // 46: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	40, // 47: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	32, // 48: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
+	33, // 49: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
+	34, // 50: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
+	30, // 51: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
+	6,  // 52: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
+	7,  // 53: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
+	31, // 54: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
+	31, // 55: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
+	8,  // 56: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
+	41, // 57: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	38, // 58: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	39, // 59: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	39, // 60: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	9,  // 61: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	58, // 62: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	59, // 63: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	60, // 64: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	42, // 65: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	40, // 66: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	40, // 67: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	3,  // 68: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	43, // 69: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	46, // 70: ztunnelgo.waypoint.Telemetry.access_logging:type_name -> ztunnelgo.waypoint.AccessLogging
+	52, // 71: ztunnelgo.waypoint.Telemetry.metric_overrides:type_name -> ztunnelgo.waypoint.MetricOverride
+	55, // 72: ztunnelgo.waypoint.Telemetry.tracing:type_name -> ztunnelgo.waypoint.Tracing
+	48, // 73: ztunnelgo.waypoint.AccessLogging.providers:type_name -> ztunnelgo.waypoint.AccessLogProvider
+	47, // 74: ztunnelgo.waypoint.AccessLogging.filter:type_name -> ztunnelgo.waypoint.LogCondition
+	4,  // 75: ztunnelgo.waypoint.LogCondition.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	10, // 76: ztunnelgo.waypoint.LogCondition.op:type_name -> ztunnelgo.waypoint.LogCondition.Op
+	50, // 77: ztunnelgo.waypoint.AccessLogProvider.file:type_name -> ztunnelgo.waypoint.FileAccessLog
+	51, // 78: ztunnelgo.waypoint.AccessLogProvider.otel:type_name -> ztunnelgo.waypoint.OtelAccessLog
+	61, // 79: ztunnelgo.waypoint.LogFormat.labels:type_name -> ztunnelgo.waypoint.LogFormat.LabelsEntry
+	49, // 80: ztunnelgo.waypoint.FileAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	49, // 81: ztunnelgo.waypoint.OtelAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	5,  // 82: ztunnelgo.waypoint.MetricOverride.metric:type_name -> ztunnelgo.waypoint.Metric
+	53, // 83: ztunnelgo.waypoint.MetricOverride.tags:type_name -> ztunnelgo.waypoint.TagOverride
+	54, // 84: ztunnelgo.waypoint.TagOverride.value:type_name -> ztunnelgo.waypoint.TagValue
+	4,  // 85: ztunnelgo.waypoint.TagValue.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	56, // 86: ztunnelgo.waypoint.Tracing.provider:type_name -> ztunnelgo.waypoint.TracingProvider
+	57, // 87: ztunnelgo.waypoint.Tracing.custom_tags:type_name -> ztunnelgo.waypoint.CustomTag
+	11, // 88: ztunnelgo.waypoint.TracingProvider.protocol:type_name -> ztunnelgo.waypoint.TracingProvider.Protocol
+	62, // 89: ztunnelgo.waypoint.TracingProvider.headers:type_name -> ztunnelgo.waypoint.TracingProvider.HeadersEntry
+	90, // [90:90] is the sub-list for method output_type
+	90, // [90:90] is the sub-list for method input_type
+	90, // [90:90] is the sub-list for extension type_name
+	90, // [90:90] is the sub-list for extension extendee
+	0,  // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }

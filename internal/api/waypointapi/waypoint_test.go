@@ -44,7 +44,7 @@ var contract = apitest.Contract{
 		},
 		"JwtHeader":     {"name": 1, "prefix": 2},
 		"ClaimToHeader": {"header": 1, "claim": 2},
-		"Service":       {"name": 1, "namespace": 2, "hostname": 3, "addresses": 4, "ports": 5, "routes": 6, "kind": 7},
+		"Service":       {"name": 1, "namespace": 2, "hostname": 3, "addresses": 4, "ports": 5, "routes": 6, "kind": 7, "telemetry": 20},
 		"Port":          {"port": 1, "name": 2, "protocol": 3},
 		"Workload":      {"uid": 1, "name": 2, "namespace": 3, "addresses": 4},
 		"Policy": {
@@ -136,7 +136,8 @@ func fullConfig() *Config {
 		Services: []*Service{{
 			Name: "reviews", Namespace: "default", Hostname: "reviews.default.svc.cluster.local", Kind: "Service",
 			Addresses: [][]byte{ip}, Ports: []*Port{{Port: 80, Name: "http", Protocol: Protocol_HTTP}},
-			Routes: []*Route{{Name: "r", Namespace: "default", Kind: "HTTPRoute", Rules: []*RouteRule{fullRouteRule()}}},
+			Routes:    []*Route{{Name: "r", Namespace: "default", Kind: "HTTPRoute", Rules: []*RouteRule{fullRouteRule()}}},
+			Telemetry: &Telemetry{Sources: []string{"default/reviews"}},
 		}},
 		Workloads: []*Workload{{Uid: "u", Name: "n", Namespace: "default", Addresses: [][]byte{ip}}},
 		Policies: []*Policy{{
