@@ -30,6 +30,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/upstream"
 )
 
@@ -66,6 +67,12 @@ type Options struct {
 	// revokes them; nil: no revocation checks. The upstream side's checks
 	// are the Pool's (hbone.ClientConfig.Revocation).
 	Revocation hbone.Revocation
+	// Trace is the waypoint's own identity in its spans' attributes; what
+	// is empty is derived from Name and IP. Tracing itself (providers,
+	// sampling, tags) comes with the config (Telemetry's tracing).
+	Trace tracing.Identity
+	// TraceBatchTimeout is the longest a span waits for export; 0: 5 s.
+	TraceBatchTimeout time.Duration
 }
 
 // Waypoint is the data path of one waypoint.
@@ -74,6 +81,7 @@ type Waypoint struct {
 	sink    *sink
 	srv     *hbone.Server
 	stats   *telemetry.Recorder
+	tracer  *tracing.Tracer
 	log     *zap.Logger
 	httpLn  *connListener
 	httpSrv *http.Server
@@ -118,7 +126,9 @@ func New(opts Options) (*Waypoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
 	}
-	w := &Waypoint{opts: opts, sink: newSink(opts.Name), stats: stats, log: opts.Log,
+	tracer := tracing.New(traceIdentity(opts), opts.Log.Named("tracing"))
+	tracer.BatchTimeout = opts.TraceBatchTimeout
+	w := &Waypoint{opts: opts, sink: newSink(opts.Name, tracer), stats: stats, tracer: tracer, log: opts.Log,
 		router: routing.New(opts.IP, opts.Rand, opts.Log), fast: h1.NewServer(opts.Log)}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
@@ -129,6 +139,24 @@ func New(opts Options) (*Waypoint, error) {
 	}
 	w.initHTTP()
 	return w, nil
+}
+
+// traceIdentity fills in what opts.Trace leaves empty: the waypoint is
+// the canonical service named after its Gateway, in the Gateway's
+// namespace, and its node id is Istio's "waypoint~<ip>~<name>.<ns>~<ns>.svc.cluster.local".
+func traceIdentity(opts Options) tracing.Identity {
+	id := opts.Trace
+	ns, name, _ := strings.Cut(opts.Name, "/")
+	if id.Namespace == "" {
+		id.Namespace = ns
+	}
+	if id.CanonicalService == "" {
+		id.CanonicalService = name
+	}
+	if id.NodeID == "" {
+		id.NodeID = "waypoint~" + opts.IP.String() + "~" + name + "." + ns + "~" + ns + ".svc.cluster.local"
+	}
+	return id
 }
 
 // Sink is what the xDS client feeds (the workload API and this waypoint's
@@ -155,13 +183,16 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
-	return errors.Join(err, herr)
+	return errors.Join(err, herr, w.tracer.Close(ctx))
 }
 
 // Close stops everything now.
 func (w *Waypoint) Close() error {
 	w.fast.Close()
 	w.upstreams.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // now: what is queued is dropped
+	_ = w.tracer.Close(ctx)
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
@@ -190,6 +221,7 @@ type exchange struct {
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
 	upstream    string
 	destination telemetry.Peer // the endpoint picked, for the stats step
+	span        *tracing.Span  // nil: tracing off
 	err         error
 }
 
@@ -370,6 +402,7 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 	if ex.svc != nil {
 		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace
 	}
+	ex.span.End(&e)
 	return w.stats.Record(&e)
 }
 
