@@ -89,9 +89,14 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 
 // compileTracing compiles the tracing of c's Telemetry and of its
 // services' own (tr starts the providers' exporters).
-func (c *Config) compileTracing(tr *tracing.Tracer) error {
+// A config without Telemetry traces as def says (nil: not at all).
+func (c *Config) compileTracing(tr *tracing.Tracer, def *tracing.Config) error {
+	cfg := tracing.FromProto(c.raw.GetTelemetry().GetTracing())
+	if c.raw.GetTelemetry() == nil && def != nil {
+		cfg = *def
+	}
 	var err error
-	if c.tracing, err = tr.Compile(tracing.FromProto(c.raw.GetTelemetry().GetTracing())); err != nil {
+	if c.tracing, err = tr.Compile(cfg); err != nil {
 		return err
 	}
 	c.anyTracing = c.tracing != nil
@@ -145,6 +150,20 @@ type sink struct {
 	name   string
 	cfg    atomic.Pointer[Config]
 	tracer *tracing.Tracer // compiles each config's tracing
+	// defaultTracing is the tracing of a config without Telemetry.
+	defaultTracing *tracing.Config
+}
+
+// applyDefaultTracing compiles the current config's tracing again with
+// the default (at start: the empty config's).
+func (s *sink) applyDefaultTracing() error {
+	cur := *s.cfg.Load()
+	if err := cur.compileTracing(s.tracer, s.defaultTracing); err != nil {
+		return err
+	}
+	s.cfg.Store(&cur)
+	s.tracer.Retain(cur.tracingPolicies()...)
+	return nil
 }
 
 var _ xds.WaypointSink = (*sink)(nil)
@@ -175,7 +194,7 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 		}
 		cc, err := Compile(c)
 		if err == nil {
-			err = cc.compileTracing(s.tracer)
+			err = cc.compileTracing(s.tracer, s.defaultTracing)
 		}
 		if err != nil {
 			bad[name] = err
@@ -188,8 +207,9 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 	for _, name := range removes {
 		if name == s.name {
 			empty, _ := Compile(nil)
+			_ = empty.compileTracing(s.tracer, s.defaultTracing) // checked at start
 			s.cfg.Store(empty)
-			s.tracer.Retain()
+			s.tracer.Retain(empty.tracingPolicies()...)
 		}
 	}
 	if len(bad) > 0 {

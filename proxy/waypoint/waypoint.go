@@ -73,6 +73,11 @@ type Options struct {
 	Trace tracing.Identity
 	// TraceBatchTimeout is the longest a span waits for export; 0: 5 s.
 	TraceBatchTimeout time.Duration
+	// DefaultTracing is the tracing of a config without Telemetry (the
+	// control plane resolved no Telemetry object and no default provider
+	// for this waypoint): a bootstrap default, as Istio's proxies take
+	// meshConfig defaultConfig.tracing at start. nil: no tracing then.
+	DefaultTracing *tracing.Config
 }
 
 // Waypoint is the data path of one waypoint.
@@ -128,7 +133,12 @@ func New(opts Options) (*Waypoint, error) {
 	}
 	tracer := tracing.New(traceIdentity(opts), opts.Log.Named("tracing"))
 	tracer.BatchTimeout = opts.TraceBatchTimeout
-	w := &Waypoint{opts: opts, sink: newSink(opts.Name, tracer), stats: stats, tracer: tracer, log: opts.Log,
+	sk := newSink(opts.Name, tracer)
+	sk.defaultTracing = opts.DefaultTracing
+	if err := sk.applyDefaultTracing(); err != nil {
+		return nil, fmt.Errorf("waypoint: %w", err)
+	}
+	w := &Waypoint{opts: opts, sink: sk, stats: stats, tracer: tracer, log: opts.Log,
 		router: routing.New(opts.IP, opts.Rand, opts.Log), fast: h1.NewServer(opts.Log)}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
