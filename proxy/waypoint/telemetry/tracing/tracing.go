@@ -371,35 +371,33 @@ func (sampler) Description() string { return "ztunnel-go waypoint sampler" }
 // (Envoy respects the sampled flag of the trace context it extends), else
 // the random sampling percentage, by its x-request-id (UseRequestID) or
 // its trace id.
-func (pol *Policy) sample(in *incoming, h http.Header) (bool, trace.TraceID) {
+func (pol *Policy) sample(in *incoming, h http.Header) bool {
 	switch {
 	case in.decision == decideParent && in.parent.IsValid():
-		return in.parent.IsSampled(), in.parent.TraceID()
+		return in.parent.IsSampled()
 	case in.decision == decideSample:
-		return true, in.parent.TraceID()
-	case in.decision == decideDrop:
-		return false, in.parent.TraceID()
+		return true
+	case in.decision == decideDrop || pol.threshld == 0:
+		return false
 	}
-	if pol.threshld == 0 {
-		return false, in.parent.TraceID()
-	}
-	var v uint64
 	if rid := first(h, hRequestID); pol.cfg.UseRequestID && len(rid) >= 8 {
 		// Envoy's UUID extension: the first 8 hex digits, mod 10000,
 		// below the percentage in hundredths.
 		if x, err := strconv.ParseUint(rid[:8], 16, 32); err == nil {
-			return float64(x%10000) < pol.cfg.RandomSamplingPercentage*100, in.parent.TraceID()
+			return float64(x%10000) < pol.cfg.RandomSamplingPercentage*100
 		}
 	}
-	tid := in.parent.TraceID()
+	// By the trace id when the trace came without a decision (B3 defers
+	// it), so hops sampling by ratio agree; else at random.
+	v := rand.Uint64()
 	if in.parent.IsValid() {
+		tid := in.parent.TraceID()
+		v = 0
 		for _, b := range tid[8:] {
 			v = v<<8 | uint64(b)
 		}
-	} else {
-		v = rand.Uint64()
 	}
-	return v>>1 < pol.threshld, tid
+	return v>>1 < pol.threshld
 }
 
 // Span is the waypoint's span of one request; a nil *Span (tracing off)
@@ -420,7 +418,7 @@ func (pol *Policy) Start(h http.Header, start time.Time) *Span {
 		return nil
 	}
 	sp := &Span{pol: pol, in: extract(h), start: start}
-	sampled, _ := pol.sample(&sp.in, h)
+	sampled := pol.sample(&sp.in, h)
 	ctx := context.WithValue(context.Background(), decisionKey{}, sampled)
 	if sp.in.parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, sp.in.parent)
