@@ -282,3 +282,32 @@ func TestRetain(t *testing.T) {
 		t.Fatal("Retain() left a pipeline")
 	}
 }
+
+// BenchmarkRequestPath: what tracing adds to a request: a generated
+// x-request-id, and a sampled span started, propagated and ended (without
+// export: span reporting disabled).
+func BenchmarkRequestPath(b *testing.B) {
+	b.Run("request-id", func(b *testing.B) {
+		h := http.Header{}
+		b.ReportAllocs()
+		for b.Loop() {
+			delete(h, "X-Request-Id")
+			EnsureRequestID(h)
+		}
+	})
+	b.Run("span", func(b *testing.B) {
+		tr := New(Identity{}, nil)
+		pol, err := tr.Compile(Config{Provider: &Provider{Endpoint: "127.0.0.1:1"}, RandomSamplingPercentage: 100, DisableSpanReporting: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		e := entry(200)
+		up := http.Header{}
+		b.ReportAllocs()
+		for b.Loop() {
+			sp := pol.Start(e.Req.Header, time.Now())
+			sp.Inject(up)
+			sp.End(e)
+		}
+	})
+}
