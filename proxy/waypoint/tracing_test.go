@@ -1,6 +1,9 @@
 package waypoint
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -9,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"net/netip"
+
+	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/otlptest"
 )
 
@@ -110,5 +117,35 @@ func TestTracing(t *testing.T) {
 				t.Errorf("tracing off: upstream traceparent %q, want the client's", got)
 			}
 		})
+	}
+}
+
+// TestTCPTraceparent: the traceparent of a TCP stream's CONNECT goes on to
+// the endpoint's node proxy on the waypoint's own CONNECT.
+func TestTCPTraceparent(t *testing.T) {
+	l := newLab(t, baseConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: l.certs, Dial: dialFrom(netip.MustParseAddr(clientIP))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	c, err := pool.Connect(ctx, &hbone.ConnectRequest{
+		Key: hbone.Key{Src: clientID, Dst: []identity.Identity{wpID}, SrcIP: netip.MustParseAddr(clientIP),
+			NextHop: netip.MustParseAddrPort(wpIP + ":15008")},
+		Authority: netip.MustParseAddrPort(svcVIP + ":9000"), Traceparent: tp,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "hello\n")
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "hello\n" {
+		t.Fatalf("echo = %q, %v", line, err)
+	}
+	if got := l.lastTraceparent.Load(); got == nil || *got != tp {
+		t.Errorf("the endpoint's node proxy got traceparent %v, want the client's %s", got, tp)
 	}
 }

@@ -232,6 +232,7 @@ type exchange struct {
 	upstream    string
 	destination telemetry.Peer // the endpoint picked, for the stats step
 	span        *tracing.Span  // nil: tracing off
+	traceparent string         // the HBONE CONNECT's, when valid (TCP streams)
 	err         error
 }
 
@@ -319,6 +320,12 @@ func (w *Waypoint) endpointDone(ctx context.Context, ex *exchange, resp *http.Re
 // step chose: HBONE through its node proxy with the waypoint's identity, or
 // plain TCP to a workload outside HBONE.
 func (w *Waypoint) dial(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
+	return w.dialTrace(ctx, target, forwarded, "")
+}
+
+// dialTrace is dial whose HBONE CONNECT carries traceparent ("": a new
+// random one, as every node proxy's CONNECT has).
+func (w *Waypoint) dialTrace(ctx context.Context, target netip.AddrPort, forwarded, traceparent string) (net.Conn, error) {
 	snap := w.sink.Load()
 	self := snap.WorkloadByIP("", w.opts.IP)
 	d, err := route.Outbound(snap, self, target)
@@ -329,7 +336,7 @@ func (w *Waypoint) dial(ctx context.Context, target netip.AddrPort, forwarded st
 	case route.HBONE:
 		return w.opts.Pool.Connect(ctx, &hbone.ConnectRequest{
 			Key:       hbone.Key{Src: w.opts.Identity, Dst: d.UpstreamIdentities(), SrcIP: w.opts.IP, NextHop: d.NextHop},
-			Authority: d.Authority, Forwarded: forwarded,
+			Authority: d.Authority, Forwarded: forwarded, Traceparent: traceparent,
 		})
 	case route.Direct:
 		return w.opts.DialTCP(ctx, d.NextHop)
@@ -342,6 +349,9 @@ func (w *Waypoint) dial(ctx context.Context, target netip.AddrPort, forwarded st
 func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Reply {
 	start := time.Now()
 	ex := &exchange{dst: req.Authority, peer: req.Peer, cfg: w.sink.cfg.Load(), snap: w.sink.Load(), baggage: hbone.ParseBaggage(req.Baggage)}
+	if hbone.ValidTraceparent(req.Traceparent) {
+		ex.traceparent = req.Traceparent
+	}
 	if ta, ok := req.RemoteAddr.(*net.TCPAddr); ok {
 		ex.src = ta.AddrPort()
 		ex.src = netip.AddrPortFrom(ex.src.Addr().Unmap(), ex.src.Port())
@@ -387,7 +397,9 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 		w.record(ex, code, flagFor(code), time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: code}
 	}
-	up, err := w.dial(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service))
+	// The client's CONNECT traceparent goes on to the endpoint's node
+	// proxy, so both ends of the stream log one trace id (as ztunnel's).
+	up, err := w.dialTrace(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service), ex.traceparent)
 	if err != nil {
 		ex.err = err
 		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), telemetry.Sizes{})
