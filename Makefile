@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check istioctl-bin check test-node node-up node-down interop-istiod conformance conformance-test conformance-core
+.PHONY: otelcol-bin all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check istioctl-bin check test-node node-up node-down interop-istiod conformance conformance-test conformance-core
 
 all: build
 
@@ -85,6 +85,11 @@ check: lint
 	$(GO) test -short -timeout 10m ./...
 
 ## unit: every package's tests with the race detector (root-only tests run too when root).
+## otelcol-bin: the test OpenTelemetry Collector (hack/otelcol: OTLP receiver + a span file exporter, collector
+## v0.165.0), cached in ~/.cache/ztunnel-go/otelcol-<hash of its go.mod/go.sum/main.go>; prints its path.
+otelcol-bin:
+	@hack/otelcol/build.sh
+
 ## k8s-bins: etcd, kube-apiserver, kubectl and helm built from their Go modules (hack/k8s; ~15 min on
 ## 2 cores the first time, then cached in ~/.cache/ztunnel-go/k8s).
 k8s-bins:
@@ -110,7 +115,9 @@ unit: tools k8s-bins
 e2e: tools k8s-bins
 	@# Under the lock the node tests and hand-run e2e tests take too: two runs from one checkout name their
 	@# network namespaces alike.
-	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) flock /tmp/e2e.lock $(GO) test -race -count=1 -p 1 -timeout 40m ./e2e/...; fi
+	@# The OpenTelemetry Collector spans go to in TestTelemetryTracing (hack/otelcol, cached like k8s-bins).
+	@if [ -d e2e ]; then ZTG_REQUIRE_ROOT=1 ZTG_CNI_BIN=$(CNI_BIN) $(K8S_ENV) ZTG_OTELCOL=$$(hack/otelcol/build.sh) \
+		flock /tmp/e2e.lock $(GO) test -race -count=1 -p 1 -timeout 40m ./e2e/...; fi
 
 ## interop-istiod: istiod (pilot-discovery from the istio.io/istio module, hack/istiod/build.sh; 10-20 min the first
 ## time, then cached in ~/.cache/ztunnel-go) and ztunnel-cp on one real API server with the same objects; the

@@ -31,8 +31,13 @@ type options struct {
 	ReadinessAddr  string        `json:"readinessAddr"`
 	AdminAddr      string        `json:"adminAddr"`
 	DrainDuration  time.Duration `json:"drainDuration"`
-	CheckFlags     bool          `json:"-"`
-	log            daemon.LogFlags
+	// The bootstrap tracing default, used while the control plane sends
+	// no Telemetry (see proxy/waypoint Options.DefaultTracing).
+	TraceEndpoint string  `json:"traceEndpoint,omitempty"`
+	TraceProtocol string  `json:"traceProtocol,omitempty"`
+	TraceSampling float64 `json:"traceSampling"`
+	CheckFlags    bool    `json:"-"`
+	log           daemon.LogFlags
 }
 
 func env(k, def string) string {
@@ -66,6 +71,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.ReadinessAddr, "readiness-addr", "[::]:15021", "readiness "+daemon.ReadyPath+"; empty disables")
 	fs.StringVar(&o.AdminAddr, "admin-addr", "localhost:15000", "admin (/config_dump, /logging, pprof), loopback only; empty disables")
 	fs.DurationVar(&o.DrainDuration, "drain-duration", 5*time.Second, "how long open tunnels may finish after SIGTERM")
+	fs.StringVar(&o.TraceEndpoint, "tracing-endpoint", env("TRACING_ENDPOINT", ""), "OpenTelemetry collector host:port for spans while the control plane sends no Telemetry (a bootstrap default, as meshConfig defaultConfig.tracing); empty: none")
+	fs.StringVar(&o.TraceProtocol, "tracing-protocol", env("TRACING_PROTOCOL", "grpc"), "OTLP protocol of --tracing-endpoint: grpc or http")
+	fs.Float64Var(&o.TraceSampling, "tracing-sampling", 1, "random sampling percentage of --tracing-endpoint, 0 to 100 (Istio's default 1)")
 	fs.BoolVar(&o.CheckFlags, "check-flags", false, "print the parsed options as JSON and exit")
 	o.log.Register(fs, "", "")
 	version := daemon.VersionFlag(fs)
@@ -94,6 +102,12 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.NodeName == "" {
 		errs = append(errs, errors.New("--node-name is required"))
+	}
+	if o.TraceProtocol != "grpc" && o.TraceProtocol != "http" {
+		errs = append(errs, fmt.Errorf("--tracing-protocol %q: want grpc or http", o.TraceProtocol))
+	}
+	if o.TraceSampling < 0 || o.TraceSampling > 100 {
+		errs = append(errs, fmt.Errorf("--tracing-sampling %v: want 0 to 100", o.TraceSampling))
 	}
 	if _, err := identity.New(o.TrustDomain, ns, o.ServiceAccount); ok && err != nil {
 		errs = append(errs, fmt.Errorf("identity: %w", err))

@@ -34,7 +34,20 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 )
+
+// defaultTracing is the tracing of --tracing-endpoint (nil: none).
+func defaultTracing(o *options) *tracing.Config {
+	if o.TraceEndpoint == "" {
+		return nil
+	}
+	p := &tracing.Provider{Name: "bootstrap", Endpoint: o.TraceEndpoint}
+	if o.TraceProtocol == "http" {
+		p.Protocol = tracing.HTTP
+	}
+	return &tracing.Config{Provider: p, RandomSamplingPercentage: o.TraceSampling, UseRequestID: true}
+}
 
 const name = "waypoint"
 
@@ -133,6 +146,8 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	w, err := waypoint.New(waypoint.Options{
 		Name: o.Gateway, Identity: id, IP: ip, Certs: certs, Pool: pool,
 		Log: log, Access: access, Registerer: reg, Revocation: revocationOf(revocation),
+		Trace:          tracing.Identity{NodeID: "waypoint~" + ip.String() + "~" + o.PodName + "." + ns + "~" + ns + ".svc.cluster.local"},
+		DefaultTracing: defaultTracing(o),
 	})
 	if err != nil {
 		return err

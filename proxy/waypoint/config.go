@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 )
 
 // boundService is one service bound to the waypoint, compiled.
@@ -21,6 +22,10 @@ type boundService struct {
 	name, namespace, hostname, kind string
 	ports                           map[uint16]waypointapi.Protocol
 	routes                          *routing.Table // nil: no HTTPRoute, go to the service itself
+	// ownTelemetry: a Telemetry attaches to this service (targetRefs) and
+	// its tracing (nil: none) replaces the waypoint's.
+	ownTelemetry bool
+	tracing      *tracing.Policy
 }
 
 // Config is the compiled, immutable form of one waypointapi.Config. The data
@@ -34,6 +39,11 @@ type Config struct {
 	// pathNorm is the mesh's pathNormalization; an unknown value from a
 	// newer control plane is the strongest option (fail closed).
 	pathNorm pathnorm.Mode
+	// tracing is the waypoint's tracing policy (nil: off); anyTracing
+	// says whether it or a service's is set, so a waypoint without
+	// tracing looks up nothing per request.
+	tracing    *tracing.Policy
+	anyTracing bool
 }
 
 // Compile checks and compiles c. A nil c compiles to the empty config
@@ -77,6 +87,59 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 	return out, nil
 }
 
+// compileTracing compiles the tracing of c's Telemetry and of its
+// services' own (tr starts the providers' exporters).
+// A config without Telemetry traces as def says (nil: not at all).
+func (c *Config) compileTracing(tr *tracing.Tracer, def *tracing.Config) error {
+	cfg := tracing.FromProto(c.raw.GetTelemetry().GetTracing())
+	if c.raw.GetTelemetry() == nil && def != nil {
+		cfg = *def
+	}
+	var err error
+	if c.tracing, err = tr.Compile(cfg); err != nil {
+		return err
+	}
+	c.anyTracing = c.tracing != nil
+	done := map[*boundService]bool{}
+	for _, s := range c.raw.GetServices() {
+		if s.GetTelemetry() == nil {
+			continue
+		}
+		pol, err := tr.Compile(tracing.FromProto(s.GetTelemetry().GetTracing()))
+		if err != nil {
+			return fmt.Errorf("service %s: %w", s.GetHostname(), err)
+		}
+		for _, bs := range c.services {
+			if bs.hostname == s.GetHostname() && bs.namespace == s.GetNamespace() && !done[bs] {
+				bs.ownTelemetry, bs.tracing, done[bs] = true, pol, true
+			}
+		}
+		c.anyTracing = c.anyTracing || pol != nil
+	}
+	return nil
+}
+
+// tracingPolicies are every tracing policy c uses (for Tracer.Retain).
+func (c *Config) tracingPolicies() []*tracing.Policy {
+	ps := []*tracing.Policy{c.tracing}
+	for _, s := range c.services {
+		ps = append(ps, s.tracing)
+	}
+	return ps
+}
+
+// tracingFor is the tracing policy of a request to dst (nil: off): its
+// service's own, else the waypoint's. No lookup when nothing traces.
+func (c *Config) tracingFor(dst netip.Addr) *tracing.Policy {
+	if !c.anyTracing {
+		return nil
+	}
+	if s := c.services[dst]; s != nil && s.ownTelemetry {
+		return s.tracing
+	}
+	return c.tracing
+}
+
 // Raw returns the config as received.
 func (c *Config) Raw() *waypointapi.Config { return c.raw }
 
@@ -84,14 +147,29 @@ func (c *Config) Raw() *waypointapi.Config { return c.raw }
 // store, this waypoint's config is compiled and swapped in.
 type sink struct {
 	*state.Store
-	name string
-	cfg  atomic.Pointer[Config]
+	name   string
+	cfg    atomic.Pointer[Config]
+	tracer *tracing.Tracer // compiles each config's tracing
+	// defaultTracing is the tracing of a config without Telemetry.
+	defaultTracing *tracing.Config
+}
+
+// applyDefaultTracing compiles the current config's tracing again with
+// the default (at start: the empty config's).
+func (s *sink) applyDefaultTracing() error {
+	cur := *s.cfg.Load()
+	if err := cur.compileTracing(s.tracer, s.defaultTracing); err != nil {
+		return err
+	}
+	s.cfg.Store(&cur)
+	s.tracer.Retain(cur.tracingPolicies()...)
+	return nil
 }
 
 var _ xds.WaypointSink = (*sink)(nil)
 
-func newSink(name string) *sink {
-	s := &sink{Store: state.NewStore(), name: name}
+func newSink(name string, tr *tracing.Tracer) *sink {
+	s := &sink{Store: state.NewStore(), name: name, tracer: tr}
 	empty, _ := Compile(nil)
 	s.cfg.Store(empty)
 	return s
@@ -115,16 +193,23 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 			continue
 		}
 		cc, err := Compile(c)
+		if err == nil {
+			err = cc.compileTracing(s.tracer, s.defaultTracing)
+		}
 		if err != nil {
 			bad[name] = err
+			s.tracer.Retain(s.cfg.Load().tracingPolicies()...) // what this config started, stopped
 			continue
 		}
 		s.cfg.Store(cc)
+		s.tracer.Retain(cc.tracingPolicies()...)
 	}
 	for _, name := range removes {
 		if name == s.name {
 			empty, _ := Compile(nil)
+			_ = empty.compileTracing(s.tracer, s.defaultTracing) // checked at start
 			s.cfg.Store(empty)
+			s.tracer.Retain(empty.tracingPolicies()...)
 		}
 	}
 	if len(bad) > 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/upstream"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
 )
@@ -69,6 +70,10 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 	ex.attrs.HTTP, ex.attrs.Host, ex.attrs.Method, ex.attrs.Path = true, r.Host, r.Method, r.URL.Path
 	defer w.endpointDone(context.Background(), ex, nil, nil) // an endpoint picked but never reached
 	hdr := r.Header
+	// As Envoy's connection manager, before the filters: the request id,
+	// and the span (nil, at no cost, when tracing is off).
+	tracing.EnsureRequestID(hdr)
+	ex.span = ex.cfg.tracingFor(ex.dst.Addr().Unmap()).Start(hdr, start)
 	ex.attrs.Header = func(name string) (string, bool) {
 		vs := hdr.Values(name)
 		if len(vs) == 0 {
@@ -250,6 +255,7 @@ func (fc *fastConn) upstreamHeader(ex *exchange, r *http.Request) {
 	h["X-Forwarded-Host"] = vs[1:2:2]
 	h["X-Forwarded-Proto"] = vs[2:3:3]
 	h["Forwarded"] = vs[3:4:4]
+	ex.span.Inject(h)     // the upstream's parent is the waypoint's span
 	ex.edit.Request(r, h) // the route's header modifiers and URL rewrite
 	delete(h, "Content-Length")
 	delete(h, "Transfer-Encoding")

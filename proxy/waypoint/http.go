@@ -25,6 +25,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
 )
 
@@ -143,6 +144,7 @@ func (w *Waypoint) initHTTP() {
 			// The original source, as Envoy's waypoint forwards it.
 			pr.SetXForwarded()
 			pr.Out.Header.Set("Forwarded", hbone.BuildForwarded(ex.src, ex.attrs.Service))
+			ex.span.Inject(pr.Out.Header) // the upstream's parent is the waypoint's span
 			ex.edit.Request(pr.Out, pr.Out.Header)
 		},
 		ModifyResponse: func(resp *http.Response) error {
@@ -236,6 +238,10 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	}
 	ex.attrs.HTTP, ex.attrs.Host, ex.attrs.Method, ex.attrs.Path = true, r.Host, r.Method, r.URL.Path
 	defer w.endpointDone(r.Context(), ex, nil, nil) // an endpoint picked but never reached
+	// As Envoy's connection manager, before the filters: the request id,
+	// and the span (nil when tracing is off).
+	tracing.EnsureRequestID(r.Header)
+	ex.span = ex.cfg.tracingFor(ex.dst.Addr().Unmap()).Start(r.Header, start)
 	ex.attrs.Header = func(name string) (string, bool) {
 		vs := r.Header.Values(name)
 		if len(vs) == 0 {

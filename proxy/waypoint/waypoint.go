@@ -30,6 +30,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/upstream"
 )
 
@@ -66,6 +67,17 @@ type Options struct {
 	// revokes them; nil: no revocation checks. The upstream side's checks
 	// are the Pool's (hbone.ClientConfig.Revocation).
 	Revocation hbone.Revocation
+	// Trace is the waypoint's own identity in its spans' attributes; what
+	// is empty is derived from Name and IP. Tracing itself (providers,
+	// sampling, tags) comes with the config (Telemetry's tracing).
+	Trace tracing.Identity
+	// TraceBatchTimeout is the longest a span waits for export; 0: 5 s.
+	TraceBatchTimeout time.Duration
+	// DefaultTracing is the tracing of a config without Telemetry (the
+	// control plane resolved no Telemetry object and no default provider
+	// for this waypoint): a bootstrap default, as Istio's proxies take
+	// meshConfig defaultConfig.tracing at start. nil: no tracing then.
+	DefaultTracing *tracing.Config
 }
 
 // Waypoint is the data path of one waypoint.
@@ -74,6 +86,7 @@ type Waypoint struct {
 	sink    *sink
 	srv     *hbone.Server
 	stats   *telemetry.Recorder
+	tracer  *tracing.Tracer
 	log     *zap.Logger
 	httpLn  *connListener
 	httpSrv *http.Server
@@ -118,7 +131,14 @@ func New(opts Options) (*Waypoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
 	}
-	w := &Waypoint{opts: opts, sink: newSink(opts.Name), stats: stats, log: opts.Log,
+	tracer := tracing.New(traceIdentity(opts), opts.Log.Named("tracing"))
+	tracer.BatchTimeout = opts.TraceBatchTimeout
+	sk := newSink(opts.Name, tracer)
+	sk.defaultTracing = opts.DefaultTracing
+	if err := sk.applyDefaultTracing(); err != nil {
+		return nil, fmt.Errorf("waypoint: %w", err)
+	}
+	w := &Waypoint{opts: opts, sink: sk, stats: stats, tracer: tracer, log: opts.Log,
 		router: routing.New(opts.IP, opts.Rand, opts.Log), fast: h1.NewServer(opts.Log)}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
@@ -129,6 +149,24 @@ func New(opts Options) (*Waypoint, error) {
 	}
 	w.initHTTP()
 	return w, nil
+}
+
+// traceIdentity fills in what opts.Trace leaves empty: the waypoint is
+// the canonical service named after its Gateway, in the Gateway's
+// namespace, and its node id is Istio's "waypoint~<ip>~<name>.<ns>~<ns>.svc.cluster.local".
+func traceIdentity(opts Options) tracing.Identity {
+	id := opts.Trace
+	ns, name, _ := strings.Cut(opts.Name, "/")
+	if id.Namespace == "" {
+		id.Namespace = ns
+	}
+	if id.CanonicalService == "" {
+		id.CanonicalService = name
+	}
+	if id.NodeID == "" {
+		id.NodeID = "waypoint~" + opts.IP.String() + "~" + name + "." + ns + "~" + ns + ".svc.cluster.local"
+	}
+	return id
 }
 
 // Sink is what the xDS client feeds (the workload API and this waypoint's
@@ -155,13 +193,16 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
-	return errors.Join(err, herr)
+	return errors.Join(err, herr, w.tracer.Close(ctx))
 }
 
 // Close stops everything now.
 func (w *Waypoint) Close() error {
 	w.fast.Close()
 	w.upstreams.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // now: what is queued is dropped
+	_ = w.tracer.Close(ctx)
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
@@ -193,6 +234,8 @@ type exchange struct {
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
 	upstream    string
 	destination telemetry.Peer // the endpoint picked, for the stats step
+	span        *tracing.Span  // nil: tracing off
+	traceparent string         // the HBONE CONNECT's, when valid (TCP streams)
 	err         error
 }
 
@@ -280,6 +323,12 @@ func (w *Waypoint) endpointDone(ctx context.Context, ex *exchange, resp *http.Re
 // step chose: HBONE through its node proxy with the waypoint's identity, or
 // plain TCP to a workload outside HBONE.
 func (w *Waypoint) dial(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
+	return w.dialTrace(ctx, target, forwarded, "")
+}
+
+// dialTrace is dial whose HBONE CONNECT carries traceparent ("": a new
+// random one, as every node proxy's CONNECT has).
+func (w *Waypoint) dialTrace(ctx context.Context, target netip.AddrPort, forwarded, traceparent string) (net.Conn, error) {
 	snap := w.sink.Load()
 	self := snap.WorkloadByIP("", w.opts.IP)
 	d, err := route.Outbound(snap, self, target)
@@ -290,7 +339,7 @@ func (w *Waypoint) dial(ctx context.Context, target netip.AddrPort, forwarded st
 	case route.HBONE:
 		return w.opts.Pool.Connect(ctx, &hbone.ConnectRequest{
 			Key:       hbone.Key{Src: w.opts.Identity, Dst: d.UpstreamIdentities(), SrcIP: w.opts.IP, NextHop: d.NextHop},
-			Authority: d.Authority, Forwarded: forwarded,
+			Authority: d.Authority, Forwarded: forwarded, Traceparent: traceparent,
 		})
 	case route.Direct:
 		return w.opts.DialTCP(ctx, d.NextHop)
@@ -303,6 +352,9 @@ func (w *Waypoint) dial(ctx context.Context, target netip.AddrPort, forwarded st
 func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Reply {
 	start := time.Now()
 	ex := &exchange{dst: req.Authority, peer: req.Peer, cfg: w.sink.cfg.Load(), snap: w.sink.Load(), baggage: hbone.ParseBaggage(req.Baggage)}
+	if hbone.ValidTraceparent(req.Traceparent) {
+		ex.traceparent = req.Traceparent
+	}
 	if ta, ok := req.RemoteAddr.(*net.TCPAddr); ok {
 		ex.src = ta.AddrPort()
 		ex.src = netip.AddrPortFrom(ex.src.Addr().Unmap(), ex.src.Port())
@@ -348,7 +400,9 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 		w.record(ex, code, flagFor(code), time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: code}
 	}
-	up, err := w.dial(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service))
+	// The client's CONNECT traceparent goes on to the endpoint's node
+	// proxy, so both ends of the stream log one trace id (as ztunnel's).
+	up, err := w.dialTrace(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service), ex.traceparent)
 	if err != nil {
 		ex.err = err
 		w.record(ex, http.StatusServiceUnavailable, "UF", time.Since(start), telemetry.Sizes{})
@@ -373,6 +427,7 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 	if ex.svc != nil {
 		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace
 	}
+	ex.span.End(&e)
 	return w.stats.Record(&e)
 }
 

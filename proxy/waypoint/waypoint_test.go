@@ -64,6 +64,9 @@ type lab struct {
 	fail503 atomic.Int64 // backend v1 answers 503 this many more times
 	hits    [2]atomic.Int64
 	last    [2]atomic.Pointer[string] // each backend's last HTTP request: "host body"
+	// lastTraceparent is the traceparent of the last CONNECT a backend's
+	// node proxy accepted.
+	lastTraceparent atomic.Pointer[string]
 }
 
 func dialFrom(src netip.Addr) hbone.DialFunc {
@@ -133,6 +136,8 @@ func (l *lab) startBackend(ip string, id identity.Identity, n int) {
 			if req.Peer != wpID {
 				return hbone.Reply{Status: 401} // only the waypoint may come here
 			}
+			tp := req.Traceparent
+			l.lastTraceparent.Store(&tp)
 			var d net.Dialer
 			c, err := d.DialContext(ctx, "tcp", req.Authority.String())
 			if err != nil {

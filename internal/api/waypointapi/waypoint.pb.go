@@ -248,6 +248,159 @@ func (LoadBalancer) EnumDescriptor() ([]byte, []int) {
 	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{3}
 }
 
+// Attribute is a request attribute, named as Istio's (Envoy's) attribute
+// vocabulary names it.
+type Attribute int32
+
+const (
+	Attribute_ATTRIBUTE_UNSPECIFIED Attribute = 0
+	// REQUEST_HEADER: request.headers['name'].
+	Attribute_REQUEST_HEADER Attribute = 1
+	Attribute_REQUEST_HOST   Attribute = 2
+	Attribute_REQUEST_METHOD Attribute = 3
+	// REQUEST_PATH: the path with its query (request.path).
+	Attribute_REQUEST_PATH Attribute = 4
+	// REQUEST_URL_PATH: the path without its query (request.url_path).
+	Attribute_REQUEST_URL_PATH Attribute = 5
+	Attribute_REQUEST_SCHEME   Attribute = 6
+	// REQUEST_PROTOCOL: HTTP/1.1, HTTP/2 (request.protocol).
+	Attribute_REQUEST_PROTOCOL Attribute = 7
+	// RESPONSE_CODE: the HTTP status (response.code).
+	Attribute_RESPONSE_CODE Attribute = 8
+	// RESPONSE_DURATION_MS: time to last response byte in ms.
+	Attribute_RESPONSE_DURATION_MS Attribute = 9
+)
+
+// Enum value maps for Attribute.
+var (
+	Attribute_name = map[int32]string{
+		0: "ATTRIBUTE_UNSPECIFIED",
+		1: "REQUEST_HEADER",
+		2: "REQUEST_HOST",
+		3: "REQUEST_METHOD",
+		4: "REQUEST_PATH",
+		5: "REQUEST_URL_PATH",
+		6: "REQUEST_SCHEME",
+		7: "REQUEST_PROTOCOL",
+		8: "RESPONSE_CODE",
+		9: "RESPONSE_DURATION_MS",
+	}
+	Attribute_value = map[string]int32{
+		"ATTRIBUTE_UNSPECIFIED": 0,
+		"REQUEST_HEADER":        1,
+		"REQUEST_HOST":          2,
+		"REQUEST_METHOD":        3,
+		"REQUEST_PATH":          4,
+		"REQUEST_URL_PATH":      5,
+		"REQUEST_SCHEME":        6,
+		"REQUEST_PROTOCOL":      7,
+		"RESPONSE_CODE":         8,
+		"RESPONSE_DURATION_MS":  9,
+	}
+)
+
+func (x Attribute) Enum() *Attribute {
+	p := new(Attribute)
+	*p = x
+	return p
+}
+
+func (x Attribute) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Attribute) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[4].Descriptor()
+}
+
+func (Attribute) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[4]
+}
+
+func (x Attribute) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Attribute.Descriptor instead.
+func (Attribute) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{4}
+}
+
+// Metric mirrors istio.io/api telemetry/v1alpha1 MetricSelector.IstioMetric
+// value for value.
+type Metric int32
+
+const (
+	Metric_ALL_METRICS            Metric = 0
+	Metric_REQUEST_COUNT          Metric = 1
+	Metric_REQUEST_DURATION       Metric = 2
+	Metric_REQUEST_SIZE           Metric = 3
+	Metric_RESPONSE_SIZE          Metric = 4
+	Metric_TCP_OPENED_CONNECTIONS Metric = 5
+	Metric_TCP_CLOSED_CONNECTIONS Metric = 6
+	Metric_TCP_SENT_BYTES         Metric = 7
+	Metric_TCP_RECEIVED_BYTES     Metric = 8
+	Metric_GRPC_REQUEST_MESSAGES  Metric = 9
+	Metric_GRPC_RESPONSE_MESSAGES Metric = 10
+)
+
+// Enum value maps for Metric.
+var (
+	Metric_name = map[int32]string{
+		0:  "ALL_METRICS",
+		1:  "REQUEST_COUNT",
+		2:  "REQUEST_DURATION",
+		3:  "REQUEST_SIZE",
+		4:  "RESPONSE_SIZE",
+		5:  "TCP_OPENED_CONNECTIONS",
+		6:  "TCP_CLOSED_CONNECTIONS",
+		7:  "TCP_SENT_BYTES",
+		8:  "TCP_RECEIVED_BYTES",
+		9:  "GRPC_REQUEST_MESSAGES",
+		10: "GRPC_RESPONSE_MESSAGES",
+	}
+	Metric_value = map[string]int32{
+		"ALL_METRICS":            0,
+		"REQUEST_COUNT":          1,
+		"REQUEST_DURATION":       2,
+		"REQUEST_SIZE":           3,
+		"RESPONSE_SIZE":          4,
+		"TCP_OPENED_CONNECTIONS": 5,
+		"TCP_CLOSED_CONNECTIONS": 6,
+		"TCP_SENT_BYTES":         7,
+		"TCP_RECEIVED_BYTES":     8,
+		"GRPC_REQUEST_MESSAGES":  9,
+		"GRPC_RESPONSE_MESSAGES": 10,
+	}
+)
+
+func (x Metric) Enum() *Metric {
+	p := new(Metric)
+	*p = x
+	return p
+}
+
+func (x Metric) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Metric) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[5].Descriptor()
+}
+
+func (Metric) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[5]
+}
+
+func (x Metric) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Metric.Descriptor instead.
+func (Metric) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{5}
+}
+
 // Unmatched is what a preflight from an origin that is not allowed gets.
 type Cors_Unmatched int32
 
@@ -282,11 +435,11 @@ func (x Cors_Unmatched) String() string {
 }
 
 func (Cors_Unmatched) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[4].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[6].Descriptor()
 }
 
 func (Cors_Unmatched) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[4]
+	return &file_waypointapi_waypoint_proto_enumTypes[6]
 }
 
 func (x Cors_Unmatched) Number() protoreflect.EnumNumber {
@@ -344,11 +497,11 @@ func (x PathModifier_Type) String() string {
 }
 
 func (PathModifier_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[5].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[7].Descriptor()
 }
 
 func (PathModifier_Type) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[5]
+	return &file_waypointapi_waypoint_proto_enumTypes[7]
 }
 
 func (x PathModifier_Type) Number() protoreflect.EnumNumber {
@@ -405,11 +558,11 @@ func (x Redirect_PortRule) String() string {
 }
 
 func (Redirect_PortRule) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[6].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[8].Descriptor()
 }
 
 func (Redirect_PortRule) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[6]
+	return &file_waypointapi_waypoint_proto_enumTypes[8]
 }
 
 func (x Redirect_PortRule) Number() protoreflect.EnumNumber {
@@ -459,11 +612,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[7].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[9].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[7]
+	return &file_waypointapi_waypoint_proto_enumTypes[9]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -473,6 +626,110 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
 	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27, 0}
+}
+
+type LogCondition_Op int32
+
+const (
+	LogCondition_EQ LogCondition_Op = 0
+	LogCondition_NE LogCondition_Op = 1
+	LogCondition_LT LogCondition_Op = 2
+	LogCondition_LE LogCondition_Op = 3
+	LogCondition_GT LogCondition_Op = 4
+	LogCondition_GE LogCondition_Op = 5
+)
+
+// Enum value maps for LogCondition_Op.
+var (
+	LogCondition_Op_name = map[int32]string{
+		0: "EQ",
+		1: "NE",
+		2: "LT",
+		3: "LE",
+		4: "GT",
+		5: "GE",
+	}
+	LogCondition_Op_value = map[string]int32{
+		"EQ": 0,
+		"NE": 1,
+		"LT": 2,
+		"LE": 3,
+		"GT": 4,
+		"GE": 5,
+	}
+)
+
+func (x LogCondition_Op) Enum() *LogCondition_Op {
+	p := new(LogCondition_Op)
+	*p = x
+	return p
+}
+
+func (x LogCondition_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LogCondition_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[10].Descriptor()
+}
+
+func (LogCondition_Op) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[10]
+}
+
+func (x LogCondition_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LogCondition_Op.Descriptor instead.
+func (LogCondition_Op) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{36, 0}
+}
+
+type TracingProvider_Protocol int32
+
+const (
+	TracingProvider_GRPC TracingProvider_Protocol = 0
+	TracingProvider_HTTP TracingProvider_Protocol = 1
+)
+
+// Enum value maps for TracingProvider_Protocol.
+var (
+	TracingProvider_Protocol_name = map[int32]string{
+		0: "GRPC",
+		1: "HTTP",
+	}
+	TracingProvider_Protocol_value = map[string]int32{
+		"GRPC": 0,
+		"HTTP": 1,
+	}
+)
+
+func (x TracingProvider_Protocol) Enum() *TracingProvider_Protocol {
+	p := new(TracingProvider_Protocol)
+	*p = x
+	return p
+}
+
+func (x TracingProvider_Protocol) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TracingProvider_Protocol) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[11].Descriptor()
+}
+
+func (TracingProvider_Protocol) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[11]
+}
+
+func (x TracingProvider_Protocol) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TracingProvider_Protocol.Descriptor instead.
+func (TracingProvider_Protocol) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{45, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -503,8 +760,14 @@ type Config struct {
 	// path_normalization is the mesh option pathNormalization: how request
 	// paths are normalized before authorization and routing, and forwarded.
 	PathNormalization PathNormalization `protobuf:"varint,10,opt,name=path_normalization,json=pathNormalization,proto3,enum=ztunnelgo.waypoint.PathNormalization" json:"path_normalization,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// telemetry is the Telemetry API (telemetry.istio.io) configuration
+	// resolved for this waypoint: root namespace, namespace and targetRefs
+	// levels merged, providers resolved from meshConfig. Absent: no Telemetry
+	// object and no default provider apply (standard metrics, no access log,
+	// no tracing provider). Field 20 leaves 11..19 to routing additions.
+	Telemetry     *Telemetry `protobuf:"bytes,20,opt,name=telemetry,proto3" json:"telemetry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Config) Reset() {
@@ -605,6 +868,13 @@ func (x *Config) GetPathNormalization() PathNormalization {
 		return x.PathNormalization
 	}
 	return PathNormalization_PATH_NORMALIZATION_DEFAULT
+}
+
+func (x *Config) GetTelemetry() *Telemetry {
+	if x != nil {
+		return x.Telemetry
+	}
+	return nil
 }
 
 // RequestAuthn is one RequestAuthentication attached to the waypoint (its
@@ -913,7 +1183,12 @@ type Service struct {
 	// Service), ordered as Gateway API orders them (oldest first, then name).
 	Routes []*Route `protobuf:"bytes,6,rep,name=routes,proto3" json:"routes,omitempty"`
 	// kind: "Service" or "ServiceEntry".
-	Kind          string `protobuf:"bytes,7,opt,name=kind,proto3" json:"kind,omitempty"`
+	Kind string `protobuf:"bytes,7,opt,name=kind,proto3" json:"kind,omitempty"`
+	// telemetry, when set, replaces Config.telemetry for requests to this
+	// service: a Telemetry in the service's namespace attaches to it with
+	// targetRefs (kind Service or ServiceEntry), merged over the waypoint's.
+	// Field 20 leaves 8..19 to routing additions.
+	Telemetry     *Telemetry `protobuf:"bytes,20,opt,name=telemetry,proto3" json:"telemetry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -995,6 +1270,13 @@ func (x *Service) GetKind() string {
 		return x.Kind
 	}
 	return ""
+}
+
+func (x *Service) GetTelemetry() *Telemetry {
+	if x != nil {
+		return x.Telemetry
+	}
+	return nil
 }
 
 // Port is one service port and how the waypoint speaks on it.
@@ -3277,11 +3559,1020 @@ func (x *Retry) GetCodes() []uint32 {
 	return nil
 }
 
+// Telemetry is the merged Telemetry API configuration of one proxy. Every
+// expression is already parsed by the control plane; what it could not
+// enforce it refused in the Telemetry object's status and left out.
+type Telemetry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sources are the Telemetry objects merged into this one, "ns/name", least
+	// specific first (for logs and the config dump).
+	Sources []string `protobuf:"bytes,1,rep,name=sources,proto3" json:"sources,omitempty"`
+	// access_logging: absent means no access log.
+	AccessLogging *AccessLogging `protobuf:"bytes,2,opt,name=access_logging,json=accessLogging,proto3" json:"access_logging,omitempty"`
+	// metric_overrides apply in order: a later one for the same metric wins
+	// where they conflict.
+	MetricOverrides []*MetricOverride `protobuf:"bytes,3,rep,name=metric_overrides,json=metricOverrides,proto3" json:"metric_overrides,omitempty"`
+	// tracing: absent means no tracing provider (no spans are reported; trace
+	// headers are still propagated).
+	Tracing       *Tracing `protobuf:"bytes,4,opt,name=tracing,proto3" json:"tracing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Telemetry) Reset() {
+	*x = Telemetry{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Telemetry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Telemetry) ProtoMessage() {}
+
+func (x *Telemetry) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Telemetry.ProtoReflect.Descriptor instead.
+func (*Telemetry) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Telemetry) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *Telemetry) GetAccessLogging() *AccessLogging {
+	if x != nil {
+		return x.AccessLogging
+	}
+	return nil
+}
+
+func (x *Telemetry) GetMetricOverrides() []*MetricOverride {
+	if x != nil {
+		return x.MetricOverrides
+	}
+	return nil
+}
+
+func (x *Telemetry) GetTracing() *Tracing {
+	if x != nil {
+		return x.Tracing
+	}
+	return nil
+}
+
+// AccessLogging is the resolved accessLogging of a Telemetry.
+type AccessLogging struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// providers each receive one record per request (empty: none).
+	Providers []*AccessLogProvider `protobuf:"bytes,1,rep,name=providers,proto3" json:"providers,omitempty"`
+	// filter: a record is written only when every condition holds (empty:
+	// every request). From the CEL filter.expression, in the subset we parse.
+	Filter []*LogCondition `protobuf:"bytes,2,rep,name=filter,proto3" json:"filter,omitempty"`
+	// filter_expression is the original CEL text, for logs.
+	FilterExpression string `protobuf:"bytes,3,opt,name=filter_expression,json=filterExpression,proto3" json:"filter_expression,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *AccessLogging) Reset() {
+	*x = AccessLogging{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AccessLogging) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AccessLogging) ProtoMessage() {}
+
+func (x *AccessLogging) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AccessLogging.ProtoReflect.Descriptor instead.
+func (*AccessLogging) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AccessLogging) GetProviders() []*AccessLogProvider {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
+func (x *AccessLogging) GetFilter() []*LogCondition {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *AccessLogging) GetFilterExpression() string {
+	if x != nil {
+		return x.FilterExpression
+	}
+	return ""
+}
+
+// LogCondition is one comparison of a request attribute with a value.
+type LogCondition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// attribute is the attribute compared.
+	Attribute Attribute `protobuf:"varint,1,opt,name=attribute,proto3,enum=ztunnelgo.waypoint.Attribute" json:"attribute,omitempty"`
+	// header names the request header for REQUEST_HEADER (lower case).
+	Header string          `protobuf:"bytes,2,opt,name=header,proto3" json:"header,omitempty"`
+	Op     LogCondition_Op `protobuf:"varint,3,opt,name=op,proto3,enum=ztunnelgo.waypoint.LogCondition_Op" json:"op,omitempty"`
+	// value: the literal compared with; numbers in decimal.
+	Value         string `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogCondition) Reset() {
+	*x = LogCondition{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogCondition) ProtoMessage() {}
+
+func (x *LogCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogCondition.ProtoReflect.Descriptor instead.
+func (*LogCondition) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *LogCondition) GetAttribute() Attribute {
+	if x != nil {
+		return x.Attribute
+	}
+	return Attribute_ATTRIBUTE_UNSPECIFIED
+}
+
+func (x *LogCondition) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *LogCondition) GetOp() LogCondition_Op {
+	if x != nil {
+		return x.Op
+	}
+	return LogCondition_EQ
+}
+
+func (x *LogCondition) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+// AccessLogProvider is one meshConfig extensionProvider an access log
+// record goes to.
+type AccessLogProvider struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the extensionProvider.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*AccessLogProvider_File
+	//	*AccessLogProvider_Otel
+	Kind          isAccessLogProvider_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AccessLogProvider) Reset() {
+	*x = AccessLogProvider{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AccessLogProvider) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AccessLogProvider) ProtoMessage() {}
+
+func (x *AccessLogProvider) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AccessLogProvider.ProtoReflect.Descriptor instead.
+func (*AccessLogProvider) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AccessLogProvider) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AccessLogProvider) GetKind() isAccessLogProvider_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *AccessLogProvider) GetFile() *FileAccessLog {
+	if x != nil {
+		if x, ok := x.Kind.(*AccessLogProvider_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *AccessLogProvider) GetOtel() *OtelAccessLog {
+	if x != nil {
+		if x, ok := x.Kind.(*AccessLogProvider_Otel); ok {
+			return x.Otel
+		}
+	}
+	return nil
+}
+
+type isAccessLogProvider_Kind interface {
+	isAccessLogProvider_Kind()
+}
+
+type AccessLogProvider_File struct {
+	File *FileAccessLog `protobuf:"bytes,2,opt,name=file,proto3,oneof"`
+}
+
+type AccessLogProvider_Otel struct {
+	Otel *OtelAccessLog `protobuf:"bytes,3,opt,name=otel,proto3,oneof"`
+}
+
+func (*AccessLogProvider_File) isAccessLogProvider_Kind() {}
+
+func (*AccessLogProvider_Otel) isAccessLogProvider_Kind() {}
+
+// LogFormat is envoyFileAccessLog/envoyOtelAls logFormat: text, or labels
+// (JSON), or neither (Istio's default text format).
+type LogFormat struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// text is an Envoy format string (%COMMAND% operators).
+	Text string `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	// labels map a JSON key to an Envoy format string (envoyFileAccessLog
+	// logFormat.labels: one JSON object per record).
+	Labels        map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogFormat) Reset() {
+	*x = LogFormat{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogFormat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogFormat) ProtoMessage() {}
+
+func (x *LogFormat) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogFormat.ProtoReflect.Descriptor instead.
+func (*LogFormat) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *LogFormat) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *LogFormat) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+// FileAccessLog is envoyFileAccessLog.
+type FileAccessLog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path: /dev/stdout or a file.
+	Path          string     `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Format        *LogFormat `protobuf:"bytes,2,opt,name=format,proto3" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileAccessLog) Reset() {
+	*x = FileAccessLog{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileAccessLog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileAccessLog) ProtoMessage() {}
+
+func (x *FileAccessLog) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileAccessLog.ProtoReflect.Descriptor instead.
+func (*FileAccessLog) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *FileAccessLog) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileAccessLog) GetFormat() *LogFormat {
+	if x != nil {
+		return x.Format
+	}
+	return nil
+}
+
+// OtelAccessLog is envoyOtelAls: OTLP/gRPC logs to service:port.
+type OtelAccessLog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// service is the collector's hostname; port its OTLP gRPC port.
+	Service string `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Port    uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// log_name is the OTel logger name (Envoy's log_name); default
+	// "otel_envoy_accesslog".
+	LogName string `protobuf:"bytes,3,opt,name=log_name,json=logName,proto3" json:"log_name,omitempty"`
+	// format is the log body (text) and extra attributes (labels).
+	Format        *LogFormat `protobuf:"bytes,4,opt,name=format,proto3" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OtelAccessLog) Reset() {
+	*x = OtelAccessLog{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OtelAccessLog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OtelAccessLog) ProtoMessage() {}
+
+func (x *OtelAccessLog) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OtelAccessLog.ProtoReflect.Descriptor instead.
+func (*OtelAccessLog) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *OtelAccessLog) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *OtelAccessLog) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *OtelAccessLog) GetLogName() string {
+	if x != nil {
+		return x.LogName
+	}
+	return ""
+}
+
+func (x *OtelAccessLog) GetFormat() *LogFormat {
+	if x != nil {
+		return x.Format
+	}
+	return nil
+}
+
+// MetricOverride is one metrics.overrides entry for one Istio metric.
+type MetricOverride struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// metric is the IstioMetric value (Telemetry API numbering).
+	Metric   Metric `protobuf:"varint,1,opt,name=metric,proto3,enum=ztunnelgo.waypoint.Metric" json:"metric,omitempty"`
+	Disabled bool   `protobuf:"varint,2,opt,name=disabled,proto3" json:"disabled,omitempty"`
+	// tags: in order; a REMOVE drops the label, an UPSERT sets or adds it.
+	Tags          []*TagOverride `protobuf:"bytes,3,rep,name=tags,proto3" json:"tags,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricOverride) Reset() {
+	*x = MetricOverride{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricOverride) ProtoMessage() {}
+
+func (x *MetricOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricOverride.ProtoReflect.Descriptor instead.
+func (*MetricOverride) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *MetricOverride) GetMetric() Metric {
+	if x != nil {
+		return x.Metric
+	}
+	return Metric_ALL_METRICS
+}
+
+func (x *MetricOverride) GetDisabled() bool {
+	if x != nil {
+		return x.Disabled
+	}
+	return false
+}
+
+func (x *MetricOverride) GetTags() []*TagOverride {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+// TagOverride is one tagOverrides entry.
+type TagOverride struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the label.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// remove drops the label (operation REMOVE).
+	Remove bool `protobuf:"varint,2,opt,name=remove,proto3" json:"remove,omitempty"`
+	// value (UPSERT): the label's value per request.
+	Value         *TagValue `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagOverride) Reset() {
+	*x = TagOverride{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagOverride) ProtoMessage() {}
+
+func (x *TagOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagOverride.ProtoReflect.Descriptor instead.
+func (*TagOverride) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *TagOverride) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TagOverride) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
+func (x *TagOverride) GetValue() *TagValue {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+// TagValue is a parsed tag value expression: a literal or an attribute.
+type TagValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// expression is the original CEL text, for logs.
+	Expression string `protobuf:"bytes,1,opt,name=expression,proto3" json:"expression,omitempty"`
+	// attribute: ATTRIBUTE_UNSPECIFIED means the literal.
+	Attribute Attribute `protobuf:"varint,2,opt,name=attribute,proto3,enum=ztunnelgo.waypoint.Attribute" json:"attribute,omitempty"`
+	// header names the request header for REQUEST_HEADER (lower case).
+	Header        string `protobuf:"bytes,3,opt,name=header,proto3" json:"header,omitempty"`
+	Literal       string `protobuf:"bytes,4,opt,name=literal,proto3" json:"literal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagValue) Reset() {
+	*x = TagValue{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagValue) ProtoMessage() {}
+
+func (x *TagValue) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagValue.ProtoReflect.Descriptor instead.
+func (*TagValue) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *TagValue) GetExpression() string {
+	if x != nil {
+		return x.Expression
+	}
+	return ""
+}
+
+func (x *TagValue) GetAttribute() Attribute {
+	if x != nil {
+		return x.Attribute
+	}
+	return Attribute_ATTRIBUTE_UNSPECIFIED
+}
+
+func (x *TagValue) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *TagValue) GetLiteral() string {
+	if x != nil {
+		return x.Literal
+	}
+	return ""
+}
+
+// Tracing is the resolved tracing of a Telemetry.
+type Tracing struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// provider is where spans go (envoy opentelemetry extensionProvider).
+	Provider *TracingProvider `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	// random_sampling_percentage is 0..100 (Istio's default: 1).
+	RandomSamplingPercentage float64 `protobuf:"fixed64,2,opt,name=random_sampling_percentage,json=randomSamplingPercentage,proto3" json:"random_sampling_percentage,omitempty"`
+	// disable_span_reporting: spans are not reported (headers still are
+	// propagated and sampling decisions made).
+	DisableSpanReporting bool `protobuf:"varint,3,opt,name=disable_span_reporting,json=disableSpanReporting,proto3" json:"disable_span_reporting,omitempty"`
+	// custom_tags are added to every span, in name order.
+	CustomTags []*CustomTag `protobuf:"bytes,4,rep,name=custom_tags,json=customTags,proto3" json:"custom_tags,omitempty"`
+	// service_name is the service.name resource attribute of the spans
+	// (meshConfig tracingServiceName applied to the waypoint).
+	ServiceName string `protobuf:"bytes,5,opt,name=service_name,json=serviceName,proto3" json:"service_name,omitempty"`
+	// use_request_id_for_trace_sampling: Telemetry
+	// useRequestIdForTraceSampling (default true).
+	UseRequestIdForTraceSampling bool `protobuf:"varint,6,opt,name=use_request_id_for_trace_sampling,json=useRequestIdForTraceSampling,proto3" json:"use_request_id_for_trace_sampling,omitempty"`
+	unknownFields                protoimpl.UnknownFields
+	sizeCache                    protoimpl.SizeCache
+}
+
+func (x *Tracing) Reset() {
+	*x = Tracing{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tracing) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tracing) ProtoMessage() {}
+
+func (x *Tracing) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tracing.ProtoReflect.Descriptor instead.
+func (*Tracing) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *Tracing) GetProvider() *TracingProvider {
+	if x != nil {
+		return x.Provider
+	}
+	return nil
+}
+
+func (x *Tracing) GetRandomSamplingPercentage() float64 {
+	if x != nil {
+		return x.RandomSamplingPercentage
+	}
+	return 0
+}
+
+func (x *Tracing) GetDisableSpanReporting() bool {
+	if x != nil {
+		return x.DisableSpanReporting
+	}
+	return false
+}
+
+func (x *Tracing) GetCustomTags() []*CustomTag {
+	if x != nil {
+		return x.CustomTags
+	}
+	return nil
+}
+
+func (x *Tracing) GetServiceName() string {
+	if x != nil {
+		return x.ServiceName
+	}
+	return ""
+}
+
+func (x *Tracing) GetUseRequestIdForTraceSampling() bool {
+	if x != nil {
+		return x.UseRequestIdForTraceSampling
+	}
+	return false
+}
+
+// TracingProvider is the opentelemetry extensionProvider.
+type TracingProvider struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// service is the collector's hostname, port its OTLP port.
+	Service  string                   `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
+	Port     uint32                   `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	Protocol TracingProvider_Protocol `protobuf:"varint,4,opt,name=protocol,proto3,enum=ztunnelgo.waypoint.TracingProvider_Protocol" json:"protocol,omitempty"`
+	// http_path is the OTLP/HTTP path (default /v1/traces).
+	HttpPath string `protobuf:"bytes,5,opt,name=http_path,json=httpPath,proto3" json:"http_path,omitempty"`
+	// headers are sent with every export (http.headers / grpc.initialMetadata).
+	Headers map[string]string `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// max_tag_length truncates tag values (0: Istio's default 256).
+	MaxTagLength uint32 `protobuf:"varint,7,opt,name=max_tag_length,json=maxTagLength,proto3" json:"max_tag_length,omitempty"`
+	// timeout_ms of one export (0: the exporter's default).
+	TimeoutMs     uint32 `protobuf:"varint,8,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TracingProvider) Reset() {
+	*x = TracingProvider{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TracingProvider) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TracingProvider) ProtoMessage() {}
+
+func (x *TracingProvider) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TracingProvider.ProtoReflect.Descriptor instead.
+func (*TracingProvider) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TracingProvider) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TracingProvider) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *TracingProvider) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *TracingProvider) GetProtocol() TracingProvider_Protocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return TracingProvider_GRPC
+}
+
+func (x *TracingProvider) GetHttpPath() string {
+	if x != nil {
+		return x.HttpPath
+	}
+	return ""
+}
+
+func (x *TracingProvider) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *TracingProvider) GetMaxTagLength() uint32 {
+	if x != nil {
+		return x.MaxTagLength
+	}
+	return 0
+}
+
+func (x *TracingProvider) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+// CustomTag is one tracing customTags entry.
+type CustomTag struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Types that are valid to be assigned to Type:
+	//
+	//	*CustomTag_Literal
+	//	*CustomTag_Header
+	//	*CustomTag_Environment
+	Type          isCustomTag_Type `protobuf_oneof:"type"`
+	DefaultValue  string           `protobuf:"bytes,5,opt,name=default_value,json=defaultValue,proto3" json:"default_value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CustomTag) Reset() {
+	*x = CustomTag{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CustomTag) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CustomTag) ProtoMessage() {}
+
+func (x *CustomTag) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CustomTag.ProtoReflect.Descriptor instead.
+func (*CustomTag) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *CustomTag) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CustomTag) GetType() isCustomTag_Type {
+	if x != nil {
+		return x.Type
+	}
+	return nil
+}
+
+func (x *CustomTag) GetLiteral() string {
+	if x != nil {
+		if x, ok := x.Type.(*CustomTag_Literal); ok {
+			return x.Literal
+		}
+	}
+	return ""
+}
+
+func (x *CustomTag) GetHeader() string {
+	if x != nil {
+		if x, ok := x.Type.(*CustomTag_Header); ok {
+			return x.Header
+		}
+	}
+	return ""
+}
+
+func (x *CustomTag) GetEnvironment() string {
+	if x != nil {
+		if x, ok := x.Type.(*CustomTag_Environment); ok {
+			return x.Environment
+		}
+	}
+	return ""
+}
+
+func (x *CustomTag) GetDefaultValue() string {
+	if x != nil {
+		return x.DefaultValue
+	}
+	return ""
+}
+
+type isCustomTag_Type interface {
+	isCustomTag_Type()
+}
+
+type CustomTag_Literal struct {
+	// literal value.
+	Literal string `protobuf:"bytes,2,opt,name=literal,proto3,oneof"`
+}
+
+type CustomTag_Header struct {
+	// header: the request header's value, or default_value when absent.
+	Header string `protobuf:"bytes,3,opt,name=header,proto3,oneof"`
+}
+
+type CustomTag_Environment struct {
+	// environment: the proxy's environment variable, or default_value.
+	Environment string `protobuf:"bytes,4,opt,name=environment,proto3,oneof"`
+}
+
+func (*CustomTag_Literal) isCustomTag_Type() {}
+
+func (*CustomTag_Header) isCustomTag_Type() {}
+
+func (*CustomTag_Environment) isCustomTag_Type() {}
+
 var File_waypointapi_waypoint_proto protoreflect.FileDescriptor
 
 const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\n" +
-	"\x1awaypointapi/waypoint.proto\x12\x12ztunnelgo.waypoint\"\xe6\x03\n" +
+	"\x1awaypointapi/waypoint.proto\x12\x12ztunnelgo.waypoint\"\xa3\x04\n" +
 	"\x06Config\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -3293,7 +4584,8 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\bpolicies\x18\b \x03(\v2\x1a.ztunnelgo.waypoint.PolicyR\bpolicies\x12J\n" +
 	"\x0fauthentications\x18\t \x03(\v2 .ztunnelgo.waypoint.RequestAuthnR\x0fauthentications\x12T\n" +
 	"\x12path_normalization\x18\n" +
-	" \x01(\x0e2%.ztunnelgo.waypoint.PathNormalizationR\x11pathNormalization\"\xa7\x01\n" +
+	" \x01(\x0e2%.ztunnelgo.waypoint.PathNormalizationR\x11pathNormalization\x12;\n" +
+	"\ttelemetry\x18\x14 \x01(\v2\x1d.ztunnelgo.waypoint.TelemetryR\ttelemetry\"\xa7\x01\n" +
 	"\fRequestAuthn\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -3315,7 +4607,7 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x06prefix\x18\x02 \x01(\tR\x06prefix\"=\n" +
 	"\rClaimToHeader\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\tR\x06header\x12\x14\n" +
-	"\x05claim\x18\x02 \x01(\tR\x05claim\"\xec\x01\n" +
+	"\x05claim\x18\x02 \x01(\tR\x05claim\"\xa9\x02\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -3323,7 +4615,8 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\taddresses\x18\x04 \x03(\fR\taddresses\x12.\n" +
 	"\x05ports\x18\x05 \x03(\v2\x18.ztunnelgo.waypoint.PortR\x05ports\x121\n" +
 	"\x06routes\x18\x06 \x03(\v2\x19.ztunnelgo.waypoint.RouteR\x06routes\x12\x12\n" +
-	"\x04kind\x18\a \x01(\tR\x04kind\"h\n" +
+	"\x04kind\x18\a \x01(\tR\x04kind\x12;\n" +
+	"\ttelemetry\x18\x14 \x01(\v2\x1d.ztunnelgo.waypoint.TelemetryR\ttelemetry\"h\n" +
 	"\x04Port\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\rR\x04port\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x128\n" +
@@ -3532,7 +4825,93 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05Retry\x12\x1a\n" +
 	"\battempts\x18\x01 \x01(\rR\battempts\x12+\n" +
 	"\x12per_try_timeout_ms\x18\x02 \x01(\rR\x0fperTryTimeoutMs\x12\x14\n" +
-	"\x05codes\x18\x03 \x03(\rR\x05codes*\xc4\x01\n" +
+	"\x05codes\x18\x03 \x03(\rR\x05codes\"\xf5\x01\n" +
+	"\tTelemetry\x12\x18\n" +
+	"\asources\x18\x01 \x03(\tR\asources\x12H\n" +
+	"\x0eaccess_logging\x18\x02 \x01(\v2!.ztunnelgo.waypoint.AccessLoggingR\raccessLogging\x12M\n" +
+	"\x10metric_overrides\x18\x03 \x03(\v2\".ztunnelgo.waypoint.MetricOverrideR\x0fmetricOverrides\x125\n" +
+	"\atracing\x18\x04 \x01(\v2\x1b.ztunnelgo.waypoint.TracingR\atracing\"\xbb\x01\n" +
+	"\rAccessLogging\x12C\n" +
+	"\tproviders\x18\x01 \x03(\v2%.ztunnelgo.waypoint.AccessLogProviderR\tproviders\x128\n" +
+	"\x06filter\x18\x02 \x03(\v2 .ztunnelgo.waypoint.LogConditionR\x06filter\x12+\n" +
+	"\x11filter_expression\x18\x03 \x01(\tR\x10filterExpression\"\xe4\x01\n" +
+	"\fLogCondition\x12;\n" +
+	"\tattribute\x18\x01 \x01(\x0e2\x1d.ztunnelgo.waypoint.AttributeR\tattribute\x12\x16\n" +
+	"\x06header\x18\x02 \x01(\tR\x06header\x123\n" +
+	"\x02op\x18\x03 \x01(\x0e2#.ztunnelgo.waypoint.LogCondition.OpR\x02op\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\tR\x05value\"4\n" +
+	"\x02Op\x12\x06\n" +
+	"\x02EQ\x10\x00\x12\x06\n" +
+	"\x02NE\x10\x01\x12\x06\n" +
+	"\x02LT\x10\x02\x12\x06\n" +
+	"\x02LE\x10\x03\x12\x06\n" +
+	"\x02GT\x10\x04\x12\x06\n" +
+	"\x02GE\x10\x05\"\xa1\x01\n" +
+	"\x11AccessLogProvider\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
+	"\x04file\x18\x02 \x01(\v2!.ztunnelgo.waypoint.FileAccessLogH\x00R\x04file\x127\n" +
+	"\x04otel\x18\x03 \x01(\v2!.ztunnelgo.waypoint.OtelAccessLogH\x00R\x04otelB\x06\n" +
+	"\x04kind\"\x9d\x01\n" +
+	"\tLogFormat\x12\x12\n" +
+	"\x04text\x18\x01 \x01(\tR\x04text\x12A\n" +
+	"\x06labels\x18\x02 \x03(\v2).ztunnelgo.waypoint.LogFormat.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
+	"\rFileAccessLog\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x125\n" +
+	"\x06format\x18\x02 \x01(\v2\x1d.ztunnelgo.waypoint.LogFormatR\x06format\"\x8f\x01\n" +
+	"\rOtelAccessLog\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x19\n" +
+	"\blog_name\x18\x03 \x01(\tR\alogName\x125\n" +
+	"\x06format\x18\x04 \x01(\v2\x1d.ztunnelgo.waypoint.LogFormatR\x06format\"\x95\x01\n" +
+	"\x0eMetricOverride\x122\n" +
+	"\x06metric\x18\x01 \x01(\x0e2\x1a.ztunnelgo.waypoint.MetricR\x06metric\x12\x1a\n" +
+	"\bdisabled\x18\x02 \x01(\bR\bdisabled\x123\n" +
+	"\x04tags\x18\x03 \x03(\v2\x1f.ztunnelgo.waypoint.TagOverrideR\x04tags\"m\n" +
+	"\vTagOverride\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06remove\x18\x02 \x01(\bR\x06remove\x122\n" +
+	"\x05value\x18\x03 \x01(\v2\x1c.ztunnelgo.waypoint.TagValueR\x05value\"\x99\x01\n" +
+	"\bTagValue\x12\x1e\n" +
+	"\n" +
+	"expression\x18\x01 \x01(\tR\n" +
+	"expression\x12;\n" +
+	"\tattribute\x18\x02 \x01(\x0e2\x1d.ztunnelgo.waypoint.AttributeR\tattribute\x12\x16\n" +
+	"\x06header\x18\x03 \x01(\tR\x06header\x12\x18\n" +
+	"\aliteral\x18\x04 \x01(\tR\aliteral\"\xea\x02\n" +
+	"\aTracing\x12?\n" +
+	"\bprovider\x18\x01 \x01(\v2#.ztunnelgo.waypoint.TracingProviderR\bprovider\x12<\n" +
+	"\x1arandom_sampling_percentage\x18\x02 \x01(\x01R\x18randomSamplingPercentage\x124\n" +
+	"\x16disable_span_reporting\x18\x03 \x01(\bR\x14disableSpanReporting\x12>\n" +
+	"\vcustom_tags\x18\x04 \x03(\v2\x1d.ztunnelgo.waypoint.CustomTagR\n" +
+	"customTags\x12!\n" +
+	"\fservice_name\x18\x05 \x01(\tR\vserviceName\x12G\n" +
+	"!use_request_id_for_trace_sampling\x18\x06 \x01(\bR\x1cuseRequestIdForTraceSampling\"\xa7\x03\n" +
+	"\x0fTracingProvider\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12H\n" +
+	"\bprotocol\x18\x04 \x01(\x0e2,.ztunnelgo.waypoint.TracingProvider.ProtocolR\bprotocol\x12\x1b\n" +
+	"\thttp_path\x18\x05 \x01(\tR\bhttpPath\x12J\n" +
+	"\aheaders\x18\x06 \x03(\v20.ztunnelgo.waypoint.TracingProvider.HeadersEntryR\aheaders\x12$\n" +
+	"\x0emax_tag_length\x18\a \x01(\rR\fmaxTagLength\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\b \x01(\rR\ttimeoutMs\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1e\n" +
+	"\bProtocol\x12\b\n" +
+	"\x04GRPC\x10\x00\x12\b\n" +
+	"\x04HTTP\x10\x01\"\xa6\x01\n" +
+	"\tCustomTag\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\aliteral\x18\x02 \x01(\tH\x00R\aliteral\x12\x18\n" +
+	"\x06header\x18\x03 \x01(\tH\x00R\x06header\x12\"\n" +
+	"\venvironment\x18\x04 \x01(\tH\x00R\venvironment\x12#\n" +
+	"\rdefault_value\x18\x05 \x01(\tR\fdefaultValueB\x06\n" +
+	"\x04type*\xc4\x01\n" +
 	"\x11PathNormalization\x12\x1e\n" +
 	"\x1aPATH_NORMALIZATION_DEFAULT\x10\x00\x12\x1b\n" +
 	"\x17PATH_NORMALIZATION_NONE\x10\x01\x12\x1b\n" +
@@ -3553,7 +4932,31 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\vROUND_ROBIN\x10\x01\x12\n" +
 	"\n" +
 	"\x06RANDOM\x10\x02\x12\x11\n" +
-	"\rLEAST_REQUEST\x10\x03BGZEgithub.com/ztunnel-go/ztunnel-go/internal/api/waypointapi;waypointapib\x06proto3"
+	"\rLEAST_REQUEST\x10\x03*\xdf\x01\n" +
+	"\tAttribute\x12\x19\n" +
+	"\x15ATTRIBUTE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eREQUEST_HEADER\x10\x01\x12\x10\n" +
+	"\fREQUEST_HOST\x10\x02\x12\x12\n" +
+	"\x0eREQUEST_METHOD\x10\x03\x12\x10\n" +
+	"\fREQUEST_PATH\x10\x04\x12\x14\n" +
+	"\x10REQUEST_URL_PATH\x10\x05\x12\x12\n" +
+	"\x0eREQUEST_SCHEME\x10\x06\x12\x14\n" +
+	"\x10REQUEST_PROTOCOL\x10\a\x12\x11\n" +
+	"\rRESPONSE_CODE\x10\b\x12\x18\n" +
+	"\x14RESPONSE_DURATION_MS\x10\t*\x82\x02\n" +
+	"\x06Metric\x12\x0f\n" +
+	"\vALL_METRICS\x10\x00\x12\x11\n" +
+	"\rREQUEST_COUNT\x10\x01\x12\x14\n" +
+	"\x10REQUEST_DURATION\x10\x02\x12\x10\n" +
+	"\fREQUEST_SIZE\x10\x03\x12\x11\n" +
+	"\rRESPONSE_SIZE\x10\x04\x12\x1a\n" +
+	"\x16TCP_OPENED_CONNECTIONS\x10\x05\x12\x1a\n" +
+	"\x16TCP_CLOSED_CONNECTIONS\x10\x06\x12\x12\n" +
+	"\x0eTCP_SENT_BYTES\x10\a\x12\x16\n" +
+	"\x12TCP_RECEIVED_BYTES\x10\b\x12\x19\n" +
+	"\x15GRPC_REQUEST_MESSAGES\x10\t\x12\x1a\n" +
+	"\x16GRPC_RESPONSE_MESSAGES\x10\n" +
+	"BGZEgithub.com/ztunnel-go/ztunnel-go/internal/api/waypointapi;waypointapib\x06proto3"
 
 var (
 	file_waypointapi_waypoint_proto_rawDescOnce sync.Once
@@ -3567,132 +4970,173 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 	return file_waypointapi_waypoint_proto_rawDescData
 }
 
-var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_waypointapi_waypoint_proto_goTypes = []any{
-	(PathNormalization)(0),   // 0: ztunnelgo.waypoint.PathNormalization
-	(Protocol)(0),            // 1: ztunnelgo.waypoint.Protocol
-	(Action)(0),              // 2: ztunnelgo.waypoint.Action
-	(LoadBalancer)(0),        // 3: ztunnelgo.waypoint.LoadBalancer
-	(Cors_Unmatched)(0),      // 4: ztunnelgo.waypoint.Cors.Unmatched
-	(PathModifier_Type)(0),   // 5: ztunnelgo.waypoint.PathModifier.Type
-	(Redirect_PortRule)(0),   // 6: ztunnelgo.waypoint.Redirect.PortRule
-	(PathMatch_Type)(0),      // 7: ztunnelgo.waypoint.PathMatch.Type
-	(*Config)(nil),           // 8: ztunnelgo.waypoint.Config
-	(*RequestAuthn)(nil),     // 9: ztunnelgo.waypoint.RequestAuthn
-	(*JwtRule)(nil),          // 10: ztunnelgo.waypoint.JwtRule
-	(*JwtHeader)(nil),        // 11: ztunnelgo.waypoint.JwtHeader
-	(*ClaimToHeader)(nil),    // 12: ztunnelgo.waypoint.ClaimToHeader
-	(*Service)(nil),          // 13: ztunnelgo.waypoint.Service
-	(*Port)(nil),             // 14: ztunnelgo.waypoint.Port
-	(*Workload)(nil),         // 15: ztunnelgo.waypoint.Workload
-	(*Policy)(nil),           // 16: ztunnelgo.waypoint.Policy
-	(*Rule)(nil),             // 17: ztunnelgo.waypoint.Rule
-	(*Source)(nil),           // 18: ztunnelgo.waypoint.Source
-	(*ServiceAccount)(nil),   // 19: ztunnelgo.waypoint.ServiceAccount
-	(*Operation)(nil),        // 20: ztunnelgo.waypoint.Operation
-	(*Condition)(nil),        // 21: ztunnelgo.waypoint.Condition
-	(*Cidr)(nil),             // 22: ztunnelgo.waypoint.Cidr
-	(*StringMatch)(nil),      // 23: ztunnelgo.waypoint.StringMatch
-	(*Route)(nil),            // 24: ztunnelgo.waypoint.Route
-	(*RouteRule)(nil),        // 25: ztunnelgo.waypoint.RouteRule
-	(*Cors)(nil),             // 26: ztunnelgo.waypoint.Cors
-	(*PathModifier)(nil),     // 27: ztunnelgo.waypoint.PathModifier
-	(*Rewrite)(nil),          // 28: ztunnelgo.waypoint.Rewrite
-	(*Redirect)(nil),         // 29: ztunnelgo.waypoint.Redirect
-	(*DirectResponse)(nil),   // 30: ztunnelgo.waypoint.DirectResponse
-	(*Fault)(nil),            // 31: ztunnelgo.waypoint.Fault
-	(*Mirror)(nil),           // 32: ztunnelgo.waypoint.Mirror
-	(*RouteMatch)(nil),       // 33: ztunnelgo.waypoint.RouteMatch
-	(*SourceWorkloads)(nil),  // 34: ztunnelgo.waypoint.SourceWorkloads
-	(*PathMatch)(nil),        // 35: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),      // 36: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil),   // 37: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),          // 38: ztunnelgo.waypoint.Backend
-	(*TrafficPolicy)(nil),    // 39: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil), // 40: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),            // 41: ztunnelgo.waypoint.Retry
-	nil,                      // 42: ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
-	nil,                      // 43: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                      // 44: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                      // 45: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	(PathNormalization)(0),        // 0: ztunnelgo.waypoint.PathNormalization
+	(Protocol)(0),                 // 1: ztunnelgo.waypoint.Protocol
+	(Action)(0),                   // 2: ztunnelgo.waypoint.Action
+	(LoadBalancer)(0),             // 3: ztunnelgo.waypoint.LoadBalancer
+	(Attribute)(0),                // 4: ztunnelgo.waypoint.Attribute
+	(Metric)(0),                   // 5: ztunnelgo.waypoint.Metric
+	(Cors_Unmatched)(0),           // 6: ztunnelgo.waypoint.Cors.Unmatched
+	(PathModifier_Type)(0),        // 7: ztunnelgo.waypoint.PathModifier.Type
+	(Redirect_PortRule)(0),        // 8: ztunnelgo.waypoint.Redirect.PortRule
+	(PathMatch_Type)(0),           // 9: ztunnelgo.waypoint.PathMatch.Type
+	(LogCondition_Op)(0),          // 10: ztunnelgo.waypoint.LogCondition.Op
+	(TracingProvider_Protocol)(0), // 11: ztunnelgo.waypoint.TracingProvider.Protocol
+	(*Config)(nil),                // 12: ztunnelgo.waypoint.Config
+	(*RequestAuthn)(nil),          // 13: ztunnelgo.waypoint.RequestAuthn
+	(*JwtRule)(nil),               // 14: ztunnelgo.waypoint.JwtRule
+	(*JwtHeader)(nil),             // 15: ztunnelgo.waypoint.JwtHeader
+	(*ClaimToHeader)(nil),         // 16: ztunnelgo.waypoint.ClaimToHeader
+	(*Service)(nil),               // 17: ztunnelgo.waypoint.Service
+	(*Port)(nil),                  // 18: ztunnelgo.waypoint.Port
+	(*Workload)(nil),              // 19: ztunnelgo.waypoint.Workload
+	(*Policy)(nil),                // 20: ztunnelgo.waypoint.Policy
+	(*Rule)(nil),                  // 21: ztunnelgo.waypoint.Rule
+	(*Source)(nil),                // 22: ztunnelgo.waypoint.Source
+	(*ServiceAccount)(nil),        // 23: ztunnelgo.waypoint.ServiceAccount
+	(*Operation)(nil),             // 24: ztunnelgo.waypoint.Operation
+	(*Condition)(nil),             // 25: ztunnelgo.waypoint.Condition
+	(*Cidr)(nil),                  // 26: ztunnelgo.waypoint.Cidr
+	(*StringMatch)(nil),           // 27: ztunnelgo.waypoint.StringMatch
+	(*Route)(nil),                 // 28: ztunnelgo.waypoint.Route
+	(*RouteRule)(nil),             // 29: ztunnelgo.waypoint.RouteRule
+	(*Cors)(nil),                  // 30: ztunnelgo.waypoint.Cors
+	(*PathModifier)(nil),          // 31: ztunnelgo.waypoint.PathModifier
+	(*Rewrite)(nil),               // 32: ztunnelgo.waypoint.Rewrite
+	(*Redirect)(nil),              // 33: ztunnelgo.waypoint.Redirect
+	(*DirectResponse)(nil),        // 34: ztunnelgo.waypoint.DirectResponse
+	(*Fault)(nil),                 // 35: ztunnelgo.waypoint.Fault
+	(*Mirror)(nil),                // 36: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),            // 37: ztunnelgo.waypoint.RouteMatch
+	(*SourceWorkloads)(nil),       // 38: ztunnelgo.waypoint.SourceWorkloads
+	(*PathMatch)(nil),             // 39: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),           // 40: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),        // 41: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),               // 42: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),         // 43: ztunnelgo.waypoint.TrafficPolicy
+	(*OutlierDetection)(nil),      // 44: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),                 // 45: ztunnelgo.waypoint.Retry
+	(*Telemetry)(nil),             // 46: ztunnelgo.waypoint.Telemetry
+	(*AccessLogging)(nil),         // 47: ztunnelgo.waypoint.AccessLogging
+	(*LogCondition)(nil),          // 48: ztunnelgo.waypoint.LogCondition
+	(*AccessLogProvider)(nil),     // 49: ztunnelgo.waypoint.AccessLogProvider
+	(*LogFormat)(nil),             // 50: ztunnelgo.waypoint.LogFormat
+	(*FileAccessLog)(nil),         // 51: ztunnelgo.waypoint.FileAccessLog
+	(*OtelAccessLog)(nil),         // 52: ztunnelgo.waypoint.OtelAccessLog
+	(*MetricOverride)(nil),        // 53: ztunnelgo.waypoint.MetricOverride
+	(*TagOverride)(nil),           // 54: ztunnelgo.waypoint.TagOverride
+	(*TagValue)(nil),              // 55: ztunnelgo.waypoint.TagValue
+	(*Tracing)(nil),               // 56: ztunnelgo.waypoint.Tracing
+	(*TracingProvider)(nil),       // 57: ztunnelgo.waypoint.TracingProvider
+	(*CustomTag)(nil),             // 58: ztunnelgo.waypoint.CustomTag
+	nil,                           // 59: ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	nil,                           // 60: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                           // 61: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                           // 62: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	nil,                           // 63: ztunnelgo.waypoint.LogFormat.LabelsEntry
+	nil,                           // 64: ztunnelgo.waypoint.TracingProvider.HeadersEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
-	13, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
-	15, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
-	16, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
-	9,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
+	17, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
+	19, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
+	20, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
+	13, // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
 	0,  // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
-	10, // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
-	11, // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
-	12, // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
-	14, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
-	24, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
-	1,  // 10: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
-	2,  // 11: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	17, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	18, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	20, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	21, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	23, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	22, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	22, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	22, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	23, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	19, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	19, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	23, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	25, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	33, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	37, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	38, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	41, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	32, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	31, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	37, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	28, // 46: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
-	29, // 47: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
-	30, // 48: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
-	26, // 49: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
-	4,  // 50: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
-	5,  // 51: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
-	27, // 52: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
-	27, // 53: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
-	6,  // 54: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
-	38, // 55: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	35, // 56: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	36, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	36, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	34, // 59: ztunnelgo.waypoint.RouteMatch.source_workloads:type_name -> ztunnelgo.waypoint.SourceWorkloads
-	42, // 60: ztunnelgo.waypoint.SourceWorkloads.labels:type_name -> ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
-	7,  // 61: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	43, // 62: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	44, // 63: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	45, // 64: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	39, // 65: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	37, // 66: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	37, // 67: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	3,  // 68: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	40, // 69: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	70, // [70:70] is the sub-list for method output_type
-	70, // [70:70] is the sub-list for method input_type
-	70, // [70:70] is the sub-list for extension type_name
-	70, // [70:70] is the sub-list for extension extendee
-	0,  // [0:70] is the sub-list for field type_name
+	46, // 5: ztunnelgo.waypoint.Config.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
+	14, // 6: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
+	15, // 7: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
+	16, // 8: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
+	18, // 9: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
+	28, // 10: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
+	46, // 11: ztunnelgo.waypoint.Service.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
+	1,  // 12: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
+	2,  // 13: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
+	21, // 14: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	22, // 15: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	24, // 16: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	25, // 17: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	27, // 18: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 19: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 20: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 21: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	26, // 22: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	26, // 23: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	26, // 24: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	26, // 25: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	27, // 26: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 27: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 28: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	23, // 29: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	27, // 30: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 31: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 32: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 33: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 34: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 35: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 36: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 37: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 38: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	27, // 39: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	29, // 40: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	37, // 41: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	41, // 42: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	42, // 43: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	45, // 44: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	36, // 45: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	35, // 46: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	41, // 47: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	32, // 48: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
+	33, // 49: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
+	34, // 50: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
+	30, // 51: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
+	6,  // 52: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
+	7,  // 53: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
+	31, // 54: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
+	31, // 55: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
+	8,  // 56: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
+	42, // 57: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	39, // 58: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	40, // 59: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	40, // 60: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	38, // 61: ztunnelgo.waypoint.RouteMatch.source_workloads:type_name -> ztunnelgo.waypoint.SourceWorkloads
+	59, // 62: ztunnelgo.waypoint.SourceWorkloads.labels:type_name -> ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	9,  // 63: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	60, // 64: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	61, // 65: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	62, // 66: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	43, // 67: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	41, // 68: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	41, // 69: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	3,  // 70: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	44, // 71: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	47, // 72: ztunnelgo.waypoint.Telemetry.access_logging:type_name -> ztunnelgo.waypoint.AccessLogging
+	53, // 73: ztunnelgo.waypoint.Telemetry.metric_overrides:type_name -> ztunnelgo.waypoint.MetricOverride
+	56, // 74: ztunnelgo.waypoint.Telemetry.tracing:type_name -> ztunnelgo.waypoint.Tracing
+	49, // 75: ztunnelgo.waypoint.AccessLogging.providers:type_name -> ztunnelgo.waypoint.AccessLogProvider
+	48, // 76: ztunnelgo.waypoint.AccessLogging.filter:type_name -> ztunnelgo.waypoint.LogCondition
+	4,  // 77: ztunnelgo.waypoint.LogCondition.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	10, // 78: ztunnelgo.waypoint.LogCondition.op:type_name -> ztunnelgo.waypoint.LogCondition.Op
+	51, // 79: ztunnelgo.waypoint.AccessLogProvider.file:type_name -> ztunnelgo.waypoint.FileAccessLog
+	52, // 80: ztunnelgo.waypoint.AccessLogProvider.otel:type_name -> ztunnelgo.waypoint.OtelAccessLog
+	63, // 81: ztunnelgo.waypoint.LogFormat.labels:type_name -> ztunnelgo.waypoint.LogFormat.LabelsEntry
+	50, // 82: ztunnelgo.waypoint.FileAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	50, // 83: ztunnelgo.waypoint.OtelAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	5,  // 84: ztunnelgo.waypoint.MetricOverride.metric:type_name -> ztunnelgo.waypoint.Metric
+	54, // 85: ztunnelgo.waypoint.MetricOverride.tags:type_name -> ztunnelgo.waypoint.TagOverride
+	55, // 86: ztunnelgo.waypoint.TagOverride.value:type_name -> ztunnelgo.waypoint.TagValue
+	4,  // 87: ztunnelgo.waypoint.TagValue.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	57, // 88: ztunnelgo.waypoint.Tracing.provider:type_name -> ztunnelgo.waypoint.TracingProvider
+	58, // 89: ztunnelgo.waypoint.Tracing.custom_tags:type_name -> ztunnelgo.waypoint.CustomTag
+	11, // 90: ztunnelgo.waypoint.TracingProvider.protocol:type_name -> ztunnelgo.waypoint.TracingProvider.Protocol
+	64, // 91: ztunnelgo.waypoint.TracingProvider.headers:type_name -> ztunnelgo.waypoint.TracingProvider.HeadersEntry
+	92, // [92:92] is the sub-list for method output_type
+	92, // [92:92] is the sub-list for method input_type
+	92, // [92:92] is the sub-list for extension type_name
+	92, // [92:92] is the sub-list for extension extendee
+	0,  // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -3706,13 +5150,22 @@ func file_waypointapi_waypoint_proto_init() {
 		(*StringMatch_Suffix)(nil),
 		(*StringMatch_Presence)(nil),
 	}
+	file_waypointapi_waypoint_proto_msgTypes[37].OneofWrappers = []any{
+		(*AccessLogProvider_File)(nil),
+		(*AccessLogProvider_Otel)(nil),
+	}
+	file_waypointapi_waypoint_proto_msgTypes[46].OneofWrappers = []any{
+		(*CustomTag_Literal)(nil),
+		(*CustomTag_Header)(nil),
+		(*CustomTag_Environment)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   38,
+			NumEnums:      12,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

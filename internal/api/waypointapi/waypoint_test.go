@@ -17,7 +17,26 @@ var contract = apitest.Contract{
 		"Config": {
 			"name": 1, "namespace": 2, "identity": 3, "addresses": 4, "traffic_type": 5,
 			"services": 6, "workloads": 7, "policies": 8, "authentications": 9, "path_normalization": 10,
+			"telemetry": 20,
 		},
+		"Telemetry":         {"sources": 1, "access_logging": 2, "metric_overrides": 3, "tracing": 4},
+		"AccessLogging":     {"providers": 1, "filter": 2, "filter_expression": 3},
+		"LogCondition":      {"attribute": 1, "header": 2, "op": 3, "value": 4},
+		"AccessLogProvider": {"name": 1, "file": 2, "otel": 3},
+		"LogFormat":         {"text": 1, "labels": 2},
+		"FileAccessLog":     {"path": 1, "format": 2},
+		"OtelAccessLog":     {"service": 1, "port": 2, "log_name": 3, "format": 4},
+		"MetricOverride":    {"metric": 1, "disabled": 2, "tags": 3},
+		"TagOverride":       {"name": 1, "remove": 2, "value": 3},
+		"TagValue":          {"expression": 1, "attribute": 2, "header": 3, "literal": 4},
+		"Tracing": {
+			"provider": 1, "random_sampling_percentage": 2, "disable_span_reporting": 3, "custom_tags": 4,
+			"service_name": 5, "use_request_id_for_trace_sampling": 6,
+		},
+		"TracingProvider": {
+			"name": 1, "service": 2, "port": 3, "protocol": 4, "http_path": 5, "headers": 6, "max_tag_length": 7, "timeout_ms": 8,
+		},
+		"CustomTag":    {"name": 1, "literal": 2, "header": 3, "environment": 4, "default_value": 5},
 		"RequestAuthn": {"name": 1, "namespace": 2, "services": 3, "rules": 4, "target": 5},
 		"JwtRule": {
 			"issuer": 1, "audiences": 2, "jwks": 3, "from_headers": 4, "from_params": 5,
@@ -25,7 +44,7 @@ var contract = apitest.Contract{
 		},
 		"JwtHeader":     {"name": 1, "prefix": 2},
 		"ClaimToHeader": {"header": 1, "claim": 2},
-		"Service":       {"name": 1, "namespace": 2, "hostname": 3, "addresses": 4, "ports": 5, "routes": 6, "kind": 7},
+		"Service":       {"name": 1, "namespace": 2, "hostname": 3, "addresses": 4, "ports": 5, "routes": 6, "kind": 7, "telemetry": 20},
 		"Port":          {"port": 1, "name": 2, "protocol": 3},
 		"Workload":      {"uid": 1, "name": 2, "namespace": 3, "addresses": 4},
 		"Policy": {
@@ -90,6 +109,17 @@ var contract = apitest.Contract{
 			"PATH_NORMALIZATION_DEFAULT": 0, "PATH_NORMALIZATION_NONE": 1, "PATH_NORMALIZATION_BASE": 2,
 			"PATH_NORMALIZATION_MERGE_SLASHES": 3, "PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES": 4,
 		},
+		"Attribute": {
+			"ATTRIBUTE_UNSPECIFIED": 0, "REQUEST_HEADER": 1, "REQUEST_HOST": 2, "REQUEST_METHOD": 3, "REQUEST_PATH": 4,
+			"REQUEST_URL_PATH": 5, "REQUEST_SCHEME": 6, "REQUEST_PROTOCOL": 7, "RESPONSE_CODE": 8, "RESPONSE_DURATION_MS": 9,
+		},
+		"LogCondition.Op": {"EQ": 0, "NE": 1, "LT": 2, "LE": 3, "GT": 4, "GE": 5},
+		"Metric": {
+			"ALL_METRICS": 0, "REQUEST_COUNT": 1, "REQUEST_DURATION": 2, "REQUEST_SIZE": 3, "RESPONSE_SIZE": 4,
+			"TCP_OPENED_CONNECTIONS": 5, "TCP_CLOSED_CONNECTIONS": 6, "TCP_SENT_BYTES": 7, "TCP_RECEIVED_BYTES": 8,
+			"GRPC_REQUEST_MESSAGES": 9, "GRPC_RESPONSE_MESSAGES": 10,
+		},
+		"TracingProvider.Protocol": {"GRPC": 0, "HTTP": 1},
 	},
 }
 
@@ -107,7 +137,8 @@ func fullConfig() *Config {
 		Services: []*Service{{
 			Name: "reviews", Namespace: "default", Hostname: "reviews.default.svc.cluster.local", Kind: "Service",
 			Addresses: [][]byte{ip}, Ports: []*Port{{Port: 80, Name: "http", Protocol: Protocol_HTTP}},
-			Routes: []*Route{{Name: "r", Namespace: "default", Kind: "HTTPRoute", Rules: []*RouteRule{fullRouteRule()}}},
+			Routes:    []*Route{{Name: "r", Namespace: "default", Kind: "HTTPRoute", Rules: []*RouteRule{fullRouteRule()}}},
+			Telemetry: &Telemetry{Sources: []string{"default/reviews"}},
 		}},
 		Workloads: []*Workload{{Uid: "u", Name: "n", Namespace: "default", Addresses: [][]byte{ip}}},
 		Policies: []*Policy{{
@@ -123,6 +154,43 @@ func fullConfig() *Config {
 				Error: "jwksUri is not fetched",
 			}},
 		}},
+		Telemetry: fullTelemetry(),
+	}
+}
+
+func fullTelemetry() *Telemetry {
+	format := &LogFormat{Text: "%REQ(:METHOD)%\n", Labels: map[string]string{"code": "%RESPONSE_CODE%"}}
+	return &Telemetry{
+		Sources: []string{"istio-system/mesh-default", "default/wp"},
+		AccessLogging: &AccessLogging{
+			Providers: []*AccessLogProvider{
+				{Name: "stdout", Kind: &AccessLogProvider_File{File: &FileAccessLog{Path: "/dev/stdout", Format: format}}},
+				{Name: "otel", Kind: &AccessLogProvider_Otel{Otel: &OtelAccessLog{
+					Service: "otel.istio-system.svc.cluster.local", Port: 4317, LogName: "otel_envoy_accesslog", Format: format,
+				}}},
+			},
+			Filter:           []*LogCondition{{Attribute: Attribute_REQUEST_HEADER, Header: "x-debug", Op: LogCondition_GE, Value: "400"}},
+			FilterExpression: "response.code >= 400",
+		},
+		MetricOverrides: []*MetricOverride{{
+			Metric: Metric_REQUEST_COUNT, Disabled: true,
+			Tags: []*TagOverride{{Name: "request_host", Remove: true, Value: &TagValue{
+				Expression: "request.headers['x-a']", Attribute: Attribute_REQUEST_HEADER, Header: "x-a", Literal: "l",
+			}}},
+		}},
+		Tracing: &Tracing{
+			Provider: &TracingProvider{
+				Name: "otel-tracing", Service: "otel.istio-system.svc.cluster.local", Port: 4318, Protocol: TracingProvider_HTTP,
+				HttpPath: "/v1/traces", Headers: map[string]string{"a": "b"}, MaxTagLength: 256, TimeoutMs: 1000,
+			},
+			RandomSamplingPercentage: 12.5, DisableSpanReporting: true, ServiceName: "waypoint.default",
+			UseRequestIdForTraceSampling: true,
+			CustomTags: []*CustomTag{
+				{Name: "lit", Type: &CustomTag_Literal{Literal: "v"}},
+				{Name: "hdr", Type: &CustomTag_Header{Header: "x-h"}, DefaultValue: "none"},
+				{Name: "env", Type: &CustomTag_Environment{Environment: "POD_NAME"}},
+			},
+		},
 	}
 }
 
@@ -188,7 +256,7 @@ func fullRouteRule() *RouteRule {
 }
 
 func TestRoundTrip(t *testing.T) {
-	for _, m := range []interface{ ProtoReflect() protoreflect.Message }{fullConfig(), fullRule(), fullRouteRule()} {
+	for _, m := range []interface{ ProtoReflect() protoreflect.Message }{fullConfig(), fullRule(), fullRouteRule(), fullTelemetry()} {
 		apitest.CheckPopulated(t, m)
 		apitest.RoundTrip(t, m)
 	}
@@ -203,4 +271,8 @@ func TestWireNumbers(t *testing.T) {
 	apitest.WantOnWire(t, pb, map[protowire.Number]protowire.Type{3: protowire.VarintType, 4: protowire.VarintType})
 	ob := apitest.RoundTrip(t, &Operation{Ports: []uint32{80, 443}})
 	apitest.WantOnWire(t, ob, map[protowire.Number]protowire.Type{3: protowire.BytesType}) // packed
+	tb := apitest.RoundTrip(t, &Config{Telemetry: &Telemetry{Sources: []string{"a/b"}}})
+	apitest.WantOnWire(t, tb, map[protowire.Number]protowire.Type{20: protowire.BytesType})
+	trb := apitest.RoundTrip(t, &Tracing{RandomSamplingPercentage: 50, DisableSpanReporting: true})
+	apitest.WantOnWire(t, trb, map[protowire.Number]protowire.Type{2: protowire.Fixed64Type, 3: protowire.VarintType})
 }

@@ -37,6 +37,13 @@ type Waypoint struct {
 // until it is ready (first xDS sync and certificate). It runs until the
 // mesh is torn down.
 func (m *Mesh) StartWaypoint(ctx context.Context, namespace, name string) (*Waypoint, error) {
+	return m.StartWaypointArgs(ctx, namespace, name)
+}
+
+// StartWaypointArgs is StartWaypoint with more flags for cmd/waypoint (a
+// bootstrap option such as --tracing-endpoint). Stop the waypoint (Close)
+// before starting another in the same pod.
+func (m *Mesh) StartWaypointArgs(ctx context.Context, namespace, name string, extra ...string) (*Waypoint, error) {
 	p := m.Pod(namespace, name)
 	if p == nil {
 		return nil, fmt.Errorf("meshlab: waypoint pod %s/%s not found", namespace, name)
@@ -50,7 +57,7 @@ func (m *Mesh) StartWaypoint(ctx context.Context, namespace, name string) (*Wayp
 		sa = "default"
 	}
 	mn := m.Nodes[p.Node.Index]
-	proc, err := p.Start(testcluster.Process{Name: "waypoint-" + namespace + "-" + name, Path: m.bin(BinWaypoint), Args: []string{
+	proc, err := p.Start(testcluster.Process{Name: "waypoint-" + namespace + "-" + name, Path: m.bin(BinWaypoint), Args: append([]string{
 		"--gateway", namespace + "/" + gw,
 		"--xds-address", m.CPAddr.String(),
 		"--root-cert", m.RootCert,
@@ -65,7 +72,7 @@ func (m *Mesh) StartWaypoint(ctx context.Context, namespace, name string) (*Wayp
 		"--readiness-addr", fmt.Sprintf("0.0.0.0:%d", WaypointReadyPort),
 		"--admin-addr", WaypointAdminAddr,
 		"--log-level", m.opts.LogLevel,
-	}})
+	}, extra...)})
 	if err != nil {
 		return nil, err
 	}

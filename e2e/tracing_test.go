@@ -1,0 +1,253 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+)
+
+// otelcolBinary is the test collector (hack/otelcol): $ZTG_OTELCOL (make
+// e2e builds it), else the one hack/otelcol/build.sh has cached.
+func otelcolBinary(t *testing.T) string {
+	if b := os.Getenv("ZTG_OTELCOL"); b != "" {
+		return b
+	}
+	out, err := exec.Command("../hack/otelcol/build.sh", "-n").Output()
+	if err != nil {
+		t.Fatalf("the test collector is not built: run hack/otelcol/build.sh (make e2e does) or set ZTG_OTELCOL (%v)", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// collector is a real OpenTelemetry Collector in a pod of the test
+// cluster: OTLP gRPC on 4317 and HTTP on 4318, every batch appended to a
+// file as OTLP JSON.
+type collector struct {
+	pod  *testcluster.Pod
+	file string
+}
+
+func startCollector(t *testing.T, ctx context.Context, m *meshlab.Mesh) *collector {
+	t.Helper()
+	if err := m.AddNamespace("otel", nil); err != nil { // not ambient: the waypoint reaches it in plain TCP
+		t.Fatal(err)
+	}
+	pod, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "otelcol", Namespace: "otel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c := &collector{pod: pod, file: filepath.Join(dir, "spans.jsonl")}
+	cfg := fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      grpc: {endpoint: "0.0.0.0:4317"}
+      http: {endpoint: "0.0.0.0:4318"}
+exporters:
+  spanfile: {path: %q}
+service:
+  telemetry:
+    metrics: {level: none}
+  pipelines:
+    traces: {receivers: [otlp], exporters: [spanfile]}
+`, c.file)
+	cfgPath := filepath.Join(dir, "otelcol.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := pod.Start(testcluster.Process{Name: "otelcol", Path: otelcolBinary(t), Args: []string{"--config", "file:" + cfgPath}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Stop() })
+	for _, port := range []string{"4317", "4318"} {
+		for {
+			conn, err := pod.Dial(ctx, "tcp", "127.0.0.1:"+port)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			select {
+			case <-proc.Done():
+				t.Fatalf("collector exited: %v\n%s", proc.Err(), proc.Log())
+			case <-ctx.Done():
+				t.Fatalf("collector not listening on %s: %v\n%s", port, err, proc.Log())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	return c
+}
+
+// otlpSpan is one span of the collector's OTLP JSON.
+type otlpSpan struct {
+	TraceID      string `json:"traceId"`
+	SpanID       string `json:"spanId"`
+	ParentSpanID string `json:"parentSpanId"`
+	Name         string `json:"name"`
+	Kind         int    `json:"kind"`
+	Attributes   []struct {
+		Key   string `json:"key"`
+		Value struct {
+			StringValue string `json:"stringValue"`
+		} `json:"value"`
+	} `json:"attributes"`
+}
+
+func (s otlpSpan) attr(k string) string {
+	for _, a := range s.Attributes {
+		if a.Key == k {
+			return a.Value.StringValue
+		}
+	}
+	return ""
+}
+
+// spans reads every span the collector has written.
+func (c *collector) spans(t *testing.T) []otlpSpan {
+	b, err := os.ReadFile(c.file)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []otlpSpan
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var batch struct {
+			ResourceSpans []struct {
+				ScopeSpans []struct {
+					Spans []otlpSpan `json:"spans"`
+				} `json:"scopeSpans"`
+			} `json:"resourceSpans"`
+		}
+		if json.Unmarshal(sc.Bytes(), &batch) != nil {
+			continue
+		}
+		for _, rs := range batch.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				out = append(out, ss.Spans...)
+			}
+		}
+	}
+	return out
+}
+
+// waitSpan polls until a span of trace tid arrives.
+func (c *collector) waitSpan(t *testing.T, ctx context.Context, tid string) otlpSpan {
+	t.Helper()
+	for {
+		for _, s := range c.spans(t) {
+			if s.TraceID == tid {
+				return s
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no span of trace %s at the collector (%d spans)", tid, len(c.spans(t)))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// TestTelemetryTracing: client → waypoint → server with a real collector.
+// A request sent with a sampled traceparent produces at the collector the
+// waypoint's span (kind server) whose parent is the client's span, and the
+// server receives a traceparent whose parent is that span, and an
+// x-request-id the span names. With sampling 0% (OTLP/HTTP this time) a
+// new trace produces no span, while a request that arrives sampled still
+// does (Envoy keeps the upstream's decision).
+func TestTelemetryTracing(t *testing.T) {
+	const ns = "tracing"
+	ctx := ctxT(t, 150*time.Second)
+	var mu sync.Mutex
+	var seen []http.Header
+	w := startWaypointMesh(t, ctx, waypointSpec{Namespace: ns, Service: "web", Options: meshlab.Options{Name: "tracing"},
+		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			seen = append(seen, r.Header.Clone())
+			mu.Unlock()
+			fmt.Fprint(rw, "web")
+		})})
+	last := func() http.Header {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) == 0 {
+			t.Fatal("the server saw no request")
+		}
+		return seen[len(seen)-1]
+	}
+	col := startCollector(t, ctx, w.Mesh)
+	restart := func(args ...string) {
+		t.Helper()
+		if err := w.WP.Close(); err != nil {
+			t.Logf("stopping the waypoint: %v", err)
+		}
+		wp, err := w.Mesh.StartWaypointArgs(ctx, "demo", "waypoint", args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.WP = wp
+	}
+	restart("--tracing-endpoint", col.pod.IP.String()+":4317", "--tracing-protocol", "grpc", "--tracing-sampling", "100")
+
+	const clientTrace, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	if code, body := w.do(t, "/traced", http.Header{"Traceparent": {"00-" + clientTrace + "-" + clientSpan + "-01"}}); code != http.StatusOK {
+		t.Fatalf("traced request: %d %s", code, body)
+	}
+	got := last()
+	sp := col.waitSpan(t, ctx, clientTrace)
+	if sp.ParentSpanID != clientSpan || sp.Kind != 2 {
+		t.Errorf("waypoint span: parent %q kind %d, want the client's span %s and kind server (2)", sp.ParentSpanID, sp.Kind, clientSpan)
+	}
+	if want := "00-" + clientTrace + "-" + sp.SpanID + "-01"; got.Get("traceparent") != want {
+		t.Errorf("server's traceparent %q, want %q (its parent the waypoint's span)", got.Get("traceparent"), want)
+	}
+	rid := got.Get("x-request-id")
+	if rid == "" || sp.attr("guid:x-request-id") != rid {
+		t.Errorf("server's x-request-id %q, the span's %q", rid, sp.attr("guid:x-request-id"))
+	}
+	for k, v := range map[string]string{"http.method": "GET", "http.status_code": "200", "istio.canonical_service": "waypoint",
+		"upstream_cluster": "inbound-vip|80|http|web." + ns + ".svc.cluster.local"} {
+		if sp.attr(k) != v {
+			t.Errorf("span attribute %s = %q, want %q", k, sp.attr(k), v)
+		}
+	}
+	t.Logf("waypoint span %s %q parent %s, server traceparent %s, x-request-id %s", sp.SpanID, sp.Name, sp.ParentSpanID,
+		got.Get("traceparent"), rid)
+
+	// Sampling 0%, OTLP/HTTP.
+	restart("--tracing-endpoint", col.pod.IP.String()+":4318", "--tracing-protocol", "http", "--tracing-sampling", "0")
+	if code, _ := w.do(t, "/unsampled", nil); code != http.StatusOK {
+		t.Fatalf("unsampled request: %d", code)
+	}
+	tp := strings.Split(last().Get("traceparent"), "-")
+	if len(tp) != 4 || tp[3] != "00" {
+		t.Fatalf("server's traceparent %q at 0%%, want an unsampled one", last().Get("traceparent"))
+	}
+	if rid := last().Get("x-request-id"); rid == "" {
+		t.Error("no x-request-id reached the server at 0%")
+	}
+	const sampledTrace = "5bf92f3577b34da6a3ce929d0e0e4736"
+	if code, _ := w.do(t, "/sampled-upstream", http.Header{"Traceparent": {"00-" + sampledTrace + "-" + clientSpan + "-01"}}); code != http.StatusOK {
+		t.Fatalf("request sampled upstream: %d", code)
+	}
+	col.waitSpan(t, ctx, sampledTrace) // exported after the unsampled one would have been
+	for _, s := range col.spans(t) {
+		if s.TraceID == tp[1] {
+			t.Errorf("sampling 0%%: the new trace %s produced a span", tp[1])
+		}
+	}
+}
