@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 )
 
 // boundService is one service bound to the waypoint, compiled.
@@ -21,6 +22,9 @@ type boundService struct {
 	name, namespace, hostname, kind string
 	ports                           map[uint16]waypointapi.Protocol
 	routes                          *routing.Table // nil: no HTTPRoute, go to the service itself
+	// telemetry replaces Config.telemetry for this service's requests
+	// (a Telemetry with a Service targetRef); nil: the waypoint's.
+	telemetry *telemetry.Config
 }
 
 // Config is the compiled, immutable form of one waypointapi.Config. The data
@@ -34,6 +38,36 @@ type Config struct {
 	// pathNorm is the mesh's pathNormalization; an unknown value from a
 	// newer control plane is the strongest option (fail closed).
 	pathNorm pathnorm.Mode
+	// telemetry is the Telemetry API configuration (nil: the default);
+	// compiled by the sink, which owns the access log files.
+	telemetry *telemetry.Config
+}
+
+// telemetryFor returns the Telemetry configuration of a request for svc
+// (nil: a workload was addressed).
+func (c *Config) telemetryFor(svc *boundService) *telemetry.Config {
+	if svc != nil && svc.telemetry != nil {
+		return svc.telemetry
+	}
+	return c.telemetry
+}
+
+// compileTelemetry compiles the Telemetry parts of c into cc with rec.
+func compileTelemetry(cc *Config, c *waypointapi.Config, rec *telemetry.Recorder) {
+	cc.telemetry = rec.Compile(c.GetTelemetry())
+	for _, s := range c.GetServices() {
+		if s.GetTelemetry() == nil {
+			continue
+		}
+		tc := rec.Compile(s.GetTelemetry())
+		for _, b := range s.GetAddresses() {
+			if a, ok := netip.AddrFromSlice(b); ok {
+				if bs := cc.services[a.Unmap()]; bs != nil && bs.hostname == s.GetHostname() {
+					bs.telemetry = tc
+				}
+			}
+		}
+	}
 }
 
 // Compile checks and compiles c. A nil c compiles to the empty config
@@ -86,6 +120,8 @@ type sink struct {
 	*state.Store
 	name string
 	cfg  atomic.Pointer[Config]
+	// stats compiles the Telemetry API parts (nil: ignored).
+	stats *telemetry.Recorder
 }
 
 var _ xds.WaypointSink = (*sink)(nil)
@@ -119,11 +155,18 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 			bad[name] = err
 			continue
 		}
+		if s.stats != nil {
+			compileTelemetry(cc, c, s.stats)
+			s.stats.Activate(cc.telemetry)
+		}
 		s.cfg.Store(cc)
 	}
 	for _, name := range removes {
 		if name == s.name {
 			empty, _ := Compile(nil)
+			if s.stats != nil {
+				s.stats.Activate(nil)
+			}
 			s.cfg.Store(empty)
 		}
 	}

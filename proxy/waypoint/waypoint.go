@@ -118,7 +118,9 @@ func New(opts Options) (*Waypoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
 	}
-	w := &Waypoint{opts: opts, sink: newSink(opts.Name), stats: stats, log: opts.Log,
+	sk := newSink(opts.Name)
+	sk.stats = stats
+	w := &Waypoint{opts: opts, sink: sk, stats: stats, log: opts.Log,
 		router: routing.New(opts.IP, opts.Rand, opts.Log), fast: h1.NewServer(opts.Log)}
 	w.srv, err = hbone.NewServer(hbone.ServerConfig{
 		Identity: opts.Identity, Certs: opts.Certs, Handler: hbone.HandlerFunc(w.ServeHBONE), Logger: opts.Log.Named("hbone"),
@@ -365,7 +367,7 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 	e := telemetry.Entry{
 		Src: ex.src, Dst: ex.dst, Peer: ex.peer, Source: ex.source, Destination: ex.destination, Attrs: &ex.attrs, Req: ex.req,
 		GRPCStatus: ex.grpcStatus, Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror, Err: ex.err,
-		Code: code, Flags: flags, Duration: d, Sizes: sizes,
+		Code: code, Flags: flags, Duration: d, Sizes: sizes, Telemetry: ex.cfg.telemetryFor(ex.svc),
 	}
 	if ex.svc != nil {
 		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace

@@ -377,7 +377,7 @@ kind: Telemetry
 metadata: {name: cart, namespace: shop}
 spec:
   targetRefs: [{kind: Service, name: cart}]
-  accessLogging: [{providers: [{name: otel-logs}], filter: {expression: "response.code >= 500 && request.method == 'GET'"}}]
+  accessLogging: [{providers: [{name: json-file}], filter: {expression: "response.code >= 500 && request.method == 'GET'"}}]
   tracing: [{providers: [{name: otel-grpc}], disableSpanReporting: true}]
 `)
 	c := wps["shop/waypoint"]
@@ -385,7 +385,7 @@ spec:
 		t.Errorf("waypoint-wide telemetry = %v, want no access log and no tracing", c.GetTelemetry())
 	}
 	ct := serviceOf(c, "cart").GetTelemetry()
-	if p := ct.GetAccessLogging().GetProviders(); len(p) != 1 || p[0].GetOtel().GetPort() != 4317 {
+	if p := ct.GetAccessLogging().GetProviders(); len(p) != 1 || p[0].GetFile().GetPath() != "/var/log/access.json" {
 		t.Errorf("cart access log = %v", ct.GetAccessLogging())
 	}
 	if f := ct.GetAccessLogging().GetFilter(); len(f) != 2 || f[0].GetAttribute() != waypointapi.Attribute_RESPONSE_CODE ||
@@ -412,6 +412,7 @@ spec:
   - providers: [{name: nope}, {name: zipkin}]
   - providers: [{name: stdout}]
     filter: {expression: "response.code >= 400 || request.method == 'POST'"}
+  - providers: [{name: otel-logs}]
   metrics:
   - providers: [{name: stdout}]
     reportingInterval: 10s
@@ -429,6 +430,7 @@ spec:
 	for _, want := range []string{
 		`spec.accessLogging[0].providers: "nope" is not a meshConfig extensionProvider`,
 		`spec.accessLogging[0].providers: "zipkin" is not an access log provider`,
+		`spec.accessLogging[2].providers: "otel-logs" (envoyOtelAls): OpenTelemetry access logs are not implemented yet`,
 		`spec.accessLogging[1].filter.expression:`,
 		`spec.metrics[0].reportingInterval:`,
 		`spec.metrics[0].providers: "stdout" is not a prometheus provider`,
