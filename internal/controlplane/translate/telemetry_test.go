@@ -132,8 +132,10 @@ kind: Telemetry
 metadata: {name: wp, namespace: shop}
 spec:
   targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]
+  accessLogging: [{providers: [{name: stdout}], disabled: true}]
   tracing:
   - randomSamplingPercentage: 50
+    useRequestIdForTraceSampling: false
     customTags:
       user: {header: {name: X-User, defaultValue: anon}}
       pod: {environment: {name: POD_NAME}}
@@ -161,7 +163,8 @@ spec:
 		t.Errorf("sources = %q, want %q", tel.GetSources(), want)
 	}
 	tr := tel.GetTracing()
-	if tr.GetRandomSamplingPercentage() != 50 || tr.GetProvider().GetName() != "otel-tracing" || tr.GetServiceName() != "waypoint.shop" {
+	if tr.GetRandomSamplingPercentage() != 50 || tr.GetProvider().GetName() != "otel-tracing" || tr.GetServiceName() != "waypoint.shop" ||
+		tr.GetUseRequestIdForTraceSampling() {
 		t.Errorf("tracing = %v", tr)
 	}
 	var tags []string
@@ -176,7 +179,8 @@ spec:
 	for _, p := range al.GetProviders() {
 		provs = append(provs, p.GetName())
 	}
-	if !slices.Equal(provs, []string{"stdout", "json-file"}) {
+	// stdout: enabled at the root, disabled by the waypoint's own.
+	if !slices.Equal(provs, []string{"json-file"}) {
 		t.Errorf("access log providers = %q", provs)
 	}
 	// Only REQUEST_COUNT is disabled (the CLIENT-mode override does not
@@ -376,7 +380,7 @@ apiVersion: telemetry.istio.io/v1
 kind: Telemetry
 metadata: {name: cart, namespace: shop}
 spec:
-  targetRefs: [{kind: Service, name: cart}]
+  targetRef: {kind: Service, name: cart}
   accessLogging: [{providers: [{name: json-file}], filter: {expression: "response.code >= 500 && request.method == 'GET'"}}]
   tracing: [{providers: [{name: otel-grpc}], disableSpanReporting: true}]
 `)
@@ -425,6 +429,8 @@ spec:
   - providers: [{name: zipkin}]
     randomSamplingPercentage: 150
     customTags: {f: {formatter: {value: "%REQ(x)%"}}}
+    enableIstioTags: true
+    disableContextPropagation: true
 `)
 	s := st["shop/bad"]
 	for _, want := range []string{
@@ -439,6 +445,8 @@ spec:
 		`spec.tracing[0].providers: "zipkin"`,
 		`spec.tracing[0].randomSamplingPercentage: 150`,
 		`spec.tracing[0].customTags.f:`,
+		`spec.tracing[0].enableIstioTags:`,
+		`spec.tracing[0].disableContextPropagation:`,
 	} {
 		if !slices.ContainsFunc(s.Invalid, func(i string) bool { return strings.HasPrefix(i, want) }) {
 			t.Errorf("status invalid %q lacks %q", s.Invalid, want)
