@@ -419,8 +419,11 @@ func (m *telemetryMerge) apply(t *telemetryv1.Telemetry) {
 			case ct.GetEnvironment() != nil:
 				tag.Type = &waypointapi.CustomTag_Environment{Environment: ct.GetEnvironment().GetName()}
 				tag.DefaultValue = ct.GetEnvironment().GetDefaultValue()
+			case ct.GetFormatter() != nil:
+				bad("%s.customTags[%s].formatter: only literal, header and environment tags are implemented (ignored)", field, name)
+				continue
 			default:
-				bad("%s.customTags.%s: only literal, header and environment tags are implemented (ignored)", field, name)
+				bad("%s.customTags[%s]: no tag type set (ignored)", field, name)
 				continue
 			}
 			if m.tracing.tags == nil {

@@ -444,7 +444,7 @@ spec:
 		`spec.metrics[0].overrides[1].match.metric: GRPC_REQUEST_MESSAGES`,
 		`spec.tracing[0].providers: "zipkin"`,
 		`spec.tracing[0].randomSamplingPercentage: 150`,
-		`spec.tracing[0].customTags.f:`,
+		`spec.tracing[0].customTags[f].formatter:`,
 		`spec.tracing[0].enableIstioTags:`,
 		`spec.tracing[0].disableContextPropagation:`,
 	} {
