@@ -120,6 +120,18 @@ func (rec *Recorder) Compile(t *waypointapi.Telemetry) *Config {
 		idx = len(c.httpGroups) - 1
 	}
 	c.httpGroups[idx].mask |= oursBit
+	// A group of every family is the default path's entry (mask 0): the
+	// same label set must not have two entries sharing its series.
+	for _, gs := range []struct {
+		g   []group
+		all uint8
+	}{{c.httpGroups, allHTTP}, {c.tcpGroups, allTCP}} {
+		for i := range gs.g {
+			if gs.g[i].mask == gs.all {
+				gs.g[i].mask = 0
+			}
+		}
+	}
 
 	if al := t.GetAccessLogging(); al != nil {
 		c.filter = al.GetFilter()

@@ -173,3 +173,20 @@ func TestAccessLogProviders(t *testing.T) {
 		t.Errorf("labels format: %q", got)
 	}
 }
+
+// TestOverridesShareDefaultEntry: a request whose families have no
+// override of their own (here only a TCP metric is overridden) uses the
+// default path's label-set entry, not a second one over the same series.
+func TestOverridesShareDefaultEntry(t *testing.T) {
+	rec, _, _ := newTestRecorder(t, Limits{})
+	c := rec.Compile(&waypointapi.Telemetry{MetricOverrides: []*waypointapi.MetricOverride{
+		{Metric: waypointapi.Metric_TCP_SENT_BYTES, Disabled: true},
+	}})
+	plain, over := httpEntry(t), httpEntry(t)
+	over.Telemetry = c
+	rec.Record(plain)
+	rec.Record(over)
+	if n := len(rec.series.http); n != 1 {
+		t.Errorf("%d label-set entries, want 1", n)
+	}
+}
