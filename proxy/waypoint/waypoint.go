@@ -157,6 +157,7 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
+	w.stats.Close(ctx) // flush the OTLP access logs of the last requests
 	return errors.Join(err, herr)
 }
 

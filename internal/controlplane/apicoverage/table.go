@@ -261,7 +261,7 @@ var table = map[string][]Entry{
 		ref("spec.metrics[].reportingInterval", "TestRefusedFieldsAreRefused", "Prometheus scrapes the proxies: ignored and named in the status"),
 		enf("spec.accessLogging[]", "TestAccessLogProviders", "Envoy-format records: Istio's default text format, logFormat.text or logFormat.labels (JSON)"),
 		enf("spec.accessLogging[].match", "TestTelemetryScope", "CLIENT-only entries do not apply at a waypoint"),
-		enf("spec.accessLogging[].providers[]", "TestTelemetryAPI", "envoyFileAccessLog (stdout or a file); envoyOtelAls and other kinds are refused in the status"),
+		enf("spec.accessLogging[].providers[]", "TestTelemetryAPI", "envoyFileAccessLog (stdout or a file) and envoyOtelAls (OTLP/gRPC logs, TestOTelAccessLog); other kinds are refused in the status"),
 		enf("spec.accessLogging[].disabled", "TestTelemetryScope", "per provider: a more specific level disables what a less specific one enabled"),
 		enf("spec.accessLogging[].filter", "TestAccessLogProviders", "comparisons of response.code, response.duration and request attributes joined by &&; other CEL is refused in the status and the entry is not applied; one filter for all providers"),
 	},

@@ -275,13 +275,8 @@ func (m *telemetryMerge) apply(t *telemetryv1.Telemetry) {
 			case p == nil:
 				bad("%s.providers: %q is not a meshConfig extensionProvider", field, n)
 				continue
-			case p.OtelLog != nil:
-				// The wire carries it (OtelAccessLog) but the waypoint has
-				// no OTLP log exporter yet: refused, not silently dropped.
-				bad("%s.providers: %q (envoyOtelAls): OpenTelemetry access logs are not implemented yet", field, n)
-				continue
-			case p.FileLog == nil:
-				bad("%s.providers: %q is not an access log provider this mesh implements (envoyFileAccessLog)", field, n)
+			case p.FileLog == nil && p.OtelLog == nil:
+				bad("%s.providers: %q is not an access log provider this mesh implements (envoyFileAccessLog, envoyOtelAls)", field, n)
 				continue
 			}
 			m.setLog(n, &logState{enabled: !al.GetDisabled().GetValue(), filter: filter, expr: expr})

@@ -381,7 +381,7 @@ kind: Telemetry
 metadata: {name: cart, namespace: shop}
 spec:
   targetRef: {kind: Service, name: cart}
-  accessLogging: [{providers: [{name: json-file}], filter: {expression: "response.code >= 500 && request.method == 'GET'"}}]
+  accessLogging: [{providers: [{name: otel-logs}], filter: {expression: "response.code >= 500 && request.method == 'GET'"}}]
   tracing: [{providers: [{name: otel-grpc}], disableSpanReporting: true}]
 `)
 	c := wps["shop/waypoint"]
@@ -389,7 +389,7 @@ spec:
 		t.Errorf("waypoint-wide telemetry = %v, want no access log and no tracing", c.GetTelemetry())
 	}
 	ct := serviceOf(c, "cart").GetTelemetry()
-	if p := ct.GetAccessLogging().GetProviders(); len(p) != 1 || p[0].GetFile().GetPath() != "/var/log/access.json" {
+	if p := ct.GetAccessLogging().GetProviders(); len(p) != 1 || p[0].GetOtel().GetPort() != 4317 {
 		t.Errorf("cart access log = %v", ct.GetAccessLogging())
 	}
 	if f := ct.GetAccessLogging().GetFilter(); len(f) != 2 || f[0].GetAttribute() != waypointapi.Attribute_RESPONSE_CODE ||
@@ -416,7 +416,6 @@ spec:
   - providers: [{name: nope}, {name: zipkin}]
   - providers: [{name: stdout}]
     filter: {expression: "response.code >= 400 || request.method == 'POST'"}
-  - providers: [{name: otel-logs}]
   metrics:
   - providers: [{name: stdout}]
     reportingInterval: 10s
@@ -436,7 +435,6 @@ spec:
 	for _, want := range []string{
 		`spec.accessLogging[0].providers: "nope" is not a meshConfig extensionProvider`,
 		`spec.accessLogging[0].providers: "zipkin" is not an access log provider`,
-		`spec.accessLogging[2].providers: "otel-logs" (envoyOtelAls): OpenTelemetry access logs are not implemented yet`,
 		`spec.accessLogging[1].filter.expression:`,
 		`spec.metrics[0].reportingInterval:`,
 		`spec.metrics[0].providers: "stdout" is not a prometheus provider`,

@@ -324,7 +324,8 @@ func compare(a, b int64, op waypointapi.LogCondition_Op) bool {
 // logSink is one access log provider.
 type logSink struct {
 	name   string
-	file   *os.File
+	file   *os.File      // a file provider, or
+	otel   *otelExport   // an OTLP one
 	text   []segment     // nil with labels
 	labels []labelFormat // JSON
 }
@@ -336,31 +337,46 @@ type labelFormat struct {
 
 // sink returns the sink of provider p, opening its file once.
 func (rec *Recorder) sink(p *waypointapi.AccessLogProvider) *logSink {
-	f := p.GetFile()
-	if f == nil {
-		// OpenTelemetry access logs (envoyOtelAls) are refused by the
-		// control plane; a newer one's other kinds are skipped.
+	var s *logSink
+	var format *waypointapi.LogFormat
+	switch {
+	case p.GetFile() != nil:
+		f := p.GetFile()
+		file, err := rec.openLog(f.GetPath())
+		if err != nil {
+			rec.warnOnce("access log provider "+p.GetName(), err)
+			return nil
+		}
+		s, format = &logSink{name: p.GetName(), file: file}, f.GetFormat()
+	case p.GetOtel() != nil:
+		e, err := rec.otelFor(p.GetOtel())
+		if err != nil {
+			rec.warnOnce("access log provider "+p.GetName(), err)
+			return nil
+		}
+		s, format = &logSink{name: p.GetName(), otel: e}, p.GetOtel().GetFormat()
+	default:
 		rec.warnOnce("access log provider "+p.GetName()+": kind not implemented here", nil)
 		return nil
 	}
-	file, err := rec.openLog(f.GetPath())
-	if err != nil {
-		rec.warnOnce("access log provider "+p.GetName(), err)
-		return nil
+	keys := make([]string, 0, len(format.GetLabels()))
+	for k := range format.GetLabels() {
+		keys = append(keys, k)
 	}
-	s := &logSink{name: p.GetName(), file: file}
+	slices.Sort(keys)
+	for _, k := range keys {
+		s.labels = append(s.labels, labelFormat{key: k, fmt: parseFormat(format.GetLabels()[k])})
+	}
 	switch {
-	case len(f.GetFormat().GetLabels()) > 0:
-		keys := make([]string, 0, len(f.GetFormat().GetLabels()))
-		for k := range f.GetFormat().GetLabels() {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			s.labels = append(s.labels, labelFormat{key: k, fmt: parseFormat(f.GetFormat().GetLabels()[k])})
-		}
-	case f.GetFormat().GetText() != "":
-		text := f.GetFormat().GetText()
+	case s.otel != nil && format.GetText() != "":
+		s.text = parseFormat(format.GetText())
+	case s.otel != nil:
+		// The body of an OTLP record: Istio's default format, one line.
+		s.text = parseFormat(strings.TrimSuffix(defaultFormatText, "\n"))
+	case len(keys) > 0:
+		// A file with labels writes one JSON object per record.
+	case format.GetText() != "":
+		text := format.GetText()
 		if !strings.HasSuffix(text, "\n") {
 			text += "\n"
 		}
@@ -406,6 +422,10 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }
 // write renders ex in the sink's format and writes it with one write
 // (whole lines: concurrent writers do not interleave in an O_APPEND file).
 func (s *logSink) write(ex *Entry, proto, flags string) {
+	if s.otel != nil {
+		s.emitOTel(ex, proto, flags)
+		return
+	}
 	bp := bufPool.Get().(*[]byte)
 	b := (*bp)[:0]
 	if s.labels != nil {

@@ -84,8 +84,9 @@ type Recorder struct {
 	log    *zap.Logger
 
 	mu     sync.Mutex
-	active [nFam]string        // Activate: the waypoint-wide overrides in force
-	files  map[string]*os.File // access log files by path, opened once
+	active [nFam]string           // Activate: the waypoint-wide overrides in force
+	files  map[string]*os.File    // access log files by path, opened once
+	otel   map[string]*otelExport // OTLP log exporters by collector and logger name
 	warned map[string]bool
 }
 
@@ -107,7 +108,7 @@ func New(reg prometheus.Registerer, access *zap.Logger, lim Limits) (*Recorder, 
 			}
 		}
 	}
-	return &Recorder{m: m, series: c, access: access, log: access, files: map[string]*os.File{}, warned: map[string]bool{}}, nil
+	return &Recorder{m: m, series: c, access: access, log: access, files: map[string]*os.File{}, otel: map[string]*otelExport{}, warned: map[string]bool{}}, nil
 }
 
 // Peer names one end of a request for Istio's labels. Every value comes
