@@ -38,7 +38,7 @@ func TestDryRunApply(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()]++
 	}
-	for kind, n := range map[string]int{"DaemonSet": 2, "Deployment": 1, "CustomResourceDefinition": 7, "PodDisruptionBudget": 1, "ServiceAccount": 3} {
+	for kind, n := range map[string]int{"DaemonSet": 2, "Deployment": 1, "CustomResourceDefinition": 8, "PodDisruptionBudget": 1, "ServiceAccount": 3} {
 		if kinds[kind] != n {
 			t.Errorf("%d %s in %s, want %d", kinds[kind], kind, manifests, n)
 		}
@@ -86,6 +86,8 @@ func TestDryRunApply(t *testing.T) {
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "security.istio.io", Resource: "authorizationpolicies", Subresource: "status", Namespace: "app"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "security.istio.io", Resource: "authorizationpolicies", Namespace: "app"}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "networking.istio.io", Resource: "destinationrules", Subresource: "status", Namespace: "app"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "watch", Group: "telemetry.istio.io", Resource: "telemetries"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "telemetry.istio.io", Resource: "telemetries", Subresource: "status", Namespace: "app"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "watch", Group: "gateway.networking.k8s.io", Resource: "gateways"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "ztunnel-cp", Namespace: systemNamespace}, true},

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Copies the Istio CRDs that ztunnel-go reads (ServiceEntry, WorkloadEntry,
-# VirtualService, DestinationRule, AuthorizationPolicy, PeerAuthentication)
+# VirtualService, DestinationRule, AuthorizationPolicy, PeerAuthentication,
+# RequestAuthentication, Telemetry)
 # from the istio.io/api module that the main go.mod pins into the chart's
 # crds/ folder, one file per CRD.
 # Istio's own charts ship the same generated YAML (crd-all.gen.yaml).
@@ -16,7 +17,7 @@ mkdir -p "$out"
 for crd in serviceentries.networking.istio.io workloadentries.networking.istio.io \
 	virtualservices.networking.istio.io destinationrules.networking.istio.io \
 	authorizationpolicies.security.istio.io peerauthentications.security.istio.io \
-	requestauthentications.security.istio.io; do
+	requestauthentications.security.istio.io telemetries.telemetry.istio.io; do
 	{
 		echo "# From istio.io/api $version kubernetes/customresourcedefinitions.gen.yaml by deploy/update-crds.sh; do not edit."
 		awk -v want="$crd" '

@@ -30,6 +30,10 @@
 //	soak_waves                  waves run
 //	soak_peak_tunnels           tunnels open at once at the highest peak, as
 //	                            both proxies' istio_tcp_sockets_open agree
+//	metrics_series_end          istio_* series both node proxies export after
+//	                            the settle (issue 27's cardinality figure; the
+//	                            soak's client pods are fixed, so it bounds what
+//	                            tunnel churn leaves, not workload churn)
 //
 // Pooled HBONE connections outlive their last stream by the pool's idle
 // timeout, which is state, not a leak: the proxies run with
@@ -243,6 +247,11 @@ func (s *soak) run() error {
 	emit("soak_live_heap_growth_kb", float64(growth), "KiB")
 	emit("soak_waves", float64(waves), "count")
 	emit("soak_peak_tunnels", float64(peak), "count")
+	series, err := w.istioSeries()
+	if err != nil {
+		return err
+	}
+	emit("metrics_series_end", float64(series), "count")
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"math"
 	"testing"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 func TestLeastSquares(t *testing.T) {
@@ -70,5 +72,13 @@ func TestPattern(t *testing.T) {
 	}
 	if len(pattern(1, 1, 1, 5)) != 5 {
 		t.Error("short pattern has the wrong size")
+	}
+}
+
+func TestCountSeries(t *testing.T) {
+	two := &dto.MetricFamily{Metric: []*dto.Metric{{}, {}}}
+	mfs := map[string]*dto.MetricFamily{"istio_tcp_sent_bytes_total": two, "istio_requests_total": two, "go_goroutines": two}
+	if n := countSeries(mfs, "istio_"); n != 4 {
+		t.Errorf("countSeries = %d, want 4", n)
 	}
 }

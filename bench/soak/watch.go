@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
@@ -131,6 +133,32 @@ func (w *watcher) read() (sample, error) {
 		}
 	}
 	return s, nil
+}
+
+// istioSeries counts the istio_* series both node proxies export.
+func (w *watcher) istioSeries() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := 0
+	for i := range w.m.Nodes[:2] {
+		mfs, err := w.m.Metrics(ctx, i)
+		if err != nil {
+			return 0, err
+		}
+		n += countSeries(mfs, "istio_")
+	}
+	return n, nil
+}
+
+// countSeries counts the series of the families whose name has prefix.
+func countSeries(mfs map[string]*dto.MetricFamily, prefix string) int {
+	n := 0
+	for name, mf := range mfs {
+		if strings.HasPrefix(name, prefix) {
+			n += len(mf.GetMetric())
+		}
+	}
+	return n
 }
 
 // vmRSS returns VmRSS of pid in KiB.

@@ -109,7 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.JWKSAllowHTTP, "jwks-allow-http", false, "also fetch http:// RequestAuthentication jwksUri and OpenID discovery URLs (default: https only)")
 	fs.BoolVar(&o.JWKSAllowInternal, "jwks-allow-internal", false, "also fetch jwksUri / OpenID discovery from loopback, link-local and cluster-internal addresses (pods, nodes, Services, --jwks-internal-cidrs)")
 	fs.StringVar(&o.JWKSInternalCIDRs, "jwks-internal-cidrs", "", "comma-separated cluster-internal ranges (Service and pod CIDRs) never fetched from without --jwks-allow-internal")
-	fs.StringVar(&o.MeshConfig, "mesh-config", "", "Istio MeshConfig file (YAML): defaultServiceExportTo, defaultVirtualServiceExportTo, defaultDestinationRuleExportTo and serviceEntryVisibility are honoured (\"\": every Service and ServiceEntry is exported everywhere unless its exportTo says otherwise)")
+	fs.StringVar(&o.MeshConfig, "mesh-config", "", "Istio MeshConfig file (YAML): defaultServiceExportTo, defaultVirtualServiceExportTo, defaultDestinationRuleExportTo, serviceEntryVisibility, pathNormalization, extensionProviders, defaultProviders and defaultConfig.tracing.sampling are honoured (\"\": every Service and ServiceEntry is exported everywhere unless its exportTo says otherwise)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
 	fs.StringVar(&o.TrustedNodeAccounts, "trusted-node-accounts", "istio-system/ztunnel", "Kubernetes mode: comma-separated namespace/name ServiceAccounts of node proxies (CA_TRUSTED_NODE_ACCOUNTS)")

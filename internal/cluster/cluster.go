@@ -27,6 +27,7 @@ import (
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	telemetryv1 "istio.io/client-go/pkg/apis/telemetry/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -61,6 +62,9 @@ type Objects struct {
 	// waypoint of ours handles for a service their hosts name.
 	VirtualServices  []*networkingv1.VirtualService
 	DestinationRules []*networkingv1.DestinationRule
+	// Telemetries (telemetry.istio.io) configure the access logs, metrics
+	// and tracing of the waypoints of ours they apply to.
+	Telemetries []*telemetryv1.Telemetry
 	// Nodes give pods their locality (topology labels). Only the control
 	// plane reads them; the node agent's source leaves this empty.
 	Nodes []*corev1.Node

@@ -33,7 +33,6 @@ var ignoredKinds = map[string]bool{
 	"networking.istio.io/Gateway":        true,
 	"networking.istio.io/WorkloadGroup":  true,
 	"networking.istio.io/ProxyConfig":    true,
-	"telemetry.istio.io/Telemetry":       true,
 	"extensions.istio.io/WasmPlugin":     true,
 	"gateway.networking.k8s.io/TCPRoute": true,
 	"gateway.networking.k8s.io/TLSRoute": true,

@@ -14,8 +14,8 @@ kind: Sidecar
 metadata: {name: reviews}
 spec: {egress: [{hosts: ["./*"]}]}
 ---
-apiVersion: telemetry.istio.io/v1
-kind: Telemetry
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
 metadata: {name: mesh-default, namespace: istio-system}
 spec: {}
 ---
@@ -29,8 +29,8 @@ metadata: {name: d}
 		t.Fatalf("errors %v, want only the Deployment's ErrUnsupportedKind", errs)
 	}
 	o.Sort()
-	if len(o.Ignored) != 2 || *o.Ignored[0] != (IgnoredObject{"networking.istio.io/v1", "Sidecar", "default", "reviews"}) ||
-		*o.Ignored[1] != (IgnoredObject{"telemetry.istio.io/v1", "Telemetry", "istio-system", "mesh-default"}) {
+	if len(o.Ignored) != 2 || *o.Ignored[1] != (IgnoredObject{"networking.istio.io/v1", "Sidecar", "default", "reviews"}) ||
+		*o.Ignored[0] != (IgnoredObject{"networking.istio.io/v1alpha3", "EnvoyFilter", "istio-system", "mesh-default"}) {
 		t.Fatalf("ignored %+v", o.Ignored)
 	}
 	var rebuilt Objects
@@ -39,7 +39,7 @@ metadata: {name: d}
 		keys[it.Key] = true
 		rebuilt.Add(it.Obj)
 	}
-	if !keys["Sidecar/default/reviews"] || !keys["Telemetry/istio-system/mesh-default"] || len(rebuilt.Ignored) != 2 {
+	if !keys["Sidecar/default/reviews"] || !keys["EnvoyFilter/istio-system/mesh-default"] || len(rebuilt.Ignored) != 2 {
 		t.Fatalf("items %v, rebuilt %+v", keys, rebuilt.Ignored)
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	telemetryv1 "istio.io/client-go/pkg/apis/telemetry/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,6 +90,9 @@ var kinds = []Kind{
 	kindOf(networkingv1.SchemeGroupVersion, "DestinationRule", "destinationrules", namespaced,
 		func(o *Objects) *[]*networkingv1.DestinationRule { return &o.DestinationRules },
 		func(js []byte, v *networkingv1.DestinationRule) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
+	kindOf(telemetryv1.SchemeGroupVersion, "Telemetry", "telemetries", namespaced,
+		func(o *Objects) *[]*telemetryv1.Telemetry { return &o.Telemetries },
+		func(js []byte, v *telemetryv1.Telemetry) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
 	kindOf(corev1.SchemeGroupVersion, "Node", "nodes", clusterScoped,
 		func(o *Objects) *[]*corev1.Node { return &o.Nodes }, strictAs),
 }

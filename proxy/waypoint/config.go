@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/authz"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/pathnorm"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 )
 
@@ -26,6 +27,9 @@ type boundService struct {
 	// its tracing (nil: none) replaces the waypoint's.
 	ownTelemetry bool
 	tracing      *tracing.Policy
+	// telemetry replaces Config.telemetry for this service's requests
+	// (a Telemetry with a Service targetRef); nil: the waypoint's.
+	telemetry *telemetry.Config
 }
 
 // Config is the compiled, immutable form of one waypointapi.Config. The data
@@ -44,6 +48,36 @@ type Config struct {
 	// tracing looks up nothing per request.
 	tracing    *tracing.Policy
 	anyTracing bool
+	// telemetry is the Telemetry API configuration (nil: the default);
+	// compiled by the sink, which owns the access log files.
+	telemetry *telemetry.Config
+}
+
+// telemetryFor returns the Telemetry configuration of a request for svc
+// (nil: a workload was addressed).
+func (c *Config) telemetryFor(svc *boundService) *telemetry.Config {
+	if svc != nil && svc.telemetry != nil {
+		return svc.telemetry
+	}
+	return c.telemetry
+}
+
+// compileTelemetry compiles the Telemetry parts of c into cc with rec.
+func compileTelemetry(cc *Config, c *waypointapi.Config, rec *telemetry.Recorder) {
+	cc.telemetry = rec.Compile(c.GetTelemetry())
+	for _, s := range c.GetServices() {
+		if s.GetTelemetry() == nil {
+			continue
+		}
+		tc := rec.Compile(s.GetTelemetry())
+		for _, b := range s.GetAddresses() {
+			if a, ok := netip.AddrFromSlice(b); ok {
+				if bs := cc.services[a.Unmap()]; bs != nil && bs.hostname == s.GetHostname() {
+					bs.telemetry = tc
+				}
+			}
+		}
+	}
 }
 
 // Compile checks and compiles c. A nil c compiles to the empty config
@@ -152,6 +186,8 @@ type sink struct {
 	tracer *tracing.Tracer // compiles each config's tracing
 	// defaultTracing is the tracing of a config without Telemetry.
 	defaultTracing *tracing.Config
+	// stats compiles the Telemetry API parts (nil: ignored).
+	stats *telemetry.Recorder
 }
 
 // applyDefaultTracing compiles the current config's tracing again with
@@ -201,6 +237,10 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 			s.tracer.Retain(s.cfg.Load().tracingPolicies()...) // what this config started, stopped
 			continue
 		}
+		if s.stats != nil {
+			compileTelemetry(cc, c, s.stats)
+			s.stats.Activate(cc.telemetry)
+		}
 		s.cfg.Store(cc)
 		s.tracer.Retain(cc.tracingPolicies()...)
 	}
@@ -208,6 +248,9 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 		if name == s.name {
 			empty, _ := Compile(nil)
 			_ = empty.compileTracing(s.tracer, s.defaultTracing) // checked at start
+			if s.stats != nil {
+				s.stats.Activate(nil)
+			}
 			s.cfg.Store(empty)
 			s.tracer.Retain(empty.tracingPolicies()...)
 		}

@@ -135,6 +135,7 @@ func New(opts Options) (*Waypoint, error) {
 	tracer.BatchTimeout = opts.TraceBatchTimeout
 	sk := newSink(opts.Name, tracer)
 	sk.defaultTracing = opts.DefaultTracing
+	sk.stats = stats
 	if err := sk.applyDefaultTracing(); err != nil {
 		return nil, fmt.Errorf("waypoint: %w", err)
 	}
@@ -193,6 +194,7 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
+	w.stats.Close(ctx) // flush the OTLP access logs of the last requests
 	return errors.Join(err, herr, w.tracer.Close(ctx))
 }
 
@@ -422,7 +424,7 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 	e := telemetry.Entry{
 		Src: ex.src, Dst: ex.dst, Peer: ex.peer, Source: ex.source, Destination: ex.destination, Attrs: &ex.attrs, Req: ex.req,
 		GRPCStatus: ex.grpcStatus, Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror, Err: ex.err,
-		Code: code, Flags: flags, Duration: d, Sizes: sizes,
+		Code: code, Flags: flags, Duration: d, Sizes: sizes, Telemetry: ex.cfg.telemetryFor(ex.svc),
 	}
 	if ex.svc != nil {
 		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace

@@ -68,6 +68,15 @@ spec:
   action: ALLOW
   rules: [{from: [{source: {principals: [cluster.local/ns/demo/sa/reviews]}}]}]
 `,
+	"Telemetry": `
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: subject, namespace: demo}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  tracing: [{randomSamplingPercentage: 10}]
+  metrics: [{overrides: [{match: {metric: REQUEST_COUNT}, disabled: true}]}]
+`,
 }
 
 // TestRefusedFieldsAreRefused proves each refused field of the kinds above
@@ -145,6 +154,8 @@ func specOf(t *testing.T, objs *cluster.Objects, kind string) proto.Message {
 		return &objs.DestinationRules[0].Spec
 	case "AuthorizationPolicy":
 		return &objs.AuthorizationPolicies[0].Spec
+	case "Telemetry":
+		return &objs.Telemetries[0].Spec
 	}
 	t.Fatalf("no spec for %s", kind)
 	return nil

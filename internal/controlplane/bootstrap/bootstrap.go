@@ -225,7 +225,11 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 			cfg.Translate.PathNormalization = pathNormalization(o.PathNormalization)
 		}
 		log.Info("mesh config", zap.Strings("defaultServiceExportTo", cfg.Translate.DefaultServiceExportTo),
-			zap.Stringer("serviceEntryVisibility", cfg.Translate.ServiceEntryVisibility))
+			zap.Stringer("serviceEntryVisibility", cfg.Translate.ServiceEntryVisibility),
+			zap.Int("extensionProviders", len(cfg.Translate.Telemetry.Providers)))
+		for _, p := range cfg.Translate.MeshProblems {
+			log.Warn("mesh config: not implemented", zap.String("problem", p))
+		}
 	}
 	// RequestAuthentication key sets named by jwksUri (or found by OpenID
 	// discovery) are fetched here and sent to the waypoints inline, as

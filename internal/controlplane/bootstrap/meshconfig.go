@@ -16,8 +16,11 @@ import (
 // LoadMeshConfig reads an Istio MeshConfig (YAML or JSON, the format of
 // istiod's "mesh" ConfigMap key and of Helm's meshConfig value) and copies
 // the fields this control plane honours into cfg: defaultServiceExportTo,
-// defaultVirtualServiceExportTo, defaultDestinationRuleExportTo and
-// serviceEntryVisibility. Other fields are Istio's and ignored here. A file
+// defaultVirtualServiceExportTo, defaultDestinationRuleExportTo,
+// serviceEntryVisibility, pathNormalization, the Telemetry API's
+// extensionProviders and defaultProviders, and
+// defaultConfig.tracing.sampling. Other fields are Istio's and ignored
+// here. A file
 // that does not parse is an error: starting with everything public instead
 // would widen what the operator narrowed.
 func LoadMeshConfig(path string, cfg *translate.Config) error {
@@ -36,7 +39,8 @@ func LoadMeshConfig(path string, cfg *translate.Config) error {
 		return fmt.Errorf("mesh config %s: %w", path, err)
 	}
 	ours := map[string]json.RawMessage{}
-	for _, k := range []string{"defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "serviceEntryVisibility", "pathNormalization"} {
+	for _, k := range []string{"defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "serviceEntryVisibility", "pathNormalization",
+		"extensionProviders", "defaultProviders"} {
 		if v, ok := all[k]; ok {
 			ours[k] = v
 		}
@@ -53,5 +57,18 @@ func LoadMeshConfig(path string, cfg *translate.Config) error {
 	if pn := mc.GetPathNormalization(); pn != nil {
 		cfg.PathNormalization = waypointapi.PathNormalization(pn.GetNormalization())
 	}
+	// defaultConfig is a ProxyConfig of which only tracing.sampling is
+	// read (the default sampling of the Telemetry API): the rest is
+	// Envoy's and may hold fields of newer Istio versions.
+	if dc, ok := all["defaultConfig"]; ok {
+		var pc meshv1alpha1.ProxyConfig
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(dc, &pc); err != nil {
+			return fmt.Errorf("mesh config %s: defaultConfig: %w", path, err)
+		}
+		mc.DefaultConfig = &pc
+	}
+	tm, problems := translate.MeshTelemetry(&mc)
+	cfg.Telemetry = tm
+	cfg.MeshProblems = problems
 	return nil
 }

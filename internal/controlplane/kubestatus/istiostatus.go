@@ -2,7 +2,7 @@ package kubestatus
 
 // Istio object status: what the control plane made of each
 // AuthorizationPolicy, PeerAuthentication, RequestAuthentication,
-// VirtualService and DestinationRule (translate.PolicyStatus), written where
+// VirtualService, DestinationRule and Telemetry (translate.PolicyStatus), written where
 // users look, as istiod writes it (istio.io/api meta/v1alpha1 IstioStatus):
 //
 //   - status.conditions holds one condition of type Reconciled (the type
@@ -199,6 +199,9 @@ func statusObjects(objs *cluster.Objects) map[string]objectStatus {
 	}
 	for _, o := range objs.DestinationRules {
 		add("DestinationRule", o.ObjectMeta, &o.Status)
+	}
+	for _, o := range objs.Telemetries {
+		add("Telemetry", o.ObjectMeta, &o.Status)
 	}
 	return out
 }
@@ -473,6 +476,8 @@ func (w *IstioWriter) write(ctx context.Context, o objectStatus, want IstioStatu
 		_, err = c.NetworkingV1().VirtualServices(o.namespace).Patch(ctx, o.name, types.MergePatchType, body, opts, "status")
 	case "DestinationRule":
 		_, err = c.NetworkingV1().DestinationRules(o.namespace).Patch(ctx, o.name, types.MergePatchType, body, opts, "status")
+	case "Telemetry":
+		_, err = c.TelemetryV1().Telemetries(o.namespace).Patch(ctx, o.name, types.MergePatchType, body, opts, "status")
 	default:
 		return fmt.Errorf("kubestatus: no status for kind %s", o.kind)
 	}

@@ -97,7 +97,7 @@ type Changes struct {
 	// removed), only when not Full.
 	PodChanges []PodChange
 	// Routes is true when an HTTPRoute, GRPCRoute, ReferenceGrant,
-	// VirtualService or DestinationRule changed, or a pod while DestinationRules exist (their
+	// VirtualService, DestinationRule or Telemetry changed, or a pod while DestinationRules exist (their
 	// subsets list workloads) or a VirtualService matches sourceLabels (they
 	// list client workloads), not when Full. Routes are not translated
 	// into addresses; only waypoint configs (WaypointConfigs) read them.
@@ -147,6 +147,8 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		changed(tr.objs.VirtualServices, objs.VirtualServices) || changed(tr.objs.DestinationRules, objs.DestinationRules) ||
 		// A ReferenceGrant decides whether a route's backendRef resolves.
 		changed(tr.objs.ReferenceGrants, objs.ReferenceGrants) ||
+		// Telemetry objects only shape waypoint configs.
+		changed(tr.objs.Telemetries, objs.Telemetries) ||
 		// DestinationRule subsets name workloads by their labels: a pod
 		// change can change a subset's members.
 		len(podCh) > 0 && len(objs.DestinationRules) > 0 ||

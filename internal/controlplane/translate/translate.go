@@ -84,6 +84,12 @@ type Config struct {
 	// ServiceEntryVisibility is meshConfig.serviceEntryVisibility (Istio
 	// 1.31); nil leaves every ServiceEntry to its exportTo.
 	ServiceEntryVisibility *meshv1alpha1.ServiceEntryVisibility
+	// Telemetry is meshConfig's extensionProviders and defaultProviders,
+	// which Telemetry objects name (MeshTelemetry).
+	Telemetry TelemetryMesh
+	// MeshProblems are what meshConfig sets that is not implemented (an
+	// extensionProvider kind, say), to log at startup.
+	MeshProblems []string
 }
 
 // JWKSResolver answers key sets from a cache without blocking: the JSON

@@ -25,7 +25,7 @@ const EnforcedByWaypoint = "enforced by waypoint "
 // attached to it (targetRefs to the Gateway, to GatewayClass istio-waypoint
 // from the root namespace, or to a Service or ServiceEntry bound to it) and
 // the HTTPRoutes and GRPCRoutes (parentRefs kind Service or ServiceEntry)
-// of its services.
+// of its services, and the Telemetry API resolved for it (telemetry.go).
 //
 // It also returns res.Policies with the status of every policy that a
 // config carries rewritten to say which waypoints enforce it (node proxies
@@ -42,10 +42,11 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	// VirtualServices and DestinationRules (virtualservice.go) report what
 	// became of them even when no waypoint exists.
 	ir := newIstioRouting(t, res)
+	tel := newTelemetries(cfg, objs.Telemetries)
 	if !slices.ContainsFunc(objs.Gateways, func(g *gatewayv1.Gateway) bool {
 		return string(g.Spec.GatewayClassName) == WaypointClass
 	}) {
-		return out, append(slices.Clone(res.Policies), ir.statuses()...)
+		return out, append(append(slices.Clone(res.Policies), ir.statuses()...), tel.statuses()...)
 	}
 	t.buildIndex()
 	t.translateWaypoints()
@@ -71,6 +72,13 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 			c.Addresses = [][]byte{a.GetAddress()}
 		}
 		bound := t.boundTo(w, res, c, ir)
+		// Telemetry API (telemetry.go): root namespace, the waypoint's
+		// namespace and its targetRefs; per service for Service targetRefs.
+		var base *telemetryMerge
+		c.Telemetry, base = tel.forWaypoint(ns, name)
+		for _, s := range c.Services {
+			s.Telemetry = tel.forService(base, key, name+"."+ns, s)
+		}
 		var required []*waypointapi.Policy
 		c.Authentications, required = t.authnFor(key, bound, authn)
 		c.Policies = append(c.Policies, required...)
@@ -110,7 +118,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 		})
 		out[key] = c
 	}
-	statuses := append(slices.Clone(res.Policies), ir.statuses()...)
+	statuses := append(append(slices.Clone(res.Policies), ir.statuses()...), tel.statuses()...)
 	for i := range statuses {
 		st := &statuses[i]
 		if st.Kind == kindRA {

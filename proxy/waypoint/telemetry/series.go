@@ -41,6 +41,13 @@ type (
 	httpKey struct {
 		lv    [nRequest]string
 		route string
+		// mask: the families the entry updates (family bits, oursBit);
+		// 0 means every family.
+		mask uint8
+	}
+	tcpMapKey struct {
+		lv   tcpKey
+		mask uint8 // TCP family bits; 0: every family
 	}
 )
 
@@ -97,7 +104,7 @@ type seriesCache struct {
 
 	mu        sync.RWMutex
 	http      map[httpKey]*httpSeries
-	tcp       map[tcpKey]*tcpSeries
+	tcp       map[tcpMapKey]*tcpSeries
 	lastSweep time.Time
 }
 
@@ -116,14 +123,26 @@ func (c *seriesCache) httpFor(k *httpKey) *httpSeries {
 		c.mu.Lock()
 		if s = c.http[*k]; s == nil {
 			c.makeRoomLocked(now)
-			m, lv := c.m, k.lv[:]
-			s = &httpSeries{
-				requests:      m.requests.WithLabelValues(lv...),
-				duration:      m.duration.WithLabelValues(lv...),
-				reqBytes:      m.reqBytes.WithLabelValues(lv...),
-				respBytes:     m.respBytes.WithLabelValues(lv...),
-				routeRequests: m.routeRequests.WithLabelValues(k.route, k.lv[iCode]),
-				routeDuration: m.routeDuration.WithLabelValues(k.route),
+			m, lv, mask := c.m, k.lv[:], k.mask
+			if mask == 0 {
+				mask = allHTTP
+			}
+			s = &httpSeries{}
+			if mask&(1<<famRequests) != 0 {
+				s.requests = m.requests.WithLabelValues(lv...)
+			}
+			if mask&(1<<famDuration) != 0 {
+				s.duration = m.duration.WithLabelValues(lv...)
+			}
+			if mask&(1<<famReqBytes) != 0 {
+				s.reqBytes = m.reqBytes.WithLabelValues(lv...)
+			}
+			if mask&(1<<famRespBytes) != 0 {
+				s.respBytes = m.respBytes.WithLabelValues(lv...)
+			}
+			if mask&oursBit != 0 {
+				s.routeRequests = m.routeRequests.WithLabelValues(k.route, k.lv[iCode])
+				s.routeDuration = m.routeDuration.WithLabelValues(k.route)
 			}
 			c.http[*k] = s
 		}
@@ -135,8 +154,9 @@ func (c *seriesCache) httpFor(k *httpKey) *httpSeries {
 
 // tcpFor returns the series of k, creating them when new, with one more
 // open stream.
-func (c *seriesCache) tcpFor(k *tcpKey) *tcpSeries {
+func (c *seriesCache) tcpFor(lv *tcpKey, mask uint8) *tcpSeries {
 	now := c.now()
+	k := &tcpMapKey{lv: *lv, mask: mask}
 	c.mu.RLock()
 	s := c.tcp[*k]
 	if s != nil {
@@ -148,10 +168,22 @@ func (c *seriesCache) tcpFor(k *tcpKey) *tcpSeries {
 		c.mu.Lock()
 		if s = c.tcp[*k]; s == nil {
 			c.makeRoomLocked(now)
-			m, lv := c.m, k[:]
-			s = &tcpSeries{
-				opened: m.tcpOpened.WithLabelValues(lv...), closed: m.tcpClosed.WithLabelValues(lv...),
-				sent: m.tcpSent.WithLabelValues(lv...), received: m.tcpReceived.WithLabelValues(lv...),
+			m, lv := c.m, k.lv[:]
+			if mask == 0 {
+				mask = allTCP
+			}
+			s = &tcpSeries{}
+			if mask&(1<<(famTCPOpened-famTCPOpened)) != 0 {
+				s.opened = m.tcpOpened.WithLabelValues(lv...)
+			}
+			if mask&(1<<(famTCPClosed-famTCPOpened)) != 0 {
+				s.closed = m.tcpClosed.WithLabelValues(lv...)
+			}
+			if mask&(1<<(famTCPSent-famTCPOpened)) != 0 {
+				s.sent = m.tcpSent.WithLabelValues(lv...)
+			}
+			if mask&(1<<(famTCPReceived-famTCPOpened)) != 0 {
+				s.received = m.tcpReceived.WithLabelValues(lv...)
 			}
 			c.tcp[*k] = s
 		}
@@ -194,7 +226,7 @@ func (c *seriesCache) sweepLocked(now time.Time, keep int) {
 	type cand struct {
 		used int64
 		h    *httpKey
-		t    *tcpKey
+		t    *tcpMapKey
 	}
 	var lru []cand
 	over := c.size() > keep
@@ -228,22 +260,50 @@ func (c *seriesCache) sweepLocked(now time.Time, keep int) {
 }
 
 func (c *seriesCache) deleteHTTP(k httpKey) {
+	s := c.http[k]
 	delete(c.http, k)
 	m, lv := c.m, k.lv[:]
-	m.requests.DeleteLabelValues(lv...)
-	m.duration.DeleteLabelValues(lv...)
-	m.reqBytes.DeleteLabelValues(lv...)
-	m.respBytes.DeleteLabelValues(lv...)
+	if s.requests != nil {
+		m.requests.DeleteLabelValues(lv...)
+	}
+	if s.duration != nil {
+		m.duration.DeleteLabelValues(lv...)
+	}
+	if s.reqBytes != nil {
+		m.reqBytes.DeleteLabelValues(lv...)
+	}
+	if s.respBytes != nil {
+		m.respBytes.DeleteLabelValues(lv...)
+	}
 	// The route series are ours and few (routes × codes): kept.
 }
 
-func (c *seriesCache) deleteTCP(k tcpKey) {
+func (c *seriesCache) deleteTCP(k tcpMapKey) {
+	s := c.tcp[k]
 	delete(c.tcp, k)
-	m, lv := c.m, k[:]
-	m.tcpOpened.DeleteLabelValues(lv...)
-	m.tcpClosed.DeleteLabelValues(lv...)
-	m.tcpSent.DeleteLabelValues(lv...)
-	m.tcpReceived.DeleteLabelValues(lv...)
+	m, lv := c.m, k.lv[:]
+	if s.opened != nil {
+		m.tcpOpened.DeleteLabelValues(lv...)
+	}
+	if s.closed != nil {
+		m.tcpClosed.DeleteLabelValues(lv...)
+	}
+	if s.sent != nil {
+		m.tcpSent.DeleteLabelValues(lv...)
+	}
+	if s.received != nil {
+		m.tcpReceived.DeleteLabelValues(lv...)
+	}
+}
+
+// flush forgets every label set (the series stay; the next request finds
+// its series again): Activate calls it after deleting the series of the
+// families whose overrides changed, so no entry keeps a deleted one.
+func (c *seriesCache) flush() {
+	c.mu.Lock()
+	c.http = map[httpKey]*httpSeries{}
+	c.tcp = map[tcpMapKey]*tcpSeries{}
+	c.mu.Unlock()
 }
 
 // sweeper runs the idle sweep when the registry is gathered (a scrape):

@@ -6,6 +6,7 @@ package telemetry
 import (
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -80,6 +81,13 @@ type Recorder struct {
 	m      *metrics
 	series *seriesCache
 	access *zap.Logger
+	log    *zap.Logger
+
+	mu     sync.Mutex
+	active [nFam]string           // Activate: the waypoint-wide overrides in force
+	files  map[string]*os.File    // access log files by path, opened once
+	otel   map[string]*otelExport // OTLP log exporters by collector and logger name
+	warned map[string]bool
 }
 
 // New registers the metrics with reg (nil: not registered) and writes the
@@ -92,7 +100,7 @@ func New(reg prometheus.Registerer, access *zap.Logger, lim Limits) (*Recorder, 
 		lim.Max = DefaultMaxSeries
 	}
 	m := newMetrics()
-	c := &seriesCache{limits: lim, now: time.Now, m: m, http: map[httpKey]*httpSeries{}, tcp: map[tcpKey]*tcpSeries{}}
+	c := &seriesCache{limits: lim, now: time.Now, m: m, http: map[httpKey]*httpSeries{}, tcp: map[tcpMapKey]*tcpSeries{}}
 	if reg != nil {
 		for _, col := range append(m.collectors(), sweeper{c}) {
 			if err := reg.Register(col); err != nil {
@@ -100,7 +108,7 @@ func New(reg prometheus.Registerer, access *zap.Logger, lim Limits) (*Recorder, 
 			}
 		}
 	}
-	return &Recorder{m: m, series: c, access: access}, nil
+	return &Recorder{m: m, series: c, access: access, log: access, files: map[string]*os.File{}, otel: map[string]*otelExport{}, warned: map[string]bool{}}, nil
 }
 
 // Peer names one end of a request for Istio's labels. Every value comes
@@ -139,6 +147,9 @@ type Entry struct {
 	Flags    string
 	Duration time.Duration
 	Sizes    Sizes
+	// Telemetry is the Telemetry API configuration of the request (the
+	// service's, else the waypoint's); nil: the default.
+	Telemetry *Config
 }
 
 // Stream is one accepted TCP stream's report: Done adds its bytes and
@@ -146,6 +157,7 @@ type Entry struct {
 type Stream struct {
 	rec  *Recorder
 	s    *tcpSeries
+	more []*tcpSeries // further groups under Telemetry overrides
 	once sync.Once
 }
 
@@ -156,11 +168,27 @@ func (st *Stream) Done(received, sent int64) {
 		return
 	}
 	st.once.Do(func() {
-		st.s.received.Add(float64(max(received, 0)))
-		st.s.sent.Add(float64(max(sent, 0)))
-		st.s.closed.Inc()
-		st.rec.series.release(st.s)
+		st.done(st.s, received, sent)
+		for _, s := range st.more {
+			st.done(s, received, sent)
+		}
 	})
+}
+
+func (st *Stream) done(s *tcpSeries, received, sent int64) {
+	if s == nil {
+		return
+	}
+	if s.received != nil {
+		s.received.Add(float64(max(received, 0)))
+	}
+	if s.sent != nil {
+		s.sent.Add(float64(max(sent, 0)))
+	}
+	if s.closed != nil {
+		s.closed.Inc()
+	}
+	st.rec.series.release(s)
 }
 
 // protocol is Istio's request_protocol: "grpc" for a gRPC content type
@@ -224,13 +252,21 @@ func (rec *Recorder) Record(ex *Entry) *Stream {
 		}
 		rec.m.denials.WithLabelValues(policy).Inc()
 	}
-	rec.log(ex, proto, code, flags, ex.Duration, ex.Sizes)
+	rec.logLine(ex, proto, code, flags, ex.Duration, ex.Sizes)
+	if c := ex.Telemetry; c != nil && len(c.logs) > 0 && c.logged(ex) {
+		for _, s := range c.logs {
+			s.write(ex, proto, flags)
+		}
+	}
 	return st
 }
 
 // count is Record's metrics: the series of ex's label set, found without
 // allocating once the label set was seen (TestCountAllocs).
 func (rec *Recorder) count(ex *Entry, proto, flags string) *Stream {
+	if c := ex.Telemetry; c != nil && c.custom {
+		return rec.countCustom(ex, proto, flags, c)
+	}
 	code, d, sizes := ex.Code, ex.Duration, ex.Sizes
 	var st *Stream
 	if ex.Attrs.HTTP {
@@ -256,7 +292,7 @@ func (rec *Recorder) count(ex *Entry, proto, flags string) *Stream {
 	} else {
 		var k tcpKey
 		tcpLabelValues(&k, ex, proto, flags)
-		ts := rec.series.tcpFor(&k)
+		ts := rec.series.tcpFor(&k, 0)
 		ts.opened.Inc()
 		st = &Stream{rec: rec, s: ts}
 		if code != http.StatusOK {
@@ -267,7 +303,74 @@ func (rec *Recorder) count(ex *Entry, proto, flags string) *Stream {
 	return st
 }
 
-func (rec *Recorder) log(ex *Entry, proto string, code int, flags string, d time.Duration, sizes Sizes) {
+// countCustom is count under Telemetry overrides: one series lookup per
+// group of families that share their label set; disabled families are
+// not counted.
+func (rec *Recorder) countCustom(ex *Entry, proto, flags string, c *Config) *Stream {
+	code, d, sizes := ex.Code, ex.Duration, ex.Sizes
+	if ex.Attrs.HTTP {
+		route := ex.Route
+		if route == "" {
+			route = "-"
+		}
+		var base httpKey
+		tcpLabelValues((*tcpKey)(base.lv[:nTCP]), ex, proto, flags)
+		base.lv[iCode] = codeLabel(code)
+		if proto == "grpc" {
+			base.lv[iCode+1] = grpcStatusLabel(ex.GRPCStatus, code)
+		}
+		base.route = route
+		ms := float64(d.Microseconds()) / 1000
+		for i := range c.httpGroups {
+			g := &c.httpGroups[i]
+			k := base
+			apply(k.lv[:], g.ops, ex)
+			k.mask = g.mask
+			hs := rec.series.httpFor(&k)
+			if hs.requests != nil {
+				hs.requests.Inc()
+			}
+			if hs.duration != nil {
+				hs.duration.Observe(ms)
+			}
+			if hs.reqBytes != nil {
+				hs.reqBytes.Observe(float64(sizes.Request))
+			}
+			if hs.respBytes != nil {
+				hs.respBytes.Observe(float64(sizes.Response))
+			}
+			if hs.routeRequests != nil {
+				hs.routeRequests.Inc()
+				hs.routeDuration.Observe(ms)
+			}
+		}
+		return nil
+	}
+	var base tcpKey
+	tcpLabelValues(&base, ex, proto, flags)
+	st := &Stream{rec: rec}
+	for i := range c.tcpGroups {
+		g := &c.tcpGroups[i]
+		k := base
+		apply(k[:], g.ops, ex)
+		ts := rec.series.tcpFor(&k, g.mask)
+		if ts.opened != nil {
+			ts.opened.Inc()
+		}
+		if st.s == nil {
+			st.s = ts
+		} else {
+			st.more = append(st.more, ts)
+		}
+	}
+	if code != http.StatusOK || st.s == nil {
+		st.Done(0, 0)
+		return nil
+	}
+	return st
+}
+
+func (rec *Recorder) logLine(ex *Entry, proto string, code int, flags string, d time.Duration, sizes Sizes) {
 	// Room for every field below: one allocation, no regrowth.
 	fields := append(make([]zap.Field, 0, 24),
 		zap.String("src.addr", ex.Src.String()), zap.String("src.identity", ex.Peer.String()),
