@@ -133,6 +133,10 @@ func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "waypoint-tu
 type metaKey struct{}
 type exKey struct{}
 
+// connectTimeoutKey: a request's DestinationRule connectTimeout, for the
+// transports' dials.
+type connectTimeoutKey struct{}
+
 func (w *Waypoint) initHTTP() {
 	w.httpLn = newConnListener()
 	proxy := &httputil.ReverseProxy{
@@ -146,8 +150,12 @@ func (w *Waypoint) initHTTP() {
 			ex.edit.Request(pr.Out, pr.Out.Header)
 		},
 		ModifyResponse: func(resp *http.Response) error {
-			if ex, ok := resp.Request.Context().Value(exKey{}).(*exchange); ok && ex.edit.ModifiesResponse() {
+			ex, ok := resp.Request.Context().Value(exKey{}).(*exchange)
+			if ok && ex.edit.ModifiesResponse() {
 				ex.edit.Response(resp.Header)
+			}
+			if ok && ex.setCookie != "" {
+				resp.Header.Add("Set-Cookie", ex.setCookie)
 			}
 			return nil
 		},
@@ -161,6 +169,10 @@ func (w *Waypoint) initHTTP() {
 		BufferPool:    &wire.BufferPool{},
 		ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
 			ex := r.Context().Value(exKey{}).(*exchange)
+			if isRefusal(err) {
+				answerRefusal(rw, r, ex, err) // a circuit breaker's overflow
+				return
+			}
 			ex.err = err
 			code := http.StatusServiceUnavailable
 			if errors.Is(err, context.DeadlineExceeded) {
@@ -216,6 +228,11 @@ func (w *Waypoint) initHTTP() {
 
 // dialUpstream opens an upstream connection for net/http's transports.
 func (w *Waypoint) dialUpstream(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+	if d, ok := ctx.Value(connectTimeoutKey{}).(time.Duration); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
 	if w.upstreamDial != nil {
 		return w.upstreamDial(ctx, ap, "")
 	}
@@ -276,7 +293,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	}
 	if err := w.decide(ex); err != nil {
 		code := answerRefusal(sw, r, ex, err)
-		record(code, flagFor(code), time.Since(start), sizes())
+		record(code, flagFor(code, err), time.Since(start), sizes())
 		return
 	}
 	if code, flags, done, why := w.router.InjectFault(ex.rule, sw, r); done {
@@ -309,7 +326,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	}
 	flags := ""
 	if ex.err != nil {
-		flags = flagFor(code)
+		flags = flagFor(code, ex.err)
 	}
 	record(code, flags, time.Since(start), sizes())
 }
@@ -406,6 +423,12 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		attempts += ex.rule.Retries()
 	}
 	var lastErr error
+	var retryHeld func() // a retry's place under maxRetries (circuit breaking)
+	defer func() {
+		if retryHeld != nil {
+			retryHeld()
+		}
+	}()
 	for i := 0; i < attempts; i++ {
 		req := r
 		if i > 0 {
@@ -415,6 +438,20 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			}
 			req = r.Clone(r.Context())
 			req.URL.Host = ex.target.String()
+		}
+		if pk := ex.picked; pk != nil {
+			if err := rt.w.router.Acquire(r.Context(), pk, ex.attrs.Service, base == rt.w.h2); err != nil {
+				return nil, err
+			}
+			if d := pk.ConnectTimeout(); d > 0 {
+				req = req.WithContext(context.WithValue(req.Context(), connectTimeoutKey{}, d))
+			}
+			if pk.MaxRequestsPerConnection() == 1 && base == rt.w.h1 {
+				if req == r {
+					req = r.WithContext(r.Context())
+				}
+				req.Close = true // keep-alive off, as Istio documents 1
+			}
 		}
 		if r.GetBody != nil {
 			// A body held in memory (holdSmallBody, mirroring) goes as
@@ -446,7 +483,16 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			resp.Body = &cancelRWBody{ReadWriteCloser: rwc, cancel: cancel}
 			return resp, nil
 		}
-		if err == nil && (last || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode)) {
+		if retryHeld != nil {
+			retryHeld() // the retry that just ended
+			retryHeld = nil
+		}
+		retry := !last && ex.rule != nil && (err != nil || ex.rule.RetryOn(resp.StatusCode))
+		if retry {
+			// maxRetries: a retry it refuses is not sent; the last answer stands.
+			retry, retryHeld = rt.w.router.RetryAdmit(ex.lastPicked)
+		}
+		if err == nil && !retry {
 			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 			return resp, nil
 		}
@@ -458,7 +504,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			lastErr = err
 		}
 		cancel()
-		if last {
+		if !retry {
 			break
 		}
 	}

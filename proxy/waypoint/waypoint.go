@@ -188,6 +188,8 @@ type exchange struct {
 	route       string
 	target      netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
+	lastPicked  *routing.Picked // the previous attempt's (a retry's circuit breaker)
+	setCookie   string          // a consistent hash's generated cookie, for the response
 	upstream    string
 	destination telemetry.Peer // the endpoint picked, for the stats step
 	err         error
@@ -243,7 +245,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 	if ex.attrs.HTTP && ex.svc != nil {
 		table = ex.svc.routes
 	}
-	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req, ex.peer.Namespace)
+	res, err := w.router.Route(ex.snap, ex.src, ex.dst, table, ex.req, ex.peer.Namespace)
 	if table != nil {
 		ex.rule, ex.edit = res.Rule, res.Edit
 		if res.Rule != nil {
@@ -253,7 +255,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 	if err != nil {
 		return err
 	}
-	ex.picked = res.Picked
+	ex.picked, ex.setCookie = res.Picked, res.SetCookie
 	if w := res.DstWorkload; w != nil {
 		ex.destination = telemetry.Peer{Workload: res.DstName, Namespace: res.DstNamespace, Principal: res.DstPrincipal,
 			CanonicalService: w.CanonicalName, CanonicalRevision: w.CanonicalRevision, Cluster: w.ClusterID}
@@ -269,7 +271,7 @@ func (w *Waypoint) endpointDone(ctx context.Context, ex *exchange, resp *http.Re
 	if pk == nil {
 		return
 	}
-	ex.picked = nil
+	ex.picked, ex.lastPicked = nil, pk
 	w.router.Done(ctx, pk, ex.route, resp, err)
 }
 
@@ -342,7 +344,7 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 			code = nr.Code
 		}
 		ex.err = err
-		w.record(ex, code, flagFor(code), time.Since(start), telemetry.Sizes{})
+		w.record(ex, code, flagFor(code, err), time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: code}
 	}
 	up, err := w.dial(ctx, ex.target, hbone.BuildForwarded(ex.src, ex.attrs.Service))
@@ -393,7 +395,13 @@ func sourcePeer(snap *state.Snapshot, ip netip.Addr, peer identity.Identity, bg 
 	return telemetry.Peer{Namespace: peer.Namespace}
 }
 
-func flagFor(code int) string {
+// flagFor is the response flag of an answer with code, whose cause is err
+// (a *stream.Refusal may name its own flag).
+func flagFor(code int, err error) string {
+	var nr *stream.Refusal
+	if errors.As(err, &nr) && nr.Flag != "" {
+		return nr.Flag
+	}
 	switch code {
 	case http.StatusForbidden:
 		return "RBAC"

@@ -475,6 +475,58 @@ func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
 	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{26, 0}
 }
 
+type ConsistentHash_Key int32
+
+const (
+	ConsistentHash_HEADER          ConsistentHash_Key = 0
+	ConsistentHash_COOKIE          ConsistentHash_Key = 1
+	ConsistentHash_SOURCE_IP       ConsistentHash_Key = 2
+	ConsistentHash_QUERY_PARAMETER ConsistentHash_Key = 3
+)
+
+// Enum value maps for ConsistentHash_Key.
+var (
+	ConsistentHash_Key_name = map[int32]string{
+		0: "HEADER",
+		1: "COOKIE",
+		2: "SOURCE_IP",
+		3: "QUERY_PARAMETER",
+	}
+	ConsistentHash_Key_value = map[string]int32{
+		"HEADER":          0,
+		"COOKIE":          1,
+		"SOURCE_IP":       2,
+		"QUERY_PARAMETER": 3,
+	}
+)
+
+func (x ConsistentHash_Key) Enum() *ConsistentHash_Key {
+	p := new(ConsistentHash_Key)
+	*p = x
+	return p
+}
+
+func (x ConsistentHash_Key) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ConsistentHash_Key) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[8].Descriptor()
+}
+
+func (ConsistentHash_Key) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[8]
+}
+
+func (x ConsistentHash_Key) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ConsistentHash_Key.Descriptor instead.
+func (ConsistentHash_Key) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32, 0}
+}
+
 // Config is everything one waypoint enforces.
 type Config struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3007,8 +3059,21 @@ type TrafficPolicy struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	LoadBalancer     LoadBalancer           `protobuf:"varint,1,opt,name=load_balancer,json=loadBalancer,proto3,enum=ztunnelgo.waypoint.LoadBalancer" json:"load_balancer,omitempty"`
 	OutlierDetection *OutlierDetection      `protobuf:"bytes,2,opt,name=outlier_detection,json=outlierDetection,proto3" json:"outlier_detection,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// connection_pool is connectionPool as circuit breaking (nil: no limits).
+	ConnectionPool *ConnectionPool `protobuf:"bytes,3,opt,name=connection_pool,json=connectionPool,proto3" json:"connection_pool,omitempty"`
+	// consistent_hash is loadBalancer.consistentHash (nil: load_balancer).
+	ConsistentHash *ConsistentHash `protobuf:"bytes,4,opt,name=consistent_hash,json=consistentHash,proto3" json:"consistent_hash,omitempty"`
+	// locality is localityLbSetting as Istio applies it (nil: every endpoint
+	// has the same priority and weight). The control plane sets it only when
+	// it is in effect: distribute always, failover only with outlier
+	// detection, as Istio requires.
+	Locality *LocalityLb `protobuf:"bytes,5,opt,name=locality,proto3" json:"locality,omitempty"`
+	// port_policies are portLevelSettings merged as Istio merges them, by
+	// service port: a request to a port listed here uses that policy
+	// instead of this one's fields.
+	PortPolicies  map[uint32]*TrafficPolicy `protobuf:"bytes,6,rep,name=port_policies,json=portPolicies,proto3" json:"port_policies,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TrafficPolicy) Reset() {
@@ -3055,6 +3120,409 @@ func (x *TrafficPolicy) GetOutlierDetection() *OutlierDetection {
 	return nil
 }
 
+func (x *TrafficPolicy) GetConnectionPool() *ConnectionPool {
+	if x != nil {
+		return x.ConnectionPool
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetConsistentHash() *ConsistentHash {
+	if x != nil {
+		return x.ConsistentHash
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetLocality() *LocalityLb {
+	if x != nil {
+		return x.Locality
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetPortPolicies() map[uint32]*TrafficPolicy {
+	if x != nil {
+		return x.PortPolicies
+	}
+	return nil
+}
+
+// ConnectionPool is DestinationRule connectionPool, Envoy's circuit
+// breakers per cluster (host, subset, port). 0 in a limit: no limit.
+type ConnectionPool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// max_connections is tcp.maxConnections: upstream HTTP/1.1 connections
+	// in use at once.
+	MaxConnections uint32 `protobuf:"varint,1,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"`
+	// connect_timeout_ms is tcp.connectTimeout (0: the waypoint's default).
+	ConnectTimeoutMs uint32 `protobuf:"varint,2,opt,name=connect_timeout_ms,json=connectTimeoutMs,proto3" json:"connect_timeout_ms,omitempty"`
+	// max_pending_requests is http.http1MaxPendingRequests: requests waiting
+	// for a connection while max_connections are in use.
+	MaxPendingRequests uint32 `protobuf:"varint,3,opt,name=max_pending_requests,json=maxPendingRequests,proto3" json:"max_pending_requests,omitempty"`
+	// max_requests is http.http2MaxRequests: requests in flight at once.
+	MaxRequests uint32 `protobuf:"varint,4,opt,name=max_requests,json=maxRequests,proto3" json:"max_requests,omitempty"`
+	// max_requests_per_connection is http.maxRequestsPerConnection.
+	MaxRequestsPerConnection uint32 `protobuf:"varint,5,opt,name=max_requests_per_connection,json=maxRequestsPerConnection,proto3" json:"max_requests_per_connection,omitempty"`
+	// max_retries is http.maxRetries: retries in flight at once.
+	MaxRetries uint32 `protobuf:"varint,6,opt,name=max_retries,json=maxRetries,proto3" json:"max_retries,omitempty"`
+	// idle_timeout_ms is http.idleTimeout of upstream connections (0: the
+	// waypoint's default).
+	IdleTimeoutMs uint32 `protobuf:"varint,7,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectionPool) Reset() {
+	*x = ConnectionPool{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectionPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectionPool) ProtoMessage() {}
+
+func (x *ConnectionPool) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectionPool.ProtoReflect.Descriptor instead.
+func (*ConnectionPool) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ConnectionPool) GetMaxConnections() uint32 {
+	if x != nil {
+		return x.MaxConnections
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetConnectTimeoutMs() uint32 {
+	if x != nil {
+		return x.ConnectTimeoutMs
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxPendingRequests() uint32 {
+	if x != nil {
+		return x.MaxPendingRequests
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxRequests() uint32 {
+	if x != nil {
+		return x.MaxRequests
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxRequestsPerConnection() uint32 {
+	if x != nil {
+		return x.MaxRequestsPerConnection
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxRetries() uint32 {
+	if x != nil {
+		return x.MaxRetries
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetIdleTimeoutMs() uint32 {
+	if x != nil {
+		return x.IdleTimeoutMs
+	}
+	return 0
+}
+
+// ConsistentHash is loadBalancer.consistentHash.
+type ConsistentHash struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   ConsistentHash_Key     `protobuf:"varint,1,opt,name=key,proto3,enum=ztunnelgo.waypoint.ConsistentHash_Key" json:"key,omitempty"`
+	// name of the header, cookie or query parameter.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// cookie_path and cookie_ttl_ms: the cookie the waypoint sets when it is
+	// absent (generate_cookie); only when cookie_ttl_set (ttl 0: a session
+	// cookie).
+	CookiePath   string `protobuf:"bytes,3,opt,name=cookie_path,json=cookiePath,proto3" json:"cookie_path,omitempty"`
+	CookieTtlSet bool   `protobuf:"varint,4,opt,name=cookie_ttl_set,json=cookieTtlSet,proto3" json:"cookie_ttl_set,omitempty"`
+	CookieTtlMs  uint64 `protobuf:"varint,5,opt,name=cookie_ttl_ms,json=cookieTtlMs,proto3" json:"cookie_ttl_ms,omitempty"`
+	// maglev: Maglev with table_size entries, else a ring hash with at least
+	// table_size entries (0: Envoy's defaults, 65537 and 1024).
+	Maglev        bool   `protobuf:"varint,6,opt,name=maglev,proto3" json:"maglev,omitempty"`
+	TableSize     uint64 `protobuf:"varint,7,opt,name=table_size,json=tableSize,proto3" json:"table_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsistentHash) Reset() {
+	*x = ConsistentHash{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsistentHash) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsistentHash) ProtoMessage() {}
+
+func (x *ConsistentHash) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsistentHash.ProtoReflect.Descriptor instead.
+func (*ConsistentHash) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ConsistentHash) GetKey() ConsistentHash_Key {
+	if x != nil {
+		return x.Key
+	}
+	return ConsistentHash_HEADER
+}
+
+func (x *ConsistentHash) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ConsistentHash) GetCookiePath() string {
+	if x != nil {
+		return x.CookiePath
+	}
+	return ""
+}
+
+func (x *ConsistentHash) GetCookieTtlSet() bool {
+	if x != nil {
+		return x.CookieTtlSet
+	}
+	return false
+}
+
+func (x *ConsistentHash) GetCookieTtlMs() uint64 {
+	if x != nil {
+		return x.CookieTtlMs
+	}
+	return 0
+}
+
+func (x *ConsistentHash) GetMaglev() bool {
+	if x != nil {
+		return x.Maglev
+	}
+	return false
+}
+
+func (x *ConsistentHash) GetTableSize() uint64 {
+	if x != nil {
+		return x.TableSize
+	}
+	return 0
+}
+
+// LocalityLb is localityLbSetting: the waypoint ranks endpoints by its own
+// locality (from the workload API).
+type LocalityLb struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// distribute: locality weights (Istio's applyLocalityWeights); when one
+	// entry's from matches the waypoint's locality, failover is not used.
+	Distribute []*LocalityDistribute `protobuf:"bytes,1,rep,name=distribute,proto3" json:"distribute,omitempty"`
+	// failover: region "from" fails over to region "to" first.
+	Failover []*LocalityFailover `protobuf:"bytes,2,rep,name=failover,proto3" json:"failover,omitempty"`
+	// failover_priority: endpoint priorities by these labels of the
+	// waypoint and the endpoint (only the locality and network labels);
+	// empty: by region, zone and subzone.
+	FailoverPriority []string `protobuf:"bytes,3,rep,name=failover_priority,json=failoverPriority,proto3" json:"failover_priority,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *LocalityLb) Reset() {
+	*x = LocalityLb{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalityLb) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalityLb) ProtoMessage() {}
+
+func (x *LocalityLb) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalityLb.ProtoReflect.Descriptor instead.
+func (*LocalityLb) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *LocalityLb) GetDistribute() []*LocalityDistribute {
+	if x != nil {
+		return x.Distribute
+	}
+	return nil
+}
+
+func (x *LocalityLb) GetFailover() []*LocalityFailover {
+	if x != nil {
+		return x.Failover
+	}
+	return nil
+}
+
+func (x *LocalityLb) GetFailoverPriority() []string {
+	if x != nil {
+		return x.FailoverPriority
+	}
+	return nil
+}
+
+type LocalityDistribute struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            map[string]uint32      `protobuf:"bytes,2,rep,name=to,proto3" json:"to,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalityDistribute) Reset() {
+	*x = LocalityDistribute{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalityDistribute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalityDistribute) ProtoMessage() {}
+
+func (x *LocalityDistribute) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalityDistribute.ProtoReflect.Descriptor instead.
+func (*LocalityDistribute) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *LocalityDistribute) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *LocalityDistribute) GetTo() map[string]uint32 {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type LocalityFailover struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalityFailover) Reset() {
+	*x = LocalityFailover{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalityFailover) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalityFailover) ProtoMessage() {}
+
+func (x *LocalityFailover) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalityFailover.ProtoReflect.Descriptor instead.
+func (*LocalityFailover) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *LocalityFailover) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *LocalityFailover) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
 // OutlierDetection ejects an endpoint after consecutive errors.
 type OutlierDetection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3070,7 +3538,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3550,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3563,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -3148,7 +3616,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3160,7 +3628,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3173,7 +3641,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -3430,10 +3898,59 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x19response_header_modifiers\x18\f \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x17responseHeaderModifiers\x1a?\n" +
 	"\x11SubsetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbd\x04\n" +
 	"\rTrafficPolicy\x12E\n" +
 	"\rload_balancer\x18\x01 \x01(\x0e2 .ztunnelgo.waypoint.LoadBalancerR\floadBalancer\x12Q\n" +
-	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\"\x92\x02\n" +
+	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\x12K\n" +
+	"\x0fconnection_pool\x18\x03 \x01(\v2\".ztunnelgo.waypoint.ConnectionPoolR\x0econnectionPool\x12K\n" +
+	"\x0fconsistent_hash\x18\x04 \x01(\v2\".ztunnelgo.waypoint.ConsistentHashR\x0econsistentHash\x12:\n" +
+	"\blocality\x18\x05 \x01(\v2\x1e.ztunnelgo.waypoint.LocalityLbR\blocality\x12X\n" +
+	"\rport_policies\x18\x06 \x03(\v23.ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntryR\fportPolicies\x1ab\n" +
+	"\x11PortPoliciesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\rR\x03key\x127\n" +
+	"\x05value\x18\x02 \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\x05value:\x028\x01\"\xc4\x02\n" +
+	"\x0eConnectionPool\x12'\n" +
+	"\x0fmax_connections\x18\x01 \x01(\rR\x0emaxConnections\x12,\n" +
+	"\x12connect_timeout_ms\x18\x02 \x01(\rR\x10connectTimeoutMs\x120\n" +
+	"\x14max_pending_requests\x18\x03 \x01(\rR\x12maxPendingRequests\x12!\n" +
+	"\fmax_requests\x18\x04 \x01(\rR\vmaxRequests\x12=\n" +
+	"\x1bmax_requests_per_connection\x18\x05 \x01(\rR\x18maxRequestsPerConnection\x12\x1f\n" +
+	"\vmax_retries\x18\x06 \x01(\rR\n" +
+	"maxRetries\x12&\n" +
+	"\x0fidle_timeout_ms\x18\a \x01(\rR\ridleTimeoutMs\"\xc3\x02\n" +
+	"\x0eConsistentHash\x128\n" +
+	"\x03key\x18\x01 \x01(\x0e2&.ztunnelgo.waypoint.ConsistentHash.KeyR\x03key\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
+	"\vcookie_path\x18\x03 \x01(\tR\n" +
+	"cookiePath\x12$\n" +
+	"\x0ecookie_ttl_set\x18\x04 \x01(\bR\fcookieTtlSet\x12\"\n" +
+	"\rcookie_ttl_ms\x18\x05 \x01(\x04R\vcookieTtlMs\x12\x16\n" +
+	"\x06maglev\x18\x06 \x01(\bR\x06maglev\x12\x1d\n" +
+	"\n" +
+	"table_size\x18\a \x01(\x04R\ttableSize\"A\n" +
+	"\x03Key\x12\n" +
+	"\n" +
+	"\x06HEADER\x10\x00\x12\n" +
+	"\n" +
+	"\x06COOKIE\x10\x01\x12\r\n" +
+	"\tSOURCE_IP\x10\x02\x12\x13\n" +
+	"\x0fQUERY_PARAMETER\x10\x03\"\xc3\x01\n" +
+	"\n" +
+	"LocalityLb\x12F\n" +
+	"\n" +
+	"distribute\x18\x01 \x03(\v2&.ztunnelgo.waypoint.LocalityDistributeR\n" +
+	"distribute\x12@\n" +
+	"\bfailover\x18\x02 \x03(\v2$.ztunnelgo.waypoint.LocalityFailoverR\bfailover\x12+\n" +
+	"\x11failover_priority\x18\x03 \x03(\tR\x10failoverPriority\"\x9f\x01\n" +
+	"\x12LocalityDistribute\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12>\n" +
+	"\x02to\x18\x02 \x03(\v2..ztunnelgo.waypoint.LocalityDistribute.ToEntryR\x02to\x1a5\n" +
+	"\aToEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"6\n" +
+	"\x10LocalityFailover\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"\x92\x02\n" +
 	"\x10OutlierDetection\x12:\n" +
 	"\x19consecutive_server_errors\x18\x01 \x01(\rR\x17consecutiveServerErrors\x12<\n" +
 	"\x1aconsecutive_gateway_errors\x18\x02 \x01(\rR\x18consecutiveGatewayErrors\x12\x1f\n" +
@@ -3479,128 +3996,145 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 	return file_waypointapi_waypoint_proto_rawDescData
 }
 
-var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_waypointapi_waypoint_proto_goTypes = []any{
-	(PathNormalization)(0),   // 0: ztunnelgo.waypoint.PathNormalization
-	(Protocol)(0),            // 1: ztunnelgo.waypoint.Protocol
-	(Action)(0),              // 2: ztunnelgo.waypoint.Action
-	(LoadBalancer)(0),        // 3: ztunnelgo.waypoint.LoadBalancer
-	(Cors_Unmatched)(0),      // 4: ztunnelgo.waypoint.Cors.Unmatched
-	(PathModifier_Type)(0),   // 5: ztunnelgo.waypoint.PathModifier.Type
-	(Redirect_PortRule)(0),   // 6: ztunnelgo.waypoint.Redirect.PortRule
-	(PathMatch_Type)(0),      // 7: ztunnelgo.waypoint.PathMatch.Type
-	(*Config)(nil),           // 8: ztunnelgo.waypoint.Config
-	(*RequestAuthn)(nil),     // 9: ztunnelgo.waypoint.RequestAuthn
-	(*JwtRule)(nil),          // 10: ztunnelgo.waypoint.JwtRule
-	(*JwtHeader)(nil),        // 11: ztunnelgo.waypoint.JwtHeader
-	(*ClaimToHeader)(nil),    // 12: ztunnelgo.waypoint.ClaimToHeader
-	(*Service)(nil),          // 13: ztunnelgo.waypoint.Service
-	(*Port)(nil),             // 14: ztunnelgo.waypoint.Port
-	(*Workload)(nil),         // 15: ztunnelgo.waypoint.Workload
-	(*Policy)(nil),           // 16: ztunnelgo.waypoint.Policy
-	(*Rule)(nil),             // 17: ztunnelgo.waypoint.Rule
-	(*Source)(nil),           // 18: ztunnelgo.waypoint.Source
-	(*ServiceAccount)(nil),   // 19: ztunnelgo.waypoint.ServiceAccount
-	(*Operation)(nil),        // 20: ztunnelgo.waypoint.Operation
-	(*Condition)(nil),        // 21: ztunnelgo.waypoint.Condition
-	(*Cidr)(nil),             // 22: ztunnelgo.waypoint.Cidr
-	(*StringMatch)(nil),      // 23: ztunnelgo.waypoint.StringMatch
-	(*Route)(nil),            // 24: ztunnelgo.waypoint.Route
-	(*RouteRule)(nil),        // 25: ztunnelgo.waypoint.RouteRule
-	(*Cors)(nil),             // 26: ztunnelgo.waypoint.Cors
-	(*PathModifier)(nil),     // 27: ztunnelgo.waypoint.PathModifier
-	(*Rewrite)(nil),          // 28: ztunnelgo.waypoint.Rewrite
-	(*Redirect)(nil),         // 29: ztunnelgo.waypoint.Redirect
-	(*DirectResponse)(nil),   // 30: ztunnelgo.waypoint.DirectResponse
-	(*Fault)(nil),            // 31: ztunnelgo.waypoint.Fault
-	(*Mirror)(nil),           // 32: ztunnelgo.waypoint.Mirror
-	(*RouteMatch)(nil),       // 33: ztunnelgo.waypoint.RouteMatch
-	(*PathMatch)(nil),        // 34: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),      // 35: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil),   // 36: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),          // 37: ztunnelgo.waypoint.Backend
-	(*TrafficPolicy)(nil),    // 38: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil), // 39: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),            // 40: ztunnelgo.waypoint.Retry
-	nil,                      // 41: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                      // 42: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                      // 43: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	(PathNormalization)(0),     // 0: ztunnelgo.waypoint.PathNormalization
+	(Protocol)(0),              // 1: ztunnelgo.waypoint.Protocol
+	(Action)(0),                // 2: ztunnelgo.waypoint.Action
+	(LoadBalancer)(0),          // 3: ztunnelgo.waypoint.LoadBalancer
+	(Cors_Unmatched)(0),        // 4: ztunnelgo.waypoint.Cors.Unmatched
+	(PathModifier_Type)(0),     // 5: ztunnelgo.waypoint.PathModifier.Type
+	(Redirect_PortRule)(0),     // 6: ztunnelgo.waypoint.Redirect.PortRule
+	(PathMatch_Type)(0),        // 7: ztunnelgo.waypoint.PathMatch.Type
+	(ConsistentHash_Key)(0),    // 8: ztunnelgo.waypoint.ConsistentHash.Key
+	(*Config)(nil),             // 9: ztunnelgo.waypoint.Config
+	(*RequestAuthn)(nil),       // 10: ztunnelgo.waypoint.RequestAuthn
+	(*JwtRule)(nil),            // 11: ztunnelgo.waypoint.JwtRule
+	(*JwtHeader)(nil),          // 12: ztunnelgo.waypoint.JwtHeader
+	(*ClaimToHeader)(nil),      // 13: ztunnelgo.waypoint.ClaimToHeader
+	(*Service)(nil),            // 14: ztunnelgo.waypoint.Service
+	(*Port)(nil),               // 15: ztunnelgo.waypoint.Port
+	(*Workload)(nil),           // 16: ztunnelgo.waypoint.Workload
+	(*Policy)(nil),             // 17: ztunnelgo.waypoint.Policy
+	(*Rule)(nil),               // 18: ztunnelgo.waypoint.Rule
+	(*Source)(nil),             // 19: ztunnelgo.waypoint.Source
+	(*ServiceAccount)(nil),     // 20: ztunnelgo.waypoint.ServiceAccount
+	(*Operation)(nil),          // 21: ztunnelgo.waypoint.Operation
+	(*Condition)(nil),          // 22: ztunnelgo.waypoint.Condition
+	(*Cidr)(nil),               // 23: ztunnelgo.waypoint.Cidr
+	(*StringMatch)(nil),        // 24: ztunnelgo.waypoint.StringMatch
+	(*Route)(nil),              // 25: ztunnelgo.waypoint.Route
+	(*RouteRule)(nil),          // 26: ztunnelgo.waypoint.RouteRule
+	(*Cors)(nil),               // 27: ztunnelgo.waypoint.Cors
+	(*PathModifier)(nil),       // 28: ztunnelgo.waypoint.PathModifier
+	(*Rewrite)(nil),            // 29: ztunnelgo.waypoint.Rewrite
+	(*Redirect)(nil),           // 30: ztunnelgo.waypoint.Redirect
+	(*DirectResponse)(nil),     // 31: ztunnelgo.waypoint.DirectResponse
+	(*Fault)(nil),              // 32: ztunnelgo.waypoint.Fault
+	(*Mirror)(nil),             // 33: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),         // 34: ztunnelgo.waypoint.RouteMatch
+	(*PathMatch)(nil),          // 35: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),        // 36: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),     // 37: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),            // 38: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),      // 39: ztunnelgo.waypoint.TrafficPolicy
+	(*ConnectionPool)(nil),     // 40: ztunnelgo.waypoint.ConnectionPool
+	(*ConsistentHash)(nil),     // 41: ztunnelgo.waypoint.ConsistentHash
+	(*LocalityLb)(nil),         // 42: ztunnelgo.waypoint.LocalityLb
+	(*LocalityDistribute)(nil), // 43: ztunnelgo.waypoint.LocalityDistribute
+	(*LocalityFailover)(nil),   // 44: ztunnelgo.waypoint.LocalityFailover
+	(*OutlierDetection)(nil),   // 45: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),              // 46: ztunnelgo.waypoint.Retry
+	nil,                        // 47: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                        // 48: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                        // 49: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	nil,                        // 50: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
+	nil,                        // 51: ztunnelgo.waypoint.LocalityDistribute.ToEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
-	13, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
-	15, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
-	16, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
-	9,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
+	14, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
+	16, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
+	17, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
+	10, // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
 	0,  // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
-	10, // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
-	11, // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
-	12, // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
-	14, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
-	24, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
+	11, // 5: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
+	12, // 6: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
+	13, // 7: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
+	15, // 8: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
+	25, // 9: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
 	1,  // 10: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
 	2,  // 11: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	17, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	18, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	20, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	21, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	23, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	22, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	22, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	22, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	22, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	23, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	19, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	19, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	23, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	25, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	33, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	36, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	37, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	40, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	32, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	31, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	36, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	28, // 46: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
-	29, // 47: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
-	30, // 48: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
-	26, // 49: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
+	18, // 12: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	19, // 13: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	21, // 14: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	22, // 15: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	24, // 16: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 17: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 18: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 19: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	23, // 20: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	23, // 21: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	23, // 22: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	23, // 23: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	24, // 24: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 25: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	20, // 26: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	20, // 27: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	24, // 28: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 29: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 30: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 31: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 32: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 33: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 34: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 35: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 36: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	24, // 37: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	26, // 38: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	34, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	37, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	38, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	46, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	33, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	32, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	37, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	29, // 46: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
+	30, // 47: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
+	31, // 48: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
+	27, // 49: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
 	4,  // 50: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
 	5,  // 51: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
-	27, // 52: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
-	27, // 53: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
+	28, // 52: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
+	28, // 53: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
 	6,  // 54: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
-	37, // 55: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	34, // 56: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	35, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	35, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	38, // 55: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	35, // 56: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	36, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	36, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
 	7,  // 59: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	41, // 60: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	42, // 61: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	43, // 62: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	38, // 63: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	36, // 64: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	36, // 65: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	47, // 60: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	48, // 61: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	49, // 62: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	39, // 63: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	37, // 64: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	37, // 65: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	3,  // 66: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	39, // 67: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	68, // [68:68] is the sub-list for method output_type
-	68, // [68:68] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	45, // 67: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	40, // 68: ztunnelgo.waypoint.TrafficPolicy.connection_pool:type_name -> ztunnelgo.waypoint.ConnectionPool
+	41, // 69: ztunnelgo.waypoint.TrafficPolicy.consistent_hash:type_name -> ztunnelgo.waypoint.ConsistentHash
+	42, // 70: ztunnelgo.waypoint.TrafficPolicy.locality:type_name -> ztunnelgo.waypoint.LocalityLb
+	50, // 71: ztunnelgo.waypoint.TrafficPolicy.port_policies:type_name -> ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
+	8,  // 72: ztunnelgo.waypoint.ConsistentHash.key:type_name -> ztunnelgo.waypoint.ConsistentHash.Key
+	43, // 73: ztunnelgo.waypoint.LocalityLb.distribute:type_name -> ztunnelgo.waypoint.LocalityDistribute
+	44, // 74: ztunnelgo.waypoint.LocalityLb.failover:type_name -> ztunnelgo.waypoint.LocalityFailover
+	51, // 75: ztunnelgo.waypoint.LocalityDistribute.to:type_name -> ztunnelgo.waypoint.LocalityDistribute.ToEntry
+	39, // 76: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry.value:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	77, // [77:77] is the sub-list for method output_type
+	77, // [77:77] is the sub-list for method input_type
+	77, // [77:77] is the sub-list for extension type_name
+	77, // [77:77] is the sub-list for extension extendee
+	0,  // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -3619,8 +4153,8 @@ func file_waypointapi_waypoint_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   36,
+			NumEnums:      9,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -132,6 +132,7 @@ func (o *outlierPolicy) record(p *pool, st *endpointStats, oc outcome, now int64
 // neither (the attempt never went upstream) it only stops counting.
 func (rt *Router) Done(ctx context.Context, pk *Picked, route string, resp *http.Response, err error) {
 	pk.st.active.Add(-1)
+	pk.release()
 	if pk.outlier == nil || resp == nil && err == nil {
 		return
 	}
