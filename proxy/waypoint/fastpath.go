@@ -233,6 +233,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 				ex.err, keep = err, false
 			}
 			fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+			ex.lastPicked.Release() // the response is through
 			if ex.grpcStatus = resp.Trailer.Get("Grpc-Status"); ex.grpcStatus == "" {
 				ex.grpcStatus = resp.Header.Get("Grpc-Status")
 			}
@@ -243,6 +244,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		reuse := err == nil && !resp.Close && wire.IsEOF(resp.Body)
 		fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+		ex.lastPicked.Release()
 		lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
 	}
 	if retryHeld != nil {

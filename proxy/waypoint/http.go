@@ -24,6 +24,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
 )
@@ -481,6 +482,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			// An upgrade: ReverseProxy needs a body it can write to (the
 			// connection itself, as the Transport hands it over).
 			resp.Body = &cancelRWBody{ReadWriteCloser: rwc, cancel: cancel}
+			ex.lastPicked.Release()
 			return resp, nil
 		}
 		if retryHeld != nil {
@@ -493,12 +495,13 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			retry, retryHeld = rt.w.router.RetryAdmit(ex.lastPicked)
 		}
 		if err == nil && !retry {
-			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, picked: ex.lastPicked}
 			return resp, nil
 		}
 		if err == nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
+			ex.lastPicked.Release()
 			lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
 		} else {
 			lastErr = err
@@ -514,11 +517,13 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 type cancelBody struct {
 	io.ReadCloser
 	cancel context.CancelFunc
+	picked *routing.Picked // released when the body is through (circuit breakers)
 }
 
 func (b *cancelBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel()
+	b.picked.Release()
 	return err
 }
 

@@ -141,6 +141,14 @@ func (rt *Router) RetryAdmit(prev *Picked) (ok bool, release func()) {
 	return true, func() { cb.retries.Add(-1) }
 }
 
+// Release ends an attempt's place under its pool's circuit breakers once
+// its response is through (see Router.Done); nil, or again, does nothing.
+func (pk *Picked) Release() {
+	if pk != nil {
+		pk.release()
+	}
+}
+
 // release gives back what pk held of its pool's breakers.
 func (pk *Picked) release() {
 	if pk.request {

@@ -1,11 +1,13 @@
 package routing
 
 import (
+	"context"
 	"errors"
 	"net/http/httptest"
 	"net/netip"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
@@ -164,5 +166,39 @@ func TestCircuitBreaker(t *testing.T) {
 	rel()
 	if ok, _ := rt.RetryAdmit(prev); !ok {
 		t.Error("a retry after the first ended was refused")
+	}
+}
+
+// TestCircuitBreakerPending: with maxConnections 1 and
+// http1MaxPendingRequests 1, a second attempt waits for the connection, a
+// third overflows (UO), and the waiting one proceeds once the first is
+// released.
+func TestCircuitBreakerPending(t *testing.T) {
+	l := compileLimits(&waypointapi.ConnectionPool{MaxConnections: 1, MaxPendingRequests: 1})
+	p := &pool{}
+	var rt Router
+	first, second, third := &Picked{pool: p, limits: l}, &Picked{pool: p, limits: l}, &Picked{pool: p, limits: l}
+	if err := rt.Acquire(context.Background(), first, "h", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Acquire(context.Background(), &Picked{pool: p, limits: l}, "h", true); err != nil {
+		t.Errorf("an HTTP/2 stream waited for a connection: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- rt.Acquire(context.Background(), second, "h", false) }()
+	for p.cb.pending.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	var nr *stream.Refusal
+	if err := rt.Acquire(context.Background(), third, "h", false); !errors.As(err, &nr) || nr.Flag != "UO" {
+		t.Fatalf("third attempt: %v, want an overflow", err)
+	}
+	first.Release()
+	if err := <-got; err != nil {
+		t.Fatalf("the pending attempt: %v", err)
+	}
+	second.Release()
+	if n := len(p.cb.slots); n != 0 {
+		t.Errorf("%d connections held after every release", n)
 	}
 }
