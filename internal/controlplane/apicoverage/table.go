@@ -499,7 +499,7 @@ func policyFieldEntries(p string) []Entry {
 		ref(lb+".consistentHash.httpCookie.attributes[]", "TestDestinationRuleRefusals", destAnswers500),
 		enf(lb+".consistentHash.maglev", "TestConsistentHash", "tableSize must be a prime, as Envoy requires; others are refused"),
 		enf(lb+".consistentHash.ringHash", "TestConsistentHash", "each endpoint at ceil(minimumRingSize/n) points, as Envoy"),
-		enf(lb+".localityLbSetting", "TestLocalityFailover",
+		enf(lb+".localityLbSetting", "TestWaypointLocalityFailover",
 			"from the waypoint's own locality in the workload API; failover needs outlierDetection as in Istio, and with it applies by default; Envoy's priority load with overprovisioning 1.4"),
 		enf(lb+".localityLbSetting.failoverPriority[]", "TestDestinationRuleRefusals",
 			"the labels topology.istio.io/network, topology.kubernetes.io/region, topology.kubernetes.io/zone and topology.istio.io/subzone (from the workload API); other labels, and failoverPriority with failover, are refused and requests to the destination answer 500"),
