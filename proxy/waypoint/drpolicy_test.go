@@ -2,9 +2,14 @@ package waypoint
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
@@ -49,5 +54,58 @@ func routeAllocs(t *testing.T, backend *waypointapi.Backend, want float64) {
 		if got := testing.AllocsPerRun(200, route); got != want {
 			t.Errorf("%v allocations per request, want %v", got, want)
 		}
+	}
+}
+
+// TestLimitedTransports: on net/http's path, maxRequestsPerConnection
+// closes an upstream HTTP/1.1 connection after that many requests, and
+// http.idleTimeout closes one idle that long.
+func TestLimitedTransports(t *testing.T) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(rw, "ok") }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	addr := srv.Listener.Addr().String()
+	w := &Waypoint{upstreamDial: func(ctx context.Context, _ netip.AddrPort, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}}
+	t.Cleanup(w.closeLimited)
+	send := func(tr http.RoundTripper, maxUses int) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
+		var last *usedConn
+		if maxUses > 1 {
+			req = countUses(req, maxUses, &last)
+		}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if last != nil {
+			last.Close()
+		}
+	}
+	lt := w.transportsFor(connLimits{maxUses: 2})
+	for range 6 {
+		send(lt.h1, 2)
+	}
+	if n := conns.Load(); n != 3 {
+		t.Errorf("6 requests with maxRequestsPerConnection 2 used %d connections, want 3", n)
+	}
+	conns.Store(0)
+	idle := w.transportsFor(connLimits{idle: 20 * time.Millisecond})
+	send(idle.h1, 0)
+	time.Sleep(200 * time.Millisecond)
+	send(idle.h1, 0)
+	if n := conns.Load(); n != 2 {
+		t.Errorf("two requests 200ms apart with idleTimeout 20ms used %d connections, want 2", n)
 	}
 }

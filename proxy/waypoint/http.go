@@ -424,7 +424,8 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		attempts += ex.rule.Retries()
 	}
 	var lastErr error
-	var retryHeld func() // a retry's place under maxRetries (circuit breaking)
+	var lastUse *usedConn // the connection that carried its maxRequestsPerConnection-th request
+	var retryHeld func()  // a retry's place under maxRetries (circuit breaking)
 	defer func() {
 		if retryHeld != nil {
 			retryHeld()
@@ -440,6 +441,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			req = r.Clone(r.Context())
 			req.URL.Host = ex.target.String()
 		}
+		tr := base // this attempt's transport
 		if pk := ex.picked; pk != nil {
 			if err := rt.w.router.Acquire(r.Context(), pk, ex.attrs.Service, base == rt.w.h2); err != nil {
 				return nil, err
@@ -447,11 +449,17 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			if d := pk.ConnectTimeout(); d > 0 {
 				req = req.WithContext(context.WithValue(req.Context(), connectTimeoutKey{}, d))
 			}
-			if pk.MaxRequestsPerConnection() == 1 && base == rt.w.h1 {
-				if req == r {
-					req = r.WithContext(r.Context())
+			if l := (connLimits{maxUses: pk.MaxRequestsPerConnection(), idle: pk.IdleTimeout()}); l != (connLimits{}) {
+				// Per-connection settings: transports of their own.
+				lt := rt.w.transportsFor(l)
+				if base == rt.w.h2 {
+					tr = lt.h2
+				} else {
+					tr = lt.h1
+					if l.maxUses > 1 {
+						req = countUses(req, l.maxUses, &lastUse)
+					}
 				}
-				req.Close = true // keep-alive off, as Istio documents 1
 			}
 		}
 		if r.GetBody != nil {
@@ -472,7 +480,7 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		if ex.rule != nil && ex.rule.PerTry() > 0 {
 			timer = time.AfterFunc(ex.rule.PerTry(), cancel)
 		}
-		resp, err := base.RoundTrip(req.WithContext(ctx))
+		resp, err := tr.RoundTrip(req.WithContext(ctx))
 		rt.w.endpointDone(r.Context(), ex, resp, err) // outlier detection
 		if timer != nil {
 			timer.Stop()
@@ -495,13 +503,17 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			retry, retryHeld = rt.w.router.RetryAdmit(ex.lastPicked)
 		}
 		if err == nil && !retry {
-			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, picked: ex.lastPicked}
+			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, picked: ex.lastPicked, last: lastUse}
 			return resp, nil
 		}
 		if err == nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
 			ex.lastPicked.Release()
+			if lastUse != nil {
+				lastUse.Close()
+				lastUse = nil
+			}
 			lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
 		} else {
 			lastErr = err
@@ -518,12 +530,16 @@ type cancelBody struct {
 	io.ReadCloser
 	cancel context.CancelFunc
 	picked *routing.Picked // released when the body is through (circuit breakers)
+	last   *usedConn       // closed when the body is through: its last request (maxRequestsPerConnection)
 }
 
 func (b *cancelBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel()
 	b.picked.Release()
+	if b.last != nil {
+		b.last.Close()
+	}
 	return err
 }
 

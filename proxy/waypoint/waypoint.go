@@ -78,6 +78,7 @@ type Waypoint struct {
 	httpLn  *connListener
 	httpSrv *http.Server
 	h1, h2  http.RoundTripper
+	limited sync.Map // connLimits → *limitedTransports (connlimits.go)
 	wg      sync.WaitGroup
 	router  *routing.Router // its endpoint state outlives config pushes
 
@@ -155,6 +156,7 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
+	w.closeLimited()
 	return errors.Join(err, herr)
 }
 
@@ -162,6 +164,7 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 func (w *Waypoint) Close() error {
 	w.fast.Close()
 	w.upstreams.Close()
+	w.closeLimited()
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
