@@ -23,11 +23,16 @@ func TestRouteAllocsWithoutNewPolicy(t *testing.T) {
 	plain := &waypointapi.Backend{Hostname: proxytest.Hostname("demo", "server"), Namespace: "demo", Weight: 1}
 	simple := &waypointapi.Backend{Hostname: proxytest.Hostname("demo", "server"), Namespace: "demo", Weight: 1,
 		TrafficPolicy: &waypointapi.TrafficPolicy{LoadBalancer: waypointapi.LoadBalancer_ROUND_ROBIN}}
+	// What the control plane sends for outlierDetection alone: Istio's
+	// default locality failover comes with it.
+	outlier := &waypointapi.Backend{Hostname: proxytest.Hostname("demo", "server"), Namespace: "demo", Weight: 1,
+		TrafficPolicy: &waypointapi.TrafficPolicy{OutlierDetection: &waypointapi.OutlierDetection{ConsecutiveServerErrors: 5,
+			IntervalMs: 10000, BaseEjectionTimeMs: 30000, MaxEjectionPercent: 10}, Locality: &waypointapi.LocalityLb{}}}
 	for _, tc := range []struct {
 		name    string
 		backend *waypointapi.Backend
 		want    float64
-	}{{"no DestinationRule", plain, 3}, {"simple", simple, 6}} {
+	}{{"no DestinationRule", plain, 3}, {"simple", simple, 6}, {"outlierDetection (default locality failover)", outlier, 6}} {
 		t.Run(tc.name, func(t *testing.T) { routeAllocs(t, tc.backend, tc.want) })
 	}
 }

@@ -121,7 +121,11 @@ func (lp *localityPolicy) narrow(self *state.Workload, cands []candidate, key ha
 	if len(lp.distribute) > 0 {
 		return healthyOf(cands)
 	}
-	// Failover priorities.
+	// Failover priorities. The common case, one priority and nothing
+	// ejected, allocates nothing.
+	if lp.onePriority(me, network, cands) {
+		return cands
+	}
 	prio := make([]int, len(cands))
 	levels := 0
 	for i := range cands {
@@ -166,6 +170,21 @@ func (lp *localityPolicy) narrow(self *state.Workload, cands []candidate, key ha
 		}
 	}
 	return out
+}
+
+// onePriority reports whether every candidate has the first one's
+// priority and none is ejected.
+func (lp *localityPolicy) onePriority(me state.Locality, network string, cands []candidate) bool {
+	if len(cands) == 0 {
+		return false
+	}
+	p0 := lp.priority(me, network, cands[0].w)
+	for i := range cands {
+		if cands[i].ejected || lp.priority(me, network, cands[i].w) != p0 {
+			return false
+		}
+	}
+	return true
 }
 
 func healthyOf(cands []candidate) []candidate {
