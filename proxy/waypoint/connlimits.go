@@ -79,6 +79,20 @@ func (w *Waypoint) closeLimited() {
 	})
 }
 
+// countStreams makes req, sent on HTTP/2 as *sent, the last request of
+// the connection that carries it when that is its maxUses-th: the hook
+// runs before x/net starts the stream, and a request with Close set marks
+// its connection not to be reused, which then closes once its streams end
+// (Envoy drains it so).
+func countStreams(req *http.Request, maxUses int, sent **http.Request) *http.Request {
+	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		if c, ok := info.Conn.(*usedConn); ok && c.uses.Add(1) >= int64(maxUses) && *sent != nil {
+			(*sent).Close = true
+		}
+	}}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+}
+
 // countUses makes req report the HTTP/1.1 connection that carries it when
 // that is its maxUses-th request: *last is set then, and the caller closes
 // it once the response is through.

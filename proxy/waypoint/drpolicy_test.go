@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
 )
@@ -63,7 +66,8 @@ func routeAllocs(t *testing.T, backend *waypointapi.Backend, want float64) {
 }
 
 // TestLimitedTransports: on net/http's path, maxRequestsPerConnection
-// closes an upstream HTTP/1.1 connection after that many requests, and
+// closes an upstream HTTP/1.1 connection after that many requests (an
+// HTTP/2 one takes no more streams and closes once they end), and
 // http.idleTimeout closes one idle that long.
 func TestLimitedTransports(t *testing.T) {
 	var conns atomic.Int32
@@ -105,6 +109,29 @@ func TestLimitedTransports(t *testing.T) {
 	if n := conns.Load(); n != 3 {
 		t.Errorf("6 requests with maxRequestsPerConnection 2 used %d connections, want 3", n)
 	}
+	// HTTP/2 (h2c): the connection's second stream is its last.
+	conns.Store(0)
+	h2srv := httptest.NewUnstartedServer(h2c.NewHandler(srv.Config.Handler, &http2.Server{}))
+	h2srv.Config.ConnState = srv.Config.ConnState
+	h2srv.Start()
+	t.Cleanup(h2srv.Close)
+	h2addr := h2srv.Listener.Addr().String()
+	addr = h2addr
+	for range 6 {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+h2addr+"/", nil)
+		var sent *http.Request
+		sent = countStreams(req, 2, &sent)
+		resp, err := lt.h2.RoundTrip(sent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if n := conns.Load(); n != 3 {
+		t.Errorf("6 HTTP/2 requests with maxRequestsPerConnection 2 used %d connections, want 3", n)
+	}
+	addr = srv.Listener.Addr().String()
 	conns.Store(0)
 	idle := w.transportsFor(connLimits{idle: 20 * time.Millisecond})
 	send(idle.h1, 0)

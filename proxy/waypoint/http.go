@@ -424,8 +424,9 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		attempts += ex.rule.Retries()
 	}
 	var lastErr error
-	var lastUse *usedConn // the connection that carried its maxRequestsPerConnection-th request
-	var retryHeld func()  // a retry's place under maxRetries (circuit breaking)
+	var lastUse *usedConn  // the connection that carried its maxRequestsPerConnection-th request
+	var sent *http.Request // the attempt's request as sent (countStreams marks it)
+	var retryHeld func()   // a retry's place under maxRetries (circuit breaking)
 	defer func() {
 		if retryHeld != nil {
 			retryHeld()
@@ -454,6 +455,9 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 				lt := rt.w.transportsFor(l)
 				if base == rt.w.h2 {
 					tr = lt.h2
+					if l.maxUses > 0 {
+						req = countStreams(req, l.maxUses, &sent)
+					}
 				} else {
 					tr = lt.h1
 					if l.maxUses > 1 {
@@ -480,7 +484,8 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		if ex.rule != nil && ex.rule.PerTry() > 0 {
 			timer = time.AfterFunc(ex.rule.PerTry(), cancel)
 		}
-		resp, err := tr.RoundTrip(req.WithContext(ctx))
+		sent = req.WithContext(ctx)
+		resp, err := tr.RoundTrip(sent)
 		rt.w.endpointDone(r.Context(), ex, resp, err) // outlier detection
 		if timer != nil {
 			timer.Stop()

@@ -521,7 +521,7 @@ func policyFieldEntries(p string) []Entry {
 		enf(cp+".http.http1MaxPendingRequests", "TestCircuitBreakerPending"),
 		enf(cp+".http.http2MaxRequests", "TestWaypointConnectionPool"),
 		enf(cp+".http.maxRequestsPerConnection", "TestLimits",
-			"on HTTP/1.1 upstream connections (TestLimits, TestLimitedTransports); HTTP/2 upstream connections (h2c, gRPC) are not limited"),
+			"an HTTP/1.1 upstream connection closes after that many requests; an HTTP/2 one takes no more streams and closes once they end (TestLimits, TestLimitedTransports)"),
 		enf(cp+".http.maxRetries", "TestCircuitBreaker", "a retry over it is not sent and the last answer stands"),
 		enf(cp+".http.idleTimeout", "TestLimits", "on HTTP/1.1 and HTTP/2 upstream connections (TestLimits, TestLimitedTransports)"),
 		ref(cp+".http.h2UpgradePolicy", "TestDestinationRuleRefusals", destAnswers500),
