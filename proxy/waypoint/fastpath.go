@@ -106,7 +106,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 	if err := w.decide(ex); err != nil {
 		lr := h1.NewLocalResponse()
 		code := answerRefusal(lr, r, ex, err)
-		return local(lr, code, flagFor(code))
+		return local(lr, code, flagFor(code, err))
 	}
 	if ex.rule != nil && ex.rule.HasFault() {
 		lr := h1.NewLocalResponse()
@@ -178,6 +178,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		deadline = time.Now().Add(ex.rule.Timeout())
 	}
 	var lastErr error
+	var retryHeld func() // a retry's place under maxRetries (circuit breaking)
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
 			// Each retry may go to another endpoint of the backend.
@@ -192,14 +193,40 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 				dl = pt
 			}
 		}
-		ex2 := fc.held.RoundTrip(ex.target, r, out, stream, chunked, dl)
+		var lim upstream.Limits
+		if pk := ex.picked; pk != nil {
+			if err := w.router.Acquire(context.Background(), pk, ex.attrs.Service, false); err != nil {
+				lastErr = err
+				break
+			}
+			lim = upstream.Limits{ConnectTimeout: pk.ConnectTimeout(), MaxUses: pk.MaxRequestsPerConnection(), IdleTimeout: pk.IdleTimeout()}
+		}
+		ex2 := fc.held.RoundTrip(ex.target, r, out, stream, chunked, dl, lim)
 		w.endpointDone(context.Background(), ex, ex2.Resp, ex2.Err) // outlier detection
+		if retryHeld != nil {
+			retryHeld()
+			retryHeld = nil
+		}
 		if ex2.Err != nil {
 			lastErr = ex2.Err
+			if i < attempts-1 {
+				ok, rel := w.router.RetryAdmit(ex.lastPicked)
+				if !ok {
+					break
+				}
+				retryHeld = rel
+			}
 			continue
 		}
 		resp := ex2.Resp
-		if i == attempts-1 || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode) {
+		retry := i < attempts-1 && ex.rule != nil && ex.rule.RetryOn(resp.StatusCode)
+		if retry {
+			retry, retryHeld = w.router.RetryAdmit(ex.lastPicked)
+		}
+		if !retry {
+			if ex.setCookie != "" {
+				resp.Header.Add("Set-Cookie", ex.setCookie)
+			}
 			if ex.edit.ModifiesResponse() {
 				ex.edit.Response(resp.Header)
 			}
@@ -211,6 +238,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 				ex.err, keep = err, false
 			}
 			fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+			ex.lastPicked.Release() // the response is through
 			if ex.grpcStatus = resp.Trailer.Get("Grpc-Status"); ex.grpcStatus == "" {
 				ex.grpcStatus = resp.Header.Get("Grpc-Status")
 			}
@@ -221,7 +249,11 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		reuse := err == nil && !resp.Close && wire.IsEOF(resp.Body)
 		fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+		ex.lastPicked.Release()
 		lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
+	}
+	if retryHeld != nil {
+		retryHeld()
 	}
 	code := http.StatusServiceUnavailable
 	if wire.IsTimeout(lastErr) {
@@ -229,11 +261,15 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 	}
 	ex.err = lastErr
 	lr := h1.NewLocalResponse()
-	http.Error(lr, http.StatusText(code), code)
+	if isRefusal(lastErr) {
+		code = answerRefusal(lr, r, ex, lastErr) // a circuit breaker's overflow
+	} else {
+		http.Error(lr, http.StatusText(code), code)
+	}
 	if stream != nil {
 		keep = false // the body may be half sent and half read
 	}
-	return local(lr, code, flagFor(code))
+	return local(lr, code, flagFor(code, lastErr))
 }
 
 // upstreamHeader makes r's header the upstream request's, in place (the

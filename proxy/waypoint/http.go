@@ -24,6 +24,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/h1"
+	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/routing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/wire"
@@ -134,6 +135,10 @@ func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "waypoint-tu
 type metaKey struct{}
 type exKey struct{}
 
+// connectTimeoutKey: a request's DestinationRule connectTimeout, for the
+// transports' dials.
+type connectTimeoutKey struct{}
+
 func (w *Waypoint) initHTTP() {
 	w.httpLn = newConnListener()
 	proxy := &httputil.ReverseProxy{
@@ -148,8 +153,12 @@ func (w *Waypoint) initHTTP() {
 			ex.edit.Request(pr.Out, pr.Out.Header)
 		},
 		ModifyResponse: func(resp *http.Response) error {
-			if ex, ok := resp.Request.Context().Value(exKey{}).(*exchange); ok && ex.edit.ModifiesResponse() {
+			ex, ok := resp.Request.Context().Value(exKey{}).(*exchange)
+			if ok && ex.edit.ModifiesResponse() {
 				ex.edit.Response(resp.Header)
+			}
+			if ok && ex.setCookie != "" {
+				resp.Header.Add("Set-Cookie", ex.setCookie)
 			}
 			return nil
 		},
@@ -163,6 +172,10 @@ func (w *Waypoint) initHTTP() {
 		BufferPool:    &wire.BufferPool{},
 		ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
 			ex := r.Context().Value(exKey{}).(*exchange)
+			if isRefusal(err) {
+				answerRefusal(rw, r, ex, err) // a circuit breaker's overflow
+				return
+			}
 			ex.err = err
 			code := http.StatusServiceUnavailable
 			if errors.Is(err, context.DeadlineExceeded) {
@@ -218,6 +231,11 @@ func (w *Waypoint) initHTTP() {
 
 // dialUpstream opens an upstream connection for net/http's transports.
 func (w *Waypoint) dialUpstream(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+	if d, ok := ctx.Value(connectTimeoutKey{}).(time.Duration); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
 	if w.upstreamDial != nil {
 		return w.upstreamDial(ctx, ap, "")
 	}
@@ -282,7 +300,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	}
 	if err := w.decide(ex); err != nil {
 		code := answerRefusal(sw, r, ex, err)
-		record(code, flagFor(code), time.Since(start), sizes())
+		record(code, flagFor(code, err), time.Since(start), sizes())
 		return
 	}
 	if code, flags, done, why := w.router.InjectFault(ex.rule, sw, r); done {
@@ -315,7 +333,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 	}
 	flags := ""
 	if ex.err != nil {
-		flags = flagFor(code)
+		flags = flagFor(code, ex.err)
 	}
 	record(code, flags, time.Since(start), sizes())
 }
@@ -412,6 +430,14 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		attempts += ex.rule.Retries()
 	}
 	var lastErr error
+	var lastUse *usedConn  // the connection that carried its maxRequestsPerConnection-th request
+	var sent *http.Request // the attempt's request as sent (countStreams marks it)
+	var retryHeld func()   // a retry's place under maxRetries (circuit breaking)
+	defer func() {
+		if retryHeld != nil {
+			retryHeld()
+		}
+	}()
 	for i := 0; i < attempts; i++ {
 		req := r
 		if i > 0 {
@@ -421,6 +447,30 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			}
 			req = r.Clone(r.Context())
 			req.URL.Host = ex.target.String()
+		}
+		tr := base // this attempt's transport
+		if pk := ex.picked; pk != nil {
+			if err := rt.w.router.Acquire(r.Context(), pk, ex.attrs.Service, base == rt.w.h2); err != nil {
+				return nil, err
+			}
+			if d := pk.ConnectTimeout(); d > 0 {
+				req = req.WithContext(context.WithValue(req.Context(), connectTimeoutKey{}, d))
+			}
+			if l := (connLimits{maxUses: pk.MaxRequestsPerConnection(), idle: pk.IdleTimeout()}); l != (connLimits{}) {
+				// Per-connection settings: transports of their own.
+				lt := rt.w.transportsFor(l)
+				if base == rt.w.h2 {
+					tr = lt.h2
+					if l.maxUses > 0 {
+						req = countStreams(req, l.maxUses, &sent)
+					}
+				} else {
+					tr = lt.h1
+					if l.maxUses > 1 {
+						req = countUses(req, l.maxUses, &lastUse)
+					}
+				}
+			}
 		}
 		if r.GetBody != nil {
 			// A body held in memory (holdSmallBody, mirroring) goes as
@@ -440,7 +490,8 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 		if ex.rule != nil && ex.rule.PerTry() > 0 {
 			timer = time.AfterFunc(ex.rule.PerTry(), cancel)
 		}
-		resp, err := base.RoundTrip(req.WithContext(ctx))
+		sent = req.WithContext(ctx)
+		resp, err := tr.RoundTrip(sent)
 		rt.w.endpointDone(r.Context(), ex, resp, err) // outlier detection
 		if timer != nil {
 			timer.Stop()
@@ -450,21 +501,36 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 			// An upgrade: ReverseProxy needs a body it can write to (the
 			// connection itself, as the Transport hands it over).
 			resp.Body = &cancelRWBody{ReadWriteCloser: rwc, cancel: cancel}
+			ex.lastPicked.Release()
 			return resp, nil
 		}
-		if err == nil && (last || ex.rule == nil || !ex.rule.RetryOn(resp.StatusCode)) {
-			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+		if retryHeld != nil {
+			retryHeld() // the retry that just ended
+			retryHeld = nil
+		}
+		retry := !last && ex.rule != nil && (err != nil || ex.rule.RetryOn(resp.StatusCode))
+		if retry {
+			// maxRetries: a retry it refuses is not sent; the last answer stands.
+			retry, retryHeld = rt.w.router.RetryAdmit(ex.lastPicked)
+		}
+		if err == nil && !retry {
+			resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, picked: ex.lastPicked, last: lastUse}
 			return resp, nil
 		}
 		if err == nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
+			ex.lastPicked.Release()
+			if lastUse != nil {
+				lastUse.Close()
+				lastUse = nil
+			}
 			lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
 		} else {
 			lastErr = err
 		}
 		cancel()
-		if last {
+		if !retry {
 			break
 		}
 	}
@@ -474,11 +540,17 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 type cancelBody struct {
 	io.ReadCloser
 	cancel context.CancelFunc
+	picked *routing.Picked // released when the body is through (circuit breakers)
+	last   *usedConn       // closed when the body is through: its last request (maxRequestsPerConnection)
 }
 
 func (b *cancelBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel()
+	b.picked.Release()
+	if b.last != nil {
+		b.last.Close()
+	}
 	return err
 }
 

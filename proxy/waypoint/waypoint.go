@@ -91,6 +91,7 @@ type Waypoint struct {
 	httpLn  *connListener
 	httpSrv *http.Server
 	h1, h2  http.RoundTripper
+	limited sync.Map // connLimits → *limitedTransports (connlimits.go)
 	wg      sync.WaitGroup
 	router  *routing.Router // its endpoint state outlives config pushes
 
@@ -194,6 +195,7 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
+	w.closeLimited()
 	w.stats.Close(ctx) // flush the OTLP access logs of the last requests
 	return errors.Join(err, herr, w.tracer.Close(ctx))
 }
@@ -205,6 +207,7 @@ func (w *Waypoint) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // now: what is queued is dropped
 	_ = w.tracer.Close(ctx)
+	w.closeLimited()
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
@@ -234,6 +237,8 @@ type exchange struct {
 	route       string
 	target      netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
+	lastPicked  *routing.Picked // the previous attempt's (a retry's circuit breaker)
+	setCookie   string          // a consistent hash's generated cookie, for the response
 	upstream    string
 	destination telemetry.Peer // the endpoint picked, for the stats step
 	span        *tracing.Span  // nil: tracing off
@@ -291,7 +296,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 	if ex.attrs.HTTP && ex.svc != nil {
 		table = ex.svc.routes
 	}
-	res, err := w.router.Route(ex.snap, ex.dst, table, ex.req, routing.Client{Namespace: ex.peer.Namespace, WorkloadUID: ex.srcWorkload})
+	res, err := w.router.Route(ex.snap, ex.src, ex.dst, table, ex.req, routing.Client{Namespace: ex.peer.Namespace, WorkloadUID: ex.srcWorkload})
 	if table != nil {
 		ex.rule, ex.edit = res.Rule, res.Edit
 		if res.Rule != nil {
@@ -301,7 +306,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 	if err != nil {
 		return err
 	}
-	ex.picked = res.Picked
+	ex.picked, ex.setCookie = res.Picked, res.SetCookie
 	if w := res.DstWorkload; w != nil {
 		ex.destination = telemetry.Peer{Workload: res.DstName, Namespace: res.DstNamespace, Principal: res.DstPrincipal,
 			CanonicalService: w.CanonicalName, CanonicalRevision: w.CanonicalRevision, Cluster: w.ClusterID}
@@ -317,7 +322,7 @@ func (w *Waypoint) endpointDone(ctx context.Context, ex *exchange, resp *http.Re
 	if pk == nil {
 		return
 	}
-	ex.picked = nil
+	ex.picked, ex.lastPicked = nil, pk
 	w.router.Done(ctx, pk, ex.route, resp, err)
 }
 
@@ -399,7 +404,7 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 			code = nr.Code
 		}
 		ex.err = err
-		w.record(ex, code, flagFor(code), time.Since(start), telemetry.Sizes{})
+		w.record(ex, code, flagFor(code, err), time.Since(start), telemetry.Sizes{})
 		return hbone.Reply{Status: code}
 	}
 	// The client's CONNECT traceparent goes on to the endpoint's node
@@ -459,7 +464,13 @@ func sourcePeer(snap *state.Snapshot, ip netip.Addr, peer identity.Identity, bg 
 	return telemetry.Peer{Namespace: peer.Namespace}, ""
 }
 
-func flagFor(code int) string {
+// flagFor is the response flag of an answer with code, whose cause is err
+// (a *stream.Refusal may name its own flag).
+func flagFor(code int, err error) string {
+	var nr *stream.Refusal
+	if errors.As(err, &nr) && nr.Flag != "" {
+		return nr.Flag
+	}
 	switch code {
 	case http.StatusForbidden:
 		return "RBAC"

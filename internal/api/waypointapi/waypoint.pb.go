@@ -628,6 +628,58 @@ func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
 	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{27, 0}
 }
 
+type ConsistentHash_Key int32
+
+const (
+	ConsistentHash_HEADER          ConsistentHash_Key = 0
+	ConsistentHash_COOKIE          ConsistentHash_Key = 1
+	ConsistentHash_SOURCE_IP       ConsistentHash_Key = 2
+	ConsistentHash_QUERY_PARAMETER ConsistentHash_Key = 3
+)
+
+// Enum value maps for ConsistentHash_Key.
+var (
+	ConsistentHash_Key_name = map[int32]string{
+		0: "HEADER",
+		1: "COOKIE",
+		2: "SOURCE_IP",
+		3: "QUERY_PARAMETER",
+	}
+	ConsistentHash_Key_value = map[string]int32{
+		"HEADER":          0,
+		"COOKIE":          1,
+		"SOURCE_IP":       2,
+		"QUERY_PARAMETER": 3,
+	}
+)
+
+func (x ConsistentHash_Key) Enum() *ConsistentHash_Key {
+	p := new(ConsistentHash_Key)
+	*p = x
+	return p
+}
+
+func (x ConsistentHash_Key) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ConsistentHash_Key) Descriptor() protoreflect.EnumDescriptor {
+	return file_waypointapi_waypoint_proto_enumTypes[10].Descriptor()
+}
+
+func (ConsistentHash_Key) Type() protoreflect.EnumType {
+	return &file_waypointapi_waypoint_proto_enumTypes[10]
+}
+
+func (x ConsistentHash_Key) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ConsistentHash_Key.Descriptor instead.
+func (ConsistentHash_Key) EnumDescriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{33, 0}
+}
+
 type LogCondition_Op int32
 
 const (
@@ -670,11 +722,11 @@ func (x LogCondition_Op) String() string {
 }
 
 func (LogCondition_Op) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[10].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[11].Descriptor()
 }
 
 func (LogCondition_Op) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[10]
+	return &file_waypointapi_waypoint_proto_enumTypes[11]
 }
 
 func (x LogCondition_Op) Number() protoreflect.EnumNumber {
@@ -683,7 +735,7 @@ func (x LogCondition_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LogCondition_Op.Descriptor instead.
 func (LogCondition_Op) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{36, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{41, 0}
 }
 
 type TracingProvider_Protocol int32
@@ -716,11 +768,11 @@ func (x TracingProvider_Protocol) String() string {
 }
 
 func (TracingProvider_Protocol) Descriptor() protoreflect.EnumDescriptor {
-	return file_waypointapi_waypoint_proto_enumTypes[11].Descriptor()
+	return file_waypointapi_waypoint_proto_enumTypes[12].Descriptor()
 }
 
 func (TracingProvider_Protocol) Type() protoreflect.EnumType {
-	return &file_waypointapi_waypoint_proto_enumTypes[11]
+	return &file_waypointapi_waypoint_proto_enumTypes[12]
 }
 
 func (x TracingProvider_Protocol) Number() protoreflect.EnumNumber {
@@ -729,7 +781,7 @@ func (x TracingProvider_Protocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TracingProvider_Protocol.Descriptor instead.
 func (TracingProvider_Protocol) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{45, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{50, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -3369,8 +3421,21 @@ type TrafficPolicy struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	LoadBalancer     LoadBalancer           `protobuf:"varint,1,opt,name=load_balancer,json=loadBalancer,proto3,enum=ztunnelgo.waypoint.LoadBalancer" json:"load_balancer,omitempty"`
 	OutlierDetection *OutlierDetection      `protobuf:"bytes,2,opt,name=outlier_detection,json=outlierDetection,proto3" json:"outlier_detection,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// connection_pool is connectionPool as circuit breaking (nil: no limits).
+	ConnectionPool *ConnectionPool `protobuf:"bytes,3,opt,name=connection_pool,json=connectionPool,proto3" json:"connection_pool,omitempty"`
+	// consistent_hash is loadBalancer.consistentHash (nil: load_balancer).
+	ConsistentHash *ConsistentHash `protobuf:"bytes,4,opt,name=consistent_hash,json=consistentHash,proto3" json:"consistent_hash,omitempty"`
+	// locality is localityLbSetting as Istio applies it (nil: every endpoint
+	// has the same priority and weight). The control plane sets it only when
+	// it is in effect: distribute always, failover only with outlier
+	// detection, as Istio requires.
+	Locality *LocalityLb `protobuf:"bytes,5,opt,name=locality,proto3" json:"locality,omitempty"`
+	// port_policies are portLevelSettings merged as Istio merges them, by
+	// service port: a request to a port listed here uses that policy
+	// instead of this one's fields.
+	PortPolicies  map[uint32]*TrafficPolicy `protobuf:"bytes,6,rep,name=port_policies,json=portPolicies,proto3" json:"port_policies,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TrafficPolicy) Reset() {
@@ -3417,6 +3482,409 @@ func (x *TrafficPolicy) GetOutlierDetection() *OutlierDetection {
 	return nil
 }
 
+func (x *TrafficPolicy) GetConnectionPool() *ConnectionPool {
+	if x != nil {
+		return x.ConnectionPool
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetConsistentHash() *ConsistentHash {
+	if x != nil {
+		return x.ConsistentHash
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetLocality() *LocalityLb {
+	if x != nil {
+		return x.Locality
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetPortPolicies() map[uint32]*TrafficPolicy {
+	if x != nil {
+		return x.PortPolicies
+	}
+	return nil
+}
+
+// ConnectionPool is DestinationRule connectionPool, Envoy's circuit
+// breakers per cluster (host, subset, port). 0 in a limit: no limit.
+type ConnectionPool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// max_connections is tcp.maxConnections: upstream HTTP/1.1 connections
+	// in use at once.
+	MaxConnections uint32 `protobuf:"varint,1,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"`
+	// connect_timeout_ms is tcp.connectTimeout (0: the waypoint's default).
+	ConnectTimeoutMs uint32 `protobuf:"varint,2,opt,name=connect_timeout_ms,json=connectTimeoutMs,proto3" json:"connect_timeout_ms,omitempty"`
+	// max_pending_requests is http.http1MaxPendingRequests: requests waiting
+	// for a connection while max_connections are in use.
+	MaxPendingRequests uint32 `protobuf:"varint,3,opt,name=max_pending_requests,json=maxPendingRequests,proto3" json:"max_pending_requests,omitempty"`
+	// max_requests is http.http2MaxRequests: requests in flight at once.
+	MaxRequests uint32 `protobuf:"varint,4,opt,name=max_requests,json=maxRequests,proto3" json:"max_requests,omitempty"`
+	// max_requests_per_connection is http.maxRequestsPerConnection.
+	MaxRequestsPerConnection uint32 `protobuf:"varint,5,opt,name=max_requests_per_connection,json=maxRequestsPerConnection,proto3" json:"max_requests_per_connection,omitempty"`
+	// max_retries is http.maxRetries: retries in flight at once.
+	MaxRetries uint32 `protobuf:"varint,6,opt,name=max_retries,json=maxRetries,proto3" json:"max_retries,omitempty"`
+	// idle_timeout_ms is http.idleTimeout of upstream connections (0: the
+	// waypoint's default).
+	IdleTimeoutMs uint32 `protobuf:"varint,7,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectionPool) Reset() {
+	*x = ConnectionPool{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectionPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectionPool) ProtoMessage() {}
+
+func (x *ConnectionPool) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectionPool.ProtoReflect.Descriptor instead.
+func (*ConnectionPool) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ConnectionPool) GetMaxConnections() uint32 {
+	if x != nil {
+		return x.MaxConnections
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetConnectTimeoutMs() uint32 {
+	if x != nil {
+		return x.ConnectTimeoutMs
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxPendingRequests() uint32 {
+	if x != nil {
+		return x.MaxPendingRequests
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxRequests() uint32 {
+	if x != nil {
+		return x.MaxRequests
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxRequestsPerConnection() uint32 {
+	if x != nil {
+		return x.MaxRequestsPerConnection
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetMaxRetries() uint32 {
+	if x != nil {
+		return x.MaxRetries
+	}
+	return 0
+}
+
+func (x *ConnectionPool) GetIdleTimeoutMs() uint32 {
+	if x != nil {
+		return x.IdleTimeoutMs
+	}
+	return 0
+}
+
+// ConsistentHash is loadBalancer.consistentHash.
+type ConsistentHash struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   ConsistentHash_Key     `protobuf:"varint,1,opt,name=key,proto3,enum=ztunnelgo.waypoint.ConsistentHash_Key" json:"key,omitempty"`
+	// name of the header, cookie or query parameter.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// cookie_path and cookie_ttl_ms: the cookie the waypoint sets when it is
+	// absent (generate_cookie); only when cookie_ttl_set (ttl 0: a session
+	// cookie).
+	CookiePath   string `protobuf:"bytes,3,opt,name=cookie_path,json=cookiePath,proto3" json:"cookie_path,omitempty"`
+	CookieTtlSet bool   `protobuf:"varint,4,opt,name=cookie_ttl_set,json=cookieTtlSet,proto3" json:"cookie_ttl_set,omitempty"`
+	CookieTtlMs  uint64 `protobuf:"varint,5,opt,name=cookie_ttl_ms,json=cookieTtlMs,proto3" json:"cookie_ttl_ms,omitempty"`
+	// maglev: Maglev with table_size entries, else a ring hash with at least
+	// table_size entries (0: Envoy's defaults, 65537 and 1024).
+	Maglev        bool   `protobuf:"varint,6,opt,name=maglev,proto3" json:"maglev,omitempty"`
+	TableSize     uint64 `protobuf:"varint,7,opt,name=table_size,json=tableSize,proto3" json:"table_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsistentHash) Reset() {
+	*x = ConsistentHash{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsistentHash) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsistentHash) ProtoMessage() {}
+
+func (x *ConsistentHash) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsistentHash.ProtoReflect.Descriptor instead.
+func (*ConsistentHash) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ConsistentHash) GetKey() ConsistentHash_Key {
+	if x != nil {
+		return x.Key
+	}
+	return ConsistentHash_HEADER
+}
+
+func (x *ConsistentHash) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ConsistentHash) GetCookiePath() string {
+	if x != nil {
+		return x.CookiePath
+	}
+	return ""
+}
+
+func (x *ConsistentHash) GetCookieTtlSet() bool {
+	if x != nil {
+		return x.CookieTtlSet
+	}
+	return false
+}
+
+func (x *ConsistentHash) GetCookieTtlMs() uint64 {
+	if x != nil {
+		return x.CookieTtlMs
+	}
+	return 0
+}
+
+func (x *ConsistentHash) GetMaglev() bool {
+	if x != nil {
+		return x.Maglev
+	}
+	return false
+}
+
+func (x *ConsistentHash) GetTableSize() uint64 {
+	if x != nil {
+		return x.TableSize
+	}
+	return 0
+}
+
+// LocalityLb is localityLbSetting: the waypoint ranks endpoints by its own
+// locality (from the workload API).
+type LocalityLb struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// distribute: locality weights (Istio's applyLocalityWeights); when one
+	// entry's from matches the waypoint's locality, failover is not used.
+	Distribute []*LocalityDistribute `protobuf:"bytes,1,rep,name=distribute,proto3" json:"distribute,omitempty"`
+	// failover: region "from" fails over to region "to" first.
+	Failover []*LocalityFailover `protobuf:"bytes,2,rep,name=failover,proto3" json:"failover,omitempty"`
+	// failover_priority: endpoint priorities by these labels of the
+	// waypoint and the endpoint (only the locality and network labels);
+	// empty: by region, zone and subzone.
+	FailoverPriority []string `protobuf:"bytes,3,rep,name=failover_priority,json=failoverPriority,proto3" json:"failover_priority,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *LocalityLb) Reset() {
+	*x = LocalityLb{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalityLb) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalityLb) ProtoMessage() {}
+
+func (x *LocalityLb) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalityLb.ProtoReflect.Descriptor instead.
+func (*LocalityLb) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *LocalityLb) GetDistribute() []*LocalityDistribute {
+	if x != nil {
+		return x.Distribute
+	}
+	return nil
+}
+
+func (x *LocalityLb) GetFailover() []*LocalityFailover {
+	if x != nil {
+		return x.Failover
+	}
+	return nil
+}
+
+func (x *LocalityLb) GetFailoverPriority() []string {
+	if x != nil {
+		return x.FailoverPriority
+	}
+	return nil
+}
+
+type LocalityDistribute struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            map[string]uint32      `protobuf:"bytes,2,rep,name=to,proto3" json:"to,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalityDistribute) Reset() {
+	*x = LocalityDistribute{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalityDistribute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalityDistribute) ProtoMessage() {}
+
+func (x *LocalityDistribute) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalityDistribute.ProtoReflect.Descriptor instead.
+func (*LocalityDistribute) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *LocalityDistribute) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *LocalityDistribute) GetTo() map[string]uint32 {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type LocalityFailover struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalityFailover) Reset() {
+	*x = LocalityFailover{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalityFailover) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalityFailover) ProtoMessage() {}
+
+func (x *LocalityFailover) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalityFailover.ProtoReflect.Descriptor instead.
+func (*LocalityFailover) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *LocalityFailover) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *LocalityFailover) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
 // OutlierDetection ejects an endpoint after consecutive errors.
 type OutlierDetection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3432,7 +3900,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3444,7 +3912,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3457,7 +3925,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -3510,7 +3978,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3990,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +4003,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{33}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -3581,7 +4049,7 @@ type Telemetry struct {
 
 func (x *Telemetry) Reset() {
 	*x = Telemetry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3593,7 +4061,7 @@ func (x *Telemetry) String() string {
 func (*Telemetry) ProtoMessage() {}
 
 func (x *Telemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[34]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3606,7 +4074,7 @@ func (x *Telemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Telemetry.ProtoReflect.Descriptor instead.
 func (*Telemetry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{34}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Telemetry) GetSources() []string {
@@ -3653,7 +4121,7 @@ type AccessLogging struct {
 
 func (x *AccessLogging) Reset() {
 	*x = AccessLogging{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3665,7 +4133,7 @@ func (x *AccessLogging) String() string {
 func (*AccessLogging) ProtoMessage() {}
 
 func (x *AccessLogging) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[35]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3678,7 +4146,7 @@ func (x *AccessLogging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessLogging.ProtoReflect.Descriptor instead.
 func (*AccessLogging) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{35}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AccessLogging) GetProviders() []*AccessLogProvider {
@@ -3718,7 +4186,7 @@ type LogCondition struct {
 
 func (x *LogCondition) Reset() {
 	*x = LogCondition{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3730,7 +4198,7 @@ func (x *LogCondition) String() string {
 func (*LogCondition) ProtoMessage() {}
 
 func (x *LogCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[36]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3743,7 +4211,7 @@ func (x *LogCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCondition.ProtoReflect.Descriptor instead.
 func (*LogCondition) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{36}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LogCondition) GetAttribute() Attribute {
@@ -3791,7 +4259,7 @@ type AccessLogProvider struct {
 
 func (x *AccessLogProvider) Reset() {
 	*x = AccessLogProvider{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3803,7 +4271,7 @@ func (x *AccessLogProvider) String() string {
 func (*AccessLogProvider) ProtoMessage() {}
 
 func (x *AccessLogProvider) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3816,7 +4284,7 @@ func (x *AccessLogProvider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessLogProvider.ProtoReflect.Descriptor instead.
 func (*AccessLogProvider) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{37}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AccessLogProvider) GetName() string {
@@ -3882,7 +4350,7 @@ type LogFormat struct {
 
 func (x *LogFormat) Reset() {
 	*x = LogFormat{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +4362,7 @@ func (x *LogFormat) String() string {
 func (*LogFormat) ProtoMessage() {}
 
 func (x *LogFormat) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +4375,7 @@ func (x *LogFormat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogFormat.ProtoReflect.Descriptor instead.
 func (*LogFormat) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{38}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LogFormat) GetText() string {
@@ -3936,7 +4404,7 @@ type FileAccessLog struct {
 
 func (x *FileAccessLog) Reset() {
 	*x = FileAccessLog{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3948,7 +4416,7 @@ func (x *FileAccessLog) String() string {
 func (*FileAccessLog) ProtoMessage() {}
 
 func (x *FileAccessLog) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3961,7 +4429,7 @@ func (x *FileAccessLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileAccessLog.ProtoReflect.Descriptor instead.
 func (*FileAccessLog) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{39}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FileAccessLog) GetPath() string {
@@ -3995,7 +4463,7 @@ type OtelAccessLog struct {
 
 func (x *OtelAccessLog) Reset() {
 	*x = OtelAccessLog{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4007,7 +4475,7 @@ func (x *OtelAccessLog) String() string {
 func (*OtelAccessLog) ProtoMessage() {}
 
 func (x *OtelAccessLog) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4020,7 +4488,7 @@ func (x *OtelAccessLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OtelAccessLog.ProtoReflect.Descriptor instead.
 func (*OtelAccessLog) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{40}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *OtelAccessLog) GetService() string {
@@ -4065,7 +4533,7 @@ type MetricOverride struct {
 
 func (x *MetricOverride) Reset() {
 	*x = MetricOverride{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4077,7 +4545,7 @@ func (x *MetricOverride) String() string {
 func (*MetricOverride) ProtoMessage() {}
 
 func (x *MetricOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4090,7 +4558,7 @@ func (x *MetricOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricOverride.ProtoReflect.Descriptor instead.
 func (*MetricOverride) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{41}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MetricOverride) GetMetric() Metric {
@@ -4129,7 +4597,7 @@ type TagOverride struct {
 
 func (x *TagOverride) Reset() {
 	*x = TagOverride{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4141,7 +4609,7 @@ func (x *TagOverride) String() string {
 func (*TagOverride) ProtoMessage() {}
 
 func (x *TagOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4154,7 +4622,7 @@ func (x *TagOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagOverride.ProtoReflect.Descriptor instead.
 func (*TagOverride) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{42}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TagOverride) GetName() string {
@@ -4194,7 +4662,7 @@ type TagValue struct {
 
 func (x *TagValue) Reset() {
 	*x = TagValue{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4206,7 +4674,7 @@ func (x *TagValue) String() string {
 func (*TagValue) ProtoMessage() {}
 
 func (x *TagValue) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4219,7 +4687,7 @@ func (x *TagValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagValue.ProtoReflect.Descriptor instead.
 func (*TagValue) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{43}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TagValue) GetExpression() string {
@@ -4274,7 +4742,7 @@ type Tracing struct {
 
 func (x *Tracing) Reset() {
 	*x = Tracing{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4286,7 +4754,7 @@ func (x *Tracing) String() string {
 func (*Tracing) ProtoMessage() {}
 
 func (x *Tracing) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4299,7 +4767,7 @@ func (x *Tracing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tracing.ProtoReflect.Descriptor instead.
 func (*Tracing) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{44}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Tracing) GetProvider() *TracingProvider {
@@ -4366,7 +4834,7 @@ type TracingProvider struct {
 
 func (x *TracingProvider) Reset() {
 	*x = TracingProvider{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4378,7 +4846,7 @@ func (x *TracingProvider) String() string {
 func (*TracingProvider) ProtoMessage() {}
 
 func (x *TracingProvider) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4391,7 +4859,7 @@ func (x *TracingProvider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracingProvider.ProtoReflect.Descriptor instead.
 func (*TracingProvider) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{45}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TracingProvider) GetName() string {
@@ -4467,7 +4935,7 @@ type CustomTag struct {
 
 func (x *CustomTag) Reset() {
 	*x = CustomTag{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4947,7 @@ func (x *CustomTag) String() string {
 func (*CustomTag) ProtoMessage() {}
 
 func (x *CustomTag) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4960,7 @@ func (x *CustomTag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CustomTag.ProtoReflect.Descriptor instead.
 func (*CustomTag) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{46}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CustomTag) GetName() string {
@@ -4811,10 +5279,59 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x19response_header_modifiers\x18\f \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x17responseHeaderModifiers\x1a?\n" +
 	"\x11SubsetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbd\x04\n" +
 	"\rTrafficPolicy\x12E\n" +
 	"\rload_balancer\x18\x01 \x01(\x0e2 .ztunnelgo.waypoint.LoadBalancerR\floadBalancer\x12Q\n" +
-	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\"\x92\x02\n" +
+	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\x12K\n" +
+	"\x0fconnection_pool\x18\x03 \x01(\v2\".ztunnelgo.waypoint.ConnectionPoolR\x0econnectionPool\x12K\n" +
+	"\x0fconsistent_hash\x18\x04 \x01(\v2\".ztunnelgo.waypoint.ConsistentHashR\x0econsistentHash\x12:\n" +
+	"\blocality\x18\x05 \x01(\v2\x1e.ztunnelgo.waypoint.LocalityLbR\blocality\x12X\n" +
+	"\rport_policies\x18\x06 \x03(\v23.ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntryR\fportPolicies\x1ab\n" +
+	"\x11PortPoliciesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\rR\x03key\x127\n" +
+	"\x05value\x18\x02 \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\x05value:\x028\x01\"\xc4\x02\n" +
+	"\x0eConnectionPool\x12'\n" +
+	"\x0fmax_connections\x18\x01 \x01(\rR\x0emaxConnections\x12,\n" +
+	"\x12connect_timeout_ms\x18\x02 \x01(\rR\x10connectTimeoutMs\x120\n" +
+	"\x14max_pending_requests\x18\x03 \x01(\rR\x12maxPendingRequests\x12!\n" +
+	"\fmax_requests\x18\x04 \x01(\rR\vmaxRequests\x12=\n" +
+	"\x1bmax_requests_per_connection\x18\x05 \x01(\rR\x18maxRequestsPerConnection\x12\x1f\n" +
+	"\vmax_retries\x18\x06 \x01(\rR\n" +
+	"maxRetries\x12&\n" +
+	"\x0fidle_timeout_ms\x18\a \x01(\rR\ridleTimeoutMs\"\xc3\x02\n" +
+	"\x0eConsistentHash\x128\n" +
+	"\x03key\x18\x01 \x01(\x0e2&.ztunnelgo.waypoint.ConsistentHash.KeyR\x03key\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
+	"\vcookie_path\x18\x03 \x01(\tR\n" +
+	"cookiePath\x12$\n" +
+	"\x0ecookie_ttl_set\x18\x04 \x01(\bR\fcookieTtlSet\x12\"\n" +
+	"\rcookie_ttl_ms\x18\x05 \x01(\x04R\vcookieTtlMs\x12\x16\n" +
+	"\x06maglev\x18\x06 \x01(\bR\x06maglev\x12\x1d\n" +
+	"\n" +
+	"table_size\x18\a \x01(\x04R\ttableSize\"A\n" +
+	"\x03Key\x12\n" +
+	"\n" +
+	"\x06HEADER\x10\x00\x12\n" +
+	"\n" +
+	"\x06COOKIE\x10\x01\x12\r\n" +
+	"\tSOURCE_IP\x10\x02\x12\x13\n" +
+	"\x0fQUERY_PARAMETER\x10\x03\"\xc3\x01\n" +
+	"\n" +
+	"LocalityLb\x12F\n" +
+	"\n" +
+	"distribute\x18\x01 \x03(\v2&.ztunnelgo.waypoint.LocalityDistributeR\n" +
+	"distribute\x12@\n" +
+	"\bfailover\x18\x02 \x03(\v2$.ztunnelgo.waypoint.LocalityFailoverR\bfailover\x12+\n" +
+	"\x11failover_priority\x18\x03 \x03(\tR\x10failoverPriority\"\x9f\x01\n" +
+	"\x12LocalityDistribute\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12>\n" +
+	"\x02to\x18\x02 \x03(\v2..ztunnelgo.waypoint.LocalityDistribute.ToEntryR\x02to\x1a5\n" +
+	"\aToEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"6\n" +
+	"\x10LocalityFailover\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"\x92\x02\n" +
 	"\x10OutlierDetection\x12:\n" +
 	"\x19consecutive_server_errors\x18\x01 \x01(\rR\x17consecutiveServerErrors\x12<\n" +
 	"\x1aconsecutive_gateway_errors\x18\x02 \x01(\rR\x18consecutiveGatewayErrors\x12\x1f\n" +
@@ -4970,8 +5487,8 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 	return file_waypointapi_waypoint_proto_rawDescData
 }
 
-var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_waypointapi_waypoint_proto_goTypes = []any{
 	(PathNormalization)(0),        // 0: ztunnelgo.waypoint.PathNormalization
 	(Protocol)(0),                 // 1: ztunnelgo.waypoint.Protocol
@@ -4983,160 +5500,177 @@ var file_waypointapi_waypoint_proto_goTypes = []any{
 	(PathModifier_Type)(0),        // 7: ztunnelgo.waypoint.PathModifier.Type
 	(Redirect_PortRule)(0),        // 8: ztunnelgo.waypoint.Redirect.PortRule
 	(PathMatch_Type)(0),           // 9: ztunnelgo.waypoint.PathMatch.Type
-	(LogCondition_Op)(0),          // 10: ztunnelgo.waypoint.LogCondition.Op
-	(TracingProvider_Protocol)(0), // 11: ztunnelgo.waypoint.TracingProvider.Protocol
-	(*Config)(nil),                // 12: ztunnelgo.waypoint.Config
-	(*RequestAuthn)(nil),          // 13: ztunnelgo.waypoint.RequestAuthn
-	(*JwtRule)(nil),               // 14: ztunnelgo.waypoint.JwtRule
-	(*JwtHeader)(nil),             // 15: ztunnelgo.waypoint.JwtHeader
-	(*ClaimToHeader)(nil),         // 16: ztunnelgo.waypoint.ClaimToHeader
-	(*Service)(nil),               // 17: ztunnelgo.waypoint.Service
-	(*Port)(nil),                  // 18: ztunnelgo.waypoint.Port
-	(*Workload)(nil),              // 19: ztunnelgo.waypoint.Workload
-	(*Policy)(nil),                // 20: ztunnelgo.waypoint.Policy
-	(*Rule)(nil),                  // 21: ztunnelgo.waypoint.Rule
-	(*Source)(nil),                // 22: ztunnelgo.waypoint.Source
-	(*ServiceAccount)(nil),        // 23: ztunnelgo.waypoint.ServiceAccount
-	(*Operation)(nil),             // 24: ztunnelgo.waypoint.Operation
-	(*Condition)(nil),             // 25: ztunnelgo.waypoint.Condition
-	(*Cidr)(nil),                  // 26: ztunnelgo.waypoint.Cidr
-	(*StringMatch)(nil),           // 27: ztunnelgo.waypoint.StringMatch
-	(*Route)(nil),                 // 28: ztunnelgo.waypoint.Route
-	(*RouteRule)(nil),             // 29: ztunnelgo.waypoint.RouteRule
-	(*Cors)(nil),                  // 30: ztunnelgo.waypoint.Cors
-	(*PathModifier)(nil),          // 31: ztunnelgo.waypoint.PathModifier
-	(*Rewrite)(nil),               // 32: ztunnelgo.waypoint.Rewrite
-	(*Redirect)(nil),              // 33: ztunnelgo.waypoint.Redirect
-	(*DirectResponse)(nil),        // 34: ztunnelgo.waypoint.DirectResponse
-	(*Fault)(nil),                 // 35: ztunnelgo.waypoint.Fault
-	(*Mirror)(nil),                // 36: ztunnelgo.waypoint.Mirror
-	(*RouteMatch)(nil),            // 37: ztunnelgo.waypoint.RouteMatch
-	(*SourceWorkloads)(nil),       // 38: ztunnelgo.waypoint.SourceWorkloads
-	(*PathMatch)(nil),             // 39: ztunnelgo.waypoint.PathMatch
-	(*HeaderMatch)(nil),           // 40: ztunnelgo.waypoint.HeaderMatch
-	(*HeaderModifier)(nil),        // 41: ztunnelgo.waypoint.HeaderModifier
-	(*Backend)(nil),               // 42: ztunnelgo.waypoint.Backend
-	(*TrafficPolicy)(nil),         // 43: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil),      // 44: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),                 // 45: ztunnelgo.waypoint.Retry
-	(*Telemetry)(nil),             // 46: ztunnelgo.waypoint.Telemetry
-	(*AccessLogging)(nil),         // 47: ztunnelgo.waypoint.AccessLogging
-	(*LogCondition)(nil),          // 48: ztunnelgo.waypoint.LogCondition
-	(*AccessLogProvider)(nil),     // 49: ztunnelgo.waypoint.AccessLogProvider
-	(*LogFormat)(nil),             // 50: ztunnelgo.waypoint.LogFormat
-	(*FileAccessLog)(nil),         // 51: ztunnelgo.waypoint.FileAccessLog
-	(*OtelAccessLog)(nil),         // 52: ztunnelgo.waypoint.OtelAccessLog
-	(*MetricOverride)(nil),        // 53: ztunnelgo.waypoint.MetricOverride
-	(*TagOverride)(nil),           // 54: ztunnelgo.waypoint.TagOverride
-	(*TagValue)(nil),              // 55: ztunnelgo.waypoint.TagValue
-	(*Tracing)(nil),               // 56: ztunnelgo.waypoint.Tracing
-	(*TracingProvider)(nil),       // 57: ztunnelgo.waypoint.TracingProvider
-	(*CustomTag)(nil),             // 58: ztunnelgo.waypoint.CustomTag
-	nil,                           // 59: ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
-	nil,                           // 60: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                           // 61: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                           // 62: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	nil,                           // 63: ztunnelgo.waypoint.LogFormat.LabelsEntry
-	nil,                           // 64: ztunnelgo.waypoint.TracingProvider.HeadersEntry
+	(ConsistentHash_Key)(0),       // 10: ztunnelgo.waypoint.ConsistentHash.Key
+	(LogCondition_Op)(0),          // 11: ztunnelgo.waypoint.LogCondition.Op
+	(TracingProvider_Protocol)(0), // 12: ztunnelgo.waypoint.TracingProvider.Protocol
+	(*Config)(nil),                // 13: ztunnelgo.waypoint.Config
+	(*RequestAuthn)(nil),          // 14: ztunnelgo.waypoint.RequestAuthn
+	(*JwtRule)(nil),               // 15: ztunnelgo.waypoint.JwtRule
+	(*JwtHeader)(nil),             // 16: ztunnelgo.waypoint.JwtHeader
+	(*ClaimToHeader)(nil),         // 17: ztunnelgo.waypoint.ClaimToHeader
+	(*Service)(nil),               // 18: ztunnelgo.waypoint.Service
+	(*Port)(nil),                  // 19: ztunnelgo.waypoint.Port
+	(*Workload)(nil),              // 20: ztunnelgo.waypoint.Workload
+	(*Policy)(nil),                // 21: ztunnelgo.waypoint.Policy
+	(*Rule)(nil),                  // 22: ztunnelgo.waypoint.Rule
+	(*Source)(nil),                // 23: ztunnelgo.waypoint.Source
+	(*ServiceAccount)(nil),        // 24: ztunnelgo.waypoint.ServiceAccount
+	(*Operation)(nil),             // 25: ztunnelgo.waypoint.Operation
+	(*Condition)(nil),             // 26: ztunnelgo.waypoint.Condition
+	(*Cidr)(nil),                  // 27: ztunnelgo.waypoint.Cidr
+	(*StringMatch)(nil),           // 28: ztunnelgo.waypoint.StringMatch
+	(*Route)(nil),                 // 29: ztunnelgo.waypoint.Route
+	(*RouteRule)(nil),             // 30: ztunnelgo.waypoint.RouteRule
+	(*Cors)(nil),                  // 31: ztunnelgo.waypoint.Cors
+	(*PathModifier)(nil),          // 32: ztunnelgo.waypoint.PathModifier
+	(*Rewrite)(nil),               // 33: ztunnelgo.waypoint.Rewrite
+	(*Redirect)(nil),              // 34: ztunnelgo.waypoint.Redirect
+	(*DirectResponse)(nil),        // 35: ztunnelgo.waypoint.DirectResponse
+	(*Fault)(nil),                 // 36: ztunnelgo.waypoint.Fault
+	(*Mirror)(nil),                // 37: ztunnelgo.waypoint.Mirror
+	(*RouteMatch)(nil),            // 38: ztunnelgo.waypoint.RouteMatch
+	(*SourceWorkloads)(nil),       // 39: ztunnelgo.waypoint.SourceWorkloads
+	(*PathMatch)(nil),             // 40: ztunnelgo.waypoint.PathMatch
+	(*HeaderMatch)(nil),           // 41: ztunnelgo.waypoint.HeaderMatch
+	(*HeaderModifier)(nil),        // 42: ztunnelgo.waypoint.HeaderModifier
+	(*Backend)(nil),               // 43: ztunnelgo.waypoint.Backend
+	(*TrafficPolicy)(nil),         // 44: ztunnelgo.waypoint.TrafficPolicy
+	(*ConnectionPool)(nil),        // 45: ztunnelgo.waypoint.ConnectionPool
+	(*ConsistentHash)(nil),        // 46: ztunnelgo.waypoint.ConsistentHash
+	(*LocalityLb)(nil),            // 47: ztunnelgo.waypoint.LocalityLb
+	(*LocalityDistribute)(nil),    // 48: ztunnelgo.waypoint.LocalityDistribute
+	(*LocalityFailover)(nil),      // 49: ztunnelgo.waypoint.LocalityFailover
+	(*OutlierDetection)(nil),      // 50: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),                 // 51: ztunnelgo.waypoint.Retry
+	(*Telemetry)(nil),             // 52: ztunnelgo.waypoint.Telemetry
+	(*AccessLogging)(nil),         // 53: ztunnelgo.waypoint.AccessLogging
+	(*LogCondition)(nil),          // 54: ztunnelgo.waypoint.LogCondition
+	(*AccessLogProvider)(nil),     // 55: ztunnelgo.waypoint.AccessLogProvider
+	(*LogFormat)(nil),             // 56: ztunnelgo.waypoint.LogFormat
+	(*FileAccessLog)(nil),         // 57: ztunnelgo.waypoint.FileAccessLog
+	(*OtelAccessLog)(nil),         // 58: ztunnelgo.waypoint.OtelAccessLog
+	(*MetricOverride)(nil),        // 59: ztunnelgo.waypoint.MetricOverride
+	(*TagOverride)(nil),           // 60: ztunnelgo.waypoint.TagOverride
+	(*TagValue)(nil),              // 61: ztunnelgo.waypoint.TagValue
+	(*Tracing)(nil),               // 62: ztunnelgo.waypoint.Tracing
+	(*TracingProvider)(nil),       // 63: ztunnelgo.waypoint.TracingProvider
+	(*CustomTag)(nil),             // 64: ztunnelgo.waypoint.CustomTag
+	nil,                           // 65: ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	nil,                           // 66: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                           // 67: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                           // 68: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	nil,                           // 69: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
+	nil,                           // 70: ztunnelgo.waypoint.LocalityDistribute.ToEntry
+	nil,                           // 71: ztunnelgo.waypoint.LogFormat.LabelsEntry
+	nil,                           // 72: ztunnelgo.waypoint.TracingProvider.HeadersEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
-	17, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
-	19, // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
-	20, // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
-	13, // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
-	0,  // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
-	46, // 5: ztunnelgo.waypoint.Config.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
-	14, // 6: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
-	15, // 7: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
-	16, // 8: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
-	18, // 9: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
-	28, // 10: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
-	46, // 11: ztunnelgo.waypoint.Service.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
-	1,  // 12: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
-	2,  // 13: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
-	21, // 14: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
-	22, // 15: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
-	24, // 16: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
-	25, // 17: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
-	27, // 18: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 19: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 20: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 21: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
-	26, // 22: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	26, // 23: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	26, // 24: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	26, // 25: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
-	27, // 26: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 27: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
-	23, // 28: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	23, // 29: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
-	27, // 30: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 31: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 32: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 33: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 34: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 35: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 36: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 37: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 38: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
-	27, // 39: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
-	29, // 40: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
-	37, // 41: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
-	41, // 42: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	42, // 43: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	45, // 44: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
-	36, // 45: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
-	35, // 46: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
-	41, // 47: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	32, // 48: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
-	33, // 49: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
-	34, // 50: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
-	30, // 51: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
-	6,  // 52: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
-	7,  // 53: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
-	31, // 54: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
-	31, // 55: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
-	8,  // 56: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
-	42, // 57: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
-	39, // 58: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
-	40, // 59: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
-	40, // 60: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
-	38, // 61: ztunnelgo.waypoint.RouteMatch.source_workloads:type_name -> ztunnelgo.waypoint.SourceWorkloads
-	59, // 62: ztunnelgo.waypoint.SourceWorkloads.labels:type_name -> ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
-	9,  // 63: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	60, // 64: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	61, // 65: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	62, // 66: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	43, // 67: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	41, // 68: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	41, // 69: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
-	3,  // 70: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	44, // 71: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	47, // 72: ztunnelgo.waypoint.Telemetry.access_logging:type_name -> ztunnelgo.waypoint.AccessLogging
-	53, // 73: ztunnelgo.waypoint.Telemetry.metric_overrides:type_name -> ztunnelgo.waypoint.MetricOverride
-	56, // 74: ztunnelgo.waypoint.Telemetry.tracing:type_name -> ztunnelgo.waypoint.Tracing
-	49, // 75: ztunnelgo.waypoint.AccessLogging.providers:type_name -> ztunnelgo.waypoint.AccessLogProvider
-	48, // 76: ztunnelgo.waypoint.AccessLogging.filter:type_name -> ztunnelgo.waypoint.LogCondition
-	4,  // 77: ztunnelgo.waypoint.LogCondition.attribute:type_name -> ztunnelgo.waypoint.Attribute
-	10, // 78: ztunnelgo.waypoint.LogCondition.op:type_name -> ztunnelgo.waypoint.LogCondition.Op
-	51, // 79: ztunnelgo.waypoint.AccessLogProvider.file:type_name -> ztunnelgo.waypoint.FileAccessLog
-	52, // 80: ztunnelgo.waypoint.AccessLogProvider.otel:type_name -> ztunnelgo.waypoint.OtelAccessLog
-	63, // 81: ztunnelgo.waypoint.LogFormat.labels:type_name -> ztunnelgo.waypoint.LogFormat.LabelsEntry
-	50, // 82: ztunnelgo.waypoint.FileAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
-	50, // 83: ztunnelgo.waypoint.OtelAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
-	5,  // 84: ztunnelgo.waypoint.MetricOverride.metric:type_name -> ztunnelgo.waypoint.Metric
-	54, // 85: ztunnelgo.waypoint.MetricOverride.tags:type_name -> ztunnelgo.waypoint.TagOverride
-	55, // 86: ztunnelgo.waypoint.TagOverride.value:type_name -> ztunnelgo.waypoint.TagValue
-	4,  // 87: ztunnelgo.waypoint.TagValue.attribute:type_name -> ztunnelgo.waypoint.Attribute
-	57, // 88: ztunnelgo.waypoint.Tracing.provider:type_name -> ztunnelgo.waypoint.TracingProvider
-	58, // 89: ztunnelgo.waypoint.Tracing.custom_tags:type_name -> ztunnelgo.waypoint.CustomTag
-	11, // 90: ztunnelgo.waypoint.TracingProvider.protocol:type_name -> ztunnelgo.waypoint.TracingProvider.Protocol
-	64, // 91: ztunnelgo.waypoint.TracingProvider.headers:type_name -> ztunnelgo.waypoint.TracingProvider.HeadersEntry
-	92, // [92:92] is the sub-list for method output_type
-	92, // [92:92] is the sub-list for method input_type
-	92, // [92:92] is the sub-list for extension type_name
-	92, // [92:92] is the sub-list for extension extendee
-	0,  // [0:92] is the sub-list for field type_name
+	18,  // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
+	20,  // 1: ztunnelgo.waypoint.Config.workloads:type_name -> ztunnelgo.waypoint.Workload
+	21,  // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
+	14,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
+	0,   // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
+	52,  // 5: ztunnelgo.waypoint.Config.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
+	15,  // 6: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
+	16,  // 7: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
+	17,  // 8: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
+	19,  // 9: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
+	29,  // 10: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
+	52,  // 11: ztunnelgo.waypoint.Service.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
+	1,   // 12: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
+	2,   // 13: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
+	22,  // 14: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
+	23,  // 15: ztunnelgo.waypoint.Rule.from:type_name -> ztunnelgo.waypoint.Source
+	25,  // 16: ztunnelgo.waypoint.Rule.to:type_name -> ztunnelgo.waypoint.Operation
+	26,  // 17: ztunnelgo.waypoint.Rule.when:type_name -> ztunnelgo.waypoint.Condition
+	28,  // 18: ztunnelgo.waypoint.Source.principals:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 19: ztunnelgo.waypoint.Source.not_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 20: ztunnelgo.waypoint.Source.namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 21: ztunnelgo.waypoint.Source.not_namespaces:type_name -> ztunnelgo.waypoint.StringMatch
+	27,  // 22: ztunnelgo.waypoint.Source.ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	27,  // 23: ztunnelgo.waypoint.Source.not_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	27,  // 24: ztunnelgo.waypoint.Source.remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	27,  // 25: ztunnelgo.waypoint.Source.not_remote_ip_blocks:type_name -> ztunnelgo.waypoint.Cidr
+	28,  // 26: ztunnelgo.waypoint.Source.request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 27: ztunnelgo.waypoint.Source.not_request_principals:type_name -> ztunnelgo.waypoint.StringMatch
+	24,  // 28: ztunnelgo.waypoint.Source.service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	24,  // 29: ztunnelgo.waypoint.Source.not_service_accounts:type_name -> ztunnelgo.waypoint.ServiceAccount
+	28,  // 30: ztunnelgo.waypoint.Source.trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 31: ztunnelgo.waypoint.Source.not_trust_domains:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 32: ztunnelgo.waypoint.Operation.hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 33: ztunnelgo.waypoint.Operation.not_hosts:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 34: ztunnelgo.waypoint.Operation.methods:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 35: ztunnelgo.waypoint.Operation.not_methods:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 36: ztunnelgo.waypoint.Operation.paths:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 37: ztunnelgo.waypoint.Operation.not_paths:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 38: ztunnelgo.waypoint.Condition.values:type_name -> ztunnelgo.waypoint.StringMatch
+	28,  // 39: ztunnelgo.waypoint.Condition.not_values:type_name -> ztunnelgo.waypoint.StringMatch
+	30,  // 40: ztunnelgo.waypoint.Route.rules:type_name -> ztunnelgo.waypoint.RouteRule
+	38,  // 41: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
+	42,  // 42: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	43,  // 43: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
+	51,  // 44: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	37,  // 45: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
+	36,  // 46: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
+	42,  // 47: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	33,  // 48: ztunnelgo.waypoint.RouteRule.rewrite:type_name -> ztunnelgo.waypoint.Rewrite
+	34,  // 49: ztunnelgo.waypoint.RouteRule.redirect:type_name -> ztunnelgo.waypoint.Redirect
+	35,  // 50: ztunnelgo.waypoint.RouteRule.direct_response:type_name -> ztunnelgo.waypoint.DirectResponse
+	31,  // 51: ztunnelgo.waypoint.RouteRule.cors:type_name -> ztunnelgo.waypoint.Cors
+	6,   // 52: ztunnelgo.waypoint.Cors.unmatched_preflight:type_name -> ztunnelgo.waypoint.Cors.Unmatched
+	7,   // 53: ztunnelgo.waypoint.PathModifier.type:type_name -> ztunnelgo.waypoint.PathModifier.Type
+	32,  // 54: ztunnelgo.waypoint.Rewrite.path:type_name -> ztunnelgo.waypoint.PathModifier
+	32,  // 55: ztunnelgo.waypoint.Redirect.path:type_name -> ztunnelgo.waypoint.PathModifier
+	8,   // 56: ztunnelgo.waypoint.Redirect.port_rule:type_name -> ztunnelgo.waypoint.Redirect.PortRule
+	43,  // 57: ztunnelgo.waypoint.Mirror.backend:type_name -> ztunnelgo.waypoint.Backend
+	40,  // 58: ztunnelgo.waypoint.RouteMatch.path:type_name -> ztunnelgo.waypoint.PathMatch
+	41,  // 59: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
+	41,  // 60: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
+	39,  // 61: ztunnelgo.waypoint.RouteMatch.source_workloads:type_name -> ztunnelgo.waypoint.SourceWorkloads
+	65,  // 62: ztunnelgo.waypoint.SourceWorkloads.labels:type_name -> ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	9,   // 63: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
+	66,  // 64: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	67,  // 65: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	68,  // 66: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	44,  // 67: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	42,  // 68: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	42,  // 69: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
+	3,   // 70: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
+	50,  // 71: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	45,  // 72: ztunnelgo.waypoint.TrafficPolicy.connection_pool:type_name -> ztunnelgo.waypoint.ConnectionPool
+	46,  // 73: ztunnelgo.waypoint.TrafficPolicy.consistent_hash:type_name -> ztunnelgo.waypoint.ConsistentHash
+	47,  // 74: ztunnelgo.waypoint.TrafficPolicy.locality:type_name -> ztunnelgo.waypoint.LocalityLb
+	69,  // 75: ztunnelgo.waypoint.TrafficPolicy.port_policies:type_name -> ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
+	10,  // 76: ztunnelgo.waypoint.ConsistentHash.key:type_name -> ztunnelgo.waypoint.ConsistentHash.Key
+	48,  // 77: ztunnelgo.waypoint.LocalityLb.distribute:type_name -> ztunnelgo.waypoint.LocalityDistribute
+	49,  // 78: ztunnelgo.waypoint.LocalityLb.failover:type_name -> ztunnelgo.waypoint.LocalityFailover
+	70,  // 79: ztunnelgo.waypoint.LocalityDistribute.to:type_name -> ztunnelgo.waypoint.LocalityDistribute.ToEntry
+	53,  // 80: ztunnelgo.waypoint.Telemetry.access_logging:type_name -> ztunnelgo.waypoint.AccessLogging
+	59,  // 81: ztunnelgo.waypoint.Telemetry.metric_overrides:type_name -> ztunnelgo.waypoint.MetricOverride
+	62,  // 82: ztunnelgo.waypoint.Telemetry.tracing:type_name -> ztunnelgo.waypoint.Tracing
+	55,  // 83: ztunnelgo.waypoint.AccessLogging.providers:type_name -> ztunnelgo.waypoint.AccessLogProvider
+	54,  // 84: ztunnelgo.waypoint.AccessLogging.filter:type_name -> ztunnelgo.waypoint.LogCondition
+	4,   // 85: ztunnelgo.waypoint.LogCondition.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	11,  // 86: ztunnelgo.waypoint.LogCondition.op:type_name -> ztunnelgo.waypoint.LogCondition.Op
+	57,  // 87: ztunnelgo.waypoint.AccessLogProvider.file:type_name -> ztunnelgo.waypoint.FileAccessLog
+	58,  // 88: ztunnelgo.waypoint.AccessLogProvider.otel:type_name -> ztunnelgo.waypoint.OtelAccessLog
+	71,  // 89: ztunnelgo.waypoint.LogFormat.labels:type_name -> ztunnelgo.waypoint.LogFormat.LabelsEntry
+	56,  // 90: ztunnelgo.waypoint.FileAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	56,  // 91: ztunnelgo.waypoint.OtelAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	5,   // 92: ztunnelgo.waypoint.MetricOverride.metric:type_name -> ztunnelgo.waypoint.Metric
+	60,  // 93: ztunnelgo.waypoint.MetricOverride.tags:type_name -> ztunnelgo.waypoint.TagOverride
+	61,  // 94: ztunnelgo.waypoint.TagOverride.value:type_name -> ztunnelgo.waypoint.TagValue
+	4,   // 95: ztunnelgo.waypoint.TagValue.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	63,  // 96: ztunnelgo.waypoint.Tracing.provider:type_name -> ztunnelgo.waypoint.TracingProvider
+	64,  // 97: ztunnelgo.waypoint.Tracing.custom_tags:type_name -> ztunnelgo.waypoint.CustomTag
+	12,  // 98: ztunnelgo.waypoint.TracingProvider.protocol:type_name -> ztunnelgo.waypoint.TracingProvider.Protocol
+	72,  // 99: ztunnelgo.waypoint.TracingProvider.headers:type_name -> ztunnelgo.waypoint.TracingProvider.HeadersEntry
+	44,  // 100: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry.value:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	101, // [101:101] is the sub-list for method output_type
+	101, // [101:101] is the sub-list for method input_type
+	101, // [101:101] is the sub-list for extension type_name
+	101, // [101:101] is the sub-list for extension extendee
+	0,   // [0:101] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -5150,11 +5684,11 @@ func file_waypointapi_waypoint_proto_init() {
 		(*StringMatch_Suffix)(nil),
 		(*StringMatch_Presence)(nil),
 	}
-	file_waypointapi_waypoint_proto_msgTypes[37].OneofWrappers = []any{
+	file_waypointapi_waypoint_proto_msgTypes[42].OneofWrappers = []any{
 		(*AccessLogProvider_File)(nil),
 		(*AccessLogProvider_Otel)(nil),
 	}
-	file_waypointapi_waypoint_proto_msgTypes[46].OneofWrappers = []any{
+	file_waypointapi_waypoint_proto_msgTypes[51].OneofWrappers = []any{
 		(*CustomTag_Literal)(nil),
 		(*CustomTag_Header)(nil),
 		(*CustomTag_Environment)(nil),
@@ -5164,8 +5698,8 @@ func file_waypointapi_waypoint_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
-			NumEnums:      12,
-			NumMessages:   53,
+			NumEnums:      13,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -499,24 +499,60 @@ var table = map[string][]Entry{
 // trafficPolicyEntries decides a DestinationRule TrafficPolicy at prefix:
 // the top-level one and each subset's mean the same, field for field.
 func trafficPolicyEntries(p string) []Entry {
-	return []Entry{
+	out := []Entry{
 		enf(p, "TestWaypointDestinationRuleOnly"),
-		enf(p+".loadBalancer", "TestWaypointDestinationRuleOnly", "simple ROUND_ROBIN, RANDOM, LEAST_REQUEST (LEAST_CONN as LEAST_REQUEST)"),
-		ref(p+".loadBalancer.consistentHash", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".loadBalancer.localityLbSetting", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".loadBalancer.warmupDurationSecs", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".loadBalancer.warmup", "TestWaypointDestinationRuleOnly", destAnswers500),
-		enf(p+".outlierDetection", "TestOutlierEjection"),
-		ref(p+".outlierDetection.splitExternalLocalOriginErrors", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".outlierDetection.consecutiveLocalOriginFailures", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".outlierDetection.minHealthPercent", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".outlierDetection.outlierDetectionHttpErrorCodes[]", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".outlierDetection.failurePercentageThreshold", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".connectionPool", "TestWaypointDestinationRuleOnly", destAnswers500),
-		ref(p+".portLevelSettings[]", "TestWaypointDestinationRuleOnly", destAnswers500),
+		enf(p+".portLevelSettings[]", "TestDestinationRuleTrafficPolicy",
+			"merged as Istio's MergeTrafficPolicy: an entry replaces loadBalancer, connectionPool, outlierDetection and tls for its port, set or not"),
+		enf(p+".portLevelSettings[].port", "TestDestinationRuleTrafficPolicy", "by number"),
 		ref(p+".tunnel", "TestWaypointDestinationRuleOnly", destAnswers500),
 		ref(p+".proxyProtocol", "TestWaypointDestinationRuleOnly", destAnswers500),
 		ref(p+".retryBudget", "TestWaypointDestinationRuleOnly", destAnswers500),
+	}
+	out = append(out, policyFieldEntries(p)...)
+	return append(out, policyFieldEntries(p+".portLevelSettings[]")...)
+}
+
+// policyFieldEntries decides the fields a TrafficPolicy and each of its
+// portLevelSettings have alike.
+func policyFieldEntries(p string) []Entry {
+	lb, cp, od := p+".loadBalancer", p+".connectionPool", p+".outlierDetection"
+	return []Entry{
+		enf(lb, "TestWaypointDestinationRuleOnly", "simple ROUND_ROBIN, RANDOM, LEAST_REQUEST (LEAST_CONN as LEAST_REQUEST)"),
+		enf(lb+".consistentHash", "TestWaypointConsistentHash",
+			"xxHash64 keys in Envoy's ring hash (default) or Maglev table over the pool's endpoints not ejected; a request without its key is balanced by simple"),
+		enf(lb+".consistentHash.httpCookie", "TestHashCookie", "with ttl: the cookie is generated when absent (Set-Cookie, HttpOnly), as Envoy does"),
+		ref(lb+".consistentHash.httpCookie.attributes[]", "TestDestinationRuleRefusals", destAnswers500),
+		enf(lb+".consistentHash.maglev", "TestConsistentHash", "tableSize must be a prime, as Envoy requires; others are refused"),
+		enf(lb+".consistentHash.ringHash", "TestConsistentHash", "each endpoint at ceil(minimumRingSize/n) points, as Envoy"),
+		enf(lb+".localityLbSetting", "TestWaypointLocalityFailover",
+			"from the waypoint's own locality in the workload API; failover needs outlierDetection as in Istio, and with it applies by default; Envoy's priority load with overprovisioning 1.4"),
+		enf(lb+".localityLbSetting.failoverPriority[]", "TestDestinationRuleRefusals",
+			"the labels topology.istio.io/network, topology.kubernetes.io/region, topology.kubernetes.io/zone and topology.istio.io/subzone (from the workload API); other labels, and failoverPriority with failover, are refused and requests to the destination answer 500"),
+		ref(lb+".warmupDurationSecs", "TestWaypointDestinationRuleOnly", destAnswers500),
+		ref(lb+".warmup", "TestWaypointDestinationRuleOnly", destAnswers500),
+		enf(od, "TestOutlierEjection"),
+		ref(od+".splitExternalLocalOriginErrors", "TestWaypointDestinationRuleOnly", destAnswers500),
+		ref(od+".consecutiveLocalOriginFailures", "TestWaypointDestinationRuleOnly", destAnswers500),
+		ref(od+".minHealthPercent", "TestWaypointDestinationRuleOnly", destAnswers500),
+		ref(od+".outlierDetectionHttpErrorCodes[]", "TestWaypointDestinationRuleOnly", destAnswers500),
+		ref(od+".failurePercentageThreshold", "TestWaypointDestinationRuleOnly", destAnswers500),
+		enf(cp, "TestWaypointConnectionPool",
+			"circuit breaking per host, subset and port; an overflowing request answers 503 with Envoy's overflow body and response flag UO"),
+		enf(cp+".tcp.maxConnections", "TestCircuitBreakerPending", "HTTP/1.1 upstream connections in use at once; HTTP/2 streams share a connection"),
+		enf(cp+".tcp.connectTimeout", "TestDestinationRuleTrafficPolicy", "also how long a pending request waits for a connection"),
+		ref(cp+".tcp.tcpKeepalive", "TestWaypointDestinationRuleOnly", destAnswers500),
+		ref(cp+".tcp.maxConnectionDuration", "TestDestinationRuleRefusals", destAnswers500),
+		ref(cp+".tcp.idleTimeout", "TestRefusedFieldsAreRefused", destAnswers500),
+		enf(cp+".http.http1MaxPendingRequests", "TestCircuitBreakerPending"),
+		enf(cp+".http.http2MaxRequests", "TestWaypointConnectionPool"),
+		enf(cp+".http.maxRequestsPerConnection", "TestLimits",
+			"an HTTP/1.1 upstream connection closes after that many requests; an HTTP/2 one takes no more streams and closes once they end (TestLimits, TestLimitedTransports)"),
+		enf(cp+".http.maxRetries", "TestCircuitBreaker", "a retry over it is not sent and the last answer stands"),
+		enf(cp+".http.idleTimeout", "TestLimits", "on HTTP/1.1 and HTTP/2 upstream connections (TestLimits, TestLimitedTransports)"),
+		ref(cp+".http.h2UpgradePolicy", "TestDestinationRuleRefusals", destAnswers500),
+		ref(cp+".http.useClientProtocol", "TestRefusedFieldsAreRefused", destAnswers500),
+		ref(cp+".http.maxConcurrentStreams", "TestDestinationRuleTrafficPolicy", destAnswers500),
+		ref(cp+".http.http2KeepAlive", "TestRefusedFieldsAreRefused", destAnswers500),
 		enf(p+".tls", "TestWaypointDestinationRuleOnly", "ISTIO_MUTUAL only: any other mode is refused and requests to the destination answer 500"),
 	}
 }

@@ -79,22 +79,7 @@ func (ir *istioRouting) applyDR(clientNs, wp, svcKey string, b *waypointapi.Back
 		subTP, subPath = sub.GetTrafficPolicy(), fieldAt("spec.subsets", i)+".trafficPolicy"
 	}
 	var bad problems
-	out := &waypointapi.TrafficPolicy{}
-	lb, lbPath := tp.GetLoadBalancer(), tpPath+".loadBalancer"
-	if subTP.GetLoadBalancer() != nil {
-		lb, lbPath = subTP.GetLoadBalancer(), subPath+".loadBalancer"
-	}
-	out.LoadBalancer = convertLB(lbPath, lb, &bad)
-	od, odPath := tp.GetOutlierDetection(), tpPath+".outlierDetection"
-	if subTP.GetOutlierDetection() != nil {
-		od, odPath = subTP.GetOutlierDetection(), subPath+".outlierDetection"
-	}
-	out.OutlierDetection = convertOutlier(odPath, od, &bad)
-	unsupportedTP(tpPath, tp, &bad)
-	if subTP != nil {
-		unsupportedTP(subPath, subTP, &bad)
-	}
-	if out.LoadBalancer != waypointapi.LoadBalancer_LB_DEFAULT || out.OutlierDetection != nil {
+	if out := trafficPolicy(tp, subTP, tpPath, subPath, &bad); out != nil {
 		b.TrafficPolicy = out
 	}
 	for _, p := range bad {
@@ -107,9 +92,6 @@ func convertLB(path string, lb *networkingv1alpha3.LoadBalancerSettings, bad *pr
 	if lb == nil {
 		return waypointapi.LoadBalancer_LB_DEFAULT
 	}
-	if lb.GetLocalityLbSetting() != nil {
-		bad.addf(path+".localityLbSetting", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
-	}
 	if lb.GetWarmupDurationSecs() != nil {
 		bad.addf(path+".warmupDurationSecs", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	}
@@ -117,8 +99,8 @@ func convertLB(path string, lb *networkingv1alpha3.LoadBalancerSettings, bad *pr
 		bad.addf(path+".warmup", "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	}
 	switch p := lb.GetLbPolicy().(type) {
-	case nil:
-		return waypointapi.LoadBalancer_LB_DEFAULT
+	case nil, *networkingv1alpha3.LoadBalancerSettings_ConsistentHash:
+		return waypointapi.LoadBalancer_LB_DEFAULT // consistentHash: convertHash
 	case *networkingv1alpha3.LoadBalancerSettings_Simple:
 		switch p.Simple {
 		case networkingv1alpha3.LoadBalancerSettings_UNSPECIFIED:
@@ -131,10 +113,8 @@ func convertLB(path string, lb *networkingv1alpha3.LoadBalancerSettings, bad *pr
 			return waypointapi.LoadBalancer_LEAST_REQUEST
 		}
 		bad.addf(path+".simple", "%s is not supported by ztunnel-go's waypoint; requests to this destination answer 500", p.Simple)
-	case *networkingv1alpha3.LoadBalancerSettings_ConsistentHash:
-		bad.addf(path+".consistentHash", "only loadBalancer.simple is supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	default:
-		bad.addf(path, "only loadBalancer.simple is supported by ztunnel-go's waypoint; requests to this destination answer 500")
+		bad.addf(path, "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
 	}
 	return waypointapi.LoadBalancer_LB_DEFAULT
 }
@@ -193,8 +173,6 @@ func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *probl
 		name string
 		set  bool
 	}{
-		{"connectionPool", tp.GetConnectionPool() != nil},
-		{"portLevelSettings", len(tp.GetPortLevelSettings()) > 0},
 		{"tunnel", tp.GetTunnel() != nil},
 		{"proxyProtocol", tp.GetProxyProtocol() != nil},
 		{"retryBudget", tp.GetRetryBudget() != nil},
@@ -207,6 +185,19 @@ func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *probl
 	// mesh's identities): ISTIO_MUTUAL is what it does; other modes not.
 	if tls := tp.GetTls(); tls != nil && tls.GetMode() != networkingv1alpha3.ClientTLSSettings_ISTIO_MUTUAL {
 		bad.addf(path+".tls.mode", "%s: ztunnel-go's waypoint always uses HBONE mTLS (ISTIO_MUTUAL); requests to this destination answer 500", tls.GetMode())
+	}
+	for i, pl := range tp.GetPortLevelSettings() {
+		pp := fieldAt(path+".portLevelSettings", i)
+		if pl.GetPort().GetNumber() == 0 {
+			bad.addf(pp+".port", "a port number is required; requests to this destination answer 500")
+		}
+		var e effectiveTP
+		e.take(&networkingv1alpha3.TrafficPolicy{LoadBalancer: pl.GetLoadBalancer(), OutlierDetection: pl.GetOutlierDetection(),
+			ConnectionPool: pl.GetConnectionPool()}, pp, true)
+		convertEffective(&e, bad)
+		if tls := pl.GetTls(); tls != nil && tls.GetMode() != networkingv1alpha3.ClientTLSSettings_ISTIO_MUTUAL {
+			bad.addf(pp+".tls.mode", "%s: ztunnel-go's waypoint always uses HBONE mTLS (ISTIO_MUTUAL); requests to this destination answer 500", tls.GetMode())
+		}
 	}
 }
 
@@ -225,9 +216,7 @@ func validateDR(d *networkingv1.DestinationRule) problems {
 		if tp == nil {
 			return
 		}
-		convertLB(path+".loadBalancer", tp.GetLoadBalancer(), &bad)
-		convertOutlier(path+".outlierDetection", tp.GetOutlierDetection(), &bad)
-		unsupportedTP(path, tp, &bad)
+		trafficPolicy(tp, nil, path, "", &bad)
 	}
 	check("spec.trafficPolicy", d.Spec.GetTrafficPolicy())
 	for i, sub := range d.Spec.GetSubsets() {

@@ -348,7 +348,7 @@ spec:
 	}
 	want := &waypointapi.TrafficPolicy{LoadBalancer: waypointapi.LoadBalancer_ROUND_ROBIN, OutlierDetection: &waypointapi.OutlierDetection{
 		ConsecutiveServerErrors: 2, IntervalMs: 1000, BaseEjectionTimeMs: 5000, MaxEjectionPercent: 50,
-	}}
+	}, Locality: &waypointapi.LocalityLb{}}
 	if tp := routes[0].GetRules()[0].GetBackends()[0].GetTrafficPolicy(); !proto.Equal(tp, want) {
 		t.Fatalf("traffic policy %v", tp)
 	}
@@ -360,8 +360,9 @@ spec:
 
 // TestWaypointDestinationRuleOnly: a DestinationRule with a traffic policy
 // on a service with no route gives it a catch-all route to itself carrying
-// the policy; a policy field the waypoint cannot enforce (connectionPool)
-// makes it answer 500 and is reported.
+// the policy (with outlier detection, Istio's default locality failover);
+// a policy field the waypoint cannot enforce (tcp.tcpKeepalive) makes it
+// answer 500 and is reported.
 func TestWaypointDestinationRuleOnly(t *testing.T) {
 	c, sts := bookinfoConfig(t, `---
 apiVersion: networking.istio.io/v1
@@ -376,13 +377,13 @@ kind: DestinationRule
 metadata: {name: reviews, namespace: default}
 spec:
   host: reviews
-  trafficPolicy: {connectionPool: {tcp: {maxConnections: 1}}}
+  trafficPolicy: {connectionPool: {tcp: {maxConnections: 1, tcpKeepalive: {probes: 3}}}}
 `)
 	r := serviceRoutes(t, c, "ratings")
 	want := &waypointapi.Backend{Hostname: "ratings.default.svc.cluster.local", Namespace: "default", Weight: 1,
 		TrafficPolicy: &waypointapi.TrafficPolicy{LoadBalancer: waypointapi.LoadBalancer_LEAST_REQUEST, OutlierDetection: &waypointapi.OutlierDetection{
 			ConsecutiveServerErrors: 5, ConsecutiveGatewayErrors: 3, IntervalMs: 10000, BaseEjectionTimeMs: 30000, MaxEjectionPercent: 10,
-		}}}
+		}, Locality: &waypointapi.LocalityLb{}}}
 	if len(r) != 1 || r[0].GetKind() != "DestinationRule" || !proto.Equal(r[0].GetRules()[0].GetBackends()[0], want) {
 		t.Fatalf("ratings routes %v", r)
 	}
@@ -390,7 +391,7 @@ spec:
 	if len(r) != 1 || r[0].GetRules()[0].GetBackends() != nil {
 		t.Fatalf("reviews routes %v: an unenforceable policy must answer 500", r)
 	}
-	if st := statusOf(sts, "DestinationRule", "default/reviews"); len(st.Invalid) != 1 || !strings.HasPrefix(st.Invalid[0], "spec.trafficPolicy.connectionPool: ") {
+	if st := statusOf(sts, "DestinationRule", "default/reviews"); len(st.Invalid) != 1 || !strings.HasPrefix(st.Invalid[0], "spec.trafficPolicy.connectionPool.tcp.tcpKeepalive: ") {
 		t.Fatalf("status %+v", st)
 	}
 }

@@ -19,24 +19,57 @@ import (
 // service, instead of by the node proxy's endpoint choice.
 type backendPolicy struct {
 	// pool names the endpoint set whose state (round-robin position,
-	// outlier counters) is shared: host and subset, as Envoy's cluster
-	// "outbound|port|subset|host"; the port is added per request.
+	// outlier counters, circuit breakers) is shared: host and subset, as
+	// Envoy's cluster "outbound|port|subset|host"; the port is added per
+	// request.
 	pool    string
 	subset  string
 	members map[string]bool // workload uids; nil: every endpoint (no subset)
-	lb      waypointapi.LoadBalancer
-	outlier *outlierPolicy // nil: no outlier detection
+	policy
+	// ports: portLevelSettings, the policy of each port they name (nil:
+	// none); other ports use the embedded policy.
+	ports map[uint16]*policy
+}
+
+// policy is the traffic policy of one port of a backend.
+type policy struct {
+	lb       waypointapi.LoadBalancer
+	outlier  *outlierPolicy  // nil: no outlier detection
+	limits   *limits         // connectionPool; nil: no circuit breaking
+	hash     *hashPolicy     // consistentHash; nil: lb
+	locality *localityPolicy // localityLbSetting; nil: every endpoint alike
+}
+
+func compilePolicy(tp *waypointapi.TrafficPolicy) policy {
+	return policy{lb: tp.GetLoadBalancer(), outlier: compileOutlier(tp.GetOutlierDetection()),
+		limits: compileLimits(tp.GetConnectionPool()), hash: compileHash(tp.GetConsistentHash()),
+		locality: compileLocality(tp.GetLocality())}
+}
+
+// at is the policy for requests to port.
+func (bp *backendPolicy) at(port uint16) *policy {
+	if p, ok := bp.ports[port]; ok {
+		return p
+	}
+	return &bp.policy
 }
 
 // compileBackendPolicy returns nil for a backend without a subset or a
 // traffic policy (it keeps the node proxy's choice).
 func compileBackendPolicy(b *waypointapi.Backend) *backendPolicy {
 	tp := b.GetTrafficPolicy()
-	if b.GetSubset() == "" && tp.GetLoadBalancer() == waypointapi.LoadBalancer_LB_DEFAULT && tp.GetOutlierDetection() == nil {
+	if b.GetSubset() == "" && tp == nil {
 		return nil
 	}
 	p := &backendPolicy{pool: b.GetNamespace() + "/" + b.GetHostname() + "|" + b.GetSubset(), subset: b.GetSubset(),
-		lb: tp.GetLoadBalancer(), outlier: compileOutlier(tp.GetOutlierDetection())}
+		policy: compilePolicy(tp)}
+	for port, pp := range tp.GetPortPolicies() {
+		if p.ports == nil {
+			p.ports = map[uint16]*policy{}
+		}
+		c := compilePolicy(pp)
+		p.ports[uint16(port)] = &c
+	}
 	if b.GetSubset() != "" {
 		p.members = make(map[string]bool, len(b.GetSubsetWorkloads()))
 		for _, uid := range b.GetSubsetWorkloads() {
@@ -57,6 +90,8 @@ type pool struct {
 	eps     sync.Map      // workload uid → *endpointStats
 	entries atomic.Int64  // how many eps holds
 	pruning atomic.Bool
+	cb      breaker                   // circuit breakers (breaker.go)
+	table   atomic.Pointer[hashTable] // the consistent hash table of the latest endpoint set (hash.go)
 }
 
 // endpointStats are one endpoint's counters; every field is atomic, so the
@@ -114,6 +149,9 @@ type candidate struct {
 	w    *state.Workload
 	addr netip.AddrPort // pod IP and target port
 	st   *endpointStats
+	// ejected by outlier detection: only listed for locality priorities,
+	// which count them (localityPolicy.narrow drops them).
+	ejected bool
 }
 
 // Picked is the endpoint a request attempt went to, for its outcome.
@@ -121,19 +159,33 @@ type Picked struct {
 	pool    *pool
 	st      *endpointStats
 	outlier *outlierPolicy
+	limits  *limits
 	uid     string
+	// held: what the attempt holds of the pool's circuit breakers
+	// (breaker.go), released by Done.
+	request bool
+	slots   chan struct{} // the connection token taken (Acquire)
 }
 
 // pickEndpoint chooses the endpoint of backend b (its subset, not ejected,
 // healthy, serving port) by the policy's load balancer and returns the
-// routing decision to it, and the choice (for Done).
-func (rt *Router) pickEndpoint(snap *state.Snapshot, b *backend, port uint16) (route.Decision, *Picked, error) {
-	d, c, p, err := rt.selectEndpoint(snap, b, port)
+// routing decision to it, and the choice (for Done). A request over the
+// pool's http2MaxRequests is refused (503, UO).
+func (rt *Router) pickEndpoint(snap *state.Snapshot, b *backend, port uint16, key hashKey) (route.Decision, *Picked, error) {
+	pol := b.policy.at(port)
+	d, c, p, err := rt.selectEndpoint(snap, b, pol, port, key)
 	if err != nil {
 		return d, nil, err
 	}
+	pk := &Picked{pool: p, st: c.st, outlier: pol.outlier, limits: pol.limits, uid: c.w.UID}
+	if pol.limits != nil {
+		if err := p.cb.admitRequest(pol.limits, b.hostname); err != nil {
+			return route.Decision{}, nil, err
+		}
+		pk.request = true
+	}
 	c.st.active.Add(1)
-	return d, &Picked{pool: p, st: c.st, outlier: b.policy.outlier, uid: c.w.UID}, nil
+	return d, pk, nil
 }
 
 // mirrorDecision is where a mirror's copy of a request goes: its subset
@@ -144,13 +196,13 @@ func (rt *Router) mirrorDecision(snap *state.Snapshot, b *backend, dst netip.Add
 	case b.missingSubset != "":
 		return route.Decision{}, &stream.Refusal{Code: 503, Msg: "subset " + b.missingSubset + " of " + b.hostname + " is not defined (DestinationRule)"}
 	case b.policy != nil:
-		d, _, _, err := rt.selectEndpoint(snap, b, port)
+		d, _, _, err := rt.selectEndpoint(snap, b, b.policy.at(port), port, hashKey{})
 		return d, err
 	}
 	return rt.resolve(snap, dst, b.hostname, b.namespace, port)
 }
 
-func (rt *Router) selectEndpoint(snap *state.Snapshot, b *backend, port uint16) (route.Decision, candidate, *pool, error) {
+func (rt *Router) selectEndpoint(snap *state.Snapshot, b *backend, pol *policy, port uint16, key hashKey) (route.Decision, candidate, *pool, error) {
 	bp := b.policy
 	svc := snap.ServiceByNamespacedHostname(b.namespace, b.hostname)
 	if svc == nil || len(svc.VIPs) == 0 {
@@ -161,7 +213,7 @@ func (rt *Router) selectEndpoint(snap *state.Snapshot, b *backend, port uint16) 
 	now := rt.now()
 	eps := snap.Endpoints(svc)
 	cands := make([]candidate, 0, len(eps))
-	total := 0
+	total, healthy := 0, 0
 	for i := range eps {
 		ep := &eps[i]
 		wl := ep.Workload
@@ -178,22 +230,34 @@ func (rt *Router) selectEndpoint(snap *state.Snapshot, b *backend, port uint16) 
 		}
 		total++
 		st := p.stats(wl.UID)
-		if st.ejectedUntil.Load() > now {
+		ejected := st.ejectedUntil.Load() > now
+		if ejected && pol.locality == nil {
 			continue
 		}
-		cands = append(cands, candidate{w: wl, addr: netip.AddrPortFrom(ip, tport), st: st})
+		if !ejected {
+			healthy++
+		}
+		cands = append(cands, candidate{w: wl, addr: netip.AddrPortFrom(ip, tport), st: st, ejected: ejected})
 	}
 	p.size.Store(int64(total))
 	p.prune(eps)
-	if len(cands) == 0 {
+	if healthy == 0 {
 		what := "backend " + b.hostname
 		if bp.subset != "" {
 			what += " subset " + bp.subset
 		}
 		return route.Decision{}, candidate{}, nil, &stream.Refusal{Code: 503, Msg: fmt.Sprintf("%s: no healthy upstream (%d endpoints, all ejected or none)", what, total)}
 	}
-	c := chooseEndpoint(bp.lb, cands, p, rt.rand)
 	self := snap.WorkloadByIP("", rt.ip)
+	if pol.locality != nil {
+		cands = pol.locality.narrow(self, cands, key, rt.rand)
+	}
+	var c candidate
+	if pol.hash != nil && key.ok {
+		c = p.byHash(pol.hash, cands, key.h)
+	} else {
+		c = chooseEndpoint(pol.lb, cands, p, rt.rand)
+	}
 	d, err := route.OutboundWith(snap, self, c.addr, func(n int) int { return int(rt.rand(uint64(n))) })
 	if err != nil {
 		return route.Decision{}, candidate{}, nil, &stream.Refusal{Code: 503, Msg: err.Error()}

@@ -129,9 +129,14 @@ func (o *outlierPolicy) record(p *pool, st *endpointStats, oc outcome, now int64
 
 // Done ends the attempt pk made for a request of route: its outcome (resp
 // or err) feeds outlier detection, and it no longer counts as active. With
-// neither (the attempt never went upstream) it only stops counting.
+// neither (the attempt never went upstream) it only stops counting. With a
+// response, the attempt keeps its place under the circuit breakers until
+// its body is through: the caller then calls pk.Release.
 func (rt *Router) Done(ctx context.Context, pk *Picked, route string, resp *http.Response, err error) {
 	pk.st.active.Add(-1)
+	if resp == nil {
+		pk.release()
+	}
 	if pk.outlier == nil || resp == nil && err == nil {
 		return
 	}

@@ -1,7 +1,8 @@
 // Package routing is the waypoint's router filter: HTTPRoute, GRPCRoute and
 // VirtualService rules (router.go), the DestinationRule subsets and load
 // balancing of their backends (lb.go) with outlier detection (outlier.go),
-// VirtualService fault injection (fault.go) and request mirroring
+// circuit breaking (breaker.go), consistent hashing (hash.go) and locality
+// (locality.go), VirtualService fault injection (fault.go) and request mirroring
 // (mirror.go). It picks the endpoint a request goes to; the root package
 // proxy/waypoint opens the connection and sends it.
 package routing
@@ -48,6 +49,9 @@ type Result struct {
 	Upstream string
 	// Picked is the endpoint a DestinationRule policy chose: Done ends it.
 	Picked *Picked
+	// SetCookie is a Set-Cookie value to add to the response: the cookie
+	// a consistent hash generated for a request without it ("": none).
+	SetCookie string
 	// DstWorkload is the workload routed to (nil: not a known workload);
 	// DstName, DstNamespace and DstPrincipal (its SPIFFE URI) name it for
 	// telemetry.
@@ -61,8 +65,9 @@ type Result struct {
 // (weighted backends) when table is not nil (HTTP to a bound service with
 // routes) and one applies to the request, else the addressed service or
 // workload itself. Result.Rule is set as soon as a rule matched, even when
-// routing then fails. An error is a *stream.Refusal.
-func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, req *http.Request, c Client) (Result, error) {
+// routing then fails. src is the client's address (a consistent hash's
+// source IP). An error is a *stream.Refusal.
+func (rt *Router) Route(snap *state.Snapshot, src, dst netip.AddrPort, table *Table, req *http.Request, c Client) (Result, error) {
 	var res Result
 	host, ns, port := "", "", dst.Port()
 	var pol *backend // a backend with a DestinationRule policy
@@ -110,7 +115,11 @@ func (rt *Router) Route(snap *state.Snapshot, dst netip.AddrPort, table *Table, 
 	var d route.Decision
 	var err error
 	if pol != nil {
-		d, res.Picked, err = rt.pickEndpoint(snap, pol, port)
+		var key hashKey
+		if hp := pol.policy.at(port).hash; hp != nil {
+			key, res.SetCookie = hp.keyOf(req, src, dst)
+		}
+		d, res.Picked, err = rt.pickEndpoint(snap, pol, port, key)
 	} else {
 		d, err = rt.resolve(snap, dst, host, ns, port)
 	}

@@ -77,7 +77,7 @@ func TestRefusedBackend(t *testing.T) {
 	tbl := Compile([]*waypointapi.Route{scopeRoute("evil", "steal", "", nil, "",
 		&waypointapi.Backend{Namespace: "shop", Weight: 1, Refused: "no ReferenceGrant"})})
 	rt := New(netip.MustParseAddr("10.0.0.9"), func(n uint64) uint64 { return 0 }, zap.NewNop())
-	_, err := rt.Route(nil, netip.MustParseAddrPort("10.96.0.12:80"), tbl, httptest.NewRequest("GET", "http://sink/", nil), Client{Namespace: "evil"})
+	_, err := rt.Route(nil, netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.12:80"), tbl, httptest.NewRequest("GET", "http://sink/", nil), Client{Namespace: "evil"})
 	var ref *stream.Refusal
 	if !errors.As(err, &ref) || ref.Code != http.StatusInternalServerError {
 		t.Fatalf("Route = %v, want a 500 refusal", err)

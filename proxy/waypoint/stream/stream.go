@@ -108,11 +108,13 @@ type Verdict struct {
 
 // Refusal is a request (or stream) a filter answered itself instead of
 // sending it upstream: Code is the HTTP status to answer, Body what to
-// answer instead of the status text ("": the status text).
+// answer instead of the status text ("": the status text), Flag the
+// response flag of the access log and metrics ("": the status's own).
 type Refusal struct {
 	Code int
 	Msg  string
 	Body string
+	Flag string
 }
 
 func (e *Refusal) Error() string { return e.Msg }

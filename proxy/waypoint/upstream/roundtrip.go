@@ -45,11 +45,17 @@ func (a *Attempt) Wait() bool {
 // body from stream (nil: nothing; chunked: framed so), and reads the
 // response head. A kept connection the endpoint had closed meanwhile is
 // replaced once by a new one when the body can be sent again.
-func (h *Held) RoundTrip(target netip.AddrPort, r *http.Request, head []byte, stream io.Reader, chunked bool, deadline time.Time) Attempt {
+// lim: the connectionPool settings of the request's destination.
+func (h *Held) RoundTrip(target netip.AddrPort, r *http.Request, head []byte, stream io.Reader, chunked bool, deadline time.Time, lim Limits) Attempt {
 	for fresh := false; ; fresh = true {
-		uc, err := h.upstream(target, fresh, deadline)
+		uc, err := h.upstream(target, fresh, deadline, lim)
 		if err != nil {
 			return Attempt{Err: TimeoutErr(err)}
+		}
+		uc.uses++
+		uc.idle = lim.IdleTimeout
+		if lim.MaxUses > 0 && uc.uses >= lim.MaxUses {
+			uc.last = true
 		}
 		if !deadline.IsZero() {
 			_ = uc.nc.SetDeadline(deadline) // cleared by done before the connection is kept
@@ -115,6 +121,9 @@ func TimeoutErr(err error) error {
 // (reuse) for the next request. deadline: the exchange set one, cleared
 // before the connection is kept.
 func (h *Held) Done(uc *Conn, reuse, deadline bool) {
+	if uc.last {
+		reuse = false
+	}
 	if deadline && reuse {
 		reuse = uc.nc.SetDeadline(time.Time{}) == nil
 	}

@@ -31,8 +31,32 @@ type Conn struct {
 	nc     net.Conn
 	br     *bufio.Reader
 	target netip.AddrPort
-	since  time.Time // idle since (kept or in the pool)
-	reused bool      // it served a request before this one
+	since  time.Time     // idle since (kept or in the pool)
+	reused bool          // it served a request before this one
+	uses   int           // requests it carried
+	last   bool          // maxRequestsPerConnection reached: closed after this one
+	idle   time.Duration // idle timeout (0: upIdleTimeout)
+}
+
+// Limits are a DestinationRule connectionPool's settings for the
+// connection a request uses; zero values are the defaults.
+type Limits struct {
+	// ConnectTimeout bounds dialling a new connection.
+	ConnectTimeout time.Duration
+	// MaxUses closes a connection after that many requests
+	// (maxRequestsPerConnection).
+	MaxUses int
+	// IdleTimeout closes a connection idle that long (idleTimeout).
+	IdleTimeout time.Duration
+}
+
+// fresh reports whether the idle connection may still be used.
+func (uc *Conn) fresh() bool {
+	d := uc.idle
+	if d == 0 {
+		d = upIdleTimeout
+	}
+	return time.Since(uc.since) < d
 }
 
 // Pool is the idle connections per endpoint. The zero Pool is empty and
@@ -52,7 +76,7 @@ func (p *Pool) get(target netip.AddrPort) *Conn {
 		uc := l[len(l)-1]
 		l[len(l)-1] = nil
 		l = l[:len(l)-1]
-		if time.Since(uc.since) < upIdleTimeout {
+		if uc.fresh() {
 			p.idle[target] = l
 			return uc
 		}
@@ -85,7 +109,7 @@ func (p *Pool) Reap() {
 	for t, l := range p.idle {
 		keep := l[:0]
 		for _, uc := range l {
-			if time.Since(uc.since) < upIdleTimeout {
+			if uc.fresh() {
 				keep = append(keep, uc)
 			} else {
 				uc.nc.Close()
@@ -166,11 +190,11 @@ func (h *Held) Close() {
 // upstream returns a connection to target: the one this downstream
 // connection kept, an idle one from the pool, or a new one (fresh: always
 // new).
-func (h *Held) upstream(target netip.AddrPort, fresh bool, deadline time.Time) (*Conn, error) {
+func (h *Held) upstream(target netip.AddrPort, fresh bool, deadline time.Time, lim Limits) (*Conn, error) {
 	if !fresh {
 		if uc := h.m[target]; uc != nil {
 			delete(h.m, target)
-			if time.Since(uc.since) < upIdleTimeout {
+			if uc.fresh() {
 				uc.reused = true
 				return uc, nil
 			}
@@ -182,6 +206,11 @@ func (h *Held) upstream(target netip.AddrPort, fresh bool, deadline time.Time) (
 		}
 	}
 	ctx := context.Background()
+	if lim.ConnectTimeout > 0 {
+		if ct := time.Now().Add(lim.ConnectTimeout); deadline.IsZero() || ct.Before(deadline) {
+			deadline = ct
+		}
+	}
 	if !deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
