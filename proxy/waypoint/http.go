@@ -75,12 +75,13 @@ func (c *tunnelConn) Close() error {
 	return err
 }
 
-// serveTunnel serves the tunnel's HTTP/1.1 requests on the fast path
+// serveTunnelPre serves the tunnel's HTTP/1.1 requests on the fast path
 // (fastpath.go), and hands it to the HTTP server (HTTP/2, h2c, what the fast path
 // leaves to net/http) and returns once the server has closed it
-// (hbone.Reply.Serve).
-func (w *Waypoint) serveTunnel(t *hbone.Tunnel, meta *tunnelMeta) error {
-	tc := &tunnelConn{Conn: t, meta: meta, done: make(chan struct{})}
+// (hbone.Reply.Serve). pre is what protocol detection already read from
+// the tunnel, served first.
+func (w *Waypoint) serveTunnelPre(t *hbone.Tunnel, meta *tunnelMeta, pre []byte) error {
+	tc := &tunnelConn{Conn: t, meta: meta, pre: pre, done: make(chan struct{})}
 	if meta.protocol != waypointapi.Protocol_HTTP2 && !w.slowPath && w.serveH1(tc) {
 		return nil
 	}

@@ -66,6 +66,10 @@ type Options struct {
 	// revokes them; nil: no revocation checks. The upstream side's checks
 	// are the Pool's (hbone.ClientConfig.Revocation).
 	Revocation hbone.Revocation
+	// DetectTimeout is how long a tunnel to a port of no declared
+	// protocol (AUTO) waits for the client's first bytes before it is
+	// served as TCP; zero: DefaultDetectTimeout.
+	DetectTimeout time.Duration
 }
 
 // Waypoint is the data path of one waypoint.
@@ -113,6 +117,9 @@ func New(opts Options) (*Waypoint, error) {
 	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64N
+	}
+	if opts.DetectTimeout <= 0 {
+		opts.DetectTimeout = DefaultDetectTimeout
 	}
 	stats, err := telemetry.New(opts.Registerer, opts.Access, opts.MetricsLimits)
 	if err != nil {
@@ -329,7 +336,10 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
 	default:
 	}
-	return hbone.Reply{Status: http.StatusOK, Serve: func(t *hbone.Tunnel) error { return w.serveTunnel(t, meta) }}
+	if ex.protocol == waypointapi.Protocol_AUTO {
+		return hbone.Reply{Status: http.StatusOK, Serve: func(t *hbone.Tunnel) error { return w.serveAuto(t, ex, meta, start) }}
+	}
+	return hbone.Reply{Status: http.StatusOK, Serve: func(t *hbone.Tunnel) error { return w.serveTunnelPre(t, meta, nil) }}
 }
 
 // serveTCP runs the same filters for a plain TCP tunnel (HTTP fields never

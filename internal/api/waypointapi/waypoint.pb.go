@@ -100,6 +100,12 @@ const (
 	Protocol_HTTP Protocol = 1
 	// HTTP2: HTTP/2 prior knowledge (h2c, grpc).
 	Protocol_HTTP2 Protocol = 2
+	// AUTO: no protocol declared (no appProtocol, no known port name
+	// prefix): the waypoint detects HTTP/1.x or h2c prior knowledge on the
+	// client's first bytes, as Istio's protocol sniffing does; anything else,
+	// or nothing within the detection timeout (a server-first protocol), is
+	// TCP.
+	Protocol_AUTO Protocol = 3
 )
 
 // Enum value maps for Protocol.
@@ -108,11 +114,13 @@ var (
 		0: "TCP",
 		1: "HTTP",
 		2: "HTTP2",
+		3: "AUTO",
 	}
 	Protocol_value = map[string]int32{
 		"TCP":   0,
 		"HTTP":  1,
 		"HTTP2": 2,
+		"AUTO":  3,
 	}
 )
 
@@ -3007,8 +3015,13 @@ type TrafficPolicy struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	LoadBalancer     LoadBalancer           `protobuf:"varint,1,opt,name=load_balancer,json=loadBalancer,proto3,enum=ztunnelgo.waypoint.LoadBalancer" json:"load_balancer,omitempty"`
 	OutlierDetection *OutlierDetection      `protobuf:"bytes,2,opt,name=outlier_detection,json=outlierDetection,proto3" json:"outlier_detection,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// tls is DestinationRule trafficPolicy.tls (or the portLevelSettings
+	// entry of the backend's port) with mode SIMPLE or MUTUAL: the waypoint
+	// originates TLS to the endpoint (an external host of a ServiceEntry)
+	// instead of HBONE or plain TCP. nil: ISTIO_MUTUAL / DISABLE, as before.
+	Tls           *ClientTLS `protobuf:"bytes,20,opt,name=tls,proto3" json:"tls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TrafficPolicy) Reset() {
@@ -3055,6 +3068,126 @@ func (x *TrafficPolicy) GetOutlierDetection() *OutlierDetection {
 	return nil
 }
 
+func (x *TrafficPolicy) GetTls() *ClientTLS {
+	if x != nil {
+		return x.Tls
+	}
+	return nil
+}
+
+// ClientTLS is TLS the waypoint originates (DestinationRule
+// ClientTLSSettings SIMPLE or MUTUAL), with the certificates already read
+// from the Kubernetes Secret credentialName names (in the DestinationRule's
+// own namespace).
+type ClientTLS struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mutual: present cert_chain/private_key (MUTUAL); else SIMPLE.
+	Mutual bool `protobuf:"varint,1,opt,name=mutual,proto3" json:"mutual,omitempty"`
+	// sni is the ServerName sent; "" : the backend's hostname.
+	Sni string `protobuf:"bytes,2,opt,name=sni,proto3" json:"sni,omitempty"`
+	// subject_alt_names: the server certificate must carry one of these
+	// (DNS or URI SANs); empty: the SNI (hostname) is verified as usual.
+	SubjectAltNames []string `protobuf:"bytes,3,rep,name=subject_alt_names,json=subjectAltNames,proto3" json:"subject_alt_names,omitempty"`
+	// ca_certificates: PEM roots the server's chain must verify against;
+	// empty: the system roots.
+	CaCertificates []byte `protobuf:"bytes,4,opt,name=ca_certificates,json=caCertificates,proto3" json:"ca_certificates,omitempty"`
+	// insecure_skip_verify: no chain or SAN verification.
+	InsecureSkipVerify bool `protobuf:"varint,5,opt,name=insecure_skip_verify,json=insecureSkipVerify,proto3" json:"insecure_skip_verify,omitempty"`
+	// cert_chain and private_key: PEM, for MUTUAL.
+	CertChain  []byte `protobuf:"bytes,6,opt,name=cert_chain,json=certChain,proto3" json:"cert_chain,omitempty"`
+	PrivateKey []byte `protobuf:"bytes,7,opt,name=private_key,json=privateKey,proto3" json:"private_key,omitempty"`
+	// credential names the Secret ("namespace/name") they came from, for logs.
+	Credential    string `protobuf:"bytes,8,opt,name=credential,proto3" json:"credential,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClientTLS) Reset() {
+	*x = ClientTLS{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientTLS) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientTLS) ProtoMessage() {}
+
+func (x *ClientTLS) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientTLS.ProtoReflect.Descriptor instead.
+func (*ClientTLS) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ClientTLS) GetMutual() bool {
+	if x != nil {
+		return x.Mutual
+	}
+	return false
+}
+
+func (x *ClientTLS) GetSni() string {
+	if x != nil {
+		return x.Sni
+	}
+	return ""
+}
+
+func (x *ClientTLS) GetSubjectAltNames() []string {
+	if x != nil {
+		return x.SubjectAltNames
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetCaCertificates() []byte {
+	if x != nil {
+		return x.CaCertificates
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetInsecureSkipVerify() bool {
+	if x != nil {
+		return x.InsecureSkipVerify
+	}
+	return false
+}
+
+func (x *ClientTLS) GetCertChain() []byte {
+	if x != nil {
+		return x.CertChain
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetPrivateKey() []byte {
+	if x != nil {
+		return x.PrivateKey
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
 // OutlierDetection ejects an endpoint after consecutive errors.
 type OutlierDetection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3070,7 +3203,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3215,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[31]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3228,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{31}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -3148,7 +3281,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3160,7 +3293,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[32]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3173,7 +3306,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{32}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -3430,10 +3563,24 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x19response_header_modifiers\x18\f \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x17responseHeaderModifiers\x1a?\n" +
 	"\x11SubsetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x01\n" +
 	"\rTrafficPolicy\x12E\n" +
 	"\rload_balancer\x18\x01 \x01(\x0e2 .ztunnelgo.waypoint.LoadBalancerR\floadBalancer\x12Q\n" +
-	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\"\x92\x02\n" +
+	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\x12/\n" +
+	"\x03tls\x18\x14 \x01(\v2\x1d.ztunnelgo.waypoint.ClientTLSR\x03tls\"\x9c\x02\n" +
+	"\tClientTLS\x12\x16\n" +
+	"\x06mutual\x18\x01 \x01(\bR\x06mutual\x12\x10\n" +
+	"\x03sni\x18\x02 \x01(\tR\x03sni\x12*\n" +
+	"\x11subject_alt_names\x18\x03 \x03(\tR\x0fsubjectAltNames\x12'\n" +
+	"\x0fca_certificates\x18\x04 \x01(\fR\x0ecaCertificates\x120\n" +
+	"\x14insecure_skip_verify\x18\x05 \x01(\bR\x12insecureSkipVerify\x12\x1d\n" +
+	"\n" +
+	"cert_chain\x18\x06 \x01(\fR\tcertChain\x12\x1f\n" +
+	"\vprivate_key\x18\a \x01(\fR\n" +
+	"privateKey\x12\x1e\n" +
+	"\n" +
+	"credential\x18\b \x01(\tR\n" +
+	"credential\"\x92\x02\n" +
 	"\x10OutlierDetection\x12:\n" +
 	"\x19consecutive_server_errors\x18\x01 \x01(\rR\x17consecutiveServerErrors\x12<\n" +
 	"\x1aconsecutive_gateway_errors\x18\x02 \x01(\rR\x18consecutiveGatewayErrors\x12\x1f\n" +
@@ -3450,11 +3597,12 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x17PATH_NORMALIZATION_NONE\x10\x01\x12\x1b\n" +
 	"\x17PATH_NORMALIZATION_BASE\x10\x02\x12$\n" +
 	" PATH_NORMALIZATION_MERGE_SLASHES\x10\x03\x12/\n" +
-	"+PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES\x10\x04*(\n" +
+	"+PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES\x10\x04*2\n" +
 	"\bProtocol\x12\a\n" +
 	"\x03TCP\x10\x00\x12\b\n" +
 	"\x04HTTP\x10\x01\x12\t\n" +
-	"\x05HTTP2\x10\x02*(\n" +
+	"\x05HTTP2\x10\x02\x12\b\n" +
+	"\x04AUTO\x10\x03*(\n" +
 	"\x06Action\x12\t\n" +
 	"\x05ALLOW\x10\x00\x12\b\n" +
 	"\x04DENY\x10\x01\x12\t\n" +
@@ -3480,7 +3628,7 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 }
 
 var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_waypointapi_waypoint_proto_goTypes = []any{
 	(PathNormalization)(0),   // 0: ztunnelgo.waypoint.PathNormalization
 	(Protocol)(0),            // 1: ztunnelgo.waypoint.Protocol
@@ -3521,11 +3669,12 @@ var file_waypointapi_waypoint_proto_goTypes = []any{
 	(*HeaderModifier)(nil),   // 36: ztunnelgo.waypoint.HeaderModifier
 	(*Backend)(nil),          // 37: ztunnelgo.waypoint.Backend
 	(*TrafficPolicy)(nil),    // 38: ztunnelgo.waypoint.TrafficPolicy
-	(*OutlierDetection)(nil), // 39: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),            // 40: ztunnelgo.waypoint.Retry
-	nil,                      // 41: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                      // 42: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                      // 43: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	(*ClientTLS)(nil),        // 39: ztunnelgo.waypoint.ClientTLS
+	(*OutlierDetection)(nil), // 40: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),            // 41: ztunnelgo.waypoint.Retry
+	nil,                      // 42: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                      // 43: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                      // 44: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	13, // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
@@ -3570,7 +3719,7 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	33, // 39: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
 	36, // 40: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	37, // 41: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	40, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	41, // 42: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
 	32, // 43: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
 	31, // 44: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
 	36, // 45: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
@@ -3588,19 +3737,20 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	35, // 57: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
 	35, // 58: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
 	7,  // 59: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	41, // 60: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	42, // 61: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	43, // 62: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	42, // 60: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	43, // 61: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	44, // 62: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 	38, // 63: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
 	36, // 64: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	36, // 65: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	3,  // 66: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	39, // 67: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
-	68, // [68:68] is the sub-list for method output_type
-	68, // [68:68] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	40, // 67: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	39, // 68: ztunnelgo.waypoint.TrafficPolicy.tls:type_name -> ztunnelgo.waypoint.ClientTLS
+	69, // [69:69] is the sub-list for method output_type
+	69, // [69:69] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -3620,7 +3770,7 @@ func file_waypointapi_waypoint_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -70,7 +70,11 @@ var contract = apitest.Contract{
 			"missing_subset": 7, "traffic_policy": 8, "subset_workloads": 9, "refused": 10,
 			"request_header_modifiers": 11, "response_header_modifiers": 12,
 		},
-		"TrafficPolicy": {"load_balancer": 1, "outlier_detection": 2},
+		"TrafficPolicy": {"load_balancer": 1, "outlier_detection": 2, "tls": 20},
+		"ClientTLS": {
+			"mutual": 1, "sni": 2, "subject_alt_names": 3, "ca_certificates": 4, "insecure_skip_verify": 5,
+			"cert_chain": 6, "private_key": 7, "credential": 8,
+		},
 		"OutlierDetection": {
 			"consecutive_server_errors": 1, "consecutive_gateway_errors": 2, "interval_ms": 3,
 			"base_ejection_time_ms": 4, "max_ejection_percent": 5,
@@ -78,7 +82,7 @@ var contract = apitest.Contract{
 		"Retry": {"attempts": 1, "per_try_timeout_ms": 2, "codes": 3},
 	},
 	Enums: map[string]map[string]protoreflect.EnumNumber{
-		"Protocol":          {"TCP": 0, "HTTP": 1, "HTTP2": 2},
+		"Protocol":          {"TCP": 0, "HTTP": 1, "HTTP2": 2, "AUTO": 3},
 		"Action":            {"ALLOW": 0, "DENY": 1, "AUDIT": 2},
 		"PathMatch.Type":    {"PATH_PREFIX": 0, "EXACT": 1, "REGULAR_EXPRESSION": 2, "STRING_PREFIX": 3},
 		"Cors.Unmatched":    {"FORWARD": 0, "ANSWER": 1},
@@ -163,6 +167,10 @@ func fullRouteRule() *RouteRule {
 				LoadBalancer: LoadBalancer_LEAST_REQUEST,
 				OutlierDetection: &OutlierDetection{
 					ConsecutiveServerErrors: 5, ConsecutiveGatewayErrors: 3, IntervalMs: 1000, BaseEjectionTimeMs: 30000, MaxEjectionPercent: 50,
+				},
+				Tls: &ClientTLS{
+					Mutual: true, Sni: "api.example.com", SubjectAltNames: []string{"api.example.com"}, CaCertificates: []byte("ca"),
+					InsecureSkipVerify: true, CertChain: []byte("crt"), PrivateKey: []byte("key"), Credential: "egress/client",
 				},
 			},
 		}},
