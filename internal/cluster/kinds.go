@@ -91,6 +91,8 @@ var kinds = []Kind{
 		func(js []byte, v *networkingv1.DestinationRule) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
 	kindOf(corev1.SchemeGroupVersion, "Node", "nodes", clusterScoped,
 		func(o *Objects) *[]*corev1.Node { return &o.Nodes }, strictAs),
+	kindOf(corev1.SchemeGroupVersion, "Secret", "secrets", namespaced,
+		func(o *Objects) *[]*corev1.Secret { return &o.Secrets }, strictAs),
 }
 
 var (

@@ -21,6 +21,10 @@ type boundService struct {
 	name, namespace, hostname, kind string
 	ports                           map[uint16]waypointapi.Protocol
 	routes                          *routing.Table // nil: no HTTPRoute, go to the service itself
+	// originatesTLS: a DestinationRule tls (SIMPLE, MUTUAL) applies to a
+	// backend of its routes. The TCP path does not originate TLS: it
+	// refuses such a stream rather than send it in plaintext.
+	originatesTLS bool
 }
 
 // Config is the compiled, immutable form of one waypointapi.Config. The data
@@ -43,6 +47,13 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 	for _, s := range c.GetServices() {
 		bs := &boundService{name: s.GetName(), namespace: s.GetNamespace(), hostname: s.GetHostname(), kind: s.GetKind(),
 			ports: map[uint16]waypointapi.Protocol{}, routes: routing.Compile(s.GetRoutes())}
+		for _, r := range s.GetRoutes() {
+			for _, rr := range r.GetRules() {
+				for _, b := range rr.GetBackends() {
+					bs.originatesTLS = bs.originatesTLS || b.GetTrafficPolicy().GetTls() != nil
+				}
+			}
+		}
 		for _, p := range s.GetPorts() {
 			if p.GetPort() == 0 || p.GetPort() > 65535 {
 				return nil, fmt.Errorf("service %s: port %d out of range", s.GetHostname(), p.GetPort())

@@ -3,6 +3,7 @@ package waypoint
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -30,8 +31,12 @@ type fastConn struct {
 	w    *Waypoint
 	meta *tunnelMeta
 	held *upstream.Held // upstream connections kept between this connection's requests
-	xff  string         // X-Forwarded-For and Forwarded, once per tunnel
-	fwd  string
+	// tlsHeld is held for requests with TLS to originate (tlsNow, the
+	// current request's: one request at a time on a connection).
+	tlsHeld *upstream.Held
+	tlsNow  *tls.Config
+	xff     string // X-Forwarded-For and Forwarded, once per tunnel
+	fwd     string
 }
 
 // serveH1 serves the tunnel's requests on the fast path until it closes
@@ -40,12 +45,44 @@ type fastConn struct {
 func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
 	fc := &fastConn{w: w, meta: tc.meta, held: upstream.NewHeld(&w.upstreams, w.dialFast)}
 	defer fc.held.Close()
+	defer func() {
+		if fc.tlsHeld != nil {
+			fc.tlsHeld.Close()
+		}
+	}()
 	closed, pre := w.fast.Serve(tc, fc.serveRequest)
 	if !closed {
 		tc.pre = pre
 		w.fallbacks.Add(1)
 	}
 	return closed
+}
+
+// withTLS returns the connections of requests with TLS to originate,
+// set up for cfg.
+func (fc *fastConn) withTLS(cfg *tls.Config) *upstream.Held {
+	fc.tlsNow = cfg
+	if fc.tlsHeld == nil {
+		fc.tlsHeld = upstream.NewHeld(&fc.w.tlsUpstreams, func(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
+			return originateTLS(ctx, fc.w.dialFast, target, forwarded, fc.tlsNow)
+		})
+	}
+	return fc.tlsHeld
+}
+
+// originateTLS opens a connection with dial and runs a TLS handshake over
+// it as cfg says (DestinationRule tls SIMPLE or MUTUAL).
+func originateTLS(ctx context.Context, dial upstream.DialFunc, target netip.AddrPort, forwarded string, cfg *tls.Config) (net.Conn, error) {
+	c, err := dial(ctx, target, forwarded)
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("waypoint: TLS origination to %s (SNI %s): %w", target, cfg.ServerName, err)
+	}
+	return tc, nil
 }
 
 // dialFast opens the fast path's upstream connections.
@@ -187,7 +224,11 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 				dl = pt
 			}
 		}
-		ex2 := fc.held.RoundTrip(ex.target, r, out, stream, chunked, dl)
+		held := fc.held
+		if ex.tls != nil {
+			held = fc.withTLS(ex.tls)
+		}
+		ex2 := held.RoundTrip(ex.target, r, out, stream, chunked, dl)
 		w.endpointDone(context.Background(), ex, ex2.Resp, ex2.Err) // outlier detection
 		if ex2.Err != nil {
 			lastErr = ex2.Err
@@ -205,7 +246,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 			if err != nil {
 				ex.err, keep = err, false
 			}
-			fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+			held.Done(ex2.Conn, reuse, !dl.IsZero())
 			if ex.grpcStatus = resp.Trailer.Get("Grpc-Status"); ex.grpcStatus == "" {
 				ex.grpcStatus = resp.Header.Get("Grpc-Status")
 			}
@@ -215,7 +256,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		// Retried: drain what is small enough to keep the connection.
 		_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		reuse := err == nil && !resp.Close && wire.IsEOF(resp.Body)
-		fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+		held.Done(ex2.Conn, reuse, !dl.IsZero())
 		lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
 	}
 	code := http.StatusServiceUnavailable

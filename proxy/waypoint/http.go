@@ -140,6 +140,9 @@ func (w *Waypoint) initHTTP() {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			ex := pr.In.Context().Value(exKey{}).(*exchange)
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", ex.target.String()
+			if ex.tls != nil {
+				pr.Out.URL.Scheme = "https" // w.h1tls: pooled apart from plain connections
+			}
 			pr.Out.Host = pr.In.Host
 			// The original source, as Envoy's waypoint forwards it.
 			pr.SetXForwarded()
@@ -182,6 +185,23 @@ func (w *Waypoint) initHTTP() {
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}
+	w.h1tls = &http.Transport{
+		DialTLSContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			ap, err := netip.ParseAddrPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			ex, _ := ctx.Value(exKey{}).(*exchange)
+			if ex == nil || ex.tls == nil {
+				return nil, errors.New("waypoint: no TLS configuration for an https upstream")
+			}
+			return originateTLS(ctx, func(ctx context.Context, target netip.AddrPort, _ string) (net.Conn, error) {
+				return w.dialUpstream(ctx, target)
+			}, ap, "", ex.tls)
+		},
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
 	w.h2 = &http2.Transport{
 		AllowHTTP: true,
 		DialTLSContext: func(ctx context.Context, _, addr string, _ *tls.Config) (net.Conn, error) {
@@ -212,6 +232,11 @@ func (w *Waypoint) initHTTP() {
 	go func() {
 		defer w.wg.Done()
 		w.upstreams.ReapUntil(w.httpLn.closed)
+	}()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.tlsUpstreams.ReapUntil(w.httpLn.closed)
 	}()
 }
 
@@ -399,7 +424,11 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 	// when the client spoke HTTP/2: the downstream protocol is kept, as
 	// Envoy does for sniffed ports, or gRPC (trailers) could not pass.
 	base := rt.w.h1
-	if ex.protocol == waypointapi.Protocol_HTTP2 || ex.h2 {
+	switch {
+	case ex.tls != nil:
+		// HTTP/1.1 over the TLS the waypoint originates (ALPN http/1.1).
+		base = rt.w.h1tls
+	case ex.protocol == waypointapi.Protocol_HTTP2 || ex.h2:
 		base = rt.w.h2
 	}
 	attempts := 1

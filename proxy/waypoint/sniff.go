@@ -169,7 +169,7 @@ func (w *Waypoint) serveAuto(t *hbone.Tunnel, ex *exchange, meta *tunnelMeta, st
 		return w.serveTunnelPre(t, &m, pre)
 	}
 	ex.protocol = waypointapi.Protocol_TCP
-	if err := w.decide(ex); err != nil {
+	if err := w.decideTCP(ex); err != nil {
 		code := http.StatusServiceUnavailable
 		var nr *stream.Refusal
 		if errors.As(err, &nr) {

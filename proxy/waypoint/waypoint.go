@@ -2,6 +2,7 @@ package waypoint
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -82,6 +83,7 @@ type Waypoint struct {
 	httpLn  *connListener
 	httpSrv *http.Server
 	h1, h2  http.RoundTripper
+	h1tls   http.RoundTripper // HTTP/1.1 over TLS the waypoint originates (DestinationRule tls)
 	wg      sync.WaitGroup
 	router  *routing.Router // its endpoint state outlives config pushes
 
@@ -89,6 +91,9 @@ type Waypoint struct {
 	// closes the idle ones) and its idle upstream connections.
 	fast      *h1.Server
 	upstreams upstream.Pool
+	// tlsUpstreams are the idle upstream connections with TLS the
+	// waypoint originated (DestinationRule tls), apart from the others.
+	tlsUpstreams upstream.Pool
 	// slowPath serves every tunnel with net/http's server and
 	// ReverseProxy (tests compare the two).
 	slowPath bool
@@ -162,6 +167,7 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
+	w.tlsUpstreams.Close()
 	return errors.Join(err, herr)
 }
 
@@ -169,6 +175,7 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 func (w *Waypoint) Close() error {
 	w.fast.Close()
 	w.upstreams.Close()
+	w.tlsUpstreams.Close()
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
@@ -195,6 +202,7 @@ type exchange struct {
 	route       string
 	target      netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
+	tls         *tls.Config     // TLS to originate to target (DestinationRule tls); nil: none
 	upstream    string
 	destination telemetry.Peer // the endpoint picked, for the stats step
 	err         error
@@ -265,7 +273,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 		ex.destination = telemetry.Peer{Workload: res.DstName, Namespace: res.DstNamespace, Principal: res.DstPrincipal,
 			CanonicalService: w.CanonicalName, CanonicalRevision: w.CanonicalRevision, Cluster: w.ClusterID}
 	}
-	ex.target, ex.upstream = res.Target, res.Upstream
+	ex.target, ex.upstream, ex.tls = res.Target, res.Upstream, res.TLS
 	return nil
 }
 
@@ -345,7 +353,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 // serveTCP runs the same filters for a plain TCP tunnel (HTTP fields never
 // match) and splices it to the endpoint.
 func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) hbone.Reply {
-	if err := w.decide(ex); err != nil {
+	if err := w.decideTCP(ex); err != nil {
 		var nr *stream.Refusal
 		code := http.StatusServiceUnavailable
 		if errors.As(err, &nr) {
@@ -367,6 +375,19 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 		// into it: to the client (sent).
 		st.Done(ts.BytesReceived, ts.BytesSent)
 	}}
+}
+
+// errTCPOrigination refuses a TCP stream to a service whose
+// DestinationRule has the waypoint originate TLS: only HTTP ports do.
+var errTCPOrigination = &stream.Refusal{Code: http.StatusServiceUnavailable,
+	Msg: "DestinationRule tls (SIMPLE, MUTUAL) is originated on HTTP ports only; a TCP stream is refused, never sent in plaintext"}
+
+// decideTCP is decide for a TCP stream.
+func (w *Waypoint) decideTCP(ex *exchange) error {
+	if ex.svc != nil && ex.svc.originatesTLS {
+		return errTCPOrigination
+	}
+	return w.decide(ex)
 }
 
 // record is the stats step, whatever step answered. For an accepted TCP

@@ -492,6 +492,15 @@ func trafficPolicyEntries(p string) []Entry {
 		ref(p+".tunnel", "TestWaypointDestinationRuleOnly", destAnswers500),
 		ref(p+".proxyProtocol", "TestWaypointDestinationRuleOnly", destAnswers500),
 		ref(p+".retryBudget", "TestWaypointDestinationRuleOnly", destAnswers500),
-		enf(p+".tls", "TestWaypointDestinationRuleOnly", "ISTIO_MUTUAL only: any other mode is refused and requests to the destination answer 500"),
+		enf(p+".tls", "TestEgressTLSOrigination", "ISTIO_MUTUAL (HBONE, as always), SIMPLE and MUTUAL (the waypoint originates TLS, HTTP ports); DISABLE is refused and requests to the destination answer 500"),
+		enf(p+".tls.mode", "TestEgressTLSOrigination", "SIMPLE, MUTUAL, ISTIO_MUTUAL; DISABLE refused"),
+		enf(p+".tls.sni", "TestEgressTLSOrigination", "default: the destination's hostname"),
+		enf(p+".tls.subjectAltNames[]", "TestEgressTLSOrigination", "DNS or URI SANs; a server without one fails closed (503)"),
+		enf(p+".tls.credentialName", "TestEgressTLSOrigination", "a Secret in the DestinationRule's own namespace only (tls.crt/tls.key/ca.crt or cert/key/cacert)"),
+		enf(p+".tls.insecureSkipVerify", "TestWaypointDestinationRuleTLS"),
+		ref(p+".tls.clientCertificate", "TestWaypointDestinationRuleTLS", "a file path is not available to the waypoint: "+destAnswers500),
+		ref(p+".tls.privateKey", "TestWaypointDestinationRuleTLS", "a file path is not available to the waypoint: "+destAnswers500),
+		ref(p+".tls.caCertificates", "TestWaypointDestinationRuleTLS", "a file path is not available to the waypoint: "+destAnswers500),
+		ref(p+".tls.caCrl", "TestWaypointDestinationRuleTLS", "a file path is not available to the waypoint: "+destAnswers500),
 	}
 }

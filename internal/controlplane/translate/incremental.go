@@ -146,6 +146,8 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		changed(tr.objs.VirtualServices, objs.VirtualServices) || changed(tr.objs.DestinationRules, objs.DestinationRules) ||
 		// A ReferenceGrant decides whether a route's backendRef resolves.
 		changed(tr.objs.ReferenceGrants, objs.ReferenceGrants) ||
+		// A Secret holds the certificates of a DestinationRule's tls.
+		changed(tr.objs.Secrets, objs.Secrets) && len(objs.DestinationRules) > 0 ||
 		// DestinationRule subsets name workloads by their labels: a pod
 		// change can change a subset's members.
 		len(podCh) > 0 && len(objs.DestinationRules) > 0

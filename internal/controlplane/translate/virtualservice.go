@@ -194,13 +194,13 @@ func (ir *istioRouting) routes(wp string, s *workloadapi.Service, gw []*waypoint
 			}
 		}
 	}
-	if d := ir.destinationRuleFor(wpNs, s.GetHostname()); d != nil {
+	if d := ir.destinationRuleFor(wpNs, s.GetNamespace(), s.GetHostname()); d != nil {
 		// The service's own rule applies here even when nothing routes to
 		// one of its subsets.
 		ir.dr[d.Namespace+"/"+d.Name].attach(wp, svcKey)
 	}
 	if len(out) == 0 {
-		if d := ir.destinationRuleFor(wpNs, s.GetHostname()); d != nil && d.Spec.GetTrafficPolicy() != nil {
+		if d := ir.destinationRuleFor(wpNs, s.GetNamespace(), s.GetHostname()); d != nil && d.Spec.GetTrafficPolicy() != nil {
 			be := &waypointapi.Backend{Hostname: s.GetHostname(), Namespace: s.GetNamespace(), Weight: 1}
 			rr := &waypointapi.RouteRule{Backends: []*waypointapi.Backend{be}}
 			if !ir.applyDR(wpNs, wp, svcKey, be) {
