@@ -96,9 +96,12 @@ func (ir *istioRouting) applyDR(clientNs, wp, svcKey string, b *waypointapi.Back
 		od, odPath = subTP.GetOutlierDetection(), subPath+".outlierDetection"
 	}
 	out.OutlierDetection = convertOutlier(odPath, od, &bad)
-	tls, tlsPath := tp.GetTls(), tpPath+".tls"
-	if subTP.GetTls() != nil {
-		tls, tlsPath = subTP.GetTls(), subPath+".tls"
+	tls, tlsPath := portTLS(tpPath, tp, b.GetPort())
+	if st, sp := portTLS(subPath, subTP, b.GetPort()); st != nil {
+		tls, tlsPath = st, sp
+	}
+	if b.GetPort() == 0 && (hasPortTLS(tp) || hasPortTLS(subTP)) {
+		bad.addf(tpPath+".portLevelSettings", "tls per port needs the destination's port (a route backend without one); requests to this destination answer 500")
 	}
 	out.Tls = ir.convertTLS(tlsPath, tls, d.Namespace, &bad)
 	unsupportedTP(tpPath, tp, &bad)
@@ -205,7 +208,6 @@ func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *probl
 		set  bool
 	}{
 		{"connectionPool", tp.GetConnectionPool() != nil},
-		{"portLevelSettings", len(tp.GetPortLevelSettings()) > 0},
 		{"tunnel", tp.GetTunnel() != nil},
 		{"proxyProtocol", tp.GetProxyProtocol() != nil},
 		{"retryBudget", tp.GetRetryBudget() != nil},
@@ -215,6 +217,45 @@ func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *probl
 		}
 	}
 	checkTLS(path+".tls", tp.GetTls(), bad)
+	// portLevelSettings: only tls is built (per port, see portTLS).
+	for i, pl := range tp.GetPortLevelSettings() {
+		pp := fieldAt(path+".portLevelSettings", i)
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"loadBalancer", pl.GetLoadBalancer() != nil},
+			{"connectionPool", pl.GetConnectionPool() != nil},
+			{"outlierDetection", pl.GetOutlierDetection() != nil},
+		} {
+			if f.set {
+				bad.addf(pp+"."+f.name, "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
+			}
+		}
+		if pl.GetPort().GetNumber() == 0 {
+			bad.addf(pp+".port", "a port number is required; requests to this destination answer 500")
+		}
+		checkTLS(pp+".tls", pl.GetTls(), bad)
+	}
+}
+
+// portTLS is the tls of tp for service port port: its portLevelSettings
+// entry's when that has one, else tp's own (Istio's precedence), with its
+// field path.
+func portTLS(path string, tp *networkingv1alpha3.TrafficPolicy, port uint32) (*networkingv1alpha3.ClientTLSSettings, string) {
+	for i, pl := range tp.GetPortLevelSettings() {
+		if pl.GetPort().GetNumber() == port && port != 0 && pl.GetTls() != nil {
+			return pl.GetTls(), fieldAt(path+".portLevelSettings", i) + ".tls"
+		}
+	}
+	return tp.GetTls(), path + ".tls"
+}
+
+// hasPortTLS: some portLevelSettings entry of tp sets tls.
+func hasPortTLS(tp *networkingv1alpha3.TrafficPolicy) bool {
+	return slices.ContainsFunc(tp.GetPortLevelSettings(), func(pl *networkingv1alpha3.TrafficPolicy_PortTrafficPolicy) bool {
+		return pl.GetTls() != nil
+	})
 }
 
 // checkTLS lists what the waypoint cannot do of a ClientTLSSettings. It

@@ -64,3 +64,41 @@ spec:
 		t.Errorf("reviews status %+v: want the file path refused and the Secret of namespace other not read", st)
 	}
 }
+
+// TestWaypointDestinationRulePortTLS: portLevelSettings[].tls applies to
+// its port (the DestinationRule's catch-all becomes one route per service
+// port); its other fields stay refused.
+func TestWaypointDestinationRulePortTLS(t *testing.T) {
+	c, sts := bookinfoConfig(t, `---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: ratings, namespace: default}
+spec:
+  host: ratings.default.svc.cluster.local
+  trafficPolicy:
+    portLevelSettings: [{port: {number: 9080}, tls: {mode: SIMPLE, sni: ratings.example, insecureSkipVerify: true}}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews
+  trafficPolicy:
+    portLevelSettings: [{port: {number: 9080}, connectionPool: {tcp: {maxConnections: 1}}}]
+`)
+	r := serviceRoutes(t, c, "ratings")
+	if len(r) != 1 || len(r[0].GetPorts()) != 1 || r[0].GetPorts()[0] != 9080 {
+		t.Fatalf("ratings routes %v, want one scoped to port 9080", r)
+	}
+	b := r[0].GetRules()[0].GetBackends()[0]
+	if tls := b.GetTrafficPolicy().GetTls(); b.GetPort() != 9080 || tls.GetSni() != "ratings.example" || !tls.GetInsecureSkipVerify() {
+		t.Errorf("ratings backend %v", b)
+	}
+	if st := statusOf(sts, "DestinationRule", "default/ratings"); len(st.Invalid) != 0 {
+		t.Errorf("ratings status %+v", st)
+	}
+	if st := statusOf(sts, "DestinationRule", "default/reviews"); len(st.Invalid) != 1 ||
+		!strings.HasPrefix(st.Invalid[0], "spec.trafficPolicy.portLevelSettings[0].connectionPool: ") {
+		t.Errorf("reviews status %+v", st)
+	}
+}

@@ -201,12 +201,27 @@ func (ir *istioRouting) routes(wp string, s *workloadapi.Service, gw []*waypoint
 	}
 	if len(out) == 0 {
 		if d := ir.destinationRuleFor(wpNs, s.GetNamespace(), s.GetHostname()); d != nil && d.Spec.GetTrafficPolicy() != nil {
-			be := &waypointapi.Backend{Hostname: s.GetHostname(), Namespace: s.GetNamespace(), Weight: 1}
-			rr := &waypointapi.RouteRule{Backends: []*waypointapi.Backend{be}}
-			if !ir.applyDR(wpNs, wp, svcKey, be) {
-				rr.Backends = nil
+			// One catch-all for every port, or, when the rule sets tls per
+			// port, one per service port (scoped to it) with that port's.
+			ports := []uint32{0}
+			if hasPortTLS(d.Spec.GetTrafficPolicy()) {
+				ports = ports[:0]
+				for _, p := range s.GetPorts() {
+					ports = append(ports, p.GetServicePort())
+				}
 			}
-			out = append(out, &waypointapi.Route{Name: d.Name, Namespace: d.Namespace, Kind: kindDR, Rules: []*waypointapi.RouteRule{rr}})
+			for _, port := range ports {
+				be := &waypointapi.Backend{Hostname: s.GetHostname(), Namespace: s.GetNamespace(), Weight: 1, Port: port}
+				rr := &waypointapi.RouteRule{Backends: []*waypointapi.Backend{be}}
+				if !ir.applyDR(wpNs, wp, svcKey, be) {
+					rr.Backends = nil
+				}
+				r := &waypointapi.Route{Name: d.Name, Namespace: d.Namespace, Kind: kindDR, Rules: []*waypointapi.RouteRule{rr}}
+				if port != 0 {
+					r.Ports = []uint32{port}
+				}
+				out = append(out, r)
+			}
 		}
 	}
 	return out
