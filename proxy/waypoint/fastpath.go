@@ -31,10 +31,11 @@ type fastConn struct {
 	w    *Waypoint
 	meta *tunnelMeta
 	held *upstream.Held // upstream connections kept between this connection's requests
-	// tlsHeld is held for requests with TLS to originate (tlsNow, the
-	// current request's: one request at a time on a connection).
-	tlsHeld *upstream.Held
-	tlsNow  *tls.Config
+	// tlsHeld are the upstream connections of requests with TLS to
+	// originate, one set per configuration, each with a pool of its own:
+	// a connection verified for one host's SNI and SANs is never reused
+	// for another host whose endpoint is the same address.
+	tlsHeld map[*tls.Config]*tlsConns
 	xff     string // X-Forwarded-For and Forwarded, once per tunnel
 	fwd     string
 }
@@ -46,8 +47,9 @@ func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
 	fc := &fastConn{w: w, meta: tc.meta, held: upstream.NewHeld(&w.upstreams, w.dialFast)}
 	defer fc.held.Close()
 	defer func() {
-		if fc.tlsHeld != nil {
-			fc.tlsHeld.Close()
+		for _, tc := range fc.tlsHeld {
+			tc.held.Close()
+			tc.pool.Close()
 		}
 	}()
 	closed, pre := w.fast.Serve(tc, fc.serveRequest)
@@ -58,16 +60,27 @@ func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
 	return closed
 }
 
-// withTLS returns the connections of requests with TLS to originate,
-// set up for cfg.
+// tlsConns are a downstream connection's upstream connections for one TLS
+// configuration.
+type tlsConns struct {
+	held *upstream.Held
+	pool *upstream.Pool
+}
+
+// withTLS returns the connections of requests with TLS cfg to originate.
 func (fc *fastConn) withTLS(cfg *tls.Config) *upstream.Held {
-	fc.tlsNow = cfg
-	if fc.tlsHeld == nil {
-		fc.tlsHeld = upstream.NewHeld(&fc.w.tlsUpstreams, func(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
-			return originateTLS(ctx, fc.w.dialFast, target, forwarded, fc.tlsNow)
-		})
+	if tc := fc.tlsHeld[cfg]; tc != nil {
+		return tc.held
 	}
-	return fc.tlsHeld
+	if fc.tlsHeld == nil {
+		fc.tlsHeld = map[*tls.Config]*tlsConns{}
+	}
+	tc := &tlsConns{pool: &upstream.Pool{}}
+	tc.held = upstream.NewHeld(tc.pool, func(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
+		return originateTLS(ctx, fc.w.dialFast, target, forwarded, cfg)
+	})
+	fc.tlsHeld[cfg] = tc
+	return tc.held
 }
 
 // originateTLS opens a connection with dial and runs a TLS handshake over

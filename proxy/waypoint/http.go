@@ -141,7 +141,7 @@ func (w *Waypoint) initHTTP() {
 			ex := pr.In.Context().Value(exKey{}).(*exchange)
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", ex.target.String()
 			if ex.tls != nil {
-				pr.Out.URL.Scheme = "https" // w.h1tls: pooled apart from plain connections
+				pr.Out.URL.Scheme = "https" // w.h1tls
 			}
 			pr.Out.Host = pr.In.Host
 			// The original source, as Envoy's waypoint forwards it.
@@ -199,8 +199,9 @@ func (w *Waypoint) initHTTP() {
 				return w.dialUpstream(ctx, target)
 			}, ap, "", ex.tls)
 		},
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
+		// Not kept: its pool is by address, and hosts with different SNI
+		// and SANs may share an endpoint address.
+		DisableKeepAlives: true,
 	}
 	w.h2 = &http2.Transport{
 		AllowHTTP: true,
@@ -232,11 +233,6 @@ func (w *Waypoint) initHTTP() {
 	go func() {
 		defer w.wg.Done()
 		w.upstreams.ReapUntil(w.httpLn.closed)
-	}()
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		w.tlsUpstreams.ReapUntil(w.httpLn.closed)
 	}()
 }
 

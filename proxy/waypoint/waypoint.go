@@ -91,9 +91,6 @@ type Waypoint struct {
 	// closes the idle ones) and its idle upstream connections.
 	fast      *h1.Server
 	upstreams upstream.Pool
-	// tlsUpstreams are the idle upstream connections with TLS the
-	// waypoint originated (DestinationRule tls), apart from the others.
-	tlsUpstreams upstream.Pool
 	// slowPath serves every tunnel with net/http's server and
 	// ReverseProxy (tests compare the two).
 	slowPath bool
@@ -167,7 +164,6 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 	}
 	w.fast.Close()
 	w.upstreams.Close()
-	w.tlsUpstreams.Close()
 	return errors.Join(err, herr)
 }
 
@@ -175,7 +171,6 @@ func (w *Waypoint) Shutdown(ctx context.Context) error {
 func (w *Waypoint) Close() error {
 	w.fast.Close()
 	w.upstreams.Close()
-	w.tlsUpstreams.Close()
 	return errors.Join(w.srv.Close(), w.httpSrv.Close())
 }
 
