@@ -108,7 +108,11 @@ func TestDryRunApply(t *testing.T) {
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "gateway.networking.k8s.io", Resource: "gateways", Subresource: "status", Namespace: "app"}, true},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Group: "gateway.networking.k8s.io", Resource: "gateways", Namespace: "app"}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods", Namespace: "app"}, true},
-		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: systemNamespace}, false},
+		// Secrets: read (as istiod reads them) for DestinationRule
+		// tls.credentialName; never written.
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "secrets", Namespace: "app"}, true},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "secrets", Namespace: "app"}, false},
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Resource: "secrets", Namespace: systemNamespace}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "app"}, false},
 		// Node agent.
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "pods"}, true},

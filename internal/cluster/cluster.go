@@ -68,10 +68,20 @@ type Objects struct {
 	// Nodes give pods their locality (topology labels). Only the control
 	// plane reads them; the node agent's source leaves this empty.
 	Nodes []*corev1.Node
+	// Secrets carry the certificates a DestinationRule's tls.credentialName
+	// names (TLS origination at a waypoint). Sources keep only the data
+	// keys of Istio's TLS Secret formats (CredentialKeys).
+	Secrets []*corev1.Secret
 	// Ignored are objects of kinds the control plane does not read
 	// (ignoredKinds), kept to be reported. Only Decode fills it.
 	Ignored []*IgnoredObject
 }
+
+// CredentialKeys are the data keys of a Secret a DestinationRule's
+// credentialName may name, in Istio's two formats: kubernetes.io/tls
+// (tls.crt, tls.key, ca.crt) and generic (cert, key, cacert). A source
+// keeps no other key of any Secret.
+var CredentialKeys = []string{"tls.crt", "tls.key", "ca.crt", "cert", "key", "cacert"}
 
 // Source produces successive Objects sets. Implementations are safe for
 // concurrent use.

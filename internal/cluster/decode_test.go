@@ -220,3 +220,17 @@ func TestAddPanicsOnUnsupportedType(t *testing.T) {
 	var o cluster.Objects
 	o.Add("not an object")
 }
+
+// TestDecodeSecretStringData: a Secret's stringData becomes data, as the
+// API server stores it.
+func TestDecodeSecretStringData(t *testing.T) {
+	var objs cluster.Objects
+	doc := "apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: ns}\ndata: {ca.crt: QUJD}\nstringData: {tls.crt: CERT}\n"
+	if errs := cluster.Decode("s.yaml", []byte(doc), &objs); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if len(objs.Secrets) != 1 || string(objs.Secrets[0].Data["ca.crt"]) != "ABC" || string(objs.Secrets[0].Data["tls.crt"]) != "CERT" ||
+		objs.Secrets[0].StringData != nil {
+		t.Fatalf("secrets %+v", objs.Secrets)
+	}
+}

@@ -95,6 +95,24 @@ var kinds = []Kind{
 		func(js []byte, v *telemetryv1.Telemetry) error { return strictIstio(js, v, &v.Spec, &v.Status) }),
 	kindOf(corev1.SchemeGroupVersion, "Node", "nodes", clusterScoped,
 		func(o *Objects) *[]*corev1.Node { return &o.Nodes }, strictAs),
+	kindOf(corev1.SchemeGroupVersion, "Secret", "secrets", namespaced,
+		func(o *Objects) *[]*corev1.Secret { return &o.Secrets }, decodeSecret),
+}
+
+// decodeSecret decodes a Secret as the API server stores it: stringData
+// merged into data (stringData wins), then dropped.
+func decodeSecret(js []byte, v *corev1.Secret) error {
+	if err := strict(js, v); err != nil {
+		return err
+	}
+	for k, s := range v.StringData {
+		if v.Data == nil {
+			v.Data = map[string][]byte{}
+		}
+		v.Data[k] = []byte(s)
+	}
+	v.StringData = nil
+	return nil
 }
 
 var (

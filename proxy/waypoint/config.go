@@ -30,6 +30,10 @@ type boundService struct {
 	// telemetry replaces Config.telemetry for this service's requests
 	// (a Telemetry with a Service targetRef); nil: the waypoint's.
 	telemetry *telemetry.Config
+	// originatesTLS: a DestinationRule tls (SIMPLE, MUTUAL) applies to a
+	// backend of its routes. The TCP path does not originate TLS: it
+	// refuses such a stream rather than send it in plaintext.
+	originatesTLS bool
 }
 
 // Config is the compiled, immutable form of one waypointapi.Config. The data
@@ -87,6 +91,13 @@ func Compile(c *waypointapi.Config) (*Config, error) {
 	for _, s := range c.GetServices() {
 		bs := &boundService{name: s.GetName(), namespace: s.GetNamespace(), hostname: s.GetHostname(), kind: s.GetKind(),
 			ports: map[uint16]waypointapi.Protocol{}, routes: routing.Compile(s.GetRoutes())}
+		for _, r := range s.GetRoutes() {
+			for _, rr := range r.GetRules() {
+				for _, b := range rr.GetBackends() {
+					bs.originatesTLS = bs.originatesTLS || b.GetTrafficPolicy().GetTls() != nil
+				}
+			}
+		}
 		for _, p := range s.GetPorts() {
 			if p.GetPort() == 0 || p.GetPort() > 65535 {
 				return nil, fmt.Errorf("service %s: port %d out of range", s.GetHostname(), p.GetPort())

@@ -3,7 +3,8 @@
 // for a service VIP or workload bound to this waypoint (never an open
 // relay), and then, inside the tunnel, speaks HTTP/1.1 or h2c (prior
 // knowledge) when the service port's protocol is HTTP, else plain TCP with
-// L4 policy only.
+// L4 policy only; on a port of no declared protocol (AUTO) the client's
+// first bytes decide, as Istio's protocol sniffing (sniff.go).
 //
 // Every request, HTTP or TCP, runs one code path (Waypoint.decide) with one
 // filter order: metadata (peer identity, baggage) → authentication →

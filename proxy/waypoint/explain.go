@@ -23,7 +23,8 @@ type Binding struct {
 	// service; both empty when a bound workload was addressed.
 	Service, Hostname string
 	// Protocol is the service port's protocol (TCP for a workload): HTTP
-	// and HTTP2 are served as HTTP, TCP gets L4 policy only.
+	// and HTTP2 are served as HTTP, TCP gets L4 policy only, AUTO is HTTP
+	// when the client's first bytes are (sniff.go), else TCP.
 	Protocol waypointapi.Protocol
 }
 

@@ -3,6 +3,7 @@ package waypoint
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -31,8 +32,13 @@ type fastConn struct {
 	w    *Waypoint
 	meta *tunnelMeta
 	held *upstream.Held // upstream connections kept between this connection's requests
-	xff  string         // X-Forwarded-For and Forwarded, once per tunnel
-	fwd  string
+	// tlsHeld are the upstream connections of requests with TLS to
+	// originate, one set per configuration, each with a pool of its own:
+	// a connection verified for one host's SNI and SANs is never reused
+	// for another host whose endpoint is the same address.
+	tlsHeld map[*tls.Config]*tlsConns
+	xff     string // X-Forwarded-For and Forwarded, once per tunnel
+	fwd     string
 }
 
 // serveH1 serves the tunnel's requests on the fast path until it closes
@@ -41,12 +47,56 @@ type fastConn struct {
 func (w *Waypoint) serveH1(tc *tunnelConn) (closed bool) {
 	fc := &fastConn{w: w, meta: tc.meta, held: upstream.NewHeld(&w.upstreams, w.dialFast)}
 	defer fc.held.Close()
+	defer func() {
+		for _, tc := range fc.tlsHeld {
+			tc.held.Close()
+			tc.pool.Close()
+		}
+	}()
 	closed, pre := w.fast.Serve(tc, fc.serveRequest)
 	if !closed {
 		tc.pre = pre
 		w.fallbacks.Add(1)
 	}
 	return closed
+}
+
+// tlsConns are a downstream connection's upstream connections for one TLS
+// configuration.
+type tlsConns struct {
+	held *upstream.Held
+	pool *upstream.Pool
+}
+
+// withTLS returns the connections of requests with TLS cfg to originate.
+func (fc *fastConn) withTLS(cfg *tls.Config) *upstream.Held {
+	if tc := fc.tlsHeld[cfg]; tc != nil {
+		return tc.held
+	}
+	if fc.tlsHeld == nil {
+		fc.tlsHeld = map[*tls.Config]*tlsConns{}
+	}
+	tc := &tlsConns{pool: &upstream.Pool{}}
+	tc.held = upstream.NewHeld(tc.pool, func(ctx context.Context, target netip.AddrPort, forwarded string) (net.Conn, error) {
+		return originateTLS(ctx, fc.w.dialFast, target, forwarded, cfg)
+	})
+	fc.tlsHeld[cfg] = tc
+	return tc.held
+}
+
+// originateTLS opens a connection with dial and runs a TLS handshake over
+// it as cfg says (DestinationRule tls SIMPLE or MUTUAL).
+func originateTLS(ctx context.Context, dial upstream.DialFunc, target netip.AddrPort, forwarded string, cfg *tls.Config) (net.Conn, error) {
+	c, err := dial(ctx, target, forwarded)
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("waypoint: TLS origination to %s (SNI %s): %w", target, cfg.ServerName, err)
+	}
+	return tc, nil
 }
 
 // dialFast opens the fast path's upstream connections.
@@ -201,7 +251,11 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 			}
 			lim = upstream.Limits{ConnectTimeout: pk.ConnectTimeout(), MaxUses: pk.MaxRequestsPerConnection(), IdleTimeout: pk.IdleTimeout()}
 		}
-		ex2 := fc.held.RoundTrip(ex.target, r, out, stream, chunked, dl, lim)
+		held := fc.held
+		if ex.tls != nil {
+			held = fc.withTLS(ex.tls)
+		}
+		ex2 := held.RoundTrip(ex.target, r, out, stream, chunked, dl, lim)
 		w.endpointDone(context.Background(), ex, ex2.Resp, ex2.Err) // outlier detection
 		if retryHeld != nil {
 			retryHeld()
@@ -237,7 +291,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 			if err != nil {
 				ex.err, keep = err, false
 			}
-			fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+			held.Done(ex2.Conn, reuse, !dl.IsZero())
 			ex.lastPicked.Release() // the response is through
 			if ex.grpcStatus = resp.Trailer.Get("Grpc-Status"); ex.grpcStatus == "" {
 				ex.grpcStatus = resp.Header.Get("Grpc-Status")
@@ -248,7 +302,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		// Retried: drain what is small enough to keep the connection.
 		_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		reuse := err == nil && !resp.Close && wire.IsEOF(resp.Body)
-		fc.held.Done(ex2.Conn, reuse, !dl.IsZero())
+		held.Done(ex2.Conn, reuse, !dl.IsZero())
 		ex.lastPicked.Release()
 		lastErr = fmt.Errorf("upstream answered %d", resp.StatusCode)
 	}

@@ -77,12 +77,13 @@ func (c *tunnelConn) Close() error {
 	return err
 }
 
-// serveTunnel serves the tunnel's HTTP/1.1 requests on the fast path
+// serveTunnelPre serves the tunnel's HTTP/1.1 requests on the fast path
 // (fastpath.go), and hands it to the HTTP server (HTTP/2, h2c, what the fast path
 // leaves to net/http) and returns once the server has closed it
-// (hbone.Reply.Serve).
-func (w *Waypoint) serveTunnel(t *hbone.Tunnel, meta *tunnelMeta) error {
-	tc := &tunnelConn{Conn: t, meta: meta, done: make(chan struct{})}
+// (hbone.Reply.Serve). pre is what protocol detection already read from
+// the tunnel, served first.
+func (w *Waypoint) serveTunnelPre(t *hbone.Tunnel, meta *tunnelMeta, pre []byte) error {
+	tc := &tunnelConn{Conn: t, meta: meta, pre: pre, done: make(chan struct{})}
 	if meta.protocol != waypointapi.Protocol_HTTP2 && !w.slowPath && w.serveH1(tc) {
 		return nil
 	}
@@ -145,6 +146,9 @@ func (w *Waypoint) initHTTP() {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			ex := pr.In.Context().Value(exKey{}).(*exchange)
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", ex.target.String()
+			if ex.tls != nil {
+				pr.Out.URL.Scheme = "https" // w.h1tls
+			}
 			pr.Out.Host = pr.In.Host
 			// The original source, as Envoy's waypoint forwards it.
 			pr.SetXForwarded()
@@ -195,6 +199,24 @@ func (w *Waypoint) initHTTP() {
 		},
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
+	}
+	w.h1tls = &http.Transport{
+		DialTLSContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			ap, err := netip.ParseAddrPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			ex, _ := ctx.Value(exKey{}).(*exchange)
+			if ex == nil || ex.tls == nil {
+				return nil, errors.New("waypoint: no TLS configuration for an https upstream")
+			}
+			return originateTLS(ctx, func(ctx context.Context, target netip.AddrPort, _ string) (net.Conn, error) {
+				return w.dialUpstream(ctx, target)
+			}, ap, "", ex.tls)
+		},
+		// Not kept: its pool is by address, and hosts with different SNI
+		// and SANs may share an endpoint address.
+		DisableKeepAlives: true,
 	}
 	w.h2 = &http2.Transport{
 		AllowHTTP: true,
@@ -422,7 +444,11 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 	// when the client spoke HTTP/2: the downstream protocol is kept, as
 	// Envoy does for sniffed ports, or gRPC (trailers) could not pass.
 	base := rt.w.h1
-	if ex.protocol == waypointapi.Protocol_HTTP2 || ex.h2 {
+	switch {
+	case ex.tls != nil:
+		// HTTP/1.1 over the TLS the waypoint originates (ALPN http/1.1).
+		base = rt.w.h1tls
+	case ex.protocol == waypointapi.Protocol_HTTP2 || ex.h2:
 		base = rt.w.h2
 	}
 	attempts := 1

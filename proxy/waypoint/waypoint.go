@@ -2,6 +2,7 @@ package waypoint
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -78,6 +79,10 @@ type Options struct {
 	// for this waypoint): a bootstrap default, as Istio's proxies take
 	// meshConfig defaultConfig.tracing at start. nil: no tracing then.
 	DefaultTracing *tracing.Config
+	// DetectTimeout is how long a tunnel to a port of no declared
+	// protocol (AUTO) waits for the client's first bytes before it is
+	// served as TCP; zero: DefaultDetectTimeout.
+	DetectTimeout time.Duration
 }
 
 // Waypoint is the data path of one waypoint.
@@ -91,7 +96,8 @@ type Waypoint struct {
 	httpLn  *connListener
 	httpSrv *http.Server
 	h1, h2  http.RoundTripper
-	limited sync.Map // connLimits → *limitedTransports (connlimits.go)
+	limited sync.Map          // connLimits → *limitedTransports (connlimits.go)
+	h1tls   http.RoundTripper // HTTP/1.1 over TLS the waypoint originates (DestinationRule tls)
 	wg      sync.WaitGroup
 	router  *routing.Router // its endpoint state outlives config pushes
 
@@ -127,6 +133,9 @@ func New(opts Options) (*Waypoint, error) {
 	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64N
+	}
+	if opts.DetectTimeout <= 0 {
+		opts.DetectTimeout = DefaultDetectTimeout
 	}
 	stats, err := telemetry.New(opts.Registerer, opts.Access, opts.MetricsLimits)
 	if err != nil {
@@ -239,6 +248,7 @@ type exchange struct {
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
 	lastPicked  *routing.Picked // the previous attempt's (a retry's circuit breaker)
 	setCookie   string          // a consistent hash's generated cookie, for the response
+	tls         *tls.Config     // TLS to originate to target (DestinationRule tls); nil: none
 	upstream    string
 	destination telemetry.Peer // the endpoint picked, for the stats step
 	span        *tracing.Span  // nil: tracing off
@@ -311,7 +321,7 @@ func (w *Waypoint) routeTo(ex *exchange) error {
 		ex.destination = telemetry.Peer{Workload: res.DstName, Namespace: res.DstNamespace, Principal: res.DstPrincipal,
 			CanonicalService: w.CanonicalName, CanonicalRevision: w.CanonicalRevision, Cluster: w.ClusterID}
 	}
-	ex.target, ex.upstream = res.Target, res.Upstream
+	ex.target, ex.upstream, ex.tls = res.Target, res.Upstream, res.TLS
 	return nil
 }
 
@@ -391,13 +401,16 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 		return hbone.Reply{Status: http.StatusServiceUnavailable}
 	default:
 	}
-	return hbone.Reply{Status: http.StatusOK, Serve: func(t *hbone.Tunnel) error { return w.serveTunnel(t, meta) }}
+	if ex.protocol == waypointapi.Protocol_AUTO {
+		return hbone.Reply{Status: http.StatusOK, Serve: func(t *hbone.Tunnel) error { return w.serveAuto(t, ex, meta, start) }}
+	}
+	return hbone.Reply{Status: http.StatusOK, Serve: func(t *hbone.Tunnel) error { return w.serveTunnelPre(t, meta, nil) }}
 }
 
 // serveTCP runs the same filters for a plain TCP tunnel (HTTP fields never
 // match) and splices it to the endpoint.
 func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) hbone.Reply {
-	if err := w.decide(ex); err != nil {
+	if err := w.decideTCP(ex); err != nil {
 		var nr *stream.Refusal
 		code := http.StatusServiceUnavailable
 		if errors.As(err, &nr) {
@@ -421,6 +434,19 @@ func (w *Waypoint) serveTCP(ctx context.Context, ex *exchange, start time.Time) 
 		// into it: to the client (sent).
 		st.Done(ts.BytesReceived, ts.BytesSent)
 	}}
+}
+
+// errTCPOrigination refuses a TCP stream to a service whose
+// DestinationRule has the waypoint originate TLS: only HTTP ports do.
+var errTCPOrigination = &stream.Refusal{Code: http.StatusServiceUnavailable,
+	Msg: "DestinationRule tls (SIMPLE, MUTUAL) is originated on HTTP ports only; a TCP stream is refused, never sent in plaintext"}
+
+// decideTCP is decide for a TCP stream.
+func (w *Waypoint) decideTCP(ex *exchange) error {
+	if ex.svc != nil && ex.svc.originatesTLS {
+		return errTCPOrigination
+	}
+	return w.decide(ex)
 }
 
 // record is the stats step, whatever step answered. For an accepted TCP

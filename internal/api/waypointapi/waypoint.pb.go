@@ -100,6 +100,12 @@ const (
 	Protocol_HTTP Protocol = 1
 	// HTTP2: HTTP/2 prior knowledge (h2c, grpc).
 	Protocol_HTTP2 Protocol = 2
+	// AUTO: no protocol declared (no appProtocol, no known port name
+	// prefix): the waypoint detects HTTP/1.x or h2c prior knowledge on the
+	// client's first bytes, as Istio's protocol sniffing does; anything else,
+	// or nothing within the detection timeout (a server-first protocol), is
+	// TCP.
+	Protocol_AUTO Protocol = 3
 )
 
 // Enum value maps for Protocol.
@@ -108,11 +114,13 @@ var (
 		0: "TCP",
 		1: "HTTP",
 		2: "HTTP2",
+		3: "AUTO",
 	}
 	Protocol_value = map[string]int32{
 		"TCP":   0,
 		"HTTP":  1,
 		"HTTP2": 2,
+		"AUTO":  3,
 	}
 )
 
@@ -735,7 +743,7 @@ func (x LogCondition_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LogCondition_Op.Descriptor instead.
 func (LogCondition_Op) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{41, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{42, 0}
 }
 
 type TracingProvider_Protocol int32
@@ -781,7 +789,7 @@ func (x TracingProvider_Protocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TracingProvider_Protocol.Descriptor instead.
 func (TracingProvider_Protocol) EnumDescriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{50, 0}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{51, 0}
 }
 
 // Config is everything one waypoint enforces.
@@ -3433,7 +3441,12 @@ type TrafficPolicy struct {
 	// port_policies are portLevelSettings merged as Istio merges them, by
 	// service port: a request to a port listed here uses that policy
 	// instead of this one's fields.
-	PortPolicies  map[uint32]*TrafficPolicy `protobuf:"bytes,6,rep,name=port_policies,json=portPolicies,proto3" json:"port_policies,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	PortPolicies map[uint32]*TrafficPolicy `protobuf:"bytes,6,rep,name=port_policies,json=portPolicies,proto3" json:"port_policies,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// tls is DestinationRule trafficPolicy.tls (or the portLevelSettings
+	// entry of the backend's port) with mode SIMPLE or MUTUAL: the waypoint
+	// originates TLS to the endpoint (an external host of a ServiceEntry)
+	// instead of HBONE or plain TCP. nil: ISTIO_MUTUAL / DISABLE, as before.
+	Tls           *ClientTLS `protobuf:"bytes,20,opt,name=tls,proto3" json:"tls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3506,6 +3519,13 @@ func (x *TrafficPolicy) GetLocality() *LocalityLb {
 func (x *TrafficPolicy) GetPortPolicies() map[uint32]*TrafficPolicy {
 	if x != nil {
 		return x.PortPolicies
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetTls() *ClientTLS {
+	if x != nil {
+		return x.Tls
 	}
 	return nil
 }
@@ -3885,6 +3905,119 @@ func (x *LocalityFailover) GetTo() string {
 	return ""
 }
 
+// ClientTLS is TLS the waypoint originates (DestinationRule
+// ClientTLSSettings SIMPLE or MUTUAL), with the certificates already read
+// from the Kubernetes Secret credentialName names (in the DestinationRule's
+// own namespace).
+type ClientTLS struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mutual: present cert_chain/private_key (MUTUAL); else SIMPLE.
+	Mutual bool `protobuf:"varint,1,opt,name=mutual,proto3" json:"mutual,omitempty"`
+	// sni is the ServerName sent; "" : the backend's hostname.
+	Sni string `protobuf:"bytes,2,opt,name=sni,proto3" json:"sni,omitempty"`
+	// subject_alt_names: the server certificate must carry one of these
+	// (DNS or URI SANs); empty: the SNI (hostname) is verified as usual.
+	SubjectAltNames []string `protobuf:"bytes,3,rep,name=subject_alt_names,json=subjectAltNames,proto3" json:"subject_alt_names,omitempty"`
+	// ca_certificates: PEM roots the server's chain must verify against;
+	// empty: the system roots.
+	CaCertificates []byte `protobuf:"bytes,4,opt,name=ca_certificates,json=caCertificates,proto3" json:"ca_certificates,omitempty"`
+	// insecure_skip_verify: no chain or SAN verification.
+	InsecureSkipVerify bool `protobuf:"varint,5,opt,name=insecure_skip_verify,json=insecureSkipVerify,proto3" json:"insecure_skip_verify,omitempty"`
+	// cert_chain and private_key: PEM, for MUTUAL.
+	CertChain  []byte `protobuf:"bytes,6,opt,name=cert_chain,json=certChain,proto3" json:"cert_chain,omitempty"`
+	PrivateKey []byte `protobuf:"bytes,7,opt,name=private_key,json=privateKey,proto3" json:"private_key,omitempty"`
+	// credential names the Secret ("namespace/name") they came from, for logs.
+	Credential    string `protobuf:"bytes,8,opt,name=credential,proto3" json:"credential,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClientTLS) Reset() {
+	*x = ClientTLS{}
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientTLS) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientTLS) ProtoMessage() {}
+
+func (x *ClientTLS) ProtoReflect() protoreflect.Message {
+	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientTLS.ProtoReflect.Descriptor instead.
+func (*ClientTLS) Descriptor() ([]byte, []int) {
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ClientTLS) GetMutual() bool {
+	if x != nil {
+		return x.Mutual
+	}
+	return false
+}
+
+func (x *ClientTLS) GetSni() string {
+	if x != nil {
+		return x.Sni
+	}
+	return ""
+}
+
+func (x *ClientTLS) GetSubjectAltNames() []string {
+	if x != nil {
+		return x.SubjectAltNames
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetCaCertificates() []byte {
+	if x != nil {
+		return x.CaCertificates
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetInsecureSkipVerify() bool {
+	if x != nil {
+		return x.InsecureSkipVerify
+	}
+	return false
+}
+
+func (x *ClientTLS) GetCertChain() []byte {
+	if x != nil {
+		return x.CertChain
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetPrivateKey() []byte {
+	if x != nil {
+		return x.PrivateKey
+	}
+	return nil
+}
+
+func (x *ClientTLS) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
 // OutlierDetection ejects an endpoint after consecutive errors.
 type OutlierDetection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3900,7 +4033,7 @@ type OutlierDetection struct {
 
 func (x *OutlierDetection) Reset() {
 	*x = OutlierDetection{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3912,7 +4045,7 @@ func (x *OutlierDetection) String() string {
 func (*OutlierDetection) ProtoMessage() {}
 
 func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[37]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3925,7 +4058,7 @@ func (x *OutlierDetection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutlierDetection.ProtoReflect.Descriptor instead.
 func (*OutlierDetection) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{37}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *OutlierDetection) GetConsecutiveServerErrors() uint32 {
@@ -3978,7 +4111,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3990,7 +4123,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[38]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4003,7 +4136,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{38}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Retry) GetAttempts() uint32 {
@@ -4049,7 +4182,7 @@ type Telemetry struct {
 
 func (x *Telemetry) Reset() {
 	*x = Telemetry{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4061,7 +4194,7 @@ func (x *Telemetry) String() string {
 func (*Telemetry) ProtoMessage() {}
 
 func (x *Telemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[39]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4074,7 +4207,7 @@ func (x *Telemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Telemetry.ProtoReflect.Descriptor instead.
 func (*Telemetry) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{39}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Telemetry) GetSources() []string {
@@ -4121,7 +4254,7 @@ type AccessLogging struct {
 
 func (x *AccessLogging) Reset() {
 	*x = AccessLogging{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4133,7 +4266,7 @@ func (x *AccessLogging) String() string {
 func (*AccessLogging) ProtoMessage() {}
 
 func (x *AccessLogging) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[40]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4146,7 +4279,7 @@ func (x *AccessLogging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessLogging.ProtoReflect.Descriptor instead.
 func (*AccessLogging) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{40}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AccessLogging) GetProviders() []*AccessLogProvider {
@@ -4186,7 +4319,7 @@ type LogCondition struct {
 
 func (x *LogCondition) Reset() {
 	*x = LogCondition{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4198,7 +4331,7 @@ func (x *LogCondition) String() string {
 func (*LogCondition) ProtoMessage() {}
 
 func (x *LogCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[41]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4211,7 +4344,7 @@ func (x *LogCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCondition.ProtoReflect.Descriptor instead.
 func (*LogCondition) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{41}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LogCondition) GetAttribute() Attribute {
@@ -4259,7 +4392,7 @@ type AccessLogProvider struct {
 
 func (x *AccessLogProvider) Reset() {
 	*x = AccessLogProvider{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4271,7 +4404,7 @@ func (x *AccessLogProvider) String() string {
 func (*AccessLogProvider) ProtoMessage() {}
 
 func (x *AccessLogProvider) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[42]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4284,7 +4417,7 @@ func (x *AccessLogProvider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessLogProvider.ProtoReflect.Descriptor instead.
 func (*AccessLogProvider) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{42}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AccessLogProvider) GetName() string {
@@ -4350,7 +4483,7 @@ type LogFormat struct {
 
 func (x *LogFormat) Reset() {
 	*x = LogFormat{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4362,7 +4495,7 @@ func (x *LogFormat) String() string {
 func (*LogFormat) ProtoMessage() {}
 
 func (x *LogFormat) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[43]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4375,7 +4508,7 @@ func (x *LogFormat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogFormat.ProtoReflect.Descriptor instead.
 func (*LogFormat) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{43}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *LogFormat) GetText() string {
@@ -4404,7 +4537,7 @@ type FileAccessLog struct {
 
 func (x *FileAccessLog) Reset() {
 	*x = FileAccessLog{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4416,7 +4549,7 @@ func (x *FileAccessLog) String() string {
 func (*FileAccessLog) ProtoMessage() {}
 
 func (x *FileAccessLog) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[44]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4429,7 +4562,7 @@ func (x *FileAccessLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileAccessLog.ProtoReflect.Descriptor instead.
 func (*FileAccessLog) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{44}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FileAccessLog) GetPath() string {
@@ -4463,7 +4596,7 @@ type OtelAccessLog struct {
 
 func (x *OtelAccessLog) Reset() {
 	*x = OtelAccessLog{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4475,7 +4608,7 @@ func (x *OtelAccessLog) String() string {
 func (*OtelAccessLog) ProtoMessage() {}
 
 func (x *OtelAccessLog) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[45]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4488,7 +4621,7 @@ func (x *OtelAccessLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OtelAccessLog.ProtoReflect.Descriptor instead.
 func (*OtelAccessLog) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{45}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *OtelAccessLog) GetService() string {
@@ -4533,7 +4666,7 @@ type MetricOverride struct {
 
 func (x *MetricOverride) Reset() {
 	*x = MetricOverride{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4545,7 +4678,7 @@ func (x *MetricOverride) String() string {
 func (*MetricOverride) ProtoMessage() {}
 
 func (x *MetricOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[46]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4558,7 +4691,7 @@ func (x *MetricOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricOverride.ProtoReflect.Descriptor instead.
 func (*MetricOverride) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{46}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MetricOverride) GetMetric() Metric {
@@ -4597,7 +4730,7 @@ type TagOverride struct {
 
 func (x *TagOverride) Reset() {
 	*x = TagOverride{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[47]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4609,7 +4742,7 @@ func (x *TagOverride) String() string {
 func (*TagOverride) ProtoMessage() {}
 
 func (x *TagOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[47]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4622,7 +4755,7 @@ func (x *TagOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagOverride.ProtoReflect.Descriptor instead.
 func (*TagOverride) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{47}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TagOverride) GetName() string {
@@ -4662,7 +4795,7 @@ type TagValue struct {
 
 func (x *TagValue) Reset() {
 	*x = TagValue{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[48]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4674,7 +4807,7 @@ func (x *TagValue) String() string {
 func (*TagValue) ProtoMessage() {}
 
 func (x *TagValue) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[48]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4687,7 +4820,7 @@ func (x *TagValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagValue.ProtoReflect.Descriptor instead.
 func (*TagValue) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{48}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TagValue) GetExpression() string {
@@ -4742,7 +4875,7 @@ type Tracing struct {
 
 func (x *Tracing) Reset() {
 	*x = Tracing{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[49]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4754,7 +4887,7 @@ func (x *Tracing) String() string {
 func (*Tracing) ProtoMessage() {}
 
 func (x *Tracing) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[49]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4767,7 +4900,7 @@ func (x *Tracing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tracing.ProtoReflect.Descriptor instead.
 func (*Tracing) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{49}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Tracing) GetProvider() *TracingProvider {
@@ -4834,7 +4967,7 @@ type TracingProvider struct {
 
 func (x *TracingProvider) Reset() {
 	*x = TracingProvider{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[50]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4846,7 +4979,7 @@ func (x *TracingProvider) String() string {
 func (*TracingProvider) ProtoMessage() {}
 
 func (x *TracingProvider) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[50]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4859,7 +4992,7 @@ func (x *TracingProvider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracingProvider.ProtoReflect.Descriptor instead.
 func (*TracingProvider) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{50}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TracingProvider) GetName() string {
@@ -4935,7 +5068,7 @@ type CustomTag struct {
 
 func (x *CustomTag) Reset() {
 	*x = CustomTag{}
-	mi := &file_waypointapi_waypoint_proto_msgTypes[51]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4947,7 +5080,7 @@ func (x *CustomTag) String() string {
 func (*CustomTag) ProtoMessage() {}
 
 func (x *CustomTag) ProtoReflect() protoreflect.Message {
-	mi := &file_waypointapi_waypoint_proto_msgTypes[51]
+	mi := &file_waypointapi_waypoint_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4960,7 +5093,7 @@ func (x *CustomTag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CustomTag.ProtoReflect.Descriptor instead.
 func (*CustomTag) Descriptor() ([]byte, []int) {
-	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{51}
+	return file_waypointapi_waypoint_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CustomTag) GetName() string {
@@ -5279,14 +5412,15 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x19response_header_modifiers\x18\f \x03(\v2\".ztunnelgo.waypoint.HeaderModifierR\x17responseHeaderModifiers\x1a?\n" +
 	"\x11SubsetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbd\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x04\n" +
 	"\rTrafficPolicy\x12E\n" +
 	"\rload_balancer\x18\x01 \x01(\x0e2 .ztunnelgo.waypoint.LoadBalancerR\floadBalancer\x12Q\n" +
 	"\x11outlier_detection\x18\x02 \x01(\v2$.ztunnelgo.waypoint.OutlierDetectionR\x10outlierDetection\x12K\n" +
 	"\x0fconnection_pool\x18\x03 \x01(\v2\".ztunnelgo.waypoint.ConnectionPoolR\x0econnectionPool\x12K\n" +
 	"\x0fconsistent_hash\x18\x04 \x01(\v2\".ztunnelgo.waypoint.ConsistentHashR\x0econsistentHash\x12:\n" +
 	"\blocality\x18\x05 \x01(\v2\x1e.ztunnelgo.waypoint.LocalityLbR\blocality\x12X\n" +
-	"\rport_policies\x18\x06 \x03(\v23.ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntryR\fportPolicies\x1ab\n" +
+	"\rport_policies\x18\x06 \x03(\v23.ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntryR\fportPolicies\x12/\n" +
+	"\x03tls\x18\x14 \x01(\v2\x1d.ztunnelgo.waypoint.ClientTLSR\x03tls\x1ab\n" +
 	"\x11PortPoliciesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x127\n" +
 	"\x05value\x18\x02 \x01(\v2!.ztunnelgo.waypoint.TrafficPolicyR\x05value:\x028\x01\"\xc4\x02\n" +
@@ -5331,7 +5465,20 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"6\n" +
 	"\x10LocalityFailover\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
-	"\x02to\x18\x02 \x01(\tR\x02to\"\x92\x02\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"\x9c\x02\n" +
+	"\tClientTLS\x12\x16\n" +
+	"\x06mutual\x18\x01 \x01(\bR\x06mutual\x12\x10\n" +
+	"\x03sni\x18\x02 \x01(\tR\x03sni\x12*\n" +
+	"\x11subject_alt_names\x18\x03 \x03(\tR\x0fsubjectAltNames\x12'\n" +
+	"\x0fca_certificates\x18\x04 \x01(\fR\x0ecaCertificates\x120\n" +
+	"\x14insecure_skip_verify\x18\x05 \x01(\bR\x12insecureSkipVerify\x12\x1d\n" +
+	"\n" +
+	"cert_chain\x18\x06 \x01(\fR\tcertChain\x12\x1f\n" +
+	"\vprivate_key\x18\a \x01(\fR\n" +
+	"privateKey\x12\x1e\n" +
+	"\n" +
+	"credential\x18\b \x01(\tR\n" +
+	"credential\"\x92\x02\n" +
 	"\x10OutlierDetection\x12:\n" +
 	"\x19consecutive_server_errors\x18\x01 \x01(\rR\x17consecutiveServerErrors\x12<\n" +
 	"\x1aconsecutive_gateway_errors\x18\x02 \x01(\rR\x18consecutiveGatewayErrors\x12\x1f\n" +
@@ -5434,11 +5581,12 @@ const file_waypointapi_waypoint_proto_rawDesc = "" +
 	"\x17PATH_NORMALIZATION_NONE\x10\x01\x12\x1b\n" +
 	"\x17PATH_NORMALIZATION_BASE\x10\x02\x12$\n" +
 	" PATH_NORMALIZATION_MERGE_SLASHES\x10\x03\x12/\n" +
-	"+PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES\x10\x04*(\n" +
+	"+PATH_NORMALIZATION_DECODE_AND_MERGE_SLASHES\x10\x04*2\n" +
 	"\bProtocol\x12\a\n" +
 	"\x03TCP\x10\x00\x12\b\n" +
 	"\x04HTTP\x10\x01\x12\t\n" +
-	"\x05HTTP2\x10\x02*(\n" +
+	"\x05HTTP2\x10\x02\x12\b\n" +
+	"\x04AUTO\x10\x03*(\n" +
 	"\x06Action\x12\t\n" +
 	"\x05ALLOW\x10\x00\x12\b\n" +
 	"\x04DENY\x10\x01\x12\t\n" +
@@ -5488,7 +5636,7 @@ func file_waypointapi_waypoint_proto_rawDescGZIP() []byte {
 }
 
 var file_waypointapi_waypoint_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
-var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_waypointapi_waypoint_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_waypointapi_waypoint_proto_goTypes = []any{
 	(PathNormalization)(0),        // 0: ztunnelgo.waypoint.PathNormalization
 	(Protocol)(0),                 // 1: ztunnelgo.waypoint.Protocol
@@ -5540,29 +5688,30 @@ var file_waypointapi_waypoint_proto_goTypes = []any{
 	(*LocalityLb)(nil),            // 47: ztunnelgo.waypoint.LocalityLb
 	(*LocalityDistribute)(nil),    // 48: ztunnelgo.waypoint.LocalityDistribute
 	(*LocalityFailover)(nil),      // 49: ztunnelgo.waypoint.LocalityFailover
-	(*OutlierDetection)(nil),      // 50: ztunnelgo.waypoint.OutlierDetection
-	(*Retry)(nil),                 // 51: ztunnelgo.waypoint.Retry
-	(*Telemetry)(nil),             // 52: ztunnelgo.waypoint.Telemetry
-	(*AccessLogging)(nil),         // 53: ztunnelgo.waypoint.AccessLogging
-	(*LogCondition)(nil),          // 54: ztunnelgo.waypoint.LogCondition
-	(*AccessLogProvider)(nil),     // 55: ztunnelgo.waypoint.AccessLogProvider
-	(*LogFormat)(nil),             // 56: ztunnelgo.waypoint.LogFormat
-	(*FileAccessLog)(nil),         // 57: ztunnelgo.waypoint.FileAccessLog
-	(*OtelAccessLog)(nil),         // 58: ztunnelgo.waypoint.OtelAccessLog
-	(*MetricOverride)(nil),        // 59: ztunnelgo.waypoint.MetricOverride
-	(*TagOverride)(nil),           // 60: ztunnelgo.waypoint.TagOverride
-	(*TagValue)(nil),              // 61: ztunnelgo.waypoint.TagValue
-	(*Tracing)(nil),               // 62: ztunnelgo.waypoint.Tracing
-	(*TracingProvider)(nil),       // 63: ztunnelgo.waypoint.TracingProvider
-	(*CustomTag)(nil),             // 64: ztunnelgo.waypoint.CustomTag
-	nil,                           // 65: ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
-	nil,                           // 66: ztunnelgo.waypoint.HeaderModifier.SetEntry
-	nil,                           // 67: ztunnelgo.waypoint.HeaderModifier.AddEntry
-	nil,                           // 68: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
-	nil,                           // 69: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
-	nil,                           // 70: ztunnelgo.waypoint.LocalityDistribute.ToEntry
-	nil,                           // 71: ztunnelgo.waypoint.LogFormat.LabelsEntry
-	nil,                           // 72: ztunnelgo.waypoint.TracingProvider.HeadersEntry
+	(*ClientTLS)(nil),             // 50: ztunnelgo.waypoint.ClientTLS
+	(*OutlierDetection)(nil),      // 51: ztunnelgo.waypoint.OutlierDetection
+	(*Retry)(nil),                 // 52: ztunnelgo.waypoint.Retry
+	(*Telemetry)(nil),             // 53: ztunnelgo.waypoint.Telemetry
+	(*AccessLogging)(nil),         // 54: ztunnelgo.waypoint.AccessLogging
+	(*LogCondition)(nil),          // 55: ztunnelgo.waypoint.LogCondition
+	(*AccessLogProvider)(nil),     // 56: ztunnelgo.waypoint.AccessLogProvider
+	(*LogFormat)(nil),             // 57: ztunnelgo.waypoint.LogFormat
+	(*FileAccessLog)(nil),         // 58: ztunnelgo.waypoint.FileAccessLog
+	(*OtelAccessLog)(nil),         // 59: ztunnelgo.waypoint.OtelAccessLog
+	(*MetricOverride)(nil),        // 60: ztunnelgo.waypoint.MetricOverride
+	(*TagOverride)(nil),           // 61: ztunnelgo.waypoint.TagOverride
+	(*TagValue)(nil),              // 62: ztunnelgo.waypoint.TagValue
+	(*Tracing)(nil),               // 63: ztunnelgo.waypoint.Tracing
+	(*TracingProvider)(nil),       // 64: ztunnelgo.waypoint.TracingProvider
+	(*CustomTag)(nil),             // 65: ztunnelgo.waypoint.CustomTag
+	nil,                           // 66: ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	nil,                           // 67: ztunnelgo.waypoint.HeaderModifier.SetEntry
+	nil,                           // 68: ztunnelgo.waypoint.HeaderModifier.AddEntry
+	nil,                           // 69: ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	nil,                           // 70: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
+	nil,                           // 71: ztunnelgo.waypoint.LocalityDistribute.ToEntry
+	nil,                           // 72: ztunnelgo.waypoint.LogFormat.LabelsEntry
+	nil,                           // 73: ztunnelgo.waypoint.TracingProvider.HeadersEntry
 }
 var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	18,  // 0: ztunnelgo.waypoint.Config.services:type_name -> ztunnelgo.waypoint.Service
@@ -5570,13 +5719,13 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	21,  // 2: ztunnelgo.waypoint.Config.policies:type_name -> ztunnelgo.waypoint.Policy
 	14,  // 3: ztunnelgo.waypoint.Config.authentications:type_name -> ztunnelgo.waypoint.RequestAuthn
 	0,   // 4: ztunnelgo.waypoint.Config.path_normalization:type_name -> ztunnelgo.waypoint.PathNormalization
-	52,  // 5: ztunnelgo.waypoint.Config.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
+	53,  // 5: ztunnelgo.waypoint.Config.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
 	15,  // 6: ztunnelgo.waypoint.RequestAuthn.rules:type_name -> ztunnelgo.waypoint.JwtRule
 	16,  // 7: ztunnelgo.waypoint.JwtRule.from_headers:type_name -> ztunnelgo.waypoint.JwtHeader
 	17,  // 8: ztunnelgo.waypoint.JwtRule.output_claim_to_headers:type_name -> ztunnelgo.waypoint.ClaimToHeader
 	19,  // 9: ztunnelgo.waypoint.Service.ports:type_name -> ztunnelgo.waypoint.Port
 	29,  // 10: ztunnelgo.waypoint.Service.routes:type_name -> ztunnelgo.waypoint.Route
-	52,  // 11: ztunnelgo.waypoint.Service.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
+	53,  // 11: ztunnelgo.waypoint.Service.telemetry:type_name -> ztunnelgo.waypoint.Telemetry
 	1,   // 12: ztunnelgo.waypoint.Port.protocol:type_name -> ztunnelgo.waypoint.Protocol
 	2,   // 13: ztunnelgo.waypoint.Policy.action:type_name -> ztunnelgo.waypoint.Action
 	22,  // 14: ztunnelgo.waypoint.Policy.rules:type_name -> ztunnelgo.waypoint.Rule
@@ -5609,7 +5758,7 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	38,  // 41: ztunnelgo.waypoint.RouteRule.matches:type_name -> ztunnelgo.waypoint.RouteMatch
 	42,  // 42: ztunnelgo.waypoint.RouteRule.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	43,  // 43: ztunnelgo.waypoint.RouteRule.backends:type_name -> ztunnelgo.waypoint.Backend
-	51,  // 44: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
+	52,  // 44: ztunnelgo.waypoint.RouteRule.retry:type_name -> ztunnelgo.waypoint.Retry
 	37,  // 45: ztunnelgo.waypoint.RouteRule.mirrors:type_name -> ztunnelgo.waypoint.Mirror
 	36,  // 46: ztunnelgo.waypoint.RouteRule.fault:type_name -> ztunnelgo.waypoint.Fault
 	42,  // 47: ztunnelgo.waypoint.RouteRule.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
@@ -5627,50 +5776,51 @@ var file_waypointapi_waypoint_proto_depIdxs = []int32{
 	41,  // 59: ztunnelgo.waypoint.RouteMatch.headers:type_name -> ztunnelgo.waypoint.HeaderMatch
 	41,  // 60: ztunnelgo.waypoint.RouteMatch.query_params:type_name -> ztunnelgo.waypoint.HeaderMatch
 	39,  // 61: ztunnelgo.waypoint.RouteMatch.source_workloads:type_name -> ztunnelgo.waypoint.SourceWorkloads
-	65,  // 62: ztunnelgo.waypoint.SourceWorkloads.labels:type_name -> ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
+	66,  // 62: ztunnelgo.waypoint.SourceWorkloads.labels:type_name -> ztunnelgo.waypoint.SourceWorkloads.LabelsEntry
 	9,   // 63: ztunnelgo.waypoint.PathMatch.type:type_name -> ztunnelgo.waypoint.PathMatch.Type
-	66,  // 64: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
-	67,  // 65: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
-	68,  // 66: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
+	67,  // 64: ztunnelgo.waypoint.HeaderModifier.set:type_name -> ztunnelgo.waypoint.HeaderModifier.SetEntry
+	68,  // 65: ztunnelgo.waypoint.HeaderModifier.add:type_name -> ztunnelgo.waypoint.HeaderModifier.AddEntry
+	69,  // 66: ztunnelgo.waypoint.Backend.subset_labels:type_name -> ztunnelgo.waypoint.Backend.SubsetLabelsEntry
 	44,  // 67: ztunnelgo.waypoint.Backend.traffic_policy:type_name -> ztunnelgo.waypoint.TrafficPolicy
 	42,  // 68: ztunnelgo.waypoint.Backend.request_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	42,  // 69: ztunnelgo.waypoint.Backend.response_header_modifiers:type_name -> ztunnelgo.waypoint.HeaderModifier
 	3,   // 70: ztunnelgo.waypoint.TrafficPolicy.load_balancer:type_name -> ztunnelgo.waypoint.LoadBalancer
-	50,  // 71: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
+	51,  // 71: ztunnelgo.waypoint.TrafficPolicy.outlier_detection:type_name -> ztunnelgo.waypoint.OutlierDetection
 	45,  // 72: ztunnelgo.waypoint.TrafficPolicy.connection_pool:type_name -> ztunnelgo.waypoint.ConnectionPool
 	46,  // 73: ztunnelgo.waypoint.TrafficPolicy.consistent_hash:type_name -> ztunnelgo.waypoint.ConsistentHash
 	47,  // 74: ztunnelgo.waypoint.TrafficPolicy.locality:type_name -> ztunnelgo.waypoint.LocalityLb
-	69,  // 75: ztunnelgo.waypoint.TrafficPolicy.port_policies:type_name -> ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
-	10,  // 76: ztunnelgo.waypoint.ConsistentHash.key:type_name -> ztunnelgo.waypoint.ConsistentHash.Key
-	48,  // 77: ztunnelgo.waypoint.LocalityLb.distribute:type_name -> ztunnelgo.waypoint.LocalityDistribute
-	49,  // 78: ztunnelgo.waypoint.LocalityLb.failover:type_name -> ztunnelgo.waypoint.LocalityFailover
-	70,  // 79: ztunnelgo.waypoint.LocalityDistribute.to:type_name -> ztunnelgo.waypoint.LocalityDistribute.ToEntry
-	53,  // 80: ztunnelgo.waypoint.Telemetry.access_logging:type_name -> ztunnelgo.waypoint.AccessLogging
-	59,  // 81: ztunnelgo.waypoint.Telemetry.metric_overrides:type_name -> ztunnelgo.waypoint.MetricOverride
-	62,  // 82: ztunnelgo.waypoint.Telemetry.tracing:type_name -> ztunnelgo.waypoint.Tracing
-	55,  // 83: ztunnelgo.waypoint.AccessLogging.providers:type_name -> ztunnelgo.waypoint.AccessLogProvider
-	54,  // 84: ztunnelgo.waypoint.AccessLogging.filter:type_name -> ztunnelgo.waypoint.LogCondition
-	4,   // 85: ztunnelgo.waypoint.LogCondition.attribute:type_name -> ztunnelgo.waypoint.Attribute
-	11,  // 86: ztunnelgo.waypoint.LogCondition.op:type_name -> ztunnelgo.waypoint.LogCondition.Op
-	57,  // 87: ztunnelgo.waypoint.AccessLogProvider.file:type_name -> ztunnelgo.waypoint.FileAccessLog
-	58,  // 88: ztunnelgo.waypoint.AccessLogProvider.otel:type_name -> ztunnelgo.waypoint.OtelAccessLog
-	71,  // 89: ztunnelgo.waypoint.LogFormat.labels:type_name -> ztunnelgo.waypoint.LogFormat.LabelsEntry
-	56,  // 90: ztunnelgo.waypoint.FileAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
-	56,  // 91: ztunnelgo.waypoint.OtelAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
-	5,   // 92: ztunnelgo.waypoint.MetricOverride.metric:type_name -> ztunnelgo.waypoint.Metric
-	60,  // 93: ztunnelgo.waypoint.MetricOverride.tags:type_name -> ztunnelgo.waypoint.TagOverride
-	61,  // 94: ztunnelgo.waypoint.TagOverride.value:type_name -> ztunnelgo.waypoint.TagValue
-	4,   // 95: ztunnelgo.waypoint.TagValue.attribute:type_name -> ztunnelgo.waypoint.Attribute
-	63,  // 96: ztunnelgo.waypoint.Tracing.provider:type_name -> ztunnelgo.waypoint.TracingProvider
-	64,  // 97: ztunnelgo.waypoint.Tracing.custom_tags:type_name -> ztunnelgo.waypoint.CustomTag
-	12,  // 98: ztunnelgo.waypoint.TracingProvider.protocol:type_name -> ztunnelgo.waypoint.TracingProvider.Protocol
-	72,  // 99: ztunnelgo.waypoint.TracingProvider.headers:type_name -> ztunnelgo.waypoint.TracingProvider.HeadersEntry
-	44,  // 100: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry.value:type_name -> ztunnelgo.waypoint.TrafficPolicy
-	101, // [101:101] is the sub-list for method output_type
-	101, // [101:101] is the sub-list for method input_type
-	101, // [101:101] is the sub-list for extension type_name
-	101, // [101:101] is the sub-list for extension extendee
-	0,   // [0:101] is the sub-list for field type_name
+	70,  // 75: ztunnelgo.waypoint.TrafficPolicy.port_policies:type_name -> ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry
+	50,  // 76: ztunnelgo.waypoint.TrafficPolicy.tls:type_name -> ztunnelgo.waypoint.ClientTLS
+	10,  // 77: ztunnelgo.waypoint.ConsistentHash.key:type_name -> ztunnelgo.waypoint.ConsistentHash.Key
+	48,  // 78: ztunnelgo.waypoint.LocalityLb.distribute:type_name -> ztunnelgo.waypoint.LocalityDistribute
+	49,  // 79: ztunnelgo.waypoint.LocalityLb.failover:type_name -> ztunnelgo.waypoint.LocalityFailover
+	71,  // 80: ztunnelgo.waypoint.LocalityDistribute.to:type_name -> ztunnelgo.waypoint.LocalityDistribute.ToEntry
+	54,  // 81: ztunnelgo.waypoint.Telemetry.access_logging:type_name -> ztunnelgo.waypoint.AccessLogging
+	60,  // 82: ztunnelgo.waypoint.Telemetry.metric_overrides:type_name -> ztunnelgo.waypoint.MetricOverride
+	63,  // 83: ztunnelgo.waypoint.Telemetry.tracing:type_name -> ztunnelgo.waypoint.Tracing
+	56,  // 84: ztunnelgo.waypoint.AccessLogging.providers:type_name -> ztunnelgo.waypoint.AccessLogProvider
+	55,  // 85: ztunnelgo.waypoint.AccessLogging.filter:type_name -> ztunnelgo.waypoint.LogCondition
+	4,   // 86: ztunnelgo.waypoint.LogCondition.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	11,  // 87: ztunnelgo.waypoint.LogCondition.op:type_name -> ztunnelgo.waypoint.LogCondition.Op
+	58,  // 88: ztunnelgo.waypoint.AccessLogProvider.file:type_name -> ztunnelgo.waypoint.FileAccessLog
+	59,  // 89: ztunnelgo.waypoint.AccessLogProvider.otel:type_name -> ztunnelgo.waypoint.OtelAccessLog
+	72,  // 90: ztunnelgo.waypoint.LogFormat.labels:type_name -> ztunnelgo.waypoint.LogFormat.LabelsEntry
+	57,  // 91: ztunnelgo.waypoint.FileAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	57,  // 92: ztunnelgo.waypoint.OtelAccessLog.format:type_name -> ztunnelgo.waypoint.LogFormat
+	5,   // 93: ztunnelgo.waypoint.MetricOverride.metric:type_name -> ztunnelgo.waypoint.Metric
+	61,  // 94: ztunnelgo.waypoint.MetricOverride.tags:type_name -> ztunnelgo.waypoint.TagOverride
+	62,  // 95: ztunnelgo.waypoint.TagOverride.value:type_name -> ztunnelgo.waypoint.TagValue
+	4,   // 96: ztunnelgo.waypoint.TagValue.attribute:type_name -> ztunnelgo.waypoint.Attribute
+	64,  // 97: ztunnelgo.waypoint.Tracing.provider:type_name -> ztunnelgo.waypoint.TracingProvider
+	65,  // 98: ztunnelgo.waypoint.Tracing.custom_tags:type_name -> ztunnelgo.waypoint.CustomTag
+	12,  // 99: ztunnelgo.waypoint.TracingProvider.protocol:type_name -> ztunnelgo.waypoint.TracingProvider.Protocol
+	73,  // 100: ztunnelgo.waypoint.TracingProvider.headers:type_name -> ztunnelgo.waypoint.TracingProvider.HeadersEntry
+	44,  // 101: ztunnelgo.waypoint.TrafficPolicy.PortPoliciesEntry.value:type_name -> ztunnelgo.waypoint.TrafficPolicy
+	102, // [102:102] is the sub-list for method output_type
+	102, // [102:102] is the sub-list for method input_type
+	102, // [102:102] is the sub-list for extension type_name
+	102, // [102:102] is the sub-list for extension extendee
+	0,   // [0:102] is the sub-list for field type_name
 }
 
 func init() { file_waypointapi_waypoint_proto_init() }
@@ -5684,11 +5834,11 @@ func file_waypointapi_waypoint_proto_init() {
 		(*StringMatch_Suffix)(nil),
 		(*StringMatch_Presence)(nil),
 	}
-	file_waypointapi_waypoint_proto_msgTypes[42].OneofWrappers = []any{
+	file_waypointapi_waypoint_proto_msgTypes[43].OneofWrappers = []any{
 		(*AccessLogProvider_File)(nil),
 		(*AccessLogProvider_Otel)(nil),
 	}
-	file_waypointapi_waypoint_proto_msgTypes[51].OneofWrappers = []any{
+	file_waypointapi_waypoint_proto_msgTypes[52].OneofWrappers = []any{
 		(*CustomTag_Literal)(nil),
 		(*CustomTag_Header)(nil),
 		(*CustomTag_Environment)(nil),
@@ -5699,7 +5849,7 @@ func file_waypointapi_waypoint_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_waypointapi_waypoint_proto_rawDesc), len(file_waypointapi_waypoint_proto_rawDesc)),
 			NumEnums:      13,
-			NumMessages:   60,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

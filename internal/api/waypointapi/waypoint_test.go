@@ -92,7 +92,7 @@ var contract = apitest.Contract{
 		},
 		"TrafficPolicy": {
 			"load_balancer": 1, "outlier_detection": 2, "connection_pool": 3, "consistent_hash": 4, "locality": 5,
-			"port_policies": 6,
+			"port_policies": 6, "tls": 20,
 		},
 		"ConnectionPool": {
 			"max_connections": 1, "connect_timeout_ms": 2, "max_pending_requests": 3, "max_requests": 4,
@@ -104,6 +104,10 @@ var contract = apitest.Contract{
 		"LocalityLb":         {"distribute": 1, "failover": 2, "failover_priority": 3},
 		"LocalityDistribute": {"from": 1, "to": 2},
 		"LocalityFailover":   {"from": 1, "to": 2},
+		"ClientTLS": {
+			"mutual": 1, "sni": 2, "subject_alt_names": 3, "ca_certificates": 4, "insecure_skip_verify": 5,
+			"cert_chain": 6, "private_key": 7, "credential": 8,
+		},
 		"OutlierDetection": {
 			"consecutive_server_errors": 1, "consecutive_gateway_errors": 2, "interval_ms": 3,
 			"base_ejection_time_ms": 4, "max_ejection_percent": 5,
@@ -111,7 +115,7 @@ var contract = apitest.Contract{
 		"Retry": {"attempts": 1, "per_try_timeout_ms": 2, "codes": 3},
 	},
 	Enums: map[string]map[string]protoreflect.EnumNumber{
-		"Protocol":           {"TCP": 0, "HTTP": 1, "HTTP2": 2},
+		"Protocol":           {"TCP": 0, "HTTP": 1, "HTTP2": 2, "AUTO": 3},
 		"Action":             {"ALLOW": 0, "DENY": 1, "AUDIT": 2},
 		"PathMatch.Type":     {"PATH_PREFIX": 0, "EXACT": 1, "REGULAR_EXPRESSION": 2, "STRING_PREFIX": 3},
 		"Cors.Unmatched":     {"FORWARD": 0, "ANSWER": 1},
@@ -258,6 +262,10 @@ func fullRouteRule() *RouteRule {
 					FailoverPriority: []string{"topology.kubernetes.io/region"},
 				},
 				PortPolicies: map[uint32]*TrafficPolicy{9080: {LoadBalancer: LoadBalancer_RANDOM}},
+				Tls: &ClientTLS{
+					Mutual: true, Sni: "api.example.com", SubjectAltNames: []string{"api.example.com"}, CaCertificates: []byte("ca"),
+					InsecureSkipVerify: true, CertChain: []byte("crt"), PrivateKey: []byte("key"), Credential: "egress/client",
+				},
 			},
 		}},
 		TimeoutMs: 1000,

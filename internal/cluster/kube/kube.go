@@ -63,7 +63,11 @@ const (
 	Gateways              Kind = "Gateway"
 	GatewayClasses        Kind = "GatewayClass"
 	Nodes                 Kind = "Node"
+	Secrets               Kind = "Secret"
 )
+
+// secretSelector is the field selector of the Secrets informer.
+const secretSelector = "type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1"
 
 // AllKinds is every kind the control plane translates: every kind of
 // cluster.Kinds.
@@ -230,6 +234,9 @@ func New(cfg Config) (*Source, error) {
 		if a == apiKube && Kind(k.Name) == Pods && cfg.NodeName != "" {
 			a = apiKubeNodePods
 		}
+		if a == apiKube && Kind(k.Name) == Secrets {
+			a = apiKubeSecrets
+		}
 		f := factories[a]
 		if f == nil {
 			f = newFactory(a, &cfg)
@@ -274,6 +281,24 @@ func stripManagedFields(obj any) (any, error) {
 			},
 		}, nil
 	}
+	if sec, ok := obj.(*corev1.Secret); ok {
+		// Only what TLS origination reads; every other key (and the
+		// annotations, which may hold a last-applied copy) is dropped
+		// before the cache holds it.
+		out := &corev1.Secret{TypeMeta: sec.TypeMeta, Type: sec.Type, ObjectMeta: metav1.ObjectMeta{
+			Name: sec.Name, Namespace: sec.Namespace, UID: sec.UID, ResourceVersion: sec.ResourceVersion,
+			CreationTimestamp: sec.CreationTimestamp,
+		}}
+		for _, k := range cluster.CredentialKeys {
+			if v, ok := sec.Data[k]; ok {
+				if out.Data == nil {
+					out.Data = map[string][]byte{}
+				}
+				out.Data[k] = v
+			}
+		}
+		return out, nil
+	}
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
 	}
@@ -294,6 +319,7 @@ type api int
 const (
 	apiKube         api = iota // Kubernetes' own kinds
 	apiKubeNodePods            // Pods restricted to Config.NodeName
+	apiKubeSecrets             // Secrets, without the types that hold no credential
 	apiIstio                   // *.istio.io
 	apiGateway                 // gateway.networking.k8s.io
 )
@@ -350,9 +376,14 @@ func newFactory(a api, cfg *Config) *factory {
 			gatewayinformers.WithTransform(stripManagedFields)))
 	}
 	opts := []informers.SharedInformerOption{informers.WithTransform(stripManagedFields)}
-	if a == apiKubeNodePods {
+	switch a {
+	case apiKubeNodePods:
 		sel := "spec.nodeName=" + cfg.NodeName
 		opts = append(opts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sel }))
+	case apiKubeSecrets:
+		// Not the kinds that never hold a credential (service account
+		// tokens, Helm releases: often most Secrets of a cluster).
+		opts = append(opts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = secretSelector }))
 	}
 	return wrap[informers.GenericInformer](informers.NewSharedInformerFactoryWithOptions(cfg.Clients.Kube, 0, opts...))
 }

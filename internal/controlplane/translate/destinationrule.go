@@ -7,6 +7,7 @@ import (
 
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
@@ -19,9 +20,14 @@ import (
 
 // destinationRuleFor is the DestinationRule that applies to host for a
 // client (the waypoint) in namespace clientNs, or nil; a rule not exported
-// to clientNs (exportTo) does not apply.
-func (ir *istioRouting) destinationRuleFor(clientNs, host string) *networkingv1.DestinationRule {
-	nsOrder := []string{clientNs, ir.t.hostNamespace(host, clientNs), ir.t.cfg.RootNamespace}
+// to clientNs (exportTo) does not apply. svcNs is the namespace of the
+// service of that host (a ServiceEntry's: its hostname names none); "":
+// the one a Kubernetes hostname names.
+func (ir *istioRouting) destinationRuleFor(clientNs, svcNs, host string) *networkingv1.DestinationRule {
+	if svcNs == "" {
+		svcNs = ir.t.hostNamespace(host, clientNs)
+	}
+	nsOrder := []string{clientNs, svcNs, ir.t.cfg.RootNamespace}
 	for _, ns := range nsOrder {
 		var exact, wild []*networkingv1.DestinationRule
 		for _, d := range ir.t.objs.DestinationRules {
@@ -55,7 +61,7 @@ func (ir *istioRouting) applyDR(clientNs, wp, svcKey string, b *waypointapi.Back
 	if b == nil {
 		return true
 	}
-	d := ir.destinationRuleFor(clientNs, b.GetHostname())
+	d := ir.destinationRuleFor(clientNs, b.GetNamespace(), b.GetHostname())
 	if d == nil {
 		if b.Subset != "" {
 			b.MissingSubset = true
@@ -79,7 +85,23 @@ func (ir *istioRouting) applyDR(clientNs, wp, svcKey string, b *waypointapi.Back
 		subTP, subPath = sub.GetTrafficPolicy(), fieldAt("spec.subsets", i)+".trafficPolicy"
 	}
 	var bad problems
-	if out := trafficPolicy(tp, subTP, tpPath, subPath, &bad); out != nil {
+	out := trafficPolicy(tp, subTP, tpPath, subPath, &bad)
+	// tls is per backend port (a route backend names its port), where the
+	// other settings go per port in out.PortPolicies.
+	tls, tlsPath := portTLS(tpPath, tp, b.GetPort())
+	if st, sp := portTLS(subPath, subTP, b.GetPort()); st != nil {
+		tls, tlsPath = st, sp
+	}
+	if b.GetPort() == 0 && (hasPortTLS(tp) || hasPortTLS(subTP)) {
+		bad.addf(tpPath+".portLevelSettings", "tls per port needs the destination's port (a route backend without one); requests to this destination answer 500")
+	}
+	if t := ir.convertTLS(tlsPath, tls, d.Namespace, &bad); t != nil {
+		if out == nil {
+			out = &waypointapi.TrafficPolicy{}
+		}
+		out.Tls = t
+	}
+	if out != nil {
 		b.TrafficPolicy = out
 	}
 	for _, p := range bad {
@@ -181,11 +203,10 @@ func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *probl
 			bad.addf(path+"."+f.name, "not supported by ztunnel-go's waypoint; requests to this destination answer 500")
 		}
 	}
-	// The waypoint always reaches endpoints over HBONE (mTLS with the
-	// mesh's identities): ISTIO_MUTUAL is what it does; other modes not.
-	if tls := tp.GetTls(); tls != nil && tls.GetMode() != networkingv1alpha3.ClientTLSSettings_ISTIO_MUTUAL {
-		bad.addf(path+".tls.mode", "%s: ztunnel-go's waypoint always uses HBONE mTLS (ISTIO_MUTUAL); requests to this destination answer 500", tls.GetMode())
-	}
+	checkTLS(path+".tls", tp.GetTls(), bad)
+	// portLevelSettings: each entry's settings are checked as the whole
+	// policy's are (trafficPolicy merges them per port; tls, per backend
+	// port, see portTLS).
 	for i, pl := range tp.GetPortLevelSettings() {
 		pp := fieldAt(path+".portLevelSettings", i)
 		if pl.GetPort().GetNumber() == 0 {
@@ -195,10 +216,112 @@ func unsupportedTP(path string, tp *networkingv1alpha3.TrafficPolicy, bad *probl
 		e.take(&networkingv1alpha3.TrafficPolicy{LoadBalancer: pl.GetLoadBalancer(), OutlierDetection: pl.GetOutlierDetection(),
 			ConnectionPool: pl.GetConnectionPool()}, pp, true)
 		convertEffective(&e, bad)
-		if tls := pl.GetTls(); tls != nil && tls.GetMode() != networkingv1alpha3.ClientTLSSettings_ISTIO_MUTUAL {
-			bad.addf(pp+".tls.mode", "%s: ztunnel-go's waypoint always uses HBONE mTLS (ISTIO_MUTUAL); requests to this destination answer 500", tls.GetMode())
+		checkTLS(pp+".tls", pl.GetTls(), bad)
+	}
+}
+
+// portTLS is the tls of tp for service port port: its portLevelSettings
+// entry's when that has one, else tp's own (Istio's precedence), with its
+// field path.
+func portTLS(path string, tp *networkingv1alpha3.TrafficPolicy, port uint32) (*networkingv1alpha3.ClientTLSSettings, string) {
+	for i, pl := range tp.GetPortLevelSettings() {
+		if pl.GetPort().GetNumber() == port && port != 0 && pl.GetTls() != nil {
+			return pl.GetTls(), fieldAt(path+".portLevelSettings", i) + ".tls"
 		}
 	}
+	return tp.GetTls(), path + ".tls"
+}
+
+// hasPortTLS: some portLevelSettings entry of tp sets tls.
+func hasPortTLS(tp *networkingv1alpha3.TrafficPolicy) bool {
+	return slices.ContainsFunc(tp.GetPortLevelSettings(), func(pl *networkingv1alpha3.TrafficPolicy_PortTrafficPolicy) bool {
+		return pl.GetTls() != nil
+	})
+}
+
+// checkTLS lists what the waypoint cannot do of a ClientTLSSettings. It
+// reaches mesh endpoints over HBONE (mTLS with the mesh's identities):
+// ISTIO_MUTUAL is what it does anyway; SIMPLE and MUTUAL it originates
+// (convertTLS), with certificates only from a Secret (credentialName): its
+// pod has no files of the user's.
+func checkTLS(path string, tls *networkingv1alpha3.ClientTLSSettings, bad *problems) {
+	if tls == nil {
+		return
+	}
+	const answers = "; requests to this destination answer 500"
+	switch tls.GetMode() {
+	case networkingv1alpha3.ClientTLSSettings_ISTIO_MUTUAL:
+		return
+	case networkingv1alpha3.ClientTLSSettings_SIMPLE, networkingv1alpha3.ClientTLSSettings_MUTUAL:
+	default:
+		bad.addf(path+".mode", "%s: ztunnel-go's waypoint always uses HBONE mTLS (ISTIO_MUTUAL) or originates TLS (SIMPLE, MUTUAL)"+answers, tls.GetMode())
+	}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"clientCertificate", tls.GetClientCertificate() != ""},
+		{"privateKey", tls.GetPrivateKey() != ""},
+		{"caCertificates", tls.GetCaCertificates() != ""},
+		{"caCrl", tls.GetCaCrl() != ""},
+	} {
+		if f.set {
+			bad.addf(path+"."+f.name, "a file path is not available to ztunnel-go's waypoint: give the certificates in a Secret named by credentialName"+answers)
+		}
+	}
+	if tls.GetMode() == networkingv1alpha3.ClientTLSSettings_MUTUAL && tls.GetCredentialName() == "" {
+		bad.addf(path+".credentialName", "MUTUAL needs the client certificate from a Secret named by credentialName"+answers)
+	}
+}
+
+// convertTLS is the TLS the waypoint originates for tls (SIMPLE or MUTUAL),
+// with the certificates of the Secret credentialName names in ns, the
+// DestinationRule's own namespace (never another: a rule must not read a
+// Secret of a namespace its author may not). nil: none to originate, or
+// what checkTLS (called by unsupportedTP) refuses.
+func (ir *istioRouting) convertTLS(path string, tls *networkingv1alpha3.ClientTLSSettings, ns string, bad *problems) *waypointapi.ClientTLS {
+	mode := tls.GetMode()
+	if mode != networkingv1alpha3.ClientTLSSettings_SIMPLE && mode != networkingv1alpha3.ClientTLSSettings_MUTUAL {
+		return nil
+	}
+	out := &waypointapi.ClientTLS{
+		Mutual: mode == networkingv1alpha3.ClientTLSSettings_MUTUAL, Sni: tls.GetSni(),
+		SubjectAltNames: tls.GetSubjectAltNames(), InsecureSkipVerify: tls.GetInsecureSkipVerify().GetValue(),
+	}
+	name := tls.GetCredentialName()
+	if name == "" {
+		return out
+	}
+	out.Credential = ns + "/" + name
+	var sec *corev1.Secret
+	for _, s := range ir.t.objs.Secrets {
+		if s.Namespace == ns && s.Name == name {
+			sec = s
+			break
+		}
+	}
+	const answers = "; requests to this destination answer 500"
+	if sec == nil {
+		bad.addf(path+".credentialName", "Secret %s/%s not found (only the DestinationRule's own namespace is read)"+answers, ns, name)
+		return nil
+	}
+	pick := func(keys ...string) []byte {
+		for _, k := range keys {
+			if v := sec.Data[k]; len(v) > 0 {
+				return v
+			}
+		}
+		return nil
+	}
+	out.CaCertificates = pick("ca.crt", "cacert")
+	if out.Mutual {
+		out.CertChain, out.PrivateKey = pick("tls.crt", "cert"), pick("tls.key", "key")
+		if len(out.CertChain) == 0 || len(out.PrivateKey) == 0 {
+			bad.addf(path+".credentialName", "Secret %s/%s has no client certificate and key (tls.crt and tls.key, or cert and key)"+answers, ns, name)
+			return nil
+		}
+	}
+	return out
 }
 
 // subsetWorkloads returns the uids of the service's workloads (svcKey

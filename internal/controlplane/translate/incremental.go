@@ -149,6 +149,8 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		changed(tr.objs.ReferenceGrants, objs.ReferenceGrants) ||
 		// Telemetry objects only shape waypoint configs.
 		changed(tr.objs.Telemetries, objs.Telemetries) ||
+		// A Secret holds the certificates of a DestinationRule's tls.
+		changed(tr.objs.Secrets, objs.Secrets) && len(objs.DestinationRules) > 0 ||
 		// DestinationRule subsets name workloads by their labels: a pod
 		// change can change a subset's members.
 		len(podCh) > 0 && len(objs.DestinationRules) > 0 ||

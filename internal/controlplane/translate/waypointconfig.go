@@ -178,15 +178,23 @@ func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, ir
 }
 
 // waypointPort decides the protocol of a service port as Istio does:
-// appProtocol, else the port name's prefix; HTTP/1.1 for http, HTTP/2 for
-// http2, h2c and grpc, else TCP.
+// appProtocol, else the port name's prefix (a ServiceEntry port: its
+// protocol); HTTP/1.1 for http, HTTP/2 for http2, h2c and grpc, TCP for
+// the protocols Istio knows that carry no HTTP a proxy can read (tcp, tls,
+// https, mongo, mysql, redis, ...), and AUTO (sniffing in the waypoint) for
+// a port that declares none of these.
 func (t *translator) waypointPort(kind string, s *workloadapi.Service, p *workloadapi.Port) *waypointapi.Port {
 	wp := &waypointapi.Port{Port: p.GetServicePort()}
+	declared := ""
 	if kind == "Service" {
 		if k8s := t.idx.svcByName[s.GetNamespace()+"/"+s.GetName()]; k8s != nil {
 			for _, sp := range k8s.Spec.Ports {
 				if uint32(sp.Port) == p.GetServicePort() {
 					wp.Name = sp.Name
+					declared = portNamePrefix(sp.Name)
+					if sp.AppProtocol != nil && *sp.AppProtocol != "" {
+						declared = *sp.AppProtocol
+					}
 				}
 			}
 		}
@@ -196,14 +204,58 @@ func (t *translator) waypointPort(kind string, s *workloadapi.Service, p *worklo
 		wp.Protocol = waypointapi.Protocol_HTTP
 	case workloadapi.AppProtocol_HTTP2, workloadapi.AppProtocol_GRPC:
 		wp.Protocol = waypointapi.Protocol_HTTP2
+	case workloadapi.AppProtocol_TCP, workloadapi.AppProtocol_TLS:
+		wp.Protocol = waypointapi.Protocol_TCP
 	default:
-		if ap := appProtocol(wp.Name, nil); ap == workloadapi.AppProtocol_HTTP11 {
-			wp.Protocol = waypointapi.Protocol_HTTP
-		} else if ap == workloadapi.AppProtocol_HTTP2 || ap == workloadapi.AppProtocol_GRPC {
-			wp.Protocol = waypointapi.Protocol_HTTP2
+		if kind != "Service" {
+			// A ServiceEntry port's protocol was read into AppProtocol;
+			// UNKNOWN is one Istio does not carry HTTP on, or none.
+			declared = t.seProtocol(s, p.GetServicePort())
 		}
+		wp.Protocol = protocolOf(declared)
 	}
 	return wp
+}
+
+// portNamePrefix is the part of a port name Istio reads a protocol from:
+// up to the first "-" ("http-web": "http"), or the whole name.
+func portNamePrefix(name string) string {
+	if i := strings.IndexByte(name, '-'); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
+// protocolOf maps a declared protocol (appProtocol, a port name prefix, a
+// ServiceEntry port protocol) to how the waypoint serves it: Istio's
+// protocol names, case-insensitive; anything else (or nothing) is AUTO,
+// Istio's "unsupported" that it sniffs.
+func protocolOf(declared string) waypointapi.Protocol {
+	switch strings.ToLower(declared) {
+	case "http", "http1", "http/1.1", "kubernetes.io/ws", "http_proxy":
+		return waypointapi.Protocol_HTTP
+	case "http2", "h2c", "kubernetes.io/h2c", "grpc", "grpc-web":
+		return waypointapi.Protocol_HTTP2
+	case "tcp", "udp", "tls", "https", "kubernetes.io/wss", "mongo", "mysql", "redis":
+		return waypointapi.Protocol_TCP
+	}
+	return waypointapi.Protocol_AUTO
+}
+
+// seProtocol is the protocol of the ServiceEntry port number of the
+// ServiceEntry behind s ("" when not found).
+func (t *translator) seProtocol(s *workloadapi.Service, port uint32) string {
+	for _, se := range t.objs.ServiceEntries {
+		if se.Namespace != s.GetNamespace() || !slices.Contains(se.Spec.GetHosts(), s.GetHostname()) {
+			continue
+		}
+		for _, p := range se.Spec.GetPorts() {
+			if p.GetNumber() == port {
+				return p.GetProtocol()
+			}
+		}
+	}
+	return ""
 }
 
 func (r *Result) policiesOrNil() []PolicyStatus {

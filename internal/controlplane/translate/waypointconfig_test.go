@@ -39,7 +39,8 @@ metadata: {name: server, namespace: demo, labels: {istio.io/use-waypoint: waypoi
 spec:
   selector: {app: server}
   clusterIP: 10.96.0.10
-  ports: [{name: http, port: 80}, {name: grpc-api, port: 81}, {name: tcp-raw, port: 9000}, {name: web, port: 82, appProtocol: http}]
+  ports: [{name: http, port: 80}, {name: grpc-api, port: 81}, {name: tcp-raw, port: 9000}, {name: web, port: 82, appProtocol: http},
+    {name: mysql-db, port: 3306}, {name: other, port: 83}]
 ---
 apiVersion: v1
 kind: Service
@@ -174,7 +175,9 @@ func TestWaypointConfigs(t *testing.T) {
 	for _, p := range svc.GetPorts() {
 		protos[p.GetPort()] = p.GetProtocol()
 	}
-	want := map[uint32]waypointapi.Protocol{80: waypointapi.Protocol_HTTP, 81: waypointapi.Protocol_HTTP2, 9000: waypointapi.Protocol_TCP, 82: waypointapi.Protocol_HTTP}
+	want := map[uint32]waypointapi.Protocol{80: waypointapi.Protocol_HTTP, 81: waypointapi.Protocol_HTTP2, 9000: waypointapi.Protocol_TCP, 82: waypointapi.Protocol_HTTP,
+		// Istio's known non-HTTP protocols are TCP; an undeclared one is sniffed.
+		3306: waypointapi.Protocol_TCP, 83: waypointapi.Protocol_AUTO}
 	for p, w := range want {
 		if protos[p] != w {
 			t.Errorf("port %d protocol = %v, want %v", p, protos[p], w)

@@ -8,6 +8,7 @@
 package routing
 
 import (
+	"crypto/tls"
 	"net/http"
 	"net/netip"
 	"time"
@@ -57,6 +58,9 @@ type Result struct {
 	// telemetry.
 	DstWorkload                         *state.Workload
 	DstName, DstNamespace, DstPrincipal string
+	// TLS, when set, is the TLS the waypoint originates to Target
+	// (DestinationRule tls SIMPLE or MUTUAL) inside whatever carries it.
+	TLS *tls.Config
 }
 
 // Route picks the endpoint for a request to dst from client c (its
@@ -111,6 +115,10 @@ func (rt *Router) Route(snap *state.Snapshot, src, dst netip.AddrPort, table *Ta
 		if len(b.reqMods) > 0 || len(b.respMods) > 0 {
 			res.Edit.backend = b
 		}
+		if b.tlsErr != nil {
+			return res, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: "TLS origination to " + b.hostname + ": " + b.tlsErr.Error()}
+		}
+		res.TLS = b.tls
 	}
 	var d route.Decision
 	var err error

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"crypto/tls"
 	"net/http"
 	"regexp"
 	"slices"
@@ -26,6 +27,10 @@ type backend struct {
 	// reqMods and respMods: the backend's own header modifiers
 	// (rewrite.go), for requests sent to it.
 	reqMods, respMods []headerOps
+	// tls: originate TLS to its endpoints (DestinationRule tls SIMPLE or
+	// MUTUAL, tls.go); tlsErr: why that configuration is unusable (503).
+	tls    *tls.Config
+	tlsErr error
 }
 
 type headerMatch struct {
@@ -203,6 +208,7 @@ func Compile(routes []*waypointapi.Route) *Table {
 				if b.GetMissingSubset() {
 					cb.missingSubset = b.GetSubset()
 				}
+				cb.tls, cb.tlsErr = compileTLS(b.GetTrafficPolicy().GetTls(), b.GetHostname())
 				cr.backends = append(cr.backends, cb)
 				cr.total += uint64(b.GetWeight())
 			}
