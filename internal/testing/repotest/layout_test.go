@@ -109,6 +109,7 @@ var internalOwners = map[string]string{
 	"drain":        "shared: two-phase shutdown",
 	"xds":          "shared: delta xDS client (node) and server (control plane)",
 	"daemon":       "shared: the daemons' runtime skeleton (logs, readiness, admin)",
+	"otlp":         "shared: OTLP span exporters (waypoint tracing, node proxy connection spans)",
 }
 
 // TestLayoutOwners fails when a package sits directly under internal/ outside

@@ -34,33 +34,25 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/otlp"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry"
 )
 
 // Protocol is how spans reach the provider's collector.
-type Protocol int
+type Protocol = otlp.Protocol
 
 const (
 	// GRPC is OTLP over gRPC (Istio's opentelemetry provider's default).
-	GRPC Protocol = iota
+	GRPC = otlp.GRPC
 	// HTTP is OTLP over HTTP (protobuf), POSTed to the provider's path.
-	HTTP
+	HTTP = otlp.HTTP
 )
-
-func (p Protocol) String() string {
-	if p == HTTP {
-		return "http"
-	}
-	return "grpc"
-}
 
 // Provider is one OpenTelemetry tracing provider (meshConfig's
 // extensionProviders[].opentelemetry).
@@ -300,33 +292,8 @@ func (t *Tracer) Close(ctx context.Context) error {
 }
 
 func newExporter(p *Provider) (sdktrace.SpanExporter, error) {
-	timeout := p.Timeout
-	if timeout <= 0 {
-		timeout = 10 * time.Second
-	}
-	// The exporters connect lazily: a collector that is down costs
-	// dropped batches (logged by the SDK), never a blocked request.
-	ctx := context.Background()
-	switch p.Protocol {
-	case HTTP:
-		path := p.Path
-		if path == "" {
-			path = "/v1/traces"
-		}
-		opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(p.Endpoint), otlptracehttp.WithURLPath(path),
-			otlptracehttp.WithInsecure(), otlptracehttp.WithTimeout(timeout)}
-		if len(p.Headers) > 0 {
-			opts = append(opts, otlptracehttp.WithHeaders(p.Headers))
-		}
-		return otlptracehttp.New(ctx, opts...)
-	default:
-		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(p.Endpoint), otlptracegrpc.WithInsecure(),
-			otlptracegrpc.WithTimeout(timeout)}
-		if len(p.Headers) > 0 {
-			opts = append(opts, otlptracegrpc.WithHeaders(p.Headers))
-		}
-		return otlptracegrpc.New(ctx, opts...)
-	}
+	return otlp.NewTraceExporter(otlp.Endpoint{Address: p.Endpoint, Protocol: p.Protocol, Path: p.Path,
+		Headers: p.Headers, Timeout: p.Timeout})
 }
 
 func (t *Tracer) resource(p *Provider) *resource.Resource {
