@@ -41,6 +41,7 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	// hostname).
 	authority := netip.AddrPortFrom(req.Authority.Addr().Unmap(), req.Authority.Port())
 	res := NewResult(p.d.Metrics, p.access, Inbound, src, arrival)
+	res.Span = p.d.Tracer.Inbound(req.Traceparent, res.Start)
 	res.HBONEAddr = authority
 	res.MTLS = true
 	res.Src.Identity = req.Peer

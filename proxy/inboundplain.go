@@ -24,6 +24,7 @@ func (p *WorkloadProxy) servePlaintext(c net.Conn, done func()) {
 	src := addrPortOf(c.RemoteAddr())
 	dst := OriginalDst(c)
 	res := NewResult(p.d.Metrics, p.access, Inbound, src, dst)
+	res.Span = p.d.Tracer.Inbound("", res.Start)
 	var err error
 	defer func() { res.Record(&err) }()
 	defer c.Close()

@@ -25,6 +25,7 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn, done func()) {
 	client := addrPortOf(c.RemoteAddr())
 	orig := OriginalDst(c)
 	res := NewResult(p.d.Metrics, p.access, Outbound, client, orig)
+	res.Span = p.d.Tracer.Outbound(res.Start)
 	var err error
 	defer func() { res.Record(&err) }()
 
@@ -92,6 +93,8 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 		Authority: rt.Authority,
 		Baggage:   baggageOf(src).String(),
 		Forwarded: hbone.BuildForwarded(client, host),
+		// The next proxy's connection span is this one's child.
+		Traceparent: res.Span.Traceparent(),
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
 	t, err := p.pool.Connect(ctx, req)

@@ -27,6 +27,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/proxy/conntrace"
 )
 
 // outboundHarness is serveOutbound behind a stand-in for 15001, carried
@@ -38,6 +39,8 @@ type outboundHarness struct {
 	pool    *hbone.Pool
 	metrics *Metrics
 	served  sync.WaitGroup // one per accepted connection, done when serveOutbound returns
+	// traceparents are the CONNECTs' traceparent headers (the first 16).
+	traceparents chan string
 
 	mu       sync.Mutex
 	accepted []weak.Pointer[net.TCPConn] // only when keepWeak
@@ -45,7 +48,9 @@ type outboundHarness struct {
 }
 
 // idle is the pool's IdleTimeout (0: its default).
-func newOutboundHarness(t *testing.T, keepWeak bool, idle time.Duration) *outboundHarness {
+// tr (nil: none) gets the proxy's connection spans; the destination's
+// traceparents go to h.traceparents.
+func newOutboundHarness(t *testing.T, keepWeak bool, idle time.Duration, tr *conntrace.Tracer) *outboundHarness {
 	t.Helper()
 	authority, err := ca.New(ca.Options{})
 	if err != nil {
@@ -63,8 +68,13 @@ func newOutboundHarness(t *testing.T, keepWeak bool, idle time.Duration) *outbou
 	}
 
 	// The destination's node proxy: it echoes inside the tunnel.
+	traceparents := make(chan string, 16)
 	hsrv, err := hbone.NewServer(hbone.ServerConfig{Identity: serverID, Certs: certs,
-		Handler: hbone.HandlerFunc(func(context.Context, *hbone.Request) hbone.Reply {
+		Handler: hbone.HandlerFunc(func(_ context.Context, req *hbone.Request) hbone.Reply {
+			select {
+			case traceparents <- req.Traceparent:
+			default:
+			}
 			return hbone.Reply{Serve: func(tun *hbone.Tunnel) error {
 				_, err := io.Copy(tun, tun)
 				tun.CloseWrite()
@@ -92,9 +102,10 @@ func newOutboundHarness(t *testing.T, keepWeak bool, idle time.Duration) *outbou
 
 	store := state.NewStore()
 	pt.Apply(t, store, pt.Pod("apps", "client", "127.0.0.1"), pt.Pod("apps", "server", "127.0.0.2", pt.OnNode("node1")))
-	h := &outboundHarness{pool: pool, metrics: NewMetrics(prometheus.NewRegistry()), keepWeak: keepWeak}
+	h := &outboundHarness{pool: pool, metrics: NewMetrics(prometheus.NewRegistry()), keepWeak: keepWeak,
+		traceparents: traceparents}
 	p := &WorkloadProxy{
-		d: &Deps{Store: store, Certs: certs, Pool: pool, Metrics: h.metrics,
+		d: &Deps{Store: store, Certs: certs, Pool: pool, Metrics: h.metrics, Tracer: tr,
 			Config: &config.Config{NodeName: "node0", TrustDomain: "cluster.local"}},
 		info:     WorkloadInfo{Name: "client", Namespace: "apps", ServiceAccount: "sa-client"},
 		id:       clientID,
@@ -147,7 +158,7 @@ func newOutboundHarness(t *testing.T, keepWeak bool, idle time.Duration) *outbou
 // buffers): TestOutboundNoRetention does.
 func TestOutboundReleasesClosedTunnels(t *testing.T) {
 	const n = 1000
-	h := newOutboundHarness(t, true, 0)
+	h := newOutboundHarness(t, true, 0, nil)
 	m := h.metrics
 	var results []weak.Pointer[Result]
 	openEchoClose(t, h.addr, n, func() {
@@ -287,7 +298,7 @@ func TestOutboundNoRetention(t *testing.T) {
 		defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
 		runtime.MemProfileRate = 512 // every allocation of the proxy's size shows
 	}
-	h := newOutboundHarness(t, false, 100*time.Millisecond)
+	h := newOutboundHarness(t, false, 100*time.Millisecond, nil)
 	quiet := runtime.NumGoroutine()
 	settle := func() {
 		t.Helper()

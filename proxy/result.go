@@ -3,13 +3,16 @@ package proxy
 import (
 	"errors"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
+	"github.com/ztunnel-go/ztunnel-go/proxy/conntrace"
 )
 
 // Direction of a connection, as the access log and the reporter label name it.
@@ -161,6 +164,8 @@ type Result struct {
 	Service   Service
 	MTLS      bool // connection_security_policy=mutual_tls
 	Counters  Counters
+	// Span is the connection's span (nil: tracing off); Record ends it.
+	Span *conntrace.Span
 
 	recorded bool
 	opened   bool
@@ -224,6 +229,9 @@ func (r *Result) Record(errp *error) {
 		if reason != ReasonNone && reason != ReasonDrained {
 			r.m.failed.WithLabelValues(labels...).Inc()
 		}
+	}
+	if r.Span != nil {
+		r.Span.End(r.spanName(), r.spanAttrs(reason), reason != ReasonNone && reason != ReasonDrained, time.Now())
 	}
 	if r.log == nil {
 		return
@@ -293,6 +301,53 @@ func (r *Result) labels(flag string) []string {
 		"tcp", flag, sec,
 		orUnknown(s.Region), orUnknown(s.Zone), orUnknown(d.Region), orUnknown(d.Zone),
 	}
+}
+
+// spanName is "<direction> <destination>:<port>", the destination the
+// service's hostname, else the workload's name, else the address: bounded
+// by the mesh, like the metrics' labels.
+func (r *Result) spanName() string {
+	addr := r.OrigAddr
+	if r.Direction == Inbound && r.HBONEAddr.IsValid() {
+		addr = r.HBONEAddr
+	}
+	dst := r.Service.Hostname
+	if dst == "" {
+		dst = r.Dst.Workload
+	}
+	if dst == "" {
+		dst = addr.Addr().String()
+	}
+	return r.Direction.String() + " " + dst + ":" + strconv.Itoa(int(addr.Port()))
+}
+
+// spanAttrs are the connection's span attributes: the metrics' peers and
+// flags under Istio's attribute names, and the byte counts.
+func (r *Result) spanAttrs(reason Reason) []attribute.KeyValue {
+	sec := "unknown"
+	if r.MTLS {
+		sec = "mutual_tls"
+	}
+	s, d := &r.Src, &r.Dst
+	attrs := []attribute.KeyValue{
+		attribute.String("peer.address", r.SrcAddr.String()),
+		attribute.String("upstream_address", r.DstAddr.String()),
+		attribute.String("source.workload", orUnknown(s.Workload)),
+		attribute.String("source.namespace", orUnknown(s.Namespace)),
+		attribute.String("source.principal", principal(s.Identity)),
+		attribute.String("destination.workload", orUnknown(d.Workload)),
+		attribute.String("destination.namespace", orUnknown(d.Namespace)),
+		attribute.String("destination.principal", principal(d.Identity)),
+		attribute.String("destination.service", orUnknown(r.Service.Hostname)),
+		attribute.String("connection_security_policy", sec),
+		attribute.String("response_flags", reason.responseFlag()),
+		attribute.Int64("bytes_sent", r.Counters.Sent.Load()),
+		attribute.Int64("bytes_received", r.Counters.Received.Load()),
+	}
+	if r.HBONEAddr.IsValid() {
+		attrs = append(attrs, attribute.String("hbone.authority", r.HBONEAddr.String()))
+	}
+	return attrs
 }
 
 // LogEarlyDeny writes the one line for a connection rejected before its

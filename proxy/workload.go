@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/proxy/conntrace"
 )
 
 // Timeouts of the data path (docs/protocol.md#hbone).
@@ -65,6 +66,10 @@ type Deps struct {
 	// peers it revokes later; nil: no revocation checks. It is applied to
 	// the pools the proxies open themselves, not to a Pool given here.
 	Revocation hbone.Revocation
+	// Tracer makes one span per connection and puts its context in the
+	// CONNECTs the proxy opens; nil: no spans (and a random unsampled
+	// traceparent per CONNECT, as Istio's ztunnel sends).
+	Tracer *conntrace.Tracer
 }
 
 // HostResolver resolves a hostname from inside a pod's network namespace,

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/proxy/conntrace"
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,7 +51,10 @@ var (
 	outsideIP = netip.MustParseAddr("10.55.0.2")
 )
 
-func newPodEnv(t *testing.T) *podEnv {
+func newPodEnv(t *testing.T) *podEnv { return newPodEnvWith(t, nil) }
+
+// newPodEnvWith is newPodEnv with the proxy's connection spans going to tr.
+func newPodEnvWith(t *testing.T, tr *conntrace.Tracer) *podEnv {
 	roottest.Require(t)
 	ns := netnstest.New(t, "pod")
 	netnstest.IP(t, "-n", ns.Name, "addr", "add", podIP.String()+"/32", "dev", "lo")
@@ -93,6 +97,7 @@ func newPodEnv(t *testing.T) *podEnv {
 		Store: e.store, Certs: e.certs, Metrics: NewMetrics(e.reg), Log: zap.New(core),
 		Config: &config.Config{NodeName: "node0", TrustDomain: "cluster.local", PacketMark: 1337,
 			InpodPortReuse: true, IPv6Enabled: true, EnableOrigSrc: true},
+		Tracer: tr,
 	}, WorkloadInfo{Name: "pod", Namespace: "apps", ServiceAccount: "sa-pod"}, ns.Handle)
 	if err != nil {
 		t.Fatal(err)
@@ -119,6 +124,11 @@ func (e *podEnv) issue(t *testing.T, id identity.Identity) {
 
 // connect sends one CONNECT to the pod's 15008 as peer.
 func (e *podEnv) connect(t *testing.T, authority string) (*hbone.Tunnel, error) {
+	return e.connectReq(t, &hbone.ConnectRequest{Authority: netip.MustParseAddrPort(authority)})
+}
+
+// connectReq sends req to the pod's 15008 as peer.
+func (e *podEnv) connectReq(t *testing.T, req *hbone.ConnectRequest) (*hbone.Tunnel, error) {
 	cc, err := hbone.Dial(context.Background(), &hbone.ClientConfig{
 		Certs: e.certs,
 		Dial: func(ctx context.Context, _ netip.Addr, hop netip.AddrPort) (net.Conn, error) {
@@ -134,7 +144,7 @@ func (e *podEnv) connect(t *testing.T, authority string) (*hbone.Tunnel, error) 
 	t.Cleanup(func() { cc.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return cc.Connect(ctx, &hbone.ConnectRequest{Authority: netip.MustParseAddrPort(authority)})
+	return cc.Connect(ctx, req)
 }
 
 // TestInboundHBONEStatus checks the answer to each kind of CONNECT and

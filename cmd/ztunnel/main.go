@@ -174,9 +174,14 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		metrics.DropDeletedWorkloads(ctx, store, cfg.MetricsGrace, log.Named("metrics"))
 		return nil
 	})
+	tracer, err := newTracer(cfg, log.Named("tracing")) // TRACING_ENDPOINT; nil when unset
+	if err != nil {
+		return err
+	}
+	defer closeTracer(tracer, log) // after the drain: the last connections' spans go out too
 	factory := &inpod.ProxyFactory{Proxy: &proxy.Deps{
 		Store: store, Certs: certs, Metrics: metrics, Log: log.Named("proxy"), Config: cfg,
-		Revocation: revocationOf(rev),
+		Revocation: revocationOf(rev), Tracer: tracer,
 	}}
 	if cfg.DNSProxy {
 		fwd, err := dnsproxy.NewForwarder(dnsproxy.ForwarderConfig{Mark: cfg.PacketMark})

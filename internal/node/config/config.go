@@ -60,7 +60,15 @@ const (
 	// EnvMetricsGrace (ours): how long the istio_tcp_* series of a deleted
 	// workload are kept (so the last values are scraped) before they are
 	// dropped; 0 keeps them for the life of the process.
-	EnvMetricsGrace           = "METRICS_DELETED_WORKLOAD_GRACE"
+	EnvMetricsGrace = "METRICS_DELETED_WORKLOAD_GRACE"
+	// EnvTracingEndpoint, EnvTracingProtocol and EnvTracingSampling (ours):
+	// the OTLP collector (host:port) that gets one span per connection,
+	// over "grpc" (default) or "http", sampling this percentage of new
+	// traces (default 1, Istio's default sampling); unset endpoint: no
+	// spans.
+	EnvTracingEndpoint        = "TRACING_ENDPOINT"
+	EnvTracingProtocol        = "TRACING_PROTOCOL"
+	EnvTracingSampling        = "TRACING_SAMPLING"
 	EnvLogLevel               = "LOG_LEVEL"
 	EnvRustLog                = "RUST_LOG"
 	EnvLogFormat              = "LOG_FORMAT"
@@ -134,6 +142,11 @@ type Config struct {
 	StatsTLSKey  string
 	// MetricsGrace: EnvMetricsGrace, default 5 minutes.
 	MetricsGrace time.Duration
+	// TracingEndpoint (host:port, "" for no spans), TracingProtocol ("grpc"
+	// or "http") and TracingSampling (0 to 100): the connection spans.
+	TracingEndpoint string
+	TracingProtocol string
+	TracingSampling float64
 
 	// LogLevel: LOG_LEVEL, else the default directive of Istio's RUST_LOG
 	// ("info" of "info,hickory=warn"; per-target directives are ignored),
@@ -201,6 +214,10 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 		StatsTLSKey:   p.str(EnvStatsTLSKey, ""),
 		MetricsGrace:  p.duration(EnvMetricsGrace, 5*time.Minute),
 
+		TracingEndpoint: p.str(EnvTracingEndpoint, ""),
+		TracingProtocol: strings.ToLower(p.str(EnvTracingProtocol, "grpc")),
+		TracingSampling: p.percentage(EnvTracingSampling, 1),
+
 		AuthzPolicyInfoLogging:    p.boolean(EnvAuthzPolicyInfoLogging, false),
 		PreferredServiceNamespace: p.str(EnvPreferredServiceNamespace, ""),
 		CRLPath:                   p.str(EnvCRLPath, ""),
@@ -231,6 +248,14 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 	}
 	if (c.StatsTLSCert == "") != (c.StatsTLSKey == "") {
 		p.errs = append(p.errs, fmt.Errorf("%s and %s: set both or neither", EnvStatsTLSCert, EnvStatsTLSKey))
+	}
+	if c.TracingProtocol != "grpc" && c.TracingProtocol != "http" {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want grpc or http", EnvTracingProtocol, c.TracingProtocol))
+	}
+	if c.TracingEndpoint != "" {
+		if _, _, err := net.SplitHostPort(c.TracingEndpoint); err != nil {
+			p.errs = append(p.errs, fmt.Errorf("%s=%q: want host:port: %w", EnvTracingEndpoint, c.TracingEndpoint, err))
+		}
 	}
 	if c.NodeName == "" {
 		p.errs = append(p.errs, fmt.Errorf("%s is required", EnvNodeName))
@@ -359,6 +384,20 @@ func (p *parser) integer(k string, def, lo, hi int) int {
 		return def
 	}
 	return n
+}
+
+// percentage reads a number from 0 to 100.
+func (p *parser) percentage(k string, def float64) float64 {
+	v, ok := p.env(k)
+	if !ok || v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f >= 0 && f <= 100) {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want a percentage from 0 to 100", k, v))
+		return def
+	}
+	return f
 }
 
 // duration accepts Go durations ("30s") and, as Istio does for some

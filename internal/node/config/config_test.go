@@ -190,3 +190,22 @@ func TestCRLPath(t *testing.T) {
 		t.Fatalf("CRL_PATH: %q, %v", c.CRLPath, err)
 	}
 }
+
+func TestTracing(t *testing.T) {
+	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1"}), nil)
+	if err != nil || c.TracingEndpoint != "" || c.TracingProtocol != "grpc" || c.TracingSampling != 1 {
+		t.Fatalf("default tracing: %q %q %v, %v; want off, grpc, 1%%", c.TracingEndpoint, c.TracingProtocol, c.TracingSampling, err)
+	}
+	c, err = config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvTracingEndpoint: "otel.istio-system:4318",
+		config.EnvTracingProtocol: "HTTP", config.EnvTracingSampling: "12.5"}), nil)
+	if err != nil || c.TracingEndpoint != "otel.istio-system:4318" || c.TracingProtocol != "http" || c.TracingSampling != 12.5 {
+		t.Fatalf("tracing: %q %q %v, %v", c.TracingEndpoint, c.TracingProtocol, c.TracingSampling, err)
+	}
+	_, err = config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvTracingEndpoint: "otel",
+		config.EnvTracingProtocol: "zipkin", config.EnvTracingSampling: "101"}), nil)
+	for _, want := range []string{config.EnvTracingEndpoint, config.EnvTracingProtocol, config.EnvTracingSampling} {
+		if err == nil || !strings.Contains(err.Error(), want+"=") {
+			t.Errorf("error lacks %s: %v", want, err)
+		}
+	}
+}
