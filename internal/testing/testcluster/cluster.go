@@ -122,8 +122,9 @@ type Node struct {
 	CNIConfDir string
 	ConfList   string
 
-	c       *Cluster
-	nextPod int // guarded by c.mu
+	c        *Cluster
+	nextPod  int   // guarded by c.mu
+	freePods []int // numbers of deleted pods, for reuse; guarded by c.mu
 }
 
 // CNI network names in each node's conflist directory.

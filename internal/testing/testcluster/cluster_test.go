@@ -360,6 +360,19 @@ func TestCNIAddFailsThenRetry(t *testing.T) {
 	if phase := podPhase(t, c, "demo", "app"); phase != "" {
 		t.Errorf("deleted pod still in YAML (phase %q)", phase)
 	}
+
+	// The next pod gets the deleted one's address (as a node's IPAM would)
+	// and a working sandbox.
+	next, err := c.Node(0).AddPod(ctx, PodSpec{Name: "app-2", Namespace: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.IP != p.IP || next.UID == p.UID {
+		t.Errorf("pod after a deletion: %s (UID %s), want the deleted pod's %s with a UID of its own", next.IP, next.UID, p.IP)
+	}
+	if reply, err := roundTrip(ctx, next, netip.AddrPortFrom(plain.IP, 9000), "again"); err != nil || reply != "plain:again" {
+		t.Errorf("reused address -> plain: %q (%v)", reply, err)
+	}
 }
 
 // podPhase returns the phase of namespace/name in the cluster's pod.yaml, ""

@@ -32,6 +32,11 @@ const (
 	hostOffset = 10 // first derived host number in each range
 )
 
+// NodeUnderlayIP is node i's InternalIP (Node.UnderlayIP), known before the
+// cluster exists: a process started with a node's address in its
+// configuration needs it.
+func NodeUnderlayIP(i int) netip.Addr { return underlayIP(i) }
+
 func underlayIP(node int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 30, 0, byte(hostOffset + node)})
 }

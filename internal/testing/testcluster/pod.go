@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -121,12 +122,20 @@ func (n *Node) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if spec.HostNetwork {
 		p.Index, p.IP, p.NetNS, p.running = -1, n.UnderlayIP, n.NetNS, true
 	} else {
-		if n.nextPod >= MaxPodsPerNode {
+		switch {
+		case len(n.freePods) > 0:
+			// A deleted pod's number (address, namespace name), as a
+			// node's IPAM reuses addresses: churning tests create many
+			// more pods over time than a node holds at once.
+			p.Index = n.freePods[len(n.freePods)-1]
+			n.freePods = n.freePods[:len(n.freePods)-1]
+		case n.nextPod >= MaxPodsPerNode:
 			c.mu.Unlock()
 			return nil, fmt.Errorf("testcluster: AddPod: node %s is full (%d pods)", n.Name, MaxPodsPerNode)
+		default:
+			p.Index = n.nextPod
+			n.nextPod++
 		}
-		p.Index = n.nextPod
-		n.nextPod++
 		p.IP = podIP(n.Index, p.Index)
 		p.NetNS = &NetNS{c: c, name: podNS(c.id, n.Index, p.Index)}
 	}
@@ -232,13 +241,23 @@ func (p *Pod) Delete(ctx context.Context) error {
 	p.deleted = true
 	p.c.mu.Unlock()
 	var errs []error
+	reusable := false
 	if !p.HostNetwork {
+		var delErr error
 		if _, err := p.Handle(); err == nil {
-			errs = append(errs, p.cniDel(ctx))
+			delErr = p.cniDel(ctx)
 		}
-		errs = append(errs, p.NetNS.destroy())
+		nsErr := p.NetNS.destroy()
+		errs = append(errs, delErr, nsErr)
+		reusable = delErr == nil && nsErr == nil
 	}
 	p.c.mu.Lock()
+	if reusable {
+		// Gone for good: its number may serve the next pod, and the
+		// cluster forgets it (its cleanup has nothing left to undo).
+		p.Node.freePods = append(p.Node.freePods, p.Index)
+		p.c.pods = slices.DeleteFunc(p.c.pods, func(q *Pod) bool { return q == p })
+	}
 	errs = append(errs, p.c.writeConfigLocked())
 	p.c.mu.Unlock()
 	return errors.Join(errs...)
