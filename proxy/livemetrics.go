@@ -37,6 +37,10 @@ type liveSet struct {
 	mu      sync.Mutex
 	conns   shrinkSet[*Result]
 	running bool
+	// named are the state's workloads series were labelled with since
+	// DropDeletedWorkloads last took them: a workload that lives between
+	// two of its reads of the state still has its series dropped.
+	named map[workloadKey]struct{}
 }
 
 // openCounters are the counters a connection's bytes go to: those of the
@@ -47,6 +51,7 @@ type openCounters struct {
 
 func (m *Metrics) addLive(r *Result) {
 	m.live.mu.Lock()
+	m.noteNamedLocked(r)
 	m.live.conns.add(r)
 	start := !m.live.running
 	m.live.running = true
@@ -54,6 +59,44 @@ func (m *Metrics) addLive(r *Result) {
 	if start {
 		go m.flushLoop()
 	}
+}
+
+// noteNamed records r's peers that came from the state (see liveSet.named)
+// for a connection that never opened.
+func (m *Metrics) noteNamed(r *Result) {
+	if !r.Src.fromState && !r.Dst.fromState {
+		return
+	}
+	m.live.mu.Lock()
+	m.noteNamedLocked(r)
+	m.live.mu.Unlock()
+}
+
+// noteNamedLocked is noteNamed under m.live.mu (addLive holds it anyway):
+// a lookup per peer, an insert only for a workload new since the last take.
+func (m *Metrics) noteNamedLocked(r *Result) {
+	for _, p := range [2]*Peer{&r.Src, &r.Dst} {
+		if !p.fromState || p.Workload == "" {
+			continue
+		}
+		k := workloadKey{p.Workload, p.Namespace}
+		if _, ok := m.live.named[k]; ok {
+			continue
+		}
+		if m.live.named == nil {
+			m.live.named = map[workloadKey]struct{}{}
+		}
+		m.live.named[k] = struct{}{}
+	}
+}
+
+// takeNamed returns the workloads noted since the last call.
+func (m *Metrics) takeNamed() map[workloadKey]struct{} {
+	m.live.mu.Lock()
+	defer m.live.mu.Unlock()
+	n := m.live.named
+	m.live.named = nil
+	return n
 }
 
 func (m *Metrics) removeLive(r *Result) {

@@ -40,6 +40,7 @@ func (m *Metrics) DropDeletedWorkloads(ctx context.Context, store *state.Store, 
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			g.noteNamed(m.takeNamed())
 			for _, k := range g.step(store.Load(), now, m.liveWorkloads()) {
 				n := m.dropWorkload(k)
 				log.Info("dropped the metrics of a deleted workload",
@@ -58,6 +59,23 @@ type metricsGC struct {
 	present map[workloadKey]struct{}
 	// gone: workloads the state held once and holds no more, since when.
 	gone map[workloadKey]time.Time
+	// named: workloads of the state that series were labelled with and
+	// that have not been dropped, whether or not a read of the state ever
+	// saw them (a pod can live and die between two reads).
+	named map[workloadKey]struct{}
+}
+
+// noteNamed adds the workloads series were labelled with (Metrics.takeNamed).
+func (g *metricsGC) noteNamed(ks map[workloadKey]struct{}) {
+	if len(ks) == 0 {
+		return
+	}
+	if g.named == nil {
+		g.named = make(map[workloadKey]struct{}, len(ks))
+	}
+	for k := range ks {
+		g.named[k] = struct{}{}
+	}
 }
 
 // step reads snap (when it is a new generation) and returns the workloads
@@ -79,6 +97,14 @@ func (g *metricsGC) step(snap *state.Snapshot, now time.Time, live map[workloadK
 		}
 		g.present, g.gen, g.started = next, snap.Generation, true
 	}
+	for k := range g.named {
+		if _, ok := g.present[k]; ok {
+			continue
+		}
+		if _, ok := g.gone[k]; !ok {
+			g.gone[k] = now // absent at this read: gone since then at the latest
+		}
+	}
 	var due []workloadKey
 	for k, since := range g.gone {
 		if now.Sub(since) < g.grace {
@@ -89,6 +115,7 @@ func (g *metricsGC) step(snap *state.Snapshot, now time.Time, live map[workloadK
 		}
 		due = append(due, k)
 		delete(g.gone, k)
+		delete(g.named, k)
 	}
 	return due
 }

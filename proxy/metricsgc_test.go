@@ -127,3 +127,57 @@ func TestDropDeletedWorkloads(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestDropShortLivedWorkloads: a workload that enters the state, carries
+// connections and leaves it again between two of the GC's reads of the
+// state (a pod living for less than a tick, as bench/soak's churn makes
+// thousands of) still has its series dropped after the grace; one that
+// failed before opening too. Found by `bench/soak -churn`: every churned
+// pod's series stayed.
+func TestDropShortLivedWorkloads(t *testing.T) {
+	store := state.NewStore()
+	if err := store.ApplyAddresses(map[string]*workloadapi.Address{"u-server": gcWorkload("u-server", "server", "apps", 2)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics(nil)
+	const grace = 800 * time.Millisecond // a tick of 200 ms
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { m.DropDeletedWorkloads(ctx, store, grace, nil); close(done) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(250 * time.Millisecond) // the GC has read the state once
+
+	for i, name := range []string{"blink", "blink-failed"} {
+		uid := "u-" + name
+		if err := store.ApplyAddresses(map[string]*workloadapi.Address{uid: gcWorkload(uid, name, "apps", byte(10+i))}, nil); err != nil {
+			t.Fatal(err)
+		}
+		snap := store.Load()
+		r := NewResult(m, nil, Outbound, netip.MustParseAddrPort("10.0.0.10:1"), netip.MustParseAddrPort("10.0.0.2:2"))
+		r.Src = peerOf(snap.WorkloadByUID(uid))
+		r.Dst = peerOf(snap.WorkloadByUID("u-server"))
+		var err error
+		if name == "blink" {
+			r.Opened()
+		} else {
+			err = WithReason(ReasonConnectFailed, context.DeadlineExceeded)
+		}
+		r.Record(&err)
+		if err := store.ApplyAddresses(nil, []string{uid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"blink", "blink-failed"} {
+		if n := countMatching(t, m.opened, prometheus.Labels{"source_workload": name}); n != 1 {
+			t.Fatalf("%s's series right after: %d, want 1", name, n)
+		}
+	}
+	testkit.Eventually(t, 5*time.Second, "the short-lived workloads' series to be dropped", func() bool {
+		return countMatching(t, m.opened, prometheus.Labels{"source_workload": "blink"}) == 0 &&
+			countMatching(t, m.closed, prometheus.Labels{"source_workload": "blink-failed"}) == 0
+	})
+	if n := countMatching(t, m.opened, prometheus.Labels{"destination_workload": "server"}); n != 0 {
+		t.Errorf("series to server left: %d, want 0 (each named a dropped source)", n)
+	}
+}

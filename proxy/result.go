@@ -51,6 +51,9 @@ type Peer struct {
 	// Identity is the SPIFFE identity: for a source only when proven by mTLS;
 	// for a destination from the control plane or the peer certificate.
 	Identity identity.Identity
+	// fromState: the names are a workload of the node's state (peerOf), so
+	// its series may go once the state no longer holds it.
+	fromState bool
 }
 
 // Service is the destination service a connection was addressed to, if any.
@@ -221,6 +224,7 @@ func (r *Result) Record(errp *error) {
 			r.m.removeLive(r)
 			r.flush(true)
 		} else {
+			r.m.noteNamed(r)
 			r.m.opened.WithLabelValues(labels...).Inc()
 			r.m.received.WithLabelValues(labels...).Add(float64(r.Counters.Sent.Load()))
 			r.m.sent.WithLabelValues(labels...).Add(float64(r.Counters.Received.Load()))

@@ -521,6 +521,7 @@ func peerOf(w *state.Workload) Peer {
 		Cluster:           w.ClusterID,
 		Region:            w.Locality.Region,
 		Zone:              w.Locality.Zone,
+		fromState:         true,
 	}
 }
 
