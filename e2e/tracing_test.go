@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,9 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // otelcolBinary is the test collector (hack/otelcol): $ZTG_OTELCOL (make
@@ -32,14 +35,15 @@ func otelcolBinary(t *testing.T) string {
 	return strings.TrimSpace(string(out))
 }
 
-// collector is a real OpenTelemetry Collector in a pod of the test
-// cluster: OTLP gRPC on 4317 and HTTP on 4318, every batch appended to a
-// file as OTLP JSON.
+// collector is a real OpenTelemetry Collector in the test cluster: OTLP
+// gRPC on 4317 and HTTP on 4318 of ip, every batch appended to a file as
+// OTLP JSON.
 type collector struct {
-	pod  *testcluster.Pod
+	ip   netip.Addr
 	file string
 }
 
+// startCollector runs the collector in a pod of its own.
 func startCollector(t *testing.T, ctx context.Context, m *meshlab.Mesh) *collector {
 	t.Helper()
 	if err := m.AddNamespace("otel", nil); err != nil { // not ambient: the waypoint reaches it in plain TCP
@@ -49,8 +53,14 @@ func startCollector(t *testing.T, ctx context.Context, m *meshlab.Mesh) *collect
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runCollector(t, ctx, pod.NetNS, pod.IP)
+}
+
+// runCollector runs the collector in ns, whose address is ip.
+func runCollector(t *testing.T, ctx context.Context, ns *testcluster.NetNS, ip netip.Addr) *collector {
+	t.Helper()
 	dir := t.TempDir()
-	c := &collector{pod: pod, file: filepath.Join(dir, "spans.jsonl")}
+	c := &collector{ip: ip, file: filepath.Join(dir, "spans.jsonl")}
 	cfg := fmt.Sprintf(`receivers:
   otlp:
     protocols:
@@ -68,14 +78,14 @@ service:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	proc, err := pod.Start(testcluster.Process{Name: "otelcol", Path: otelcolBinary(t), Args: []string{"--config", "file:" + cfgPath}})
+	proc, err := ns.Start(testcluster.Process{Name: "otelcol", Path: otelcolBinary(t), Args: []string{"--config", "file:" + cfgPath}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proc.Stop() })
 	for _, port := range []string{"4317", "4318"} {
 		for {
-			conn, err := pod.Dial(ctx, "tcp", "127.0.0.1:"+port)
+			conn, err := ns.Dial(ctx, "tcp", "127.0.0.1:"+port)
 			if err == nil {
 				conn.Close()
 				break
@@ -201,7 +211,7 @@ func TestTelemetryTracing(t *testing.T) {
 		}
 		w.WP = wp
 	}
-	restart("--tracing-endpoint", col.pod.IP.String()+":4317", "--tracing-protocol", "grpc", "--tracing-sampling", "100")
+	restart("--tracing-endpoint", col.ip.String()+":4317", "--tracing-protocol", "grpc", "--tracing-sampling", "100")
 
 	const clientTrace, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	if code, body := w.do(t, "/traced", http.Header{"Traceparent": {"00-" + clientTrace + "-" + clientSpan + "-01"}}); code != http.StatusOK {
@@ -229,7 +239,7 @@ func TestTelemetryTracing(t *testing.T) {
 		got.Get("traceparent"), rid)
 
 	// Sampling 0%, OTLP/HTTP.
-	restart("--tracing-endpoint", col.pod.IP.String()+":4318", "--tracing-protocol", "http", "--tracing-sampling", "0")
+	restart("--tracing-endpoint", col.ip.String()+":4318", "--tracing-protocol", "http", "--tracing-sampling", "0")
 	if code, _ := w.do(t, "/unsampled", nil); code != http.StatusOK {
 		t.Fatalf("unsampled request: %d", code)
 	}
@@ -250,4 +260,93 @@ func TestTelemetryTracing(t *testing.T) {
 			t.Errorf("sampling 0%%: the new trace %s produced a span", tp[1])
 		}
 	}
+}
+
+// TestNodeProxyTracing: node proxies with TRACING_ENDPOINT send one span
+// per connection to a real collector (in node1's namespace, at its
+// underlay address, known before the mesh starts). A connection from a
+// client pod on node0 to a server pod on node1 is node0's outbound span
+// (kind client) and node1's inbound span (kind server), one trace, the
+// inbound span the outbound one's child through the CONNECT's traceparent,
+// each naming the workloads and mutual TLS.
+func TestNodeProxyTracing(t *testing.T) {
+	roottest.Require(t)
+	const ns = "nodetrace"
+	colAddr := netip.AddrPortFrom(testcluster.NodeUnderlayIP(1), 4317)
+	m, err := meshlab.Start(t, meshlab.Options{Name: ns, ProxyEnv: []string{
+		"TRACING_ENDPOINT=" + colAddr.String(), "TRACING_SAMPLING=100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 150*time.Second)
+	if m.Nodes[1].UnderlayIP != colAddr.Addr() {
+		t.Fatalf("node1's underlay address is %s, not %s", m.Nodes[1].UnderlayIP, colAddr.Addr())
+	}
+	col := runCollector(t, ctx, m.Nodes[1].NetNS, colAddr.Addr())
+	if err := m.AddNamespace(ns, ambientNS); err != nil {
+		t.Fatal(err)
+	}
+	client, err := m.AddPod(ctx, 0, testcluster.PodSpec{Name: "client", Namespace: ns, ServiceAccount: "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := m.AddPod(ctx, 1, testcluster.PodSpec{Name: "server", Namespace: ns, ServiceAccount: "server"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitForWorkloads(ctx, client.IP, server.IP); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ServeEcho(server, 8080); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.AddrPortFrom(server.IP, 8080)
+	testkit.Eventually(t, waitTimeout, "a round trip through the mesh", func() bool {
+		got, err := meshlab.RoundTrip(ctxT(t, 5*time.Second), client, dst, []byte("traced"))
+		return err == nil && string(got) == "traced"
+	})
+
+	// The batch processors export every 5 s.
+	var out, in otlpSpan
+	for {
+		spans := col.spans(t)
+		for _, s := range spans {
+			if s.Kind == 3 && s.attr("destination.workload") == "server" && s.attr("response_flags") == "-" {
+				for _, c := range spans {
+					if c.Kind == 2 && c.TraceID == s.TraceID {
+						out, in = s, c
+					}
+				}
+			}
+		}
+		if in.SpanID != "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no outbound span with its inbound child at the collector (%d spans: %+v)", len(spans), spans)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if in.ParentSpanID != out.SpanID {
+		t.Errorf("inbound span's parent %q, want the outbound span %s", in.ParentSpanID, out.SpanID)
+	}
+	wantName := fmt.Sprintf("outbound server:%d", dst.Port())
+	if out.Name != wantName || in.Name != fmt.Sprintf("inbound server:%d", dst.Port()) {
+		t.Errorf("span names %q and %q, want %q and inbound", out.Name, in.Name, wantName)
+	}
+	for _, s := range []otlpSpan{out, in} {
+		for k, v := range map[string]string{"source.workload": "client", "destination.workload": "server",
+			"source.principal":           "spiffe://cluster.local/ns/" + ns + "/sa/client",
+			"destination.principal":      "spiffe://cluster.local/ns/" + ns + "/sa/server",
+			"connection_security_policy": "mutual_tls"} {
+			if got := s.attr(k); got != v {
+				t.Errorf("%s span: %s = %q, want %q", s.Name, k, got, v)
+			}
+		}
+	}
+	if out.attr("node_id") != "node0" || in.attr("node_id") != "node1" {
+		t.Errorf("node_id %q and %q, want node0 and node1", out.attr("node_id"), in.attr("node_id"))
+	}
+	t.Logf("trace %s: outbound %s (node0) → inbound %s (node1)", out.TraceID, out.SpanID, in.SpanID)
 }
