@@ -258,9 +258,10 @@ bench-mesh: deps tools build
 	$(GO) run ./bench/mesh -bin-dir bin -fortio-version $(FORTIO_VERSION)
 
 ## bench-soak: 10,000 concurrent tunnels through the two-node mesh, opened and closed in waves for SOAK (default
-## 10m, e.g. `SOAK=3m make bench-soak`): errors, node proxy RSS slope and goroutines (root; run under flock /tmp/e2e.lock).
+## 10m, e.g. `SOAK=3m make bench-soak`): errors, node proxy RSS slope and goroutines; then CHURN (default 10000,
+## 0: none) short-lived client pods, one tunnel each: the istio_* series count (root; run under flock /tmp/e2e.lock).
 bench-soak: deps tools build
-	$(GO) run ./bench/soak -bin-dir bin $(if $(SOAK),-duration $(SOAK))
+	$(GO) run ./bench/soak -bin-dir bin $(if $(SOAK),-duration $(SOAK)) -churn $(or $(CHURN),10000)
 
 ## bench-waypoint: the L7 waypoint binary beside HAProxy 2.6 in HTTP mode, 1k req/s of 1 KiB HTTP/1.1 over 16
 ## connections on loopback (haproxy; ROUNDS=5 by default, PROFILE=file writes the waypoint's CPU profile).

@@ -82,6 +82,10 @@ type config struct {
 	poolIdle time.Duration
 	logLevel string
 	profile  string
+
+	churn        int
+	churnPar     int
+	metricsGrace time.Duration
 }
 
 // echoPort is the echo server's port in the server pod.
@@ -102,6 +106,9 @@ func main() {
 	flag.DurationVar(&cfg.poolIdle, "pool-idle", 10*time.Second, "the proxies' POOL_UNUSED_RELEASE_TIMEOUT (idle HBONE connections close after it)")
 	flag.StringVar(&cfg.logLevel, "log-level", "warn", "the node proxies' log level once the mesh is up (info logs every connection)")
 	flag.StringVar(&cfg.profile, "profile", "", "write both proxies' goroutine and heap profiles at the baseline, the last peak and the end into this directory")
+	flag.IntVar(&cfg.churn, "churn", 0, "after the waves, this many short-lived client pods (a new workload each) open one tunnel each (0: none)")
+	flag.IntVar(&cfg.churnPar, "churn-parallel", 4, "churned pods alive at once")
+	flag.DurationVar(&cfg.metricsGrace, "metrics-grace", 30*time.Second, "with -churn, the proxies' METRICS_DELETED_WORKLOAD_GRACE")
 	echoAddr := flag.String("echo-server", "", "internal: run as the echo server on this address (the soak starts it in the server pod)")
 	flag.Parse()
 	if *echoAddr != "" {
@@ -111,8 +118,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/soak: -tunnels, -clients, -dialers, -bytes and -sample must be positive")
 		os.Exit(2)
 	}
-	if cfg.clients > testcluster.MaxPodsPerNode-1 {
-		fmt.Fprintf(os.Stderr, "bench/soak: at most %d client pods\n", testcluster.MaxPodsPerNode-1)
+	if cfg.churn < 0 || cfg.churnPar < 1 || cfg.metricsGrace <= 0 {
+		fmt.Fprintln(os.Stderr, "bench/soak: -churn must not be negative, -churn-parallel and -metrics-grace must be positive")
+		os.Exit(2)
+	}
+	if cfg.clients+cfg.churnPar > testcluster.MaxPodsPerNode-2 {
+		fmt.Fprintf(os.Stderr, "bench/soak: at most %d client pods, churned ones at once included\n", testcluster.MaxPodsPerNode-2)
 		os.Exit(2)
 	}
 
@@ -251,7 +262,25 @@ func (s *soak) run() error {
 	if err != nil {
 		return err
 	}
-	emit("metrics_series_end", float64(series), "count")
+	if s.cfg.churn == 0 {
+		emit("metrics_series_end", float64(series), "count")
+		return nil
+	}
+	emit("metrics_series_after_waves", float64(series), "count")
+	logf("churn: %d short-lived pods, %d at a time", s.cfg.churn, s.cfg.churnPar)
+	before := s.errors.total()
+	cr, err := s.churn()
+	if err != nil {
+		return err
+	}
+	s.errors.report()
+	emit("churn_pods", float64(cr.pods), "count")
+	emit("churn_errors", float64(s.errors.total()-before), "count")
+	emit("churn_seconds", cr.took.Seconds(), "s")
+	emit("churn_pod_ms", cr.perPodMS, "ms")
+	emit("metrics_series_churn_peak", float64(cr.peak), "count")
+	emit("metrics_series_end", float64(cr.end), "count")
+	emit("metrics_series_churned_left", float64(cr.left), "count")
 	return nil
 }
 
@@ -261,6 +290,9 @@ func (s *soak) setup() error {
 	// Inherited by the node proxies (meshlab adds its own variables to this
 	// process's environment).
 	if err := os.Setenv("POOL_UNUSED_RELEASE_TIMEOUT", s.cfg.poolIdle.String()); err != nil {
+		return err
+	}
+	if err := setChurnEnv(s.cfg); err != nil {
 		return err
 	}
 	// Info while starting: meshlab waits for the binaries' info lines.
