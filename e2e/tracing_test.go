@@ -73,6 +73,7 @@ service:
     metrics: {level: none}
   pipelines:
     traces: {receivers: [otlp], exporters: [spanfile]}
+    logs: {receivers: [otlp], exporters: [spanfile]}
 `, c.file)
 	cfgPath := filepath.Join(dir, "otelcol.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
@@ -149,6 +150,61 @@ func (c *collector) spans(t *testing.T) []otlpSpan {
 		for _, rs := range batch.ResourceSpans {
 			for _, ss := range rs.ScopeSpans {
 				out = append(out, ss.Spans...)
+			}
+		}
+	}
+	return out
+}
+
+// otlpLog is one log record of the collector's OTLP JSON, with its logger
+// (the scope's name).
+type otlpLog struct {
+	Scope string
+	Body  string
+	Attrs map[string]string
+}
+
+// logs reads every log record the collector has written.
+func (c *collector) logs(t *testing.T) []otlpLog {
+	b, err := os.ReadFile(c.file)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	type anyValue struct {
+		StringValue string `json:"stringValue"`
+	}
+	var out []otlpLog
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var batch struct {
+			ResourceLogs []struct {
+				ScopeLogs []struct {
+					Scope struct {
+						Name string `json:"name"`
+					} `json:"scope"`
+					LogRecords []struct {
+						Body       anyValue `json:"body"`
+						Attributes []struct {
+							Key   string   `json:"key"`
+							Value anyValue `json:"value"`
+						} `json:"attributes"`
+					} `json:"logRecords"`
+				} `json:"scopeLogs"`
+			} `json:"resourceLogs"`
+		}
+		if json.Unmarshal(sc.Bytes(), &batch) != nil {
+			continue
+		}
+		for _, rl := range batch.ResourceLogs {
+			for _, sl := range rl.ScopeLogs {
+				for _, r := range sl.LogRecords {
+					l := otlpLog{Scope: sl.Scope.Name, Body: r.Body.StringValue, Attrs: map[string]string{}}
+					for _, a := range r.Attributes {
+						l.Attrs[a.Key] = a.Value.StringValue
+					}
+					out = append(out, l)
+				}
 			}
 		}
 	}
@@ -349,4 +405,72 @@ func TestNodeProxyTracing(t *testing.T) {
 		t.Errorf("node_id %q and %q, want node0 and node1", out.attr("node_id"), in.attr("node_id"))
 	}
 	t.Logf("trace %s: outbound %s (node0) → inbound %s (node1)", out.TraceID, out.SpanID, in.SpanID)
+}
+
+// TestTelemetryOTelAccessLog: a Telemetry object attached to the waypoint
+// turns on an envoyOtelAls provider (meshConfig.extensionProviders), and
+// the next requests' access logs reach a real OpenTelemetry Collector
+// over OTLP/gRPC: the body in Istio's default format, the provider's
+// labels as attributes, under its logName. The collector runs in node0's
+// namespace at its underlay address, which the mesh config names before
+// the control plane starts.
+func TestTelemetryOTelAccessLog(t *testing.T) {
+	const ns = "otelals"
+	colAddr := netip.AddrPortFrom(testcluster.NodeUnderlayIP(0), 4317)
+	meshConfig := filepath.Join(t.TempDir(), "mesh.yaml")
+	if err := os.WriteFile(meshConfig, []byte(fmt.Sprintf(`
+extensionProviders:
+- name: otel-als
+  envoyOtelAls:
+    service: %q
+    port: %d
+    logName: e2e_als
+    logFormat:
+      labels: {code: "%%RESPONSE_CODE%%", method: "%%REQ(:METHOD)%%"}
+`, colAddr.Addr().String(), colAddr.Port())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 150*time.Second)
+	w := startWaypointMesh(t, ctx, waypointSpec{Namespace: ns, Service: "web",
+		Options: meshlab.Options{Name: ns, CPArgs: []string{"--mesh-config", meshConfig}},
+		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { fmt.Fprint(rw, "web") })})
+	if w.Mesh.Nodes[0].UnderlayIP != colAddr.Addr() {
+		t.Fatalf("node0's underlay address is %s, not %s", w.Mesh.Nodes[0].UnderlayIP, colAddr.Addr())
+	}
+	col := runCollector(t, ctx, w.Mesh.Nodes[0].NetNS, colAddr.Addr())
+	if err := w.Mesh.Apply("e2e-otel-als", []byte(`
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: e2e-otel-als, namespace: demo}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]
+  accessLogging:
+  - providers: [{name: otel-als}]
+`)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Mesh.Remove("e2e-otel-als") })
+	// The Telemetry reaches the waypoint within a push; requests until
+	// one is logged (the exporter batches every second).
+	for {
+		if code, body := w.do(t, "/otel-als", nil); code != http.StatusOK {
+			t.Fatalf("GET /otel-als: %d %s", code, body)
+		}
+		for _, l := range col.logs(t) {
+			if !strings.Contains(l.Body, "/otel-als") {
+				continue
+			}
+			if l.Scope != "e2e_als" || l.Attrs["code"] != "200" || l.Attrs["method"] != "GET" ||
+				!strings.Contains(l.Body, `"GET /otel-als HTTP/1.1" 200 `) {
+				t.Fatalf("access log record: logger %q, body %q, attributes %v", l.Scope, l.Body, l.Attrs)
+			}
+			t.Logf("collector got: %s: %s %v", l.Scope, l.Body, l.Attrs)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no access log record at the collector (%d records)", len(col.logs(t)))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
