@@ -460,8 +460,9 @@ spec:
 			if !strings.Contains(l.Body, "/otel-als") {
 				continue
 			}
+			// %BYTES_RECEIVED% %BYTES_SENT%: the bodies, none and "web".
 			if l.Scope != "e2e_als" || l.Attrs["code"] != "200" || l.Attrs["method"] != "GET" ||
-				!strings.Contains(l.Body, `"GET /otel-als HTTP/1.1" 200 `) {
+				!strings.Contains(l.Body, `"GET /otel-als HTTP/1.1" 200 `) || !strings.Contains(l.Body, `"-" 0 3 `) {
 				t.Fatalf("access log record: logger %q, body %q, attributes %v", l.Scope, l.Body, l.Attrs)
 			}
 			t.Logf("collector got: %s: %s %v", l.Scope, l.Body, l.Attrs)

@@ -139,18 +139,22 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		body = &countingBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	reqSize := func() int64 {
+	reqBody := func() int64 {
 		if body == nil {
-			return int64(headLen)
+			return 0
 		}
-		return int64(headLen) + body.n.Load()
+		return body.n.Load()
+	}
+	sizes := func(respTotal int64) telemetry.Sizes {
+		b := reqBody()
+		return telemetry.Sizes{Request: int64(headLen) + b, Response: respTotal, RequestBody: b, ResponseBody: c.BodySent()}
 	}
 	local := func(lr *h1.LocalResponse, code int, flags string) bool {
 		n, err := c.WriteLocal(lr, keep)
 		if err != nil {
 			keep = false
 		}
-		w.record(ex, code, flags, time.Since(start), telemetry.Sizes{Request: reqSize(), Response: n})
+		w.record(ex, code, flags, time.Since(start), sizes(n))
 		return keep
 	}
 	if err := w.decide(ex); err != nil {
@@ -296,7 +300,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 			if ex.grpcStatus = resp.Trailer.Get("Grpc-Status"); ex.grpcStatus == "" {
 				ex.grpcStatus = resp.Header.Get("Grpc-Status")
 			}
-			w.record(ex, resp.StatusCode, "", time.Since(start), telemetry.Sizes{Request: reqSize(), Response: n})
+			w.record(ex, resp.StatusCode, "", time.Since(start), sizes(n))
 			return keep
 		}
 		// Retried: drain what is small enough to keep the connection.

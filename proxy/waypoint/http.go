@@ -305,7 +305,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		}
 		// Status line "HTTP/1.1 200 OK\r\n".
 		resp := int64(len("HTTP/1.1 000 \r\n")+len(http.StatusText(code))) + telemetry.HeaderBytes(sw.Header()) + sw.n
-		return telemetry.Sizes{Request: req, Response: resp}
+		return telemetry.Sizes{Request: req, Response: resp, RequestBody: body.n.Load(), ResponseBody: sw.n}
 	}
 	record := func(code int, flags string, d time.Duration, sizes telemetry.Sizes) {
 		ex.grpcStatus = grpcStatus(sw.Header())

@@ -50,6 +50,7 @@ func TestTracing(t *testing.T) {
 				mu.Lock()
 				seen = append(seen, r.Header.Clone())
 				mu.Unlock()
+				fmt.Fprint(w, "hello")
 			})
 			l := newFastLabWith(t, tracingConfig(rcv, 100, waypointapi.TracingProvider_GRPC), backend, slow)
 			l.w.tracer.BatchTimeout = 10 * time.Millisecond // before the config that starts the pipeline
@@ -81,6 +82,10 @@ func TestTracing(t *testing.T) {
 			}
 			if sp.Attrs["team"] != "mesh" || sp.Attrs["http.status_code"] != "200" || sp.Attrs["istio.canonical_service"] != "waypoint" {
 				t.Errorf("attributes %v", sp.Attrs)
+			}
+			// Envoy's size tags are body bytes: a GET without a body, "hello" back.
+			if sp.Attrs["request_size"] != "0" || sp.Attrs["response_size"] != "5" {
+				t.Errorf("request_size %q, response_size %q, want the bodies' 0 and 5", sp.Attrs["request_size"], sp.Attrs["response_size"])
 			}
 
 			// 0%: a new trace is not sampled, but propagated.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -110,19 +111,14 @@ func (r *Receiver) add(req *collectorpb.ExportTraceServiceRequest) {
 	r.changed = make(chan struct{})
 }
 
-func valueText(v interface {
-	GetStringValue() string
-	GetIntValue() int64
-	GetBoolValue() bool
-}) string {
-	if s := v.GetStringValue(); s != "" {
-		return s
-	}
-	if i := v.GetIntValue(); i != 0 {
-		return strconv.FormatInt(i, 10)
-	}
-	if v.GetBoolValue() {
-		return "true"
+func valueText(v *commonpb.AnyValue) string {
+	switch x := v.GetValue().(type) {
+	case *commonpb.AnyValue_StringValue:
+		return x.StringValue
+	case *commonpb.AnyValue_IntValue:
+		return strconv.FormatInt(x.IntValue, 10) // zero too: a size of 0 is a value
+	case *commonpb.AnyValue_BoolValue:
+		return strconv.FormatBool(x.BoolValue)
 	}
 	return ""
 }

@@ -81,7 +81,13 @@ type Conn struct {
 	br    *bufio.Reader
 	serve Handler
 	idle  atomic.Bool // between requests: Shutdown closes it
+	// bodySent: the body bytes of the last response written.
+	bodySent int64
 }
+
+// BodySent is how many body bytes the last WriteResponse or WriteLocal
+// wrote (what Envoy's %BYTES_SENT% counts, the head left out).
+func (c *Conn) BodySent() int64 { return c.bodySent }
 
 // Serve serves the tunnel's requests with serve until it closes (closed) or
 // a request needs the net/http path (pre holds the bytes read and not yet

@@ -20,6 +20,8 @@ import (
 // head and the first body bytes in one write. It returns the bytes written
 // and whether the upstream connection can serve another request.
 func (c *Conn) WriteResponse(r *http.Request, resp *http.Response, keep bool) (int64, bool, error) {
+	var bodyN int64
+	defer func() { c.bodySent = bodyN }()
 	buf := wire.Bufs.Get()
 	defer wire.Bufs.Put(buf)
 	h := resp.Header
@@ -76,7 +78,6 @@ func (c *Conn) WriteResponse(r *http.Request, resp *http.Response, keep bool) (i
 		return written, err == nil && !resp.Close, err
 	}
 	pre := len(b)
-	var bodyN int64
 	for first := true; ; first = false {
 		var n int
 		var rerr error
@@ -186,6 +187,7 @@ func (l *LocalResponse) Write(p []byte) (int, error) {
 
 // WriteLocal sends lr (nothing when it has no status: the client left).
 func (c *Conn) WriteLocal(lr *LocalResponse, keep bool) (int64, error) {
+	c.bodySent = 0
 	if lr.code == 0 {
 		return 0, errors.New("no answer")
 	}
@@ -202,7 +204,9 @@ func (c *Conn) WriteLocal(lr *LocalResponse, keep bool) (int64, error) {
 		b = append(b, "Connection: close\r\n"...)
 	}
 	b = append(b, "\r\n"...)
+	head := len(b)
 	b = append(b, lr.body.Bytes()...)
 	n, err := c.tc.Write(b)
+	c.bodySent = int64(max(n-head, 0))
 	return int64(n), err
 }

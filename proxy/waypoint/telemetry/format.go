@@ -117,9 +117,9 @@ func operator(s *segment, ex *Entry, proto, flags string) (string, int64, bool) 
 	case "RESPONSE_FLAGS":
 		return flags, 0, false
 	case "BYTES_RECEIVED":
-		return "", ex.Sizes.Request, true
+		return "", ex.Sizes.RequestBody, true
 	case "BYTES_SENT":
-		return "", ex.Sizes.Response, true
+		return "", ex.Sizes.ResponseBody, true
 	case "DURATION":
 		return "", ex.Duration.Milliseconds(), true
 	case "UPSTREAM_HOST":

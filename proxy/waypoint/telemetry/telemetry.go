@@ -446,9 +446,12 @@ func orUnknown(s string) string {
 // IsGRPC reports whether a content type is gRPC's.
 func IsGRPC(ct string) bool { return len(ct) >= 16 && ct[:16] == "application/grpc" }
 
-// Sizes are one request's and its response's sizes for the byte
-// histograms (zero for TCP).
-type Sizes struct{ Request, Response int64 }
+// Sizes are one request's and its response's sizes (zero for TCP):
+// Request and Response whole messages, head and body, for the byte
+// histograms (as Istio's stats filter counts them); RequestBody and
+// ResponseBody the bodies alone, for Envoy's %BYTES_RECEIVED% and
+// %BYTES_SENT% and the request_size/response_size span tags.
+type Sizes struct{ Request, Response, RequestBody, ResponseBody int64 }
 
 // HeaderBytes is the size of a header block written as HTTP/1.1 text:
 // "Name: value\r\n" per value and the blank line that ends it.

@@ -152,7 +152,7 @@ func entry(code int) *telemetry.Entry {
 		Attrs: &stream.Attrs{HTTP: true, Host: "server.demo.svc.cluster.local", Method: "GET", Path: "/path",
 			Service: "server.demo.svc.cluster.local"},
 		Req: req, Code: code, Upstream: "HBONE 10.0.0.2:8080", Duration: time.Millisecond,
-		Sizes: telemetry.Sizes{Request: 10, Response: 20},
+		Sizes: telemetry.Sizes{Request: 110, Response: 120, RequestBody: 10, ResponseBody: 20},
 	}
 }
 
