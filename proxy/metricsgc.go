@@ -60,8 +60,8 @@ type metricsGC struct {
 	// gone: workloads the state held once and holds no more, since when.
 	gone map[workloadKey]time.Time
 	// named: workloads of the state that series were labelled with and
-	// that have not been dropped, whether or not a read of the state ever
-	// saw them (a pod can live and die between two reads).
+	// that no read of the state has seen yet (a pod can live and die
+	// between two reads), until they are dropped.
 	named map[workloadKey]struct{}
 }
 
@@ -99,6 +99,8 @@ func (g *metricsGC) step(snap *state.Snapshot, now time.Time, live map[workloadK
 	}
 	for k := range g.named {
 		if _, ok := g.present[k]; ok {
+			// Seen in the state: the diff of reads catches its leaving.
+			delete(g.named, k)
 			continue
 		}
 		if _, ok := g.gone[k]; !ok {
