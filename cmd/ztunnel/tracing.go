@@ -20,13 +20,9 @@ func newTracer(cfg *config.Config, log *zap.Logger) (*conntrace.Tracer, error) {
 	if cfg.TracingEndpoint == "" {
 		return nil, nil
 	}
-	proto, err := otlp.ParseProtocol(cfg.TracingProtocol)
-	if err != nil {
-		return nil, err
-	}
 	otel.SetErrorHandler(conntrace.LogErrors(log))
 	t, err := conntrace.New(conntrace.Config{
-		Endpoint:           otlp.Endpoint{Address: cfg.TracingEndpoint, Protocol: proto},
+		Endpoint:           otlp.Endpoint{Address: cfg.TracingEndpoint, Protocol: cfg.TracingProtocol},
 		SamplingPercentage: cfg.TracingSampling,
 		Attributes: []attribute.KeyValue{attribute.String("node_id", cfg.NodeName),
 			attribute.String("istio.cluster_id", cfg.ClusterID), attribute.String("component", "ztunnel")},
@@ -34,7 +30,7 @@ func newTracer(cfg *config.Config, log *zap.Logger) (*conntrace.Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	log.Info("connection spans on", zap.String("endpoint", cfg.TracingEndpoint), zap.Stringer("protocol", proto),
+	log.Info("connection spans on", zap.String("endpoint", cfg.TracingEndpoint), zap.Stringer("protocol", cfg.TracingProtocol),
 		zap.Float64("sampling", cfg.TracingSampling))
 	return t, nil
 }

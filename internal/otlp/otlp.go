@@ -32,6 +32,9 @@ func (p Protocol) String() string {
 	return "grpc"
 }
 
+// MarshalText names the protocol in JSON (the node proxy logs its config).
+func (p Protocol) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
 // ParseProtocol reads "grpc" or "http" (any case); "" is GRPC.
 func ParseProtocol(s string) (Protocol, error) {
 	switch strings.ToLower(s) {

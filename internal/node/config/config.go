@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
+	"github.com/ztunnel-go/ztunnel-go/internal/otlp"
 )
 
 // Environment variable names (Istio's ztunnel src/config.rs).
@@ -142,10 +143,10 @@ type Config struct {
 	StatsTLSKey  string
 	// MetricsGrace: EnvMetricsGrace, default 5 minutes.
 	MetricsGrace time.Duration
-	// TracingEndpoint (host:port, "" for no spans), TracingProtocol ("grpc"
-	// or "http") and TracingSampling (0 to 100): the connection spans.
+	// TracingEndpoint (host:port, "" for no spans), TracingProtocol and
+	// TracingSampling (0 to 100): the connection spans.
 	TracingEndpoint string
-	TracingProtocol string
+	TracingProtocol otlp.Protocol
 	TracingSampling float64
 
 	// LogLevel: LOG_LEVEL, else the default directive of Istio's RUST_LOG
@@ -215,7 +216,6 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 		MetricsGrace:  p.duration(EnvMetricsGrace, 5*time.Minute),
 
 		TracingEndpoint: p.str(EnvTracingEndpoint, ""),
-		TracingProtocol: strings.ToLower(p.str(EnvTracingProtocol, "grpc")),
 		TracingSampling: p.percentage(EnvTracingSampling, 1),
 
 		AuthzPolicyInfoLogging:    p.boolean(EnvAuthzPolicyInfoLogging, false),
@@ -249,8 +249,9 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 	if (c.StatsTLSCert == "") != (c.StatsTLSKey == "") {
 		p.errs = append(p.errs, fmt.Errorf("%s and %s: set both or neither", EnvStatsTLSCert, EnvStatsTLSKey))
 	}
-	if c.TracingProtocol != "grpc" && c.TracingProtocol != "http" {
-		p.errs = append(p.errs, fmt.Errorf("%s=%q: want grpc or http", EnvTracingProtocol, c.TracingProtocol))
+	proto := p.str(EnvTracingProtocol, "")
+	if c.TracingProtocol, err = otlp.ParseProtocol(proto); err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: %w", EnvTracingProtocol, proto, err))
 	}
 	if c.TracingEndpoint != "" {
 		if _, _, err := net.SplitHostPort(c.TracingEndpoint); err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/config"
+	"github.com/ztunnel-go/ztunnel-go/internal/otlp"
 )
 
 func env(m map[string]string) config.Lookup {
@@ -193,12 +194,12 @@ func TestCRLPath(t *testing.T) {
 
 func TestTracing(t *testing.T) {
 	c, err := config.Parse(env(map[string]string{"NODE_NAME": "n1"}), nil)
-	if err != nil || c.TracingEndpoint != "" || c.TracingProtocol != "grpc" || c.TracingSampling != 1 {
+	if err != nil || c.TracingEndpoint != "" || c.TracingProtocol != otlp.GRPC || c.TracingSampling != 1 {
 		t.Fatalf("default tracing: %q %q %v, %v; want off, grpc, 1%%", c.TracingEndpoint, c.TracingProtocol, c.TracingSampling, err)
 	}
 	c, err = config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvTracingEndpoint: "otel.istio-system:4318",
 		config.EnvTracingProtocol: "HTTP", config.EnvTracingSampling: "12.5"}), nil)
-	if err != nil || c.TracingEndpoint != "otel.istio-system:4318" || c.TracingProtocol != "http" || c.TracingSampling != 12.5 {
+	if err != nil || c.TracingEndpoint != "otel.istio-system:4318" || c.TracingProtocol != otlp.HTTP || c.TracingSampling != 12.5 {
 		t.Fatalf("tracing: %q %q %v, %v", c.TracingEndpoint, c.TracingProtocol, c.TracingSampling, err)
 	}
 	_, err = config.Parse(env(map[string]string{"NODE_NAME": "n1", config.EnvTracingEndpoint: "otel",
