@@ -37,7 +37,7 @@ func (s *soak) churn() (churnResult, error) {
 	var res churnResult
 	start := time.Now()
 	var next, done atomic.Int64
-	var peak atomic.Int64
+	peak := 0 // the sampler's alone until sampler.Wait
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
 	sampler.Add(1)
@@ -56,12 +56,7 @@ func (s *soak) churn() (churnResult, error) {
 				logf("churn: counting series: %v", err)
 				continue
 			}
-			for {
-				p := peak.Load()
-				if int64(n) <= p || peak.CompareAndSwap(p, int64(n)) {
-					break
-				}
-			}
+			peak = max(peak, n)
 			logf("churn: %d/%d pods, %d istio_* series", done.Load(), cfg.churn, n)
 		}
 	}()
@@ -95,7 +90,7 @@ func (s *soak) churn() (churnResult, error) {
 	if err != nil {
 		return res, err
 	}
-	res.peak = max(int(peak.Load()), n)
+	res.peak = max(peak, n)
 	logf("churn: %d pods in %v, %d series at the end of it; waiting the %v grace", res.pods, res.took.Round(time.Second), n, cfg.metricsGrace)
 	// The node proxies sweep deleted workloads' series once a grace
 	// period: after two of them every churned workload's are due.
@@ -112,14 +107,12 @@ func (s *soak) churn() (churnResult, error) {
 // churnedSeries counts the istio_* series of both node proxies that still
 // name a churned pod's workload, and logs a few.
 func (s *soak) churnedSeries() (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	nodes, err := s.watch.nodeMetrics()
+	if err != nil {
+		return 0, err
+	}
 	n := 0
-	for i := range s.m.Nodes[:2] {
-		mfs, err := s.m.Metrics(ctx, i)
-		if err != nil {
-			return 0, err
-		}
+	for i, mfs := range nodes {
 		for name, mf := range mfs {
 			if !strings.HasPrefix(name, "istio_") {
 				continue

@@ -137,17 +137,30 @@ func (w *watcher) read() (sample, error) {
 
 // istioSeries counts the istio_* series both node proxies export.
 func (w *watcher) istioSeries() (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	nodes, err := w.nodeMetrics()
+	if err != nil {
+		return 0, err
+	}
 	n := 0
-	for i := range w.m.Nodes[:2] {
-		mfs, err := w.m.Metrics(ctx, i)
-		if err != nil {
-			return 0, err
-		}
+	for _, mfs := range nodes {
 		n += countSeries(mfs, "istio_")
 	}
 	return n, nil
+}
+
+// nodeMetrics scrapes both node proxies, node0 first.
+func (w *watcher) nodeMetrics() ([]map[string]*dto.MetricFamily, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := make([]map[string]*dto.MetricFamily, 0, 2)
+	for i := range w.m.Nodes[:2] {
+		mfs, err := w.m.Metrics(ctx, i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, mfs)
+	}
+	return out, nil
 }
 
 // countSeries counts the series of the families whose name has prefix.
