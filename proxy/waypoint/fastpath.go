@@ -139,14 +139,11 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 		body = &countingBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	reqBody := func() int64 {
-		if body == nil {
-			return 0
-		}
-		return body.n.Load()
-	}
 	sizes := func(respTotal int64) telemetry.Sizes {
-		b := reqBody()
+		var b int64
+		if body != nil {
+			b = body.n.Load()
+		}
 		return telemetry.Sizes{Request: int64(headLen) + b, Response: respTotal, RequestBody: b, ResponseBody: c.BodySent()}
 	}
 	local := func(lr *h1.LocalResponse, code int, flags string) bool {
