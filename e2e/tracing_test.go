@@ -129,14 +129,8 @@ func (s otlpSpan) attr(k string) string {
 
 // spans reads every span the collector has written.
 func (c *collector) spans(t *testing.T) []otlpSpan {
-	b, err := os.ReadFile(c.file)
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
 	var out []otlpSpan
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
+	c.batches(t, func(line []byte) {
 		var batch struct {
 			ResourceSpans []struct {
 				ScopeSpans []struct {
@@ -144,16 +138,30 @@ func (c *collector) spans(t *testing.T) []otlpSpan {
 				} `json:"scopeSpans"`
 			} `json:"resourceSpans"`
 		}
-		if json.Unmarshal(sc.Bytes(), &batch) != nil {
-			continue
+		if json.Unmarshal(line, &batch) != nil {
+			return
 		}
 		for _, rs := range batch.ResourceSpans {
 			for _, ss := range rs.ScopeSpans {
 				out = append(out, ss.Spans...)
 			}
 		}
-	}
+	})
 	return out
+}
+
+// batches calls fn with each batch (a line of OTLP JSON) the collector
+// has written so far.
+func (c *collector) batches(t *testing.T, fn func(line []byte)) {
+	b, err := os.ReadFile(c.file)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		fn(sc.Bytes())
+	}
 }
 
 // otlpLog is one log record of the collector's OTLP JSON, with its logger
@@ -166,17 +174,11 @@ type otlpLog struct {
 
 // logs reads every log record the collector has written.
 func (c *collector) logs(t *testing.T) []otlpLog {
-	b, err := os.ReadFile(c.file)
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
 	type anyValue struct {
 		StringValue string `json:"stringValue"`
 	}
 	var out []otlpLog
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
+	c.batches(t, func(line []byte) {
 		var batch struct {
 			ResourceLogs []struct {
 				ScopeLogs []struct {
@@ -193,8 +195,8 @@ func (c *collector) logs(t *testing.T) []otlpLog {
 				} `json:"scopeLogs"`
 			} `json:"resourceLogs"`
 		}
-		if json.Unmarshal(sc.Bytes(), &batch) != nil {
-			continue
+		if json.Unmarshal(line, &batch) != nil {
+			return
 		}
 		for _, rl := range batch.ResourceLogs {
 			for _, sl := range rl.ScopeLogs {
@@ -207,7 +209,7 @@ func (c *collector) logs(t *testing.T) []otlpLog {
 				}
 			}
 		}
-	}
+	})
 	return out
 }
 
