@@ -134,18 +134,22 @@ func (p *WorkloadProxy) revoke(snap *state.Snapshot, t *tracked, why error, poli
 }
 
 // watchPolicies re-evaluates every open inbound connection of the pod on
-// each snapshot swap until the proxy closes.
+// each snapshot swap until the proxy closes. It waits on the snapshot it
+// last checked against, never on a fresh load: a swap that lands while a
+// recheck runs (two pushes in a row, addresses then policies) must wake
+// it again, or a DENY that arrived second would leave the connections it
+// denies open.
 func (p *WorkloadProxy) watchPolicies() {
+	snap := p.d.Store.Load()
 	for {
-		snap := p.d.Store.Load()
 		select {
 		case <-snap.Changed():
 		case <-p.closedCh:
 			return
 		}
-		next := p.d.Store.Load()
+		snap = p.d.Store.Load()
 		if conns := p.inbound.snapshot(); len(conns) > 0 {
-			p.recheck(next, conns)
+			p.recheck(snap, conns)
 		}
 	}
 }
