@@ -522,6 +522,9 @@ func (in *interner) service(ps *workloadapi.Service) (*Service, error) {
 				}
 			}
 		}
+		if ext.Name == GlobalScopeExtension {
+			s.Global = true
+		}
 		s.Extensions = append(s.Extensions, ext)
 	}
 	return s, nil

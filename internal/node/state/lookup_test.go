@@ -283,3 +283,22 @@ func TestServiceExportToExtension(t *testing.T) {
 		t.Error("export-to extension without config accepted")
 	}
 }
+
+// TestServiceGlobalScopeExtension: only a service carrying the global-scope
+// extension is Global; without it (Istio's own control plane, or a local
+// service) it is not.
+func TestServiceGlobalScopeExtension(t *testing.T) {
+	s := NewStore()
+	global := func(s *workloadapi.Service) {
+		s.Extensions = append(s.Extensions, &workloadapi.Extension{Name: GlobalScopeExtension})
+	}
+	mustApply(t, s, svcOpts("team-a", "web", "10.96.0.1", []uint32{80, 80}, global))
+	mustApply(t, s, svcOpts("team-a", "api", "10.96.0.2", []uint32{80, 80}))
+	snap := s.Load()
+	if svc := snap.ServiceByVIP("", ip("10.96.0.1"), ""); svc == nil || !svc.Global {
+		t.Errorf("web: %+v, want Global", svc)
+	}
+	if svc := snap.ServiceByVIP("", ip("10.96.0.2"), ""); svc == nil || svc.Global {
+		t.Errorf("api: %+v, want not Global", svc)
+	}
+}

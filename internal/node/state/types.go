@@ -187,7 +187,20 @@ type Service struct {
 	// AliasOf is the target hostname of an ExternalName alias, from the
 	// extension ExternalNameAliasExtension; "" when the service is no alias.
 	AliasOf string `json:"aliasOf,omitempty"`
+	// Global is set by the extension GlobalScopeExtension: the service is
+	// exported to the other clusters of a multicluster mesh (Istio's
+	// istio.io/global label or serviceScopeConfigs), so an east-west
+	// gateway of its network may forward to it.
+	Global bool `json:"global,omitempty"`
 }
+
+// GlobalScopeExtension is the Service extension our control plane uses to
+// mark a service of global scope. It carries no config. Istio's workload API
+// has no scope field (istiod scopes by what it sends, and configures its
+// east-west gateways itself); a gateway that does not see the extension
+// treats the service as cluster-local and refuses to forward to it, which
+// fails closed.
+const GlobalScopeExtension = "ztunnel-go.io/service-scope-global"
 
 // ExportToExtension is the Service extension our control plane uses to
 // widen a NAMESPACE-visible service to further namespaces (exportTo:
