@@ -285,9 +285,20 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 			if ex.edit.ModifiesResponse() {
 				ex.edit.Response(resp.Header)
 			}
+			if stream != nil && !body.eof.Load() {
+				// The endpoint answered before the client's body was all
+				// read: the connection closes after this response, so say
+				// so in it, or the client sends its next request on a
+				// connection about to close and reads EOF.
+				keep = false
+			}
 			n, reuse, err := c.WriteResponse(r, resp, keep)
 			if !ex2.Wait() {
-				reuse, keep = false, false // the rest of the body is not read: close after this one
+				// The body's writer failed or was cut off: the endpoint's
+				// connection is done. The client's is still clean when its
+				// body was read to the end before the response went out
+				// (keep was decided above, and written in the response).
+				reuse = false
 			}
 			if err != nil {
 				ex.err, keep = err, false

@@ -417,12 +417,16 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 // HTTP/2 response can come before the request body ends): n is atomic.
 type countingBody struct {
 	io.ReadCloser
-	n atomic.Int64
+	n   atomic.Int64
+	eof atomic.Bool // the client's body was read to its end
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
 	return n, err
 }
 
