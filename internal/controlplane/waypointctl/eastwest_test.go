@@ -3,6 +3,7 @@ package waypointctl
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,6 +114,13 @@ spec:
 				t.Errorf("pod labels %v", pod.Labels)
 			}
 		})
+	}
+
+	// Without its network label it is not deployed (Programmed=False with
+	// this error), as istiod makes no network gateway of it.
+	bare := eastWestGateway("")
+	if _, err := c.deployment(bare, waypointLabels(bare), owner, nil, nil); err == nil || !strings.Contains(err.Error(), NetworkLabel) {
+		t.Errorf("no network label: err = %v, want one naming %s", err, NetworkLabel)
 	}
 
 	wp := eastWestGateway("network1")

@@ -340,6 +340,10 @@ func (c *Controller) deployment(gw *gatewayv1.Gateway, labels map[string]string,
 	switch {
 	case tmplErr != nil:
 		return nil, tmplErr
+	case eastWest(gw) && gw.Labels[NetworkLabel] == "":
+		// istiod makes no network gateway of such a Gateway either; a
+		// gateway on a guessed network would forward where nobody meant.
+		return nil, fmt.Errorf("an %s Gateway needs the label %s naming its network", EastWestClass, NetworkLabel)
 	case tmpl != nil:
 		return tmpl.Render(c.input(gw))
 	}
