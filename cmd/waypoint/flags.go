@@ -13,8 +13,20 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
+// Modes of the binary (--mode): Istio runs one proxy image for both.
+const (
+	modeWaypoint = "waypoint"
+	modeEastWest = "east-west"
+)
+
 type options struct {
-	Gateway        string        `json:"gateway"` // namespace/name
+	Gateway string `json:"gateway"` // namespace/name
+	// Mode is modeWaypoint (an istio-waypoint Gateway) or modeEastWest
+	// (an istio-east-west Gateway: proxy/eastwest).
+	Mode string `json:"mode"`
+	// Network is the east-west gateway's network (the Gateway's
+	// topology.istio.io/network label): the only one it forwards to.
+	Network        string        `json:"network,omitempty"`
 	XDSAddress     string        `json:"xdsAddress"`
 	CAAddress      string        `json:"caAddress"`
 	RootCert       string        `json:"rootCert"`
@@ -55,6 +67,8 @@ func parseFlags(args []string) (*options, error) {
 		gwDefault = ns + "/" + n
 	}
 	fs.StringVar(&o.Gateway, "gateway", gwDefault, "the waypoint Gateway, namespace/name (env GATEWAY_NAME and POD_NAMESPACE)")
+	fs.StringVar(&o.Mode, "mode", env("GATEWAY_MODE", modeWaypoint), "what this proxy is: "+modeWaypoint+" (an istio-waypoint Gateway) or "+modeEastWest+" (an istio-east-west Gateway, forwarding double HBONE from other networks)")
+	fs.StringVar(&o.Network, "network", env("NETWORK", ""), "east-west mode (a waypoint ignores it): the gateway's network (its Gateway's topology.istio.io/network label); only endpoints and waypoints on it are forwarded to; empty: the default network")
 	fs.StringVar(&o.XDSAddress, "xds-address", env("XDS_ADDRESS", "istiod.istio-system.svc:15012"), "control plane delta xDS, host:port")
 	fs.StringVar(&o.CAAddress, "ca-address", env("CA_ADDRESS", ""), "mesh CA, host:port; empty: the xDS address")
 	fs.StringVar(&o.RootCert, "root-cert", env("ROOT_CERT", "/var/run/secrets/istio/root-cert.pem"), "PEM roots verifying the control plane (xDS and CA); re-read on change")
@@ -91,8 +105,13 @@ func parseFlags(args []string) (*options, error) {
 	if o.ServiceAccount == "" {
 		o.ServiceAccount = gw
 	}
+	switch o.Mode {
+	case modeWaypoint, modeEastWest: // a waypoint ignores --network
+	default:
+		errs = append(errs, fmt.Errorf("--mode %q: want %s or %s", o.Mode, modeWaypoint, modeEastWest))
+	}
 	if o.PodName == "" {
-		o.PodName = "waypoint-" + gw
+		o.PodName = o.Mode + "-" + gw
 	}
 	if o.CAAddress == "" {
 		o.CAAddress = o.XDSAddress

@@ -1,6 +1,11 @@
 // Command waypoint is ztunnel-go's L7 waypoint: one per waypoint Gateway
-// (gatewayClassName istio-waypoint). It connects to the control plane's delta
-// xDS (the workload API plus this waypoint's own config), obtains its
+// (gatewayClassName istio-waypoint). With --mode east-west (env
+// GATEWAY_MODE) it is instead an east-west gateway, one per Gateway of
+// class istio-east-west (proxy/eastwest), forwarding double HBONE from
+// other networks to --network (env NETWORK); the rest is shared.
+//
+// It connects to the control plane's delta xDS (the workload API, plus
+// a waypoint's own config), obtains its
 // certificate from the mesh CA (both verified against --root-cert, reloaded
 // when the file changes), and serves HBONE on 15008 (see
 // proxy/waypoint). Readiness (/healthz/ready on 15021) holds until the first
@@ -25,7 +30,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
@@ -33,7 +37,6 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
-	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint"
 	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/telemetry/tracing"
 )
 
@@ -138,24 +141,15 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	if revocation != nil {
 		g.Go("crl", revocation.Run)
 	}
-	pool, err := hbone.NewPool(hbone.PoolConfig{ClientConfig: hbone.ClientConfig{Certs: certs, Revocation: revocationOf(revocation)}})
+	dp, closeDP, err := newDataPlane(o, id, ip, certs, revocationOf(revocation), log, access, reg)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	w, err := waypoint.New(waypoint.Options{
-		Name: o.Gateway, Identity: id, IP: ip, Certs: certs, Pool: pool,
-		Log: log, Access: access, Registerer: reg, Revocation: revocationOf(revocation),
-		Trace:          tracing.Identity{NodeID: "waypoint~" + ip.String() + "~" + o.PodName + "." + ns + "~" + ns + ".svc.cluster.local"},
-		DefaultTracing: defaultTracing(o),
-	})
-	if err != nil {
-		return err
-	}
+	defer closeDP()
 	xcfg := up.xds
 	xcfg.Node = xds.NodeInfo{PodName: o.PodName, PodNamespace: ns, NodeName: o.NodeName, InstanceIPs: []string{ip.String()},
 		Metadata: map[string]string{"ISTIO_VERSION": daemon.Version()}} // zctl status shows it
-	xcfg.Sink, xcfg.Waypoint, xcfg.Log, xcfg.Registerer = w.Sink(), o.Gateway, log.Named("xds"), reg
+	xcfg.Sink, xcfg.Waypoint, xcfg.Log, xcfg.Registerer = dp.sink, dp.waypoint, log.Named("xds"), reg
 	xcfg.Retry = func(p backoff.Policy) *backoff.Retry { return retries.New("xds", p) }
 	xc, err := xds.NewClient(xcfg)
 	if err != nil {
@@ -174,11 +168,7 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	daemon.DebugHandlers(admin, level)
 	admin.HandleFunc("/config_dump", func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "application/json")
-		b, _ := protojson.MarshalOptions{Multiline: true}.Marshal(w.Config().Raw())
-		if w.Config().Raw() == nil {
-			b = []byte("{}")
-		}
-		_, _ = rw.Write(b)
+		_, _ = rw.Write(dp.dump())
 	})
 	// The retry loops' state: the xDS dump above is the control plane's
 	// config as received, so this is its own page.
@@ -207,7 +197,7 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 		return fmt.Errorf("listen %s: %w", o.Listen, err)
 	}
 	g.Go("hbone", func(context.Context) error {
-		if err := w.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, hbone.ErrServerClosed) {
+		if err := dp.serve(ln); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, hbone.ErrServerClosed) {
 			return err
 		}
 		return nil
@@ -215,11 +205,11 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 		log.Info("draining", zap.Duration("drain_duration", o.DrainDuration))
 		dctx, dcancel := context.WithTimeout(context.Background(), o.DrainDuration)
 		defer dcancel()
-		if err := w.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		if err := dp.shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			log.Warn("drain ended with an error", zap.Error(err))
 		}
 	}))
-	log.Info("waypoint serving", zap.String("gateway", o.Gateway), zap.Stringer("identity", id),
+	log.Info(o.Mode+" serving", zap.String("gateway", o.Gateway), zap.String("network", o.Network), zap.Stringer("identity", id),
 		zap.String("listen", ln.Addr().String()), zap.String("name", gw))
 	return g.Wait()
 }

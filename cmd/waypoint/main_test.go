@@ -92,3 +92,69 @@ func TestCertificateWaitWhileCADown(t *testing.T) {
 			len(lines), window, strings.Join(lines[:min(len(lines), 20)], "\n"))
 	}
 }
+
+// TestParseFlagsEastWest: --mode east-west (env GATEWAY_MODE) with its
+// --network; an unknown mode is refused by name.
+func TestParseFlagsEastWest(t *testing.T) {
+	o, err := parseFlags([]string{"--gateway", "istio-system/istio-eastwestgateway", "--ip", "10.0.0.7", "--node-name", "n1",
+		"--mode", "east-west", "--network", "network1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Mode != modeEastWest || o.Network != "network1" || o.PodName != "east-west-istio-eastwestgateway" ||
+		o.ServiceAccount != "istio-eastwestgateway" {
+		t.Errorf("options %+v", o)
+	}
+	if _, err := parseFlags([]string{"--gateway", "demo/wp", "--ip", "10.0.0.7", "--node-name", "n", "--mode", "ingress"}); err == nil ||
+		!strings.Contains(err.Error(), "--mode") {
+		t.Errorf("unknown mode: err = %v, want one naming --mode", err)
+	}
+}
+
+// TestRunEastWest: in east-west mode the binary builds the gateway on the
+// shared xDS, certificate and admin wiring, serves its listener and stops
+// cleanly, with the control plane unreachable.
+func TestRunEastWest(t *testing.T) {
+	dir := t.TempDir()
+	rootPath := filepath.Join(dir, "root.pem")
+	root, _ := newRoot(t)
+	if err := os.WriteFile(rootPath, root, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := dead.Addr().String()
+	dead.Close()
+	o, err := parseFlags([]string{"--gateway", "istio-system/ew", "--ip", "127.0.0.1", "--node-name", "n1", "--mode", "east-west",
+		"--network", "west", "--xds-address", addr, "--root-cert", rootPath, "--token", "t", "--listen", "127.0.0.1:0",
+		"--metrics-addr", "", "--readiness-addr", "", "--admin-addr", "", "--drain-duration", "100ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		lc, _ := o.log.Config()
+		done <- run(ctx, o, lc, zap.New(core), zap.NewAtomicLevel())
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for logs.FilterMessage("east-west serving").Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	lines := logs.FilterMessage("east-west serving").All()
+	if len(lines) != 1 || lines[0].ContextMap()["network"] != "west" {
+		t.Fatalf("serving lines %+v, want one naming network west", lines)
+	}
+}

@@ -266,7 +266,7 @@ var table = map[string][]Entry{
 		enf("spec.accessLogging[].filter", "TestAccessLogProviders", "comparisons of response.code, response.duration and request attributes joined by &&; other CEL is refused in the status and the entry is not applied; one filter for all providers"),
 	},
 	"Gateway": {
-		enf("spec.gatewayClassName", "TestControllerOnAPIServer", "istio-waypoint makes a waypoint; other classes are not ztunnel-go's"),
+		enf("spec.gatewayClassName", "TestControllerOnAPIServer", "istio-waypoint makes a waypoint, istio-east-west an east-west gateway (TestEastWestOnAPIServer); other classes are not ztunnel-go's"),
 		enf("spec.listeners[]", "TestWaypointInboundBinding"),
 		enf("spec.listeners[].name", "TestWaypointInboundBinding"),
 		enf("spec.listeners[].port", "TestWaypointInboundBinding", "15008 HBONE for a waypoint"),
@@ -285,7 +285,7 @@ var table = map[string][]Entry{
 		enf("metadata.annotations[ambient.istio.io/waypoint-inbound-binding]", "TestWaypointInboundBinding"),
 		na("metadata.annotations[gateway.istio.io/name-override]", "the waypoint's Deployment and Service take the Gateway's name"),
 		na("metadata.annotations[gateway.istio.io/service-account]", "the waypoint's service account takes the Gateway's name"),
-		na("metadata.annotations[networking.istio.io/service-type]", "a waypoint's Service is always ClusterIP"),
+		na("metadata.annotations[networking.istio.io/service-type]", "a waypoint's Service is always ClusterIP, an east-west gateway's LoadBalancer"),
 	},
 	"GatewayClass": {
 		enf("spec.controllerName", "TestControllerOnAPIServer"),

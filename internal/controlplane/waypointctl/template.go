@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
@@ -57,6 +58,11 @@ type TemplateInput struct {
 	// CRLDir) and the CRL_PATH to set; both "" otherwise. Render refuses a
 	// rendering that drops CRL_PATH while they are set.
 	CRLConfigMap, CRLPath string
+	// Mode is the binary's mode, ModeWaypoint or ModeEastWest (an
+	// istio-east-west Gateway), and Network an east-west gateway's
+	// network. Render enforces GATEWAY_MODE and NETWORK for east-west on
+	// the proxy container, so a waypoint template serves both.
+	Mode, Network string
 	// Values are the chart's waypoint values (the values file).
 	Values map[string]any
 }
@@ -166,7 +172,24 @@ func (t *Template) Render(in TemplateInput) (*appsv1ac.DeploymentApplyConfigurat
 	spec.WithSelector(metav1ac.LabelSelector().WithMatchLabels(in.SelectorLabels))
 	spec.Template.WithLabels(in.Labels).WithLabels(map[string]string{"istio.io/dataplane-mode": "none"})
 	spec.Template.Spec.WithServiceAccountName(in.ServiceAccount)
+	if in.Mode == ModeEastWest {
+		// Without these the pod would be a waypoint serving east-west
+		// traffic it has no config for; set, not required, as the labels.
+		setEnv(spec.Template.Spec, "GATEWAY_MODE", ModeEastWest)
+		setEnv(spec.Template.Spec, "NETWORK", in.Network)
+	}
 	return dep, nil
+}
+
+// setEnv sets env name to value on the proxy container (ProxyContainer,
+// else the first), replacing what the template set.
+func setEnv(pod *corev1ac.PodSpecApplyConfiguration, name, value string) {
+	i := slices.IndexFunc(pod.Containers, func(c corev1ac.ContainerApplyConfiguration) bool {
+		return c.Name != nil && *c.Name == ProxyContainer
+	})
+	c := &pod.Containers[max(i, 0)]
+	c.Env = slices.DeleteFunc(c.Env, func(e corev1ac.EnvVarApplyConfiguration) bool { return e.Name != nil && *e.Name == name })
+	c.WithEnv(corev1ac.EnvVar().WithName(name).WithValue(value))
 }
 
 // setsEnv: some container sets env name to value.
@@ -201,7 +224,10 @@ func (c *Controller) input(gw *gatewayv1.Gateway) TemplateInput {
 		Owner: OwnerInput{APIVersion: gatewayv1.GroupVersion.String(), Kind: "Gateway", Name: gw.Name, UID: string(gw.UID)},
 		Image: c.cfg.Image, PullPolicy: string(c.cfg.PullPolicy),
 		XDSAddress: c.cfg.XDSAddress, CAAddress: c.cfg.CAAddress, TrustDomain: c.cfg.TrustDomain,
-		RootConfigMap: RootConfigMap,
+		RootConfigMap: RootConfigMap, Mode: mode(gw),
+	}
+	if eastWest(gw) {
+		in.Network = gw.Labels[NetworkLabel]
 	}
 	if c.cfg.CRLPEM != nil {
 		in.CRLConfigMap, in.CRLPath = CRLConfigMap, CRLDir+"/"+CRLKey

@@ -1,5 +1,8 @@
 // Package waypointctl is the Kubernetes-mode waypoint controller, what
-// istiod's does for Gateways of class istio-waypoint: for each such Gateway
+// istiod's does for Gateways of class istio-waypoint (and, the same way,
+// of class istio-east-west: the binary in east-west mode on the Gateway's
+// topology.istio.io/network, its Service a LoadBalancer whose ingress
+// addresses go to status.addresses): for each such Gateway
 // it applies (server-side, owned by the Gateway so they go with it) a
 // ServiceAccount, a Service (HBONE 15008, status 15021) and a Deployment of
 // ztunnel-go's waypoint, copies the mesh root into the namespace's
@@ -48,6 +51,13 @@ import (
 const (
 	// WaypointClass is the GatewayClass of waypoints (the translation's).
 	WaypointClass = translate.WaypointClass
+	// EastWestClass is the GatewayClass of east-west gateways (Istio
+	// ambient multi-network): the same binary in east-west mode
+	// (proxy/eastwest), on the network its Gateway's NetworkLabel names.
+	EastWestClass = "istio-east-west"
+	// NetworkLabel on an east-west Gateway is its network; it is passed to
+	// the gateway (env NETWORK) and set on its pods, as istiod does.
+	NetworkLabel = "topology.istio.io/network"
 	// FieldManager names the controller in managedFields.
 	FieldManager = "ztunnel-go-waypoint"
 	// ManagedAnnotation "false" leaves a Gateway's deployment to its owner.
@@ -165,9 +175,28 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-// Managed reports whether the controller deploys gw.
+// Managed reports whether the controller deploys gw: a waypoint or an
+// east-west gateway, not annotated as deployed by its owner.
 func Managed(gw *gatewayv1.Gateway) bool {
-	return string(gw.Spec.GatewayClassName) == WaypointClass && gw.Annotations[ManagedAnnotation] != "false" && len(gw.Spec.Addresses) == 0
+	c := string(gw.Spec.GatewayClassName)
+	return (c == WaypointClass || c == EastWestClass) && gw.Annotations[ManagedAnnotation] != "false" && len(gw.Spec.Addresses) == 0
+}
+
+// eastWest reports whether gw is an east-west gateway.
+func eastWest(gw *gatewayv1.Gateway) bool { return string(gw.Spec.GatewayClassName) == EastWestClass }
+
+// Modes of the waypoint binary (its --mode, env GATEWAY_MODE).
+const (
+	ModeWaypoint = "waypoint"
+	ModeEastWest = "east-west"
+)
+
+// mode is the binary's mode for gw.
+func mode(gw *gatewayv1.Gateway) string {
+	if eastWest(gw) {
+		return ModeEastWest
+	}
+	return ModeWaypoint
 }
 
 // Reconcile applies every managed waypoint of objs once and returns how
@@ -240,8 +269,15 @@ func apply() metav1.ApplyOptions { return metav1.ApplyOptions{FieldManager: Fiel
 // them as the mesh controller's, so istiod and istioctl analyze treat them
 // as a waypoint (never bound to a waypoint; no port-naming or UID
 // findings) and our translation does too.
+//
+// An east-west gateway's objects also carry its network label, so its
+// pods are on its network in the workload API.
 func waypointLabels(gw *gatewayv1.Gateway) map[string]string {
-	return map[string]string{GatewayNameLabel: gw.Name, "istio.io/gateway-name": gw.Name, ManagedLabel: ManagedMeshController}
+	l := map[string]string{GatewayNameLabel: gw.Name, "istio.io/gateway-name": gw.Name, ManagedLabel: ManagedMeshController}
+	if n := gw.Labels[NetworkLabel]; eastWest(gw) && n != "" {
+		l[NetworkLabel] = n
+	}
+	return l
 }
 
 // ManagedLabel and ManagedMeshController: istio/api's
@@ -267,11 +303,16 @@ func (c *Controller) apply(ctx context.Context, gw *gatewayv1.Gateway, tmpl *Tem
 	if _, err := c.cfg.Kube.CoreV1().ServiceAccounts(gw.Namespace).Apply(ctx, sa, apply()); err != nil {
 		return fmt.Errorf("service account: %w", err)
 	}
-	svc := corev1ac.Service(gw.Name, gw.Namespace).WithLabels(labels).WithOwnerReferences(owner).
-		WithSpec(corev1ac.ServiceSpec().WithSelector(map[string]string{GatewayNameLabel: gw.Name}).WithPorts(
-			corev1ac.ServicePort().WithName("mesh").WithPort(15008).WithAppProtocol("all").WithTargetPort(intstr.FromInt32(15008)),
-			corev1ac.ServicePort().WithName("status-port").WithPort(15021).WithTargetPort(intstr.FromInt32(15021)),
-		))
+	spec := corev1ac.ServiceSpec().WithSelector(map[string]string{GatewayNameLabel: gw.Name}).WithPorts(
+		corev1ac.ServicePort().WithName("mesh").WithPort(15008).WithAppProtocol("all").WithTargetPort(intstr.FromInt32(15008)),
+		corev1ac.ServicePort().WithName("status-port").WithPort(15021).WithTargetPort(intstr.FromInt32(15021)),
+	)
+	if eastWest(gw) {
+		// Other networks reach it from outside the cluster, as istiod's
+		// east-west Service (LoadBalancer, 15008 and 15021).
+		spec.WithType(corev1.ServiceTypeLoadBalancer)
+	}
+	svc := corev1ac.Service(gw.Name, gw.Namespace).WithLabels(labels).WithOwnerReferences(owner).WithSpec(spec)
 	applied, err := c.cfg.Kube.CoreV1().Services(gw.Namespace).Apply(ctx, svc, apply())
 	if err != nil {
 		return fmt.Errorf("service: %w", err)
@@ -299,9 +340,15 @@ func (c *Controller) deployment(gw *gatewayv1.Gateway, labels map[string]string,
 	switch {
 	case tmplErr != nil:
 		return nil, tmplErr
+	case eastWest(gw) && gw.Labels[NetworkLabel] == "":
+		// istiod makes no network gateway of such a Gateway either; a
+		// gateway on a guessed network would forward where nobody meant.
+		return nil, fmt.Errorf("an %s Gateway needs the label %s naming its network", EastWestClass, NetworkLabel)
 	case tmpl != nil:
 		return tmpl.Render(c.input(gw))
 	}
+	// The built-in Deployment sets the mode's env like a template's
+	// rendering gets it (Render).
 	return c.builtinDeployment(gw, labels, owner), nil
 }
 
@@ -321,6 +368,7 @@ func (c *Controller) builtinDeployment(gw *gatewayv1.Gateway, labels map[string]
 			corev1ac.EnvVar().WithName("CA_ADDRESS").WithValue(c.cfg.CAAddress),
 			corev1ac.EnvVar().WithName("TRUST_DOMAIN").WithValue(c.cfg.TrustDomain),
 		).
+		WithEnv(modeEnv(gw)...).
 		WithPorts(
 			corev1ac.ContainerPort().WithName("mesh").WithContainerPort(15008),
 			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(15020),
@@ -360,9 +408,44 @@ func (c *Controller) builtinDeployment(gw *gatewayv1.Gateway, labels map[string]
 			WithTemplate(pod))
 }
 
-// writeStatus sets status.addresses to the Service's cluster IP and the
-// Accepted and Programmed conditions; with failed (the Deployment could
-// not be made) Programmed is False, reason Invalid, with the error.
+// modeEnv is the env that selects the binary's mode: none for a waypoint
+// (its default); GATEWAY_MODE and NETWORK for an east-west gateway.
+func modeEnv(gw *gatewayv1.Gateway) []*corev1ac.EnvVarApplyConfiguration {
+	if !eastWest(gw) {
+		return nil
+	}
+	return []*corev1ac.EnvVarApplyConfiguration{
+		corev1ac.EnvVar().WithName("GATEWAY_MODE").WithValue(ModeEastWest),
+		corev1ac.EnvVar().WithName("NETWORK").WithValue(gw.Labels[NetworkLabel]),
+	}
+}
+
+// statusAddresses are the addresses a Gateway's status names: a
+// waypoint's cluster IP (in-cluster clients reach it); an east-west
+// gateway's load balancer IPs or hostnames (other networks reach it), or
+// its cluster IP if its Service is not a LoadBalancer. missing says what
+// is not there yet when there is none.
+func statusAddresses(gw *gatewayv1.Gateway, svc *corev1.Service) (addrs []*gatewayac.GatewayStatusAddressApplyConfiguration, missing string) {
+	if eastWest(gw) && svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			switch {
+			case in.IP != "":
+				addrs = append(addrs, gatewayac.GatewayStatusAddress().WithType(gatewayv1.IPAddressType).WithValue(in.IP))
+			case in.Hostname != "":
+				addrs = append(addrs, gatewayac.GatewayStatusAddress().WithType(gatewayv1.HostnameAddressType).WithValue(in.Hostname))
+			}
+		}
+		return addrs, "the east-west gateway's LoadBalancer Service has no ingress address yet"
+	}
+	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
+		addrs = append(addrs, gatewayac.GatewayStatusAddress().WithType(gatewayv1.IPAddressType).WithValue(ip))
+	}
+	return addrs, "the waypoint Service has no cluster IP"
+}
+
+// writeStatus sets status.addresses (statusAddresses) and the Accepted
+// and Programmed conditions; with failed (the Deployment could not be
+// made) Programmed is False, reason Invalid, with the error.
 func (c *Controller) writeStatus(ctx context.Context, gw *gatewayv1.Gateway, svc *corev1.Service, d *appsv1.Deployment, failed error) error {
 	now := metav1.Now()
 	cond := func(t gatewayv1.GatewayConditionType, ok bool, reason gatewayv1.GatewayConditionReason, msg string) *metav1ac.ConditionApplyConfiguration {
@@ -381,19 +464,21 @@ func (c *Controller) writeStatus(ctx context.Context, gw *gatewayv1.Gateway, svc
 			WithObservedGeneration(gw.Generation).WithLastTransitionTime(at)
 	}
 	st := gatewayac.GatewayStatus().WithConditions(cond(gatewayv1.GatewayConditionAccepted, true, gatewayv1.GatewayReasonAccepted, "deployed by ztunnel-go"))
-	ip := svc.Spec.ClusterIP
-	if ip != "" && ip != corev1.ClusterIPNone {
-		st.WithAddresses(gatewayac.GatewayStatusAddress().WithType(gatewayv1.IPAddressType).WithValue(ip))
+	addrs, missing := statusAddresses(gw, svc)
+	st.WithAddresses(addrs...)
+	what := "waypoint"
+	if eastWest(gw) {
+		what = "east-west gateway"
 	}
 	switch {
 	case failed != nil:
 		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonInvalid, failed.Error()))
-	case ip == "" || ip == corev1.ClusterIPNone:
-		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonAddressNotAssigned, "the waypoint Service has no cluster IP"))
+	case len(addrs) == 0:
+		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonAddressNotAssigned, missing))
 	case d.Status.AvailableReplicas > 0:
-		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, true, gatewayv1.GatewayReasonProgrammed, fmt.Sprintf("%d waypoint replica(s) available", d.Status.AvailableReplicas)))
+		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, true, gatewayv1.GatewayReasonProgrammed, fmt.Sprintf("%d %s replica(s) available", d.Status.AvailableReplicas, what)))
 	default:
-		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonPending, "no waypoint replica is available yet"))
+		st.WithConditions(cond(gatewayv1.GatewayConditionProgrammed, false, gatewayv1.GatewayReasonPending, "no "+what+" replica is available yet"))
 	}
 	_, err := c.cfg.Gateway.GatewayV1().Gateways(gw.Namespace).ApplyStatus(ctx, gatewayac.Gateway(gw.Name, gw.Namespace).WithStatus(st), apply())
 	if apierrors.IsNotFound(err) {
