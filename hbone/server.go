@@ -36,6 +36,10 @@ type Request struct {
 	// names, verbatim ("" when absent). See ParseBaggage, ForwardedHost and
 	// TraceparentOrNew.
 	Baggage, Forwarded, Traceparent string
+	// ForwardedNetwork is the "x-forwarded-network" header ("" when
+	// absent): the client's network, which the inner CONNECT of double
+	// HBONE carries when it came through a network gateway.
+	ForwardedNetwork string
 	// RemoteAddr and LocalAddr are the HBONE connection's TCP addresses.
 	RemoteAddr, LocalAddr net.Addr
 }
@@ -402,6 +406,10 @@ func parseRequest(fields []hpack.HeaderField, hostnames bool) (req *Request, sta
 		case "traceparent":
 			if req.Traceparent == "" {
 				req.Traceparent = f.Value
+			}
+		case "x-forwarded-network":
+			if req.ForwardedNetwork == "" {
+				req.ForwardedNetwork = f.Value
 			}
 		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 			return nil, 400, fmt.Sprintf("connection-specific header %q", f.Name)
