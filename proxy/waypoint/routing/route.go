@@ -167,6 +167,13 @@ func (rt *Router) resolve(snap *state.Snapshot, dst netip.AddrPort, host, ns str
 	if d.Kind == route.Passthrough {
 		return route.Decision{}, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: "destination " + addr.String() + " is not in the mesh"}
 	}
+	if d.Kind == route.DoubleHBONE {
+		// Fail closed: the picked endpoint is reachable only through its
+		// network gateway, which this waypoint's upstream does not dial.
+		return route.Decision{}, &stream.Refusal{Code: http.StatusServiceUnavailable,
+			Msg: "endpoint " + d.DstWorkload.Namespace + "/" + d.DstWorkload.Name + " of " + addr.String() +
+				" is on network " + d.DstWorkload.Network + ": the waypoint does not route through network gateways"}
+	}
 	return d, nil
 }
 
