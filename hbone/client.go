@@ -63,8 +63,13 @@ type ConnectRequest struct {
 	Traceparent string // "traceparent" header; "" means a new random one
 	// ForwardedNetwork is the "x-forwarded-network" header: the source's
 	// network, sent on the inner CONNECT of double HBONE so the destination
-	// knows the client came through a network gateway; "" sends none.
+	// knows the client came through a network gateway. Connect sends it
+	// when not ""; ConnectThrough sends it on the inner CONNECT always,
+	// empty for the default network, as Istio's ztunnel does (the
+	// receiver compares it with its own network).
 	ForwardedNetwork string
+	// sendNetwork sends ForwardedNetwork even when empty.
+	sendNetwork bool
 }
 
 // ClientConfig is what an outbound HBONE connection needs.
@@ -259,7 +264,7 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 		fields = append(fields, hpack.HeaderField{Name: "forwarded", Value: req.Forwarded, Sensitive: true})
 	}
 	fields = append(fields, hpack.HeaderField{Name: "traceparent", Value: tp, Sensitive: true})
-	if req.ForwardedNetwork != "" {
+	if req.ForwardedNetwork != "" || req.sendNetwork {
 		fields = append(fields, hpack.HeaderField{Name: "x-forwarded-network", Value: req.ForwardedNetwork})
 	}
 

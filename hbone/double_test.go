@@ -152,7 +152,7 @@ func TestConnectThroughGateway(t *testing.T) {
 	if o.Peer != clientID {
 		t.Errorf("gateway saw peer %s, want the client %s", o.Peer, clientID)
 	}
-	if o.ForwardedNetwork != "" {
+	if o.HasForwardedNetwork {
 		t.Errorf("outer CONNECT carries x-forwarded-network %q; Istio sends it on the inner one only", o.ForwardedNetwork)
 	}
 	if i.Peer != clientID {
@@ -161,7 +161,7 @@ func TestConnectThroughGateway(t *testing.T) {
 	if i.Host != "reviews.default.svc.cluster.local" || i.Authority.Port() != 9080 {
 		t.Errorf("inner authority = %q port %d, want reviews.default.svc.cluster.local:9080", i.Host, i.Authority.Port())
 	}
-	if i.ForwardedNetwork != "west" {
+	if i.ForwardedNetwork != "west" || !i.HasForwardedNetwork {
 		t.Errorf("inner x-forwarded-network = %q, want west", i.ForwardedNetwork)
 	}
 	if i.Baggage != "k8s.namespace.name=client-ns" || i.Forwarded != inner.Forwarded || i.Traceparent == "" {
@@ -183,6 +183,27 @@ func TestConnectThroughGateway(t *testing.T) {
 	}
 	if n := p.NumConns(); n != 1 {
 		t.Errorf("pool holds %d connections, want 1 (the outer one, pooled)", n)
+	}
+}
+
+// TestConnectThroughDefaultNetwork: a source on the default network ("")
+// still sends x-forwarded-network on the inner CONNECT, empty, as Istio's
+// ztunnel does: a destination on a named network then knows the client
+// came through a gateway.
+func TestConnectThroughDefaultNetwork(t *testing.T) {
+	f := newDoubleFixture(t)
+	p := newPool(t, f.m)
+	outer, inner := f.requests(serverID)
+	inner.ForwardedNetwork = ""
+	tun, err := p.ConnectThrough(testCtx(t), outer, inner)
+	if err != nil {
+		t.Fatalf("ConnectThrough: %v", err)
+	}
+	roundTrip(t, tun, "x")
+	tun.Close()
+	_, ins, _ := f.seen()
+	if len(ins) != 1 || !ins[0].HasForwardedNetwork || ins[0].ForwardedNetwork != "" {
+		t.Fatalf("inner CONNECTs %+v, want one with an empty x-forwarded-network", ins)
 	}
 }
 

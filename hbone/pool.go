@@ -325,7 +325,7 @@ func (p *Pool) Dial(ctx context.Context, key Key) (*ClientConn, error) {
 //     read; it is not pooled: one per call, so the gateway's load
 //     balancing spreads a client's connections over the remote endpoints;
 //  3. on it, the inner CONNECT inner (usually the same authority, plus
-//     ForwardedNetwork).
+//     x-forwarded-network, sent even when ForwardedNetwork is "").
 //
 // inner.Key.NextHop only labels errors; pass the gateway's address. The
 // returned tunnel is the inner one: its byte counts are the client's
@@ -346,7 +346,9 @@ func (p *Pool) ConnectThrough(ctx context.Context, outer, inner *ConnectRequest)
 		c.closeGracefully()
 		return nil, fmt.Errorf("hbone: connect %s (inner tunnel): %w", inner.Key.NextHop, c.closedErr())
 	}
-	t, err := c.connect(ctx, inner)
+	in := *inner
+	in.sendNetwork = true
+	t, err := c.connect(ctx, &in)
 	if err != nil {
 		// connect gave the slot back on every error, which closed the
 		// single-use connection; this is for the paths that do not.

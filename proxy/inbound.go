@@ -71,7 +71,7 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	// and the client is on another network: its address names nobody
 	// here, only the identity the inner mTLS proved counts (Istio's
 	// from_gateway).
-	fromGateway := req.ForwardedNetwork != "" && !strings.EqualFold(req.ForwardedNetwork, local.Network)
+	fromGateway := req.HasForwardedNetwork && !strings.EqualFold(req.ForwardedNetwork, local.Network)
 	if sw := snap.WorkloadByIP(local.Network, src.Addr()); sw != nil && !fromGateway {
 		id := res.Src.Identity
 		res.Src = peerOf(sw)

@@ -185,7 +185,7 @@ func TestOutboundDoubleHBONE(t *testing.T) {
 		t.Fatalf("gateway saw %d CONNECTs, final %d; want 1 each", len(outer), len(inner))
 	}
 	o, i := outer[0], inner[0]
-	if o.Host != host || o.Authority.Port() != uint16(svcPort) || o.Peer != clientID || o.ForwardedNetwork != "" {
+	if o.Host != host || o.Authority.Port() != uint16(svcPort) || o.Peer != clientID || o.HasForwardedNetwork {
 		t.Errorf("outer CONNECT: host %q port %d peer %s x-forwarded-network %q; want %s:%d from %s, no network",
 			o.Host, o.Authority.Port(), o.Peer, o.ForwardedNetwork, host, svcPort, clientID)
 	}
