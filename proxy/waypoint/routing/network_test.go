@@ -1,25 +1,21 @@
 package routing
 
 import (
-	"errors"
-	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"strings"
 	"testing"
 
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
-	"github.com/ztunnel-go/ztunnel-go/proxy/waypoint/stream"
 )
 
-// TestRouteRemoteNetworkRefused: the node proxy's decision for an endpoint
-// on another network is double HBONE through its gateway; the waypoint's
-// upstream does not dial that, so the request is refused with 503 rather
-// than sent anywhere else.
-func TestRouteRemoteNetworkRefused(t *testing.T) {
+// TestRouteRemoteNetwork: an endpoint on another network has no address
+// to dial; the waypoint targets the service's address on its own network
+// (dialling re-routes it through the gateway) and names the remote
+// endpoint and its identity.
+func TestRouteRemoteNetwork(t *testing.T) {
 	s := state.NewStore()
 	pt.Apply(t, s,
 		pt.Pod("apps", "waypoint", "10.0.3.1", pt.ServiceAccount("waypoint")),
@@ -29,10 +25,14 @@ func TestRouteRemoteNetworkRefused(t *testing.T) {
 		pt.Service("apps", "reviews", "10.96.0.12", []uint32{9080, 8080}),
 	)
 	rt := New(netip.MustParseAddr("10.0.3.1"), func(uint64) uint64 { return 0 }, zap.NewNop())
-	_, err := rt.Route(s.Load(), netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.12:9080"), nil,
-		httptest.NewRequest("GET", "http://reviews/", nil), Client{Namespace: "apps"})
-	var ref *stream.Refusal
-	if !errors.As(err, &ref) || ref.Code != http.StatusServiceUnavailable || !strings.Contains(ref.Msg, "network gateways") {
-		t.Fatalf("Route = %v, want a 503 naming the network gateway", err)
+	req := httptest.NewRequest("GET", "http://reviews/", nil)
+	res, err := rt.Route(s.Load(), netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.12:9080"), nil, req, Client{Namespace: "apps"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Target.String() != "10.96.0.12:9080" || res.Upstream != "double-hbone 10.96.0.12:9080" ||
+		res.DstName != "reviews-east" || res.DstPrincipal != "spiffe://cluster.local/ns/apps/sa/sa-reviews-east" {
+		t.Errorf("Route = target %s upstream %q dst %s principal %s; want the service address, double-hbone, reviews-east and its identity",
+			res.Target, res.Upstream, res.DstName, res.DstPrincipal)
 	}
 }
