@@ -28,6 +28,10 @@ package hbone
 //  6. Lock order: Pool.mu before conn.mu. Connection hooks run without
 //     conn.mu and take Pool.mu. Connections are closed only after Pool.mu
 //     is released.
+//  7. Connections from Dial and the inner connections of ConnectThrough
+//     (double HBONE) are never in the pool: the caller owns the former,
+//     and an inner connection carries one stream and closes with it (its
+//     outer stream is an ordinary pooled one).
 
 import (
 	"context"
@@ -331,8 +335,8 @@ func (p *Pool) Dial(ctx context.Context, key Key) (*ClientConn, error) {
 // returned tunnel is the inner one: its byte counts are the client's
 // payload, PeerIdentity the final destination's, RemoteAddr the gateway's.
 // Closing it closes the inner connection and the outer stream. Errors are
-// Connect's, for whichever step failed (the inner handshake's name the
-// "inner tunnel").
+// Connect's, for whichever step failed; those of the inner connection say
+// "inner tunnel".
 func (p *Pool) ConnectThrough(ctx context.Context, outer, inner *ConnectRequest) (*Tunnel, error) {
 	ot, err := p.Connect(ctx, outer)
 	if err != nil {
