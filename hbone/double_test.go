@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -320,5 +319,3 @@ func TestConnectThroughGatewayRefuses(t *testing.T) {
 		t.Fatalf("ConnectThrough to a refusing gateway: %v, want StatusError 401", err)
 	}
 }
-
-var _ io.ReadWriter = (*tapConn)(nil)
