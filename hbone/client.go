@@ -61,6 +61,15 @@ type ConnectRequest struct {
 	Baggage     string // "baggage" header (see Baggage.String)
 	Forwarded   string // "forwarded" header (see BuildForwarded)
 	Traceparent string // "traceparent" header; "" means a new random one
+	// ForwardedNetwork is the "x-forwarded-network" header: the source's
+	// network, sent on the inner CONNECT of double HBONE so the destination
+	// knows the client came through a network gateway. Connect sends it
+	// when not ""; ConnectThrough sends it on the inner CONNECT always,
+	// empty for the default network, as Istio's ztunnel does (the
+	// receiver compares it with its own network).
+	ForwardedNetwork string
+	// sendNetwork sends ForwardedNetwork even when empty.
+	sendNetwork bool
 }
 
 // ClientConfig is what an outbound HBONE connection needs.
@@ -90,7 +99,21 @@ type ClientConn struct {
 
 // Dial opens an HBONE connection for key.
 func Dial(ctx context.Context, cfg *ClientConfig, key Key) (*ClientConn, error) {
-	c, err := dialConn(ctx, context.Background(), cfg, nil, key, nil)
+	c, err := dialConn(ctx, context.Background(), cfg, nil, key, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &ClientConn{c: c}, nil
+}
+
+// DialOver is Dial over an established stream instead of a new TCP
+// connection: the inner connection of double HBONE, whose TLS and HTTP/2
+// run inside an outer tunnel (over) to a network gateway, which forwards
+// the bytes unread. key.Dst is the final destination's identities;
+// key.NextHop only labels errors (pass the gateway's address). The
+// connection owns over: a failed dial and Close close it.
+func DialOver(ctx context.Context, cfg *ClientConfig, over net.Conn, key Key) (*ClientConn, error) {
+	c, err := dialConn(ctx, context.Background(), cfg, nil, key, over, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -120,53 +143,75 @@ func (cc *ClientConn) Close() error {
 func (cc *ClientConn) Done() <-chan struct{} { return cc.c.done }
 
 // dialConn dials and handshakes; setup, if set, runs on the new conn
-// before its read loop starts (to install hooks).
-func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, key Key, setup func(*conn)) (*conn, error) {
+// before its read loop starts (to install hooks). With over set it dials
+// nothing and runs TLS over that stream (DialOver), which it then owns.
+func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, key Key, over net.Conn, setup func(*conn)) (*conn, error) {
 	timeout := cfg.ConnectTimeout
 	if timeout <= 0 {
 		timeout = DefaultConnectTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	hop := key.NextHop.String()
+	if over != nil {
+		hop += " (inner tunnel)"
+	}
+	fail := func(err error) (*conn, error) {
+		if over != nil {
+			over.Close()
+		}
+		return nil, err
+	}
 	if len(key.Dst) == 0 {
-		return nil, fmt.Errorf("hbone: connect %s: no expected server identity", key.NextHop)
+		return fail(fmt.Errorf("hbone: connect %s: no expected server identity", hop))
 	}
 	wc, err := cfg.Certs.Fetch(ctx, key.Src)
 	if err != nil {
-		return nil, fmt.Errorf("hbone: certificate for %s: %w", key.Src, err)
+		return fail(fmt.Errorf("hbone: certificate for %s: %w", key.Src, err))
 	}
-	dial := cfg.Dial
-	if dial == nil {
-		dial = DefaultDial
-	}
-	raw, err := dial(ctx, key.SrcIP, key.NextHop)
-	if err != nil {
-		return nil, connectErr(ctx, key.NextHop, timeout, err)
+	raw := over
+	var rc *rawConn
+	if raw == nil {
+		dial := cfg.Dial
+		if dial == nil {
+			dial = DefaultDial
+		}
+		if raw, err = dial(ctx, key.SrcIP, key.NextHop); err != nil {
+			return nil, connectErr(ctx, hop, timeout, err)
+		}
+		rc = newRawConn(raw)
 	}
 	if cfg.OnHandshake != nil {
 		cfg.OnHandshake(key)
 	}
 	var peer identity.Identity
-	rc := newRawConn(raw)
-	tc := tls.Client(rc, clientTLSConfig(wc, key.Dst, &peer, cache, cfg.Revocation))
+	var tc *tls.Conn
+	if rc != nil {
+		tc = tls.Client(rc, clientTLSConfig(wc, key.Dst, &peer, cache, cfg.Revocation))
+	} else {
+		// A tunnel is no socket: rawConn's batching and polled reads do not
+		// apply, and TLS records go straight into DATA frames.
+		tc = tls.Client(raw, clientTLSConfig(wc, key.Dst, &peer, cache, cfg.Revocation))
+	}
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		if ctx.Err() != nil {
-			return nil, connectErr(ctx, key.NextHop, timeout, err)
+			return nil, connectErr(ctx, hop, timeout, err)
 		}
-		return nil, fmt.Errorf("hbone: connect %s: %w: %w", key.NextHop, ErrHandshake, err)
+		return nil, fmt.Errorf("hbone: connect %s: %w: %w", hop, ErrHandshake, err)
 	}
 	if p := tc.ConnectionState().NegotiatedProtocol; p != alpnH2 {
 		raw.Close()
-		return nil, fmt.Errorf("hbone: connect %s: %w: server negotiated ALPN %q, want h2", key.NextHop, ErrHandshake, p)
+		return nil, fmt.Errorf("hbone: connect %s: %w: server negotiated ALPN %q, want h2", hop, ErrHandshake, p)
 	}
 	c := newConn(tc, true, cfg.H2, peer, base)
 	c.raw = rc
+	c.over = over
 	if setup != nil {
 		setup(c)
 	}
 	if err := c.start(); err != nil {
-		return nil, fmt.Errorf("hbone: connect %s: %w", key.NextHop, err)
+		return nil, fmt.Errorf("hbone: connect %s: %w", hop, err)
 	}
 	// In TLS 1.3 the server checks our certificate after our side of the
 	// handshake is done; its SETTINGS tell us it accepted it. Waiting for
@@ -178,14 +223,14 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, 
 		return c, nil
 	case <-c.done:
 		return nil, fmt.Errorf("hbone: connect %s: %w: server closed the connection before its SETTINGS: %w",
-			key.NextHop, ErrHandshake, c.closedErr())
+			hop, ErrHandshake, c.closedErr())
 	case <-ctx.Done():
 		c.fail(ctx.Err())
-		return nil, connectErr(ctx, key.NextHop, timeout, ctx.Err())
+		return nil, connectErr(ctx, hop, timeout, ctx.Err())
 	}
 }
 
-func connectErr(ctx context.Context, hop netip.AddrPort, timeout time.Duration, err error) error {
+func connectErr(ctx context.Context, hop string, timeout time.Duration, err error) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("hbone: connect %s: %w (after %s): %w", hop, ErrConnectTimeout, timeout, err)
 	}
@@ -207,7 +252,7 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 	if tp == "" {
 		tp = NewTraceparent()
 	}
-	var fa [5]hpack.HeaderField
+	var fa [6]hpack.HeaderField
 	fields := append(fa[:0],
 		hpack.HeaderField{Name: ":method", Value: "CONNECT"},
 		hpack.HeaderField{Name: ":authority", Value: req.authority()},
@@ -219,6 +264,9 @@ func (c *conn) connect(ctx context.Context, req *ConnectRequest) (*Tunnel, error
 		fields = append(fields, hpack.HeaderField{Name: "forwarded", Value: req.Forwarded, Sensitive: true})
 	}
 	fields = append(fields, hpack.HeaderField{Name: "traceparent", Value: tp, Sensitive: true})
+	if req.ForwardedNetwork != "" || req.sendNetwork {
+		fields = append(fields, hpack.HeaderField{Name: "x-forwarded-network", Value: req.ForwardedNetwork})
+	}
 
 	c.wmu.Lock()
 	c.mu.Lock()

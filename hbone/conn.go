@@ -27,10 +27,16 @@ import (
 // after it. mu guards every field marked so below and every Tunnel field
 // marked "under c.mu".
 type conn struct {
-	nc     net.Conn
-	raw    *rawConn // the socket under nc's TLS, for write batching; nil in tests
-	client bool
-	cfg    H2Settings
+	nc  net.Conn
+	raw *rawConn // the socket under nc's TLS, for write batching; nil in tests
+	// over is the stream under nc's TLS when it is not a socket (the outer
+	// tunnel of double HBONE); nil otherwise.
+	over net.Conn
+	// singleUse closes the connection when its last stream ends (the inner
+	// connection of double HBONE carries one CONNECT and is not pooled).
+	singleUse bool
+	client    bool
+	cfg       H2Settings
 	// advMaxStreams is the SETTINGS_MAX_CONCURRENT_STREAMS we advertise
 	// (server); 0 means not advertised.
 	advMaxStreams uint32

@@ -81,9 +81,13 @@ func (c *conn) fail(err error) {
 		c.idleTimer.Stop()
 	}
 	c.mu.Unlock()
-	if err != nil && c.raw != nil {
+	if err != nil {
 		// Broken or hostile peer: do not let TLS's close_notify wait on it.
-		c.raw.Close()
+		if c.raw != nil {
+			c.raw.Close()
+		} else if c.over != nil {
+			c.over.Close()
+		}
 	}
 	c.nc.Close()
 	c.cancel()

@@ -46,7 +46,7 @@ func (c *conn) afterRemove(idle bool) {
 		return
 	}
 	c.mu.Lock()
-	closeNow := c.closing && c.active == 0 && !c.closed
+	closeNow := (c.closing || c.singleUse) && c.active == 0 && !c.closed
 	c.mu.Unlock()
 	if closeNow {
 		c.closeGracefully()

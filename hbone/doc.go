@@ -17,6 +17,11 @@
 //     key, idle expiry.
 //   - Tunnel: one CONNECT stream, a net.Conn with CloseWrite and byte
 //     counters.
+//   - Double HBONE (Pool.ConnectThrough, DialOver): a client connection
+//     whose TLS and HTTP/2 run inside another tunnel, to reach a workload
+//     on another network through its network gateway. The server side
+//     needs nothing special: a gateway is a Server with AcceptHostnames
+//     whose Handler forwards the stream (Reply.Upstream or Reply.Serve).
 //
 // The HTTP/2 framing layer is our own small engine (conn*.go) built on
 // golang.org/x/net/http2/hpack, not x/net's Server and Transport: the

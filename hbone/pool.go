@@ -28,6 +28,10 @@ package hbone
 //  6. Lock order: Pool.mu before conn.mu. Connection hooks run without
 //     conn.mu and take Pool.mu. Connections are closed only after Pool.mu
 //     is released.
+//  7. Connections from Dial and the inner connections of ConnectThrough
+//     (double HBONE) are never in the pool: the caller owns the former,
+//     and an inner connection carries one stream and closes with it (its
+//     outer stream is an ordinary pooled one).
 
 import (
 	"context"
@@ -216,7 +220,7 @@ func cloneKey(k *Key) Key {
 }
 
 func (p *Pool) dial(kc *keyConns, dc *dialCall, key Key) {
-	c, err := dialConn(p.ctx, p.ctx, &p.cfg.ClientConfig, p.verified, key, func(nc *conn) {
+	c, err := dialConn(p.ctx, p.ctx, &p.cfg.ClientConfig, p.verified, key, nil, func(nc *conn) {
 		nc.idleTimeout = p.cfg.IdleTimeout
 		nc.onClose = func(err error) { p.remove(kc, nc, err) }
 	})
@@ -306,9 +310,54 @@ func (p *Pool) Close() error {
 // not pooled (the caller owns and closes it), for callers that must not
 // share one, such as the inner connection of double HBONE.
 func (p *Pool) Dial(ctx context.Context, key Key) (*ClientConn, error) {
-	c, err := dialConn(ctx, context.Background(), &p.cfg.ClientConfig, p.verified, key, nil)
+	c, err := dialConn(ctx, context.Background(), &p.cfg.ClientConfig, p.verified, key, nil, nil)
 	if err != nil {
 		return nil, err
 	}
 	return &ClientConn{c: c}, nil
+}
+
+// ConnectThrough opens a double HBONE tunnel, Istio's way across networks:
+//
+//  1. outer, a CONNECT on a pooled connection to a network gateway
+//     (outer.Key: the gateway's address and identities; outer.Host and
+//     Authority's port: the service hostname and port, which the gateway
+//     routes by);
+//  2. over that stream, a new mTLS connection (TLS 1.3, ALPN h2, the
+//     source's certificate again) verifying the final destination's
+//     identities inner.Key.Dst, so the gateway forwards bytes it cannot
+//     read; it is not pooled: one per call, so the gateway's load
+//     balancing spreads a client's connections over the remote endpoints;
+//  3. on it, the inner CONNECT inner (usually the same authority, plus
+//     x-forwarded-network, sent even when ForwardedNetwork is "").
+//
+// inner.Key.NextHop only labels errors; pass the gateway's address. The
+// returned tunnel is the inner one: its byte counts are the client's
+// payload, PeerIdentity the final destination's, RemoteAddr the gateway's.
+// Closing it closes the inner connection and the outer stream. Errors are
+// Connect's, for whichever step failed; those of the inner connection say
+// "inner tunnel".
+func (p *Pool) ConnectThrough(ctx context.Context, outer, inner *ConnectRequest) (*Tunnel, error) {
+	ot, err := p.Connect(ctx, outer)
+	if err != nil {
+		return nil, err
+	}
+	c, err := dialConn(ctx, p.ctx, &p.cfg.ClientConfig, p.verified, inner.Key, ot, func(nc *conn) { nc.singleUse = true })
+	if err != nil {
+		return nil, err
+	}
+	if !c.reserve(maxStreamID) {
+		c.closeGracefully()
+		return nil, fmt.Errorf("hbone: connect %s (inner tunnel): %w", inner.Key.NextHop, c.closedErr())
+	}
+	in := *inner
+	in.sendNetwork = true
+	t, err := c.connect(ctx, &in)
+	if err != nil {
+		// connect gave the slot back on every error, which closed the
+		// single-use connection; this is for the paths that do not.
+		c.closeGracefully()
+		return nil, err
+	}
+	return t, nil
 }

@@ -36,6 +36,13 @@ type Request struct {
 	// names, verbatim ("" when absent). See ParseBaggage, ForwardedHost and
 	// TraceparentOrNew.
 	Baggage, Forwarded, Traceparent string
+	// ForwardedNetwork is the "x-forwarded-network" header: the client's
+	// network, which the inner CONNECT of double HBONE carries (it came
+	// through a network gateway). HasForwardedNetwork says whether the
+	// header was present at all: Istio sends it empty for the default
+	// network.
+	ForwardedNetwork    string
+	HasForwardedNetwork bool
 	// RemoteAddr and LocalAddr are the HBONE connection's TCP addresses.
 	RemoteAddr, LocalAddr net.Addr
 }
@@ -402,6 +409,10 @@ func parseRequest(fields []hpack.HeaderField, hostnames bool) (req *Request, sta
 		case "traceparent":
 			if req.Traceparent == "" {
 				req.Traceparent = f.Value
+			}
+		case "x-forwarded-network":
+			if !req.HasForwardedNetwork {
+				req.ForwardedNetwork, req.HasForwardedNetwork = f.Value, true
 			}
 		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 			return nil, 400, fmt.Sprintf("connection-specific header %q", f.Name)

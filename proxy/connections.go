@@ -63,9 +63,7 @@ func (m *Metrics) Connections() []Connection {
 			Dst:     connPeer(r.DstAddr.String(), r.Dst),
 			Service: r.Service.Hostname, MTLS: r.MTLS, BytesSent: sent, BytesReceived: recv,
 		}
-		if r.HBONEAddr.IsValid() {
-			c.HBONEAddr = r.HBONEAddr.String()
-		}
+		c.HBONEAddr = r.hboneAuthority()
 		if r.OrigAddr.IsValid() && r.OrigAddr != r.DstAddr {
 			c.OriginalDst = r.OrigAddr.String()
 		}

@@ -46,32 +46,7 @@ func TestFailClosedWorkloadGone(t *testing.T) {
 // metric sums the samples of the counter name whose labels include want.
 func (e *podEnv) metric(t *testing.T, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	samples:
-		for _, m := range mf.GetMetric() {
-			n := 0
-			for _, l := range m.GetLabel() {
-				if v, ok := want[l.GetName()]; ok {
-					if v != l.GetValue() {
-						continue samples
-					}
-					n++
-				}
-			}
-			if n == len(want) {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+	return gatherSum(t, e.reg, name, want)
 }
 
 // waitMetric waits (bounded) until the counter reaches at least min.

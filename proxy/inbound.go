@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,7 +67,12 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 	}
 	res.Dst = peerOf(local)
 	res.Dst.Identity = local.Identity()
-	if sw := snap.WorkloadByIP(local.Network, src.Addr()); sw != nil {
+	// Through a network gateway (double HBONE) the TCP peer is the gateway
+	// and the client is on another network: its address names nobody
+	// here, only the identity the inner mTLS proved counts (Istio's
+	// from_gateway).
+	fromGateway := req.HasForwardedNetwork && !strings.EqualFold(req.ForwardedNetwork, local.Network)
+	if sw := snap.WorkloadByIP(local.Network, src.Addr()); sw != nil && !fromGateway {
 		id := res.Src.Identity
 		res.Src = peerOf(sw)
 		res.Src.Identity = id

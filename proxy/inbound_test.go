@@ -18,6 +18,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	pt "github.com/ztunnel-go/ztunnel-go/internal/testing/proxytest"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 )
 
@@ -234,6 +235,45 @@ func TestServiceByTargetPort(t *testing.T) {
 	for _, port := range []uint16{9090, 0} {
 		if svc := serviceByTargetPort(snap, local, port); svc != nil {
 			t.Errorf("serviceByTargetPort(%d) = %v, want none", port, svc.Name)
+		}
+	}
+}
+
+// TestInboundFromNetworkGateway: the inner CONNECT of double HBONE arrives
+// from the network gateway with x-forwarded-network naming the client's
+// network; the TCP peer's address is then not taken for the source
+// workload (here it would be the pod itself), only the proven identity.
+func TestInboundFromNetworkGateway(t *testing.T) {
+	e := newPodEnv(t)
+	k := pt.ServiceKey
+	pt.Apply(t, e.store,
+		pt.Pod("apps", "pod", podIP.String(), pt.InService(k("apps", "reviews"), 9080, 8080)),
+		pt.Service("apps", "reviews", "10.96.55.1", []uint32{9080, 8080}),
+	)
+	peer := identity.MustNew("cluster.local", "apps", "peer")
+	for i, tc := range []struct {
+		network, wantSrc string
+	}{
+		{"east", ""}, // another network: through a gateway
+		{"", "pod"},  // no header: the address is a local workload's
+	} {
+		req := &hbone.ConnectRequest{Authority: netip.AddrPortFrom(netip.Addr{}, 9080), Host: pt.Hostname("apps", "reviews"),
+			ForwardedNetwork: tc.network}
+		tun, err := e.connectReq(t, req)
+		if err != nil {
+			t.Fatalf("x-forwarded-network %q: %v", tc.network, err)
+		}
+		line := make([]byte, 64)
+		if n, _ := tun.Read(line); !strings.HasPrefix(string(line[:n]), "app 10.55.0.1:8080") {
+			t.Fatalf("tunnel read %q, want the app", line[:n])
+		}
+		tun.Close()
+		testkit.Eventually(t, 5*time.Second, "the connection's access-log line", func() bool {
+			return len(e.logs.FilterMessage("connection complete").All()) > i
+		})
+		f := e.logs.FilterMessage("connection complete").All()[i].ContextMap()
+		if f["src.workload"] != tc.wantSrc || f["src.identity"] != peer.String() || f["dst.service"] != pt.Hostname("apps", "reviews") {
+			t.Errorf("x-forwarded-network %q: access log %v, want src.workload %q, src.identity %s", tc.network, f, tc.wantSrc, peer)
 		}
 	}
 }

@@ -49,8 +49,12 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn, done func()) {
 	res.Service = serviceOf(rt.Service)
 	res.Dst = peerOf(rt.DstWorkload)
 
-	if rt.Kind == route.HBONE {
+	switch rt.Kind {
+	case route.HBONE:
 		err = p.outboundHBONE(c, client, snap, src, &rt, res)
+		return
+	case route.DoubleHBONE:
+		err = p.outboundDoubleHBONE(c, client, src, &rt, res)
 		return
 	}
 	defer c.Close()
@@ -103,6 +107,70 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 		c.Close()
 		return hboneReason(err)
 	}
+	return p.spliceTunnel(c, t, res)
+}
+
+// outboundDoubleHBONE carries out a DoubleHBONE decision (Istio's
+// proxy_to_double_hbone): the outer CONNECT to the network gateway on a
+// pooled connection, then inside it a connection of its own to the final
+// destination with the inner CONNECT, which alone says where the client
+// comes from (x-forwarded-network, baggage, forwarded, traceparent). The
+// result names the final workload and service; dst.addr is the gateway.
+// It owns c.
+func (p *WorkloadProxy) outboundDoubleHBONE(c net.Conn, client netip.AddrPort, src *state.Workload,
+	rt *route.Decision, res *Result) error {
+	srcID := src.Identity()
+	res.MTLS = true
+	res.HBONEAddr, res.HBONEHost = rt.Authority, rt.AuthorityHost
+	res.Src.Identity = srcID
+	res.Dst.Identity = rt.FinalIdentity
+	var srcIP netip.Addr
+	if ip, ok := route.AddrLike(src, rt.NextHop.Addr()); ok {
+		srcIP = ip
+	}
+	forwarded := hbone.BuildForwarded(client, rt.Service.Hostname)
+	outer := &hbone.ConnectRequest{
+		Key: hbone.Key{
+			Src:     srcID,
+			Dst:     rt.UpstreamIdentities(),
+			SrcIP:   srcIP,
+			NextHop: rt.NextHop,
+		},
+		Authority: rt.Authority,
+		Host:      rt.AuthorityHost,
+		Baggage:   baggageOf(src).String(),
+		Forwarded: forwarded,
+	}
+	inner := *outer
+	inner.Key.Dst = rt.FinalIdentities()
+	inner.ForwardedNetwork = src.Network
+	// The final destination's connection span is this one's child; the
+	// gateway's outer CONNECT gets a trace of its own, as upstream's does.
+	inner.Traceparent = res.Span.Traceparent()
+	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
+	t, err := p.pool.ConnectThrough(ctx, outer, &inner)
+	cancel()
+	if err != nil {
+		c.Close()
+		return hboneReason(err)
+	}
+	res.Dst.Identity = t.PeerIdentity()
+	if b := hbone.ParseBaggage(t.ResponseBaggage()); b.WorkloadName != "" &&
+		(b.WorkloadName != res.Dst.Workload || b.Namespace != res.Dst.Namespace) {
+		// The gateway balanced to another endpoint than the one chosen
+		// here: name the one that answered (Istio 1.29+ baggage).
+		res.Dst = Peer{
+			Workload: b.WorkloadName, Namespace: b.Namespace, CanonicalService: b.ServiceName,
+			CanonicalRevision: b.ServiceVersion, Cluster: b.ClusterName, Region: b.Region, Zone: b.Zone,
+			Identity: t.PeerIdentity(),
+		}
+	}
+	return p.spliceTunnel(c, t, res)
+}
+
+// spliceTunnel splices an open tunnel with the client's connection and
+// counts it; it owns both.
+func (p *WorkloadProxy) spliceTunnel(c net.Conn, t *hbone.Tunnel, res *Result) error {
 	res.Counters.SetProbe(func() (int64, int64) { return t.BytesSent(), t.BytesReceived() })
 	res.Opened()
 	// p.ctx ends with the drain's force (or Close): a callback, not a
@@ -113,7 +181,7 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 		t.Close()
 		c.Close()
 	})
-	err = hbone.Splice(t, c)
+	err := hbone.Splice(t, c)
 	stopped := stop()
 	st := t.Stats()
 	res.Counters.Sent.Add(st.BytesSent)
@@ -168,7 +236,8 @@ func routeReason(err error) error {
 	switch {
 	case errors.Is(err, route.ErrIllegalPort):
 		return WithReason(ReasonSelfCall, err)
-	case errors.Is(err, route.ErrNoHealthyUpstream), errors.Is(err, route.ErrUnknownWaypoint), errors.Is(err, route.ErrUnsupported):
+	case errors.Is(err, route.ErrNoHealthyUpstream), errors.Is(err, route.ErrUnknownWaypoint), errors.Is(err, route.ErrUnsupported),
+		errors.Is(err, route.ErrOtherNetwork):
 		return WithReason(ReasonNoHealthyUpstream, err)
 	}
 	return WithReason(ReasonInternal, err)

@@ -162,6 +162,9 @@ type Result struct {
 	DstAddr   netip.AddrPort // L4 next hop (podIP:15008 for HBONE)
 	OrigAddr  netip.AddrPort // the destination as accepted, before routing
 	HBONEAddr netip.AddrPort // inner authority, when tunnelled
+	// HBONEHost, when set, is the authority's hostname (double HBONE names
+	// the service): the authority is HBONEHost:HBONEAddr.Port().
+	HBONEHost string
 	Src       Peer
 	Dst       Peer
 	Service   Service
@@ -253,8 +256,8 @@ func (r *Result) Record(errp *error) {
 		zap.Int64("bytes_recv", r.Counters.Received.Load()),
 		zap.String("duration", time.Since(r.Start).Round(time.Millisecond).String()),
 	}
-	if r.HBONEAddr.IsValid() {
-		fields = append(fields, zap.String("dst.hbone_addr", r.HBONEAddr.String()))
+	if a := r.hboneAuthority(); a != "" {
+		fields = append(fields, zap.String("dst.hbone_addr", a))
 	}
 	if !r.Src.Identity.IsZero() {
 		fields = append(fields, zap.String("src.identity", r.Src.Identity.String()))
@@ -348,10 +351,22 @@ func (r *Result) spanAttrs(reason Reason) []attribute.KeyValue {
 		attribute.Int64("bytes_sent", r.Counters.Sent.Load()),
 		attribute.Int64("bytes_received", r.Counters.Received.Load()),
 	}
-	if r.HBONEAddr.IsValid() {
-		attrs = append(attrs, attribute.String("hbone.authority", r.HBONEAddr.String()))
+	if a := r.hboneAuthority(); a != "" {
+		attrs = append(attrs, attribute.String("hbone.authority", a))
 	}
 	return attrs
+}
+
+// hboneAuthority is the tunnel's authority as sent: ip:port, or
+// hostname:port; "" when not tunnelled.
+func (r *Result) hboneAuthority() string {
+	if r.HBONEHost != "" {
+		return r.HBONEHost + ":" + strconv.Itoa(int(r.HBONEAddr.Port()))
+	}
+	if r.HBONEAddr.IsValid() {
+		return r.HBONEAddr.String()
+	}
+	return ""
 }
 
 // LogEarlyDeny writes the one line for a connection rejected before its

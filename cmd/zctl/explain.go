@@ -164,6 +164,22 @@ func explain(d *dump, proxy, srcRef, dstArg string, req *request, rnd func(int) 
 		e.add("route", "passthrough: plain TCP to "+r.NextHop.String(), by, "not a mesh destination; no node proxy authorizes it")
 		e.Verdict = verdictAllow
 		return e, nil
+	case route.DoubleHBONE:
+		// The rest happens on the other network: its gateway and node
+		// proxy (or waypoint) decide with their own cluster's state.
+		authority := r.AuthorityHost + ":" + strconv.Itoa(int(r.Authority.Port()))
+		e.add("route", "double-hbone: CONNECT "+authority+" to network gateway "+r.NextHop.String(), by,
+			"gateway "+workloadRef(r.Gateway)+" must be "+ids(r.UpstreamIdentities()))
+		what := "endpoint"
+		if r.Waypoint {
+			what = "waypoint"
+		}
+		e.add(what, r.DstWorkload.Namespace+"/"+r.DstWorkload.Name+" on network "+r.DstWorkload.Network, workloadRef(r.DstWorkload),
+			"inner CONNECT "+authority+" over mTLS inside the outer tunnel; peer must be "+ids(r.FinalIdentities()))
+		e.add("authz", "on the other network: not known here", workloadRef(r.DstWorkload),
+			"its node proxy evaluates its own policies")
+		e.Verdict = verdictRemote
+		return e, nil
 	case route.Direct:
 		e.add("route", "direct: plain TCP to "+r.NextHop.String(), by, "the destination does not use HBONE")
 		e.add("endpoint", r.DstWorkload.Namespace+"/"+r.DstWorkload.Name+" "+r.NextHop.String(), workloadRef(r.DstWorkload), endpointWhy(r.Service))

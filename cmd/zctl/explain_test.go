@@ -36,6 +36,8 @@ const strictKey = "istio-system/istio_converted_static_strict"
 //	demo/waypoint 10.0.5.1 node1, endpoint of demo/waypoint (15008); waypoint of demo/reviews
 //	demo/reviews-v1 10.0.6.1 node1, endpoint of demo/reviews (10.96.0.50, 9080), selected by demo/allow-waypoint
 //	shop/ratings-v1 10.0.7.1 node1, endpoint of shop/ratings (10.96.0.60, 9080), waypoint demo/waypoint, no L4 policy
+//	demo/remote-east no address, network east behind gateway istio-system/ew (172.16.0.1, network east),
+//	                endpoint of demo/remote (10.96.0.70, 80→8080)
 //	demo/old-echo   ExternalName alias of echo.demo.svc.cluster.local
 //	egress/api      ServiceEntry api.example.com, auto-allocated 240.240.0.1:443, plaintext endpoint 192.0.2.10
 //	policies: demo/allow-client ALLOW sa-client on 8080 (namespace); demo/deny-other DENY sa-other on 9090 (namespace);
@@ -81,6 +83,10 @@ func explainDump(t *testing.T) *dump {
 		proxytest.Service("demo", "reviews", "10.96.0.50", []uint32{9080, 9080}, proxytest.ServiceWaypoint(proxytest.WaypointHost("demo", "waypoint"))),
 		proxytest.Pod("shop", "ratings-v1", "10.0.7.1", proxytest.OnNode("node1"), proxytest.InService(proxytest.ServiceKey("shop", "ratings"), 9080, 9080)),
 		proxytest.Service("shop", "ratings", "10.96.0.60", []uint32{9080, 9080}, proxytest.ServiceWaypoint(proxytest.WaypointHost("demo", "waypoint"))),
+		proxytest.Pod("demo", "remote-east", "", proxytest.Network("east"), proxytest.NetworkGateway(proxytest.GatewayIP("east", "172.16.0.1", 15008)),
+			proxytest.InService(proxytest.ServiceKey("demo", "remote"), 80, 8080)),
+		proxytest.Pod("istio-system", "ew", "172.16.0.1", proxytest.Network("east"), proxytest.ServiceAccount("sa-ew")),
+		proxytest.Service("demo", "remote", "10.96.0.70", []uint32{80, 8080}),
 	)
 	allowWP := proxytest.Policy("demo", "allow-waypoint", securityapi.Action_ALLOW, proxytest.Rule(proxytest.Principals("cluster.local/ns/demo/sa/sa-waypoint")))
 	allowWP.Scope = securityapi.Scope_WORKLOAD_SELECTOR
@@ -173,6 +179,12 @@ func TestExplain(t *testing.T) {
 		{"DNS: a ServiceEntry's allocated address", "demo/client", "api.example.com:443", verdictAllow, "", -1, map[string][]string{
 			"dns":   {"A api.example.com → 240.240.0.1", "ServiceEntry/egress/api", "the ServiceEntry's address"},
 			"route": {"direct: plain TCP to 192.0.2.10:443", "Service/egress/api"},
+		}},
+		{"another network, through its gateway", "demo/client", "10.96.0.70:80", verdictRemote, "", -1, map[string][]string{
+			"route": {"double-hbone: CONNECT remote.demo.svc.cluster.local:80 to network gateway 172.16.0.1:15008", "Service/demo/remote",
+				"Workload/istio-system/ew must be spiffe://cluster.local/ns/istio-system/sa/sa-ew"},
+			"endpoint": {"demo/remote-east on network east", "peer must be spiffe://cluster.local/ns/demo/sa/sa-remote-east"},
+			"authz":    {"on the other network"},
 		}},
 		{"outside the mesh", "demo/client", "192.0.2.1:443", verdictAllow, "", -1, map[string][]string{
 			"route": {"passthrough: plain TCP to 192.0.2.1:443"},

@@ -26,6 +26,14 @@ const verdictDepends = "DEPENDS"
 // errDepends is returned when the verdict depends on the request (exit 4).
 var errDepends = errors.New("the verdict depends on the request: give --method and --path")
 
+// verdictRemote: the destination is on another network (double HBONE
+// through its gateway); its policies are in that network's state.
+const verdictRemote = "REMOTE"
+
+// errRemote is returned for verdictRemote (exit 4, like errDepends: this
+// state cannot decide).
+var errRemote = errors.New("the destination is on another network: its node proxy decides with state this one does not hold")
+
 // waypointDump is one waypoint's /config_dump (its waypointapi.Config),
 // compiled by the waypoint's own Compile.
 type waypointDump struct {

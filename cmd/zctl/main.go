@@ -51,7 +51,7 @@ func main() {
 	switch {
 	case errors.Is(err, errDenied):
 		os.Exit(3)
-	case errors.Is(err, errDepends):
+	case errors.Is(err, errDepends), errors.Is(err, errRemote):
 		os.Exit(4)
 	case errors.Is(err, errFindings):
 		os.Exit(2)
@@ -219,6 +219,8 @@ func run(args []string, out, errOut io.Writer) error {
 		return nil
 	case verdictDepends:
 		return errDepends
+	case verdictRemote:
+		return errRemote
 	}
 	return errDenied
 }

@@ -36,9 +36,14 @@ var (
 	// ErrUnknownWaypoint: the destination has a waypoint that the snapshot
 	// cannot resolve to a workload.
 	ErrUnknownWaypoint = errors.New("waypoint not found")
-	// ErrUnsupported: the upstream needs a feature this proxy lacks
-	// (double HBONE across networks, a waypoint known by hostname only).
+	// ErrUnsupported: the upstream needs a feature this proxy lacks (a
+	// waypoint known by hostname only).
 	ErrUnsupported = errors.New("unsupported upstream")
+	// ErrOtherNetwork: the upstream is on another network than the source
+	// and cannot be reached from here: it has no network gateway, the
+	// gateway is unknown, or the destination was not addressed by service
+	// (double HBONE names the service). Never a direct dial.
+	ErrOtherNetwork = errors.New("upstream on another network is not reachable")
 )
 
 // Kind is how an outbound connection leaves the pod.
@@ -55,6 +60,12 @@ const (
 	Direct
 	// HBONE: HTTP/2 CONNECT over mTLS to NextHop with Authority.
 	HBONE
+	// DoubleHBONE: HBONE inside HBONE to a workload on another network
+	// (Istio's multi-network ambient): an outer CONNECT to the network
+	// gateway at NextHop, and over that stream a new mTLS connection to
+	// the final destination with the inner CONNECT; both name
+	// AuthorityHost:Authority.Port(), the service.
+	DoubleHBONE
 )
 
 func (k Kind) String() string {
@@ -63,6 +74,8 @@ func (k Kind) String() string {
 		return "direct"
 	case HBONE:
 		return "hbone"
+	case DoubleHBONE:
+		return "double-hbone"
 	}
 	return "passthrough"
 }
@@ -77,26 +90,47 @@ type Decision struct {
 	Kind Kind
 	// NextHop is the L4 address to dial: ip:15008 (the waypoint's or the
 	// destination pod's) for HBONE, podIP:targetPort for Direct, the
-	// original destination for Passthrough.
+	// original destination for Passthrough, the network gateway's
+	// ip:port for DoubleHBONE.
 	NextHop netip.AddrPort
 	// Authority is the CONNECT :authority (HBONE only; zero otherwise):
 	// podIP:targetPort to a pod, the original destination (VIP:port or
-	// podIP:port as dialled) through a waypoint.
+	// podIP:port as dialled) through a waypoint. For DoubleHBONE only its
+	// port counts (the service port the client dialled; the Addr is zero)
+	// and AuthorityHost names the host.
 	Authority netip.AddrPort
-	// UpstreamIdentity is the identity the HBONE server must present: the
-	// destination workload's, or the waypoint workload's. Zero unless HBONE.
+	// AuthorityHost is the hostname of both CONNECTs of DoubleHBONE: the
+	// intended service's hostname, also through a remote waypoint (as
+	// Istio's ztunnel sends). "" for every other kind.
+	AuthorityHost string
+	// UpstreamIdentity is the identity the HBONE server at NextHop must
+	// present: the destination workload's, the waypoint workload's, or
+	// for DoubleHBONE the network gateway workload's. Zero unless HBONE or
+	// DoubleHBONE.
 	UpstreamIdentity identity.Identity
 	// UpstreamSANs are further acceptable server identities: the intended
-	// service's SubjectAltNames (the waypoint service's for a waypoint). The
-	// slice is the snapshot's and read-only; nil when none.
+	// service's SubjectAltNames (the waypoint service's for a waypoint, the
+	// gateway service's for DoubleHBONE). The slice is the snapshot's and
+	// read-only; nil when none.
 	UpstreamSANs []identity.Identity
+	// FinalIdentity and FinalSANs are what the inner TLS server of
+	// DoubleHBONE must present (one of them): DstWorkload's identity and
+	// the SubjectAltNames of the service it was selected from (the waypoint
+	// service's for a remote waypoint). The gateway may balance the inner
+	// connection to another endpoint of the service, which then needs the
+	// same identity or one of the SANs. Zero and nil for other kinds.
+	FinalIdentity identity.Identity
+	FinalSANs     []identity.Identity
+	// Gateway is the network gateway workload NextHop belongs to
+	// (DoubleHBONE only; nil otherwise).
+	Gateway *state.Workload
 	// Service is the service the client addressed (its VIP), nil when it
 	// addressed a workload or something unknown. Metrics and the
 	// forwarded header name it.
 	Service *state.Service
 	// DstWorkload is the workload the connection terminates at: the
-	// selected endpoint, the addressed workload, or the waypoint; nil for
-	// Passthrough.
+	// selected endpoint, the addressed workload, or the waypoint (for
+	// DoubleHBONE the remote one, behind Gateway); nil for Passthrough.
 	DstWorkload *state.Workload
 	// Waypoint is true when NextHop is the destination's waypoint.
 	Waypoint bool
@@ -115,13 +149,24 @@ type Decision struct {
 // UpstreamIdentity first, as the HBONE pool key wants them. It allocates;
 // call it once per connection, when dialling.
 func (r *Decision) UpstreamIdentities() []identity.Identity {
-	if r.UpstreamIdentity.IsZero() {
+	return identities(r.UpstreamIdentity, r.UpstreamSANs)
+}
+
+// FinalIdentities returns the acceptable identities of DoubleHBONE's inner
+// TLS server in order, FinalIdentity first; nil for other kinds. It
+// allocates.
+func (r *Decision) FinalIdentities() []identity.Identity {
+	return identities(r.FinalIdentity, r.FinalSANs)
+}
+
+func identities(first identity.Identity, rest []identity.Identity) []identity.Identity {
+	if first.IsZero() {
 		return nil
 	}
-	ids := make([]identity.Identity, 0, 1+len(r.UpstreamSANs))
-	ids = append(ids, r.UpstreamIdentity)
-	for _, s := range r.UpstreamSANs {
-		if s != r.UpstreamIdentity {
+	ids := make([]identity.Identity, 0, 1+len(rest))
+	ids = append(ids, first)
+	for _, s := range rest {
+		if s != first {
 			ids = append(ids, s)
 		}
 	}
@@ -150,6 +195,12 @@ func (r *Decision) UpstreamIdentities() []identity.Identity {
 //     not src (authority origDst), else HBONE to podIP:15008 with authority
 //     origDst, or Direct TCP to origDst for a non-HBONE workload.
 //  5. Anything else: Passthrough to origDst.
+//
+// In 2 and 3, a waypoint or endpoint on another network than src's is
+// reached only through its network gateway: DoubleHBONE (see
+// crossNetwork); without a usable gateway, ErrOtherNetwork. A workload
+// IP (4) is looked up on src's network only, and its waypoint on another
+// network is ErrOtherNetwork (double HBONE names a service).
 //
 // Which service a VIP names is snap.ServiceByVIP's answer: an exact VIP
 // first, then a workload's own IP, and a ServiceEntry range only for an
@@ -180,6 +231,15 @@ func OutboundWith(snap *state.Snapshot, src *state.Workload, origDst netip.AddrP
 				return Decision{}, fmt.Errorf("proxy: route to %s (service %s): %w", dst, svc.Hostname, err)
 			}
 			if !isSelf(src, wp) {
+				if onOtherNetwork(src, wp) {
+					var sans []identity.Identity
+					if wsvc != nil {
+						sans = wsvc.SubjectAltNames
+					}
+					r, err := crossNetwork(snap, src, wp, sans, svc, dst, rnd)
+					r.Waypoint = err == nil
+					return r, err
+				}
 				return waypointRoute(wp, wsvc, g, svc, dst)
 			}
 		}
@@ -191,6 +251,9 @@ func OutboundWith(snap *state.Snapshot, src *state.Workload, origDst netip.AddrP
 		w, port, err := snap.SelectEndpoint(svc, dst.Port(), src, rnd)
 		if err != nil {
 			return Decision{}, fmt.Errorf("proxy: route to %s (service %s): %w: %w", dst, svc.Hostname, ErrNoHealthyUpstream, err)
+		}
+		if onOtherNetwork(src, w) {
+			return crossNetwork(snap, src, w, svc.SubjectAltNames, svc, dst, rnd)
 		}
 		ip, ok := AddrLike(w, dst.Addr())
 		if !ok {
@@ -221,6 +284,10 @@ func OutboundWith(snap *state.Snapshot, src *state.Workload, origDst netip.AddrP
 				return Decision{}, fmt.Errorf("proxy: route to %s (workload %s/%s): %w", dst, w.Namespace, w.Name, err)
 			}
 			if !isSelf(src, wp) {
+				if onOtherNetwork(src, wp) {
+					return Decision{}, fmt.Errorf("proxy: route to %s (workload %s/%s) via waypoint %s/%s on network %q: %w: double HBONE needs a service-addressed destination",
+						dst, w.Namespace, w.Name, wp.Namespace, wp.Name, wp.Network, ErrOtherNetwork)
+				}
 				return waypointRoute(wp, wsvc, g, nil, dst)
 			}
 		}
@@ -295,13 +362,95 @@ func (r Decision) Resolved(ip netip.Addr) Decision {
 
 func unsupported(dst netip.AddrPort, w *state.Workload) error {
 	what := "no address of a usable family"
-	switch {
-	case len(w.Addresses) == 0 && w.Hostname != "":
+	if len(w.Addresses) == 0 && w.Hostname != "" {
 		what = "workload known by hostname only, as a waypoint"
-	case len(w.Addresses) == 0 && w.NetworkGateway != nil:
-		what = "workload behind a network gateway (double HBONE)"
 	}
 	return fmt.Errorf("proxy: route to %s via %s/%s: %w: %s", dst, w.Namespace, w.Name, ErrUnsupported, what)
+}
+
+// onOtherNetwork reports whether w is reachable from src only through a
+// network gateway: it is on another network than src's, or (no source
+// known) it has no address but a gateway.
+func onOtherNetwork(src, w *state.Workload) bool {
+	if src != nil {
+		return w.Network != src.Network
+	}
+	return len(w.Addresses) == 0 && w.Hostname == "" && w.NetworkGateway != nil
+}
+
+// crossNetwork is the DoubleHBONE decision to w (an endpoint of svc, or
+// svc's waypoint) on another network, as Istio's ztunnel builds it
+// (build_request_through_gateway): the outer tunnel to w's network gateway
+// verifying the gateway, the inner one verifying w or finalSANs (the
+// service w was selected from), both with authority svc.Hostname and the
+// service port dst carries.
+func crossNetwork(snap *state.Snapshot, src, w *state.Workload, finalSANs []identity.Identity, svc *state.Service,
+	dst netip.AddrPort, rnd func(int) int) (Decision, error) {
+	g := w.NetworkGateway
+	if g == nil {
+		return Decision{}, fmt.Errorf("proxy: route to %s (service %s) via %s/%s on network %q: %w: it has no network gateway",
+			dst, svc.Hostname, w.Namespace, w.Name, w.Network, ErrOtherNetwork)
+	}
+	gw, gsvc, hop, err := resolveNetworkGateway(snap, src, g, dst.Addr(), rnd)
+	if err != nil {
+		return Decision{}, fmt.Errorf("proxy: route to %s (service %s) via %s/%s on network %q: %w: %w",
+			dst, svc.Hostname, w.Namespace, w.Name, w.Network, ErrOtherNetwork, err)
+	}
+	r := Decision{
+		Kind:             DoubleHBONE,
+		NextHop:          hop,
+		Authority:        netip.AddrPortFrom(netip.Addr{}, dst.Port()),
+		AuthorityHost:    svc.Hostname,
+		UpstreamIdentity: gw.Identity(),
+		FinalIdentity:    w.Identity(),
+		FinalSANs:        finalSANs,
+		Gateway:          gw,
+		Service:          svc,
+		DstWorkload:      w,
+	}
+	if gsvc != nil {
+		r.UpstreamSANs = gsvc.SubjectAltNames
+	}
+	return r, nil
+}
+
+// resolveNetworkGateway finds the gateway workload and the address to dial
+// for the network gateway g (Istio's fetch_network_gateway): by service
+// hostname, an endpoint of that service load-balanced on the HBONE port
+// (dialled at its target port, of like's family first); by IP, the
+// workload owning it (dialled at the HBONE port), else an endpoint of the
+// service with that VIP. The service is returned when known, for its SANs.
+func resolveNetworkGateway(snap *state.Snapshot, src *state.Workload, g *state.GatewayAddress, like netip.Addr,
+	rnd func(int) int) (*state.Workload, *state.Service, netip.AddrPort, error) {
+	port := g.HBONEPort
+	if port == 0 {
+		port = state.DefaultHBONEPort
+	}
+	var svc *state.Service
+	if g.IsHostname() {
+		svc = snap.ServiceForGateway(g)
+		if svc == nil {
+			return nil, nil, netip.AddrPort{}, fmt.Errorf("network gateway service %s/%s unknown", g.Hostname.Namespace, g.Hostname.Hostname)
+		}
+	} else {
+		if w := snap.WorkloadByIP(g.Address.Network, g.Address.IP); w != nil {
+			return w, nil, netip.AddrPortFrom(g.Address.IP, port), nil
+		}
+		svc = snap.ServiceByVIP(g.Address.Network, g.Address.IP, "")
+		if svc == nil {
+			return nil, nil, netip.AddrPort{}, fmt.Errorf("network gateway %s on network %q unknown", g.Address.IP, g.Address.Network)
+		}
+		like = g.Address.IP
+	}
+	w, tport, err := snap.SelectGatewayEndpoint(svc, port, src, rnd)
+	if err != nil {
+		return nil, nil, netip.AddrPort{}, fmt.Errorf("network gateway service %s port %d: %w", svc.Hostname, port, err)
+	}
+	ip, ok := AddrLike(w, like)
+	if !ok {
+		return nil, nil, netip.AddrPort{}, fmt.Errorf("network gateway %s/%s has no address", w.Namespace, w.Name)
+	}
+	return w, svc, netip.AddrPortFrom(ip, tport), nil
 }
 
 // resolveGateway finds the workload behind a waypoint address: by service

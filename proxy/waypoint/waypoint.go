@@ -358,6 +358,21 @@ func (w *Waypoint) dialTrace(ctx context.Context, target netip.AddrPort, forward
 			Key:       hbone.Key{Src: w.opts.Identity, Dst: d.UpstreamIdentities(), SrcIP: w.opts.IP, NextHop: d.NextHop},
 			Authority: d.Authority, Forwarded: forwarded, Traceparent: traceparent,
 		})
+	case route.DoubleHBONE:
+		// An endpoint on another network (Istio 1.27+ waypoints route
+		// there): the outer CONNECT to its network gateway, the inner one
+		// through it to the endpoint, which sees the waypoint's identity.
+		outer := &hbone.ConnectRequest{
+			Key:       hbone.Key{Src: w.opts.Identity, Dst: d.UpstreamIdentities(), SrcIP: w.opts.IP, NextHop: d.NextHop},
+			Authority: d.Authority, Host: d.AuthorityHost, Forwarded: forwarded,
+		}
+		inner := *outer
+		inner.Key.Dst = d.FinalIdentities()
+		inner.Traceparent = traceparent
+		if self != nil {
+			inner.ForwardedNetwork = self.Network
+		}
+		return w.opts.Pool.ConnectThrough(ctx, outer, &inner)
 	case route.Direct:
 		return w.opts.DialTCP(ctx, d.NextHop)
 	}

@@ -61,6 +61,7 @@ type lab struct {
 	reg     *prometheus.Registry
 	certs   *identity.StaticSource
 	pools   map[identity.Identity]*hbone.Pool
+	ca      *ca.CA       // issues further identities
 	fail503 atomic.Int64 // backend v1 answers 503 this many more times
 	hits    [2]atomic.Int64
 	last    [2]atomic.Pointer[string] // each backend's last HTTP request: "host body"
@@ -167,7 +168,7 @@ func newLabWith(t *testing.T, cfg *waypointapi.Config, o labOptions) *lab {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &lab{t: t, reg: prometheus.NewRegistry(), pools: map[identity.Identity]*hbone.Pool{}}
+	l := &lab{t: t, reg: prometheus.NewRegistry(), pools: map[identity.Identity]*hbone.Pool{}, ca: authority}
 	var wcs []*identity.WorkloadCertificate
 	v1ID, v2ID := identity.MustNew("cluster.local", "demo", "sa-v1"), identity.MustNew("cluster.local", "demo", "sa-v2")
 	for _, id := range []identity.Identity{wpID, clientID, client2ID, v1ID, v2ID} {

@@ -25,8 +25,12 @@ var (
 // An endpoint is eligible if it is healthy (any health with ALLOW_ALL), has a
 // target port (its own mapping for servicePort, else the service's
 // target_port; 0 there is a named port that must come from the endpoint; an
-// application-tunnel workload falls back to servicePort) and is reachable (an
-// IP, a hostname, or a network gateway on another network than src). With
+// application-tunnel workload falls back to servicePort) and is reachable
+// from src: on src's network by an IP or a hostname, on another network
+// only through its network gateway (double HBONE; an address there means
+// nothing on src's network, and a workload without a gateway is never
+// dialled directly). A nil src has no network: only the address-less rule
+// applies (an endpoint with neither address nor gateway is unreachable). With
 // STRICT or FAILOVER load balancing, eligible endpoints are ranked by how many
 // leading routing preferences (NETWORK, REGION, ZONE, SUBZONE, NODE, CLUSTER)
 // they share with src; STRICT keeps only full matches, both keep the best
@@ -37,12 +41,24 @@ var (
 // [0, n); nil means math/rand/v2.IntN. On a warm snapshot SelectEndpoint does
 // not allocate.
 func (snap *Snapshot) SelectEndpoint(svc *Service, servicePort uint16, src *Workload, rnd func(n int) int) (*Workload, uint16, error) {
+	return snap.selectEndpoint(svc, servicePort, src, rnd, false)
+}
+
+// SelectGatewayEndpoint is SelectEndpoint for the service of a network
+// gateway: its endpoints are on the remote network they front, dialled by
+// their address from src's, so the cross-network rule does not apply (the
+// address-less one, health, ports and preferences do).
+func (snap *Snapshot) SelectGatewayEndpoint(svc *Service, servicePort uint16, src *Workload, rnd func(n int) int) (*Workload, uint16, error) {
+	return snap.selectEndpoint(svc, servicePort, src, rnd, true)
+}
+
+func (snap *Snapshot) selectEndpoint(svc *Service, servicePort uint16, src *Workload, rnd func(n int) int, gateway bool) (*Workload, uint16, error) {
 	eps := snap.EndpointsByKey(svc.Key)
 	if len(eps) == 0 {
 		return nil, 0, ErrNoEndpoints
 	}
 	svcTarget, _ := svc.TargetPort(servicePort)
-	sel := selector{servicePort: servicePort, svcTarget: svcTarget, src: src}
+	sel := selector{servicePort: servicePort, svcTarget: svcTarget, src: src, gateway: gateway}
 	if lb := svc.LoadBalancing; lb != nil {
 		sel.allowAll = lb.HealthPolicy == AllowAll
 		if lb.Mode == LBModeStrict || lb.Mode == LBModeFailover {
@@ -99,6 +115,7 @@ type selector struct {
 	src                    *Workload
 	srcNetwork             string
 	allowAll, strict       bool
+	gateway                bool // selecting a network gateway: any network
 	prefs                  []LBScope
 }
 
@@ -114,6 +131,9 @@ func (s *selector) eval(ep *Endpoint) (rank int, port uint16, portOK bool) {
 		return -1, 0, true
 	}
 	if len(w.Addresses) == 0 && w.Hostname == "" && (w.NetworkGateway == nil || w.Network == s.srcNetwork) {
+		return -1, 0, true
+	}
+	if s.src != nil && !s.gateway && w.Network != s.srcNetwork && w.NetworkGateway == nil {
 		return -1, 0, true
 	}
 	rank = 0

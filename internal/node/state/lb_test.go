@@ -42,6 +42,7 @@ func TestSelectEndpoint(t *testing.T) {
 		want     map[string]int       // name → number of draws picking it
 		wantPort uint16
 		wantErr  error
+		gateway  bool // SelectGatewayEndpoint
 	}{
 		{name: "no endpoints", svcPorts: []uint32{80, 8080}, port: 80, wantErr: ErrNoEndpoints},
 		{name: "plain", eps: []*workloadapi.Address{ep("a"), ep("bb")}, svcPorts: []uint32{80, 8080}, port: 80,
@@ -76,6 +77,21 @@ func TestSelectEndpoint(t *testing.T) {
 				w.NetworkGateway = &workloadapi.GatewayAddress{Destination: &workloadapi.GatewayAddress_Address{
 					Address: &workloadapi.NetworkAddress{Network: "net2", Address: []byte{1, 1, 1, 1}}}}
 			})}, svcPorts: []uint32{80, 8080}, port: 80, src: src, want: map[string]int{"remote": 1}, wantPort: 8080},
+		{name: "remote network with an address but no gateway is skipped", eps: []*workloadapi.Address{ep("a"),
+			ep("bb", network("net2"))}, svcPorts: []uint32{80, 8080}, port: 80, src: src,
+			want: map[string]int{"a": 1}, wantPort: 8080},
+		{name: "remote network only, no gateway: no healthy upstream", eps: []*workloadapi.Address{ep("bb", network("net2"))},
+			svcPorts: []uint32{80, 8080}, port: 80, src: src, wantErr: ErrNoHealthyEndpoint},
+		{name: "remote network with an address and a gateway is reachable", eps: []*workloadapi.Address{ep("a"),
+			ep("bb", network("net2"), func(w *workloadapi.Workload) {
+				w.NetworkGateway = &workloadapi.GatewayAddress{Destination: &workloadapi.GatewayAddress_Address{
+					Address: &workloadapi.NetworkAddress{Network: "net2", Address: []byte{1, 1, 1, 1}}}}
+			})}, svcPorts: []uint32{80, 8080}, port: 80, src: src,
+			want: map[string]int{"a": 1, "bb": 1}, wantPort: 8080},
+		{name: "a network gateway's own endpoints are on the remote network", eps: []*workloadapi.Address{ep("bb", network("net2"))},
+			svcPorts: []uint32{80, 8080}, port: 80, src: src, gateway: true, want: map[string]int{"bb": 1}, wantPort: 8080},
+		{name: "no source: no network to compare", eps: []*workloadapi.Address{ep("bb", network("net2"))},
+			svcPorts: []uint32{80, 8080}, port: 80, want: map[string]int{"bb": 1}, wantPort: 8080},
 		{name: "capacity weighting", eps: []*workloadapi.Address{ep("a", capacity(1)), ep("bb", capacity(3)), ep("ccc", capacity(0))},
 			svcPorts: []uint32{80, 8080}, port: 80, want: map[string]int{"a": 1, "bb": 3}, wantPort: 8080},
 		{name: "all capacity zero", eps: []*workloadapi.Address{ep("a", capacity(0))}, svcPorts: []uint32{80, 8080}, port: 80,
@@ -132,8 +148,12 @@ func TestSelectEndpoint(t *testing.T) {
 			if tt.src != nil {
 				srcW = snap.WorkloadByUID(name(tt.src))
 			}
+			sel := snap.SelectEndpoint
+			if tt.gateway {
+				sel = snap.SelectGatewayEndpoint
+			}
 			total := -1
-			_, _, err := snap.SelectEndpoint(service, tt.port, srcW, func(n int) int { total = n; return 0 })
+			_, _, err := sel(service, tt.port, srcW, func(n int) int { total = n; return 0 })
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)
@@ -145,7 +165,7 @@ func TestSelectEndpoint(t *testing.T) {
 			}
 			got := map[string]int{}
 			for r := 0; r < total; r++ {
-				w, port, err := snap.SelectEndpoint(service, tt.port, srcW, func(int) int { return r })
+				w, port, err := sel(service, tt.port, srcW, func(int) int { return r })
 				if err != nil {
 					t.Fatalf("draw %d: %v", r, err)
 				}

@@ -95,6 +95,36 @@ func WorkloadWaypoint(g *workloadapi.GatewayAddress) WorkloadOpt {
 	return func(w *workloadapi.Workload) { w.Waypoint = g }
 }
 
+// Network puts the workload on a network (default "", the local one).
+func Network(network string) WorkloadOpt {
+	return func(w *workloadapi.Workload) { w.Network = network }
+}
+
+// NetworkGateway sets the gateway that reaches the workload from other
+// networks (double HBONE).
+func NetworkGateway(g *workloadapi.GatewayAddress) WorkloadOpt {
+	return func(w *workloadapi.Workload) { w.NetworkGateway = g }
+}
+
+// GatewayIP is a network gateway named by address ip on network, with its
+// HBONE port.
+func GatewayIP(network, ip string, port uint32) *workloadapi.GatewayAddress {
+	return &workloadapi.GatewayAddress{
+		Destination: &workloadapi.GatewayAddress_Address{Address: &workloadapi.NetworkAddress{
+			Network: network, Address: netip.MustParseAddr(ip).AsSlice(),
+		}},
+		HboneMtlsPort: port,
+	}
+}
+
+// GatewayHost is a network gateway named by the service ns/name, with its
+// HBONE port.
+func GatewayHost(ns, name string, port uint32) *workloadapi.GatewayAddress {
+	g := WaypointHost(ns, name)
+	g.HboneMtlsPort = port
+	return g
+}
+
 // Locality sets region and zone.
 func Locality(region, zone string) WorkloadOpt {
 	return func(w *workloadapi.Workload) { w.Locality = &workloadapi.Locality{Region: region, Zone: zone} }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
+	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 )
 
 // mirrorBodyMax is the largest request body that is mirrored: a body must
@@ -62,10 +63,19 @@ func (rt *Router) StartMirrors(rule *Rule, snap *state.Snapshot, src, dst netip.
 			rt.log.Debug("mirror not sent", zap.String("backend", m.backend.hostname), zap.Error(err))
 			continue
 		}
+		target := Target(d)
+		if d.Kind == route.DoubleHBONE {
+			t, ok := serviceAddr(snap, rt.ip, d.Service, d.Authority.Port())
+			if !ok {
+				rt.log.Debug("mirror not sent: no service address on this network", zap.String("backend", m.backend.hostname))
+				continue
+			}
+			target = t
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), mirrorTimeout)
 		out := r.Clone(ctx)
 		out.Host = r.Host + "-shadow"
-		out.URL.Scheme, out.URL.Host = "http", Target(d).String()
+		out.URL.Scheme, out.URL.Host = "http", target.String()
 		out.RequestURI = ""
 		out.Body, out.GetBody, out.ContentLength = http.NoBody, nil, 0
 		if body != nil {

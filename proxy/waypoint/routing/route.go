@@ -141,10 +141,40 @@ func (rt *Router) Route(snap *state.Snapshot, src, dst netip.AddrPort, table *Ta
 			res.DstName = d.DstWorkload.WorkloadName
 		}
 		res.DstPrincipal = d.UpstreamIdentity.String()
+		if d.Kind == route.DoubleHBONE {
+			res.DstPrincipal = d.FinalIdentity.String()
+		}
 	}
 	res.Target = Target(d)
+	if d.Kind == route.DoubleHBONE {
+		// An endpoint behind a network gateway has no address to dial: the
+		// waypoint dials the service (its address on this network), which
+		// routes through the gateway again (route.Outbound), and the
+		// gateway balances among the remote endpoints.
+		t, ok := serviceAddr(snap, rt.ip, d.Service, d.Authority.Port())
+		if !ok {
+			return res, &stream.Refusal{Code: http.StatusServiceUnavailable,
+				Msg: "service " + d.Service.Hostname + " has no address on the waypoint's network to reach its endpoints on network " + d.DstWorkload.Network}
+		}
+		res.Target = t
+	}
 	res.Upstream = d.Kind.String() + " " + res.Target.String() // not Sprintf: 2.5 % of a request's CPU
 	return res, nil
+}
+
+// serviceAddr is svc's address on the network of the waypoint at ip, with
+// port.
+func serviceAddr(snap *state.Snapshot, ip netip.Addr, svc *state.Service, port uint16) (netip.AddrPort, bool) {
+	network := ""
+	if self := snap.WorkloadByIP("", ip); self != nil {
+		network = self.Network
+	}
+	for _, v := range svc.VIPs {
+		if v.Network == network && v.Prefix.IsSingleIP() {
+			return netip.AddrPortFrom(v.Prefix.Addr(), port), true
+		}
+	}
+	return netip.AddrPort{}, false
 }
 
 // resolve picks the endpoint for a backend service (host in namespace ns,
