@@ -47,7 +47,9 @@ func mcEastWest(network, addr string) *gatewayv1.Gateway {
 // one by its namespace's) and a local service "local", one pod behind
 // each, and west's east-west gateway.
 func twoClusters() (local, remote *cluster.Objects) {
-	sys := func(net string) *corev1.Namespace { return mcNamespace("istio-system", "1", map[string]string{LabelNetwork: net}) }
+	sys := func(net string) *corev1.Namespace {
+		return mcNamespace("istio-system", "1", map[string]string{LabelNetwork: net})
+	}
 	local = &cluster.Objects{
 		Namespaces: []*corev1.Namespace{mcNamespace("app", "1", nil), sys("n1")},
 		Pods: []*corev1.Pod{
