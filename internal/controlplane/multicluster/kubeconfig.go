@@ -25,9 +25,6 @@ func RESTConfig(kubeconfig []byte) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig does not load: %w", err)
 	}
-	if err := clientcmd.Validate(*raw); err != nil {
-		return nil, fmt.Errorf("kubeconfig is not valid: %w", err)
-	}
 	for name, c := range raw.Clusters {
 		if c.CertificateAuthority != "" {
 			return nil, fmt.Errorf("kubeconfig cluster %q: certificate-authority (a file) is not allowed; use certificate-authority-data", name)
@@ -57,6 +54,10 @@ func RESTConfig(kubeconfig []byte) (*rest.Config, error) {
 			Password:              a.Password,
 			AuthProvider:          a.AuthProvider,
 		}
+	}
+	// Validate only now: it opens the files a kubeconfig names.
+	if err := clientcmd.Validate(*raw); err != nil {
+		return nil, fmt.Errorf("kubeconfig is not valid: %w", err)
 	}
 	rc, err := clientcmd.NewDefaultClientConfig(*raw, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
