@@ -352,9 +352,10 @@ func (m *Merger) updateWarnings() {
 		rs := m.remotes[id]
 		for _, n := range slices.Sorted(maps.Keys(rs.networks)) {
 			if n != m.localNetwork && m.gateways[n] == nil {
-				w = append(w, fmt.Sprintf("Cluster %s: %d workloads of network %q have no east-west gateway "+
-					"(a Gateway of class %s labelled %s=%s with a status address and an HBONE listener); "+
-					"node proxies of network %q refuse them", id, rs.networks[n], n, EastWestClass, LabelNetwork, n, m.localNetwork))
+				// No count in the text: it is logged once per change.
+				w = append(w, fmt.Sprintf("Cluster %s: workloads of network %q have no east-west gateway "+
+					"(a Gateway of class %s labelled %s=%s with a status address and an HBONE listener terminating TLS); "+
+					"node proxies of network %q refuse them", id, n, EastWestClass, LabelNetwork, n, m.localNetwork))
 			}
 		}
 	}
@@ -456,6 +457,20 @@ func (m *Merger) eastWestGateways(local *cluster.Objects, remotes []RemoteCluste
 		out[n] = c.addr
 	}
 	return out
+}
+
+// EastWestProblem says why a Gateway of class istio-east-west is not used
+// as its network's gateway ("" when it can be, given an address).
+func EastWestProblem(g *gatewayv1.Gateway) string {
+	switch {
+	case string(g.Spec.GatewayClassName) != EastWestClass:
+		return "not of class " + EastWestClass
+	case g.Labels[LabelNetwork] == "":
+		return "no label " + LabelNetwork + " naming its network"
+	case !hboneTerminate(g):
+		return "no listener of protocol HBONE with TLS mode Terminate"
+	}
+	return ""
 }
 
 func hboneTerminate(g *gatewayv1.Gateway) bool {

@@ -157,7 +157,7 @@ func TestMergeNoGateway(t *testing.T) {
 	if !ok || a.GetWorkload().NetworkGateway != nil {
 		t.Fatalf("remote workload = %v, want it without network_gateway", a)
 	}
-	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], `network "n2" have no east-west gateway`) {
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], `workloads of network "n2" have no east-west gateway`) {
 		t.Fatalf("warnings = %q, want one naming network n2", res.Warnings)
 	}
 	// Same network: no gateway needed, none set, no warning.
