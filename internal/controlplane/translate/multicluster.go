@@ -66,6 +66,9 @@ type Merger struct {
 	localGlobal  map[string]bool
 	localNetwork string
 	gateways     map[string]*workloadapi.GatewayAddress // by network
+	// gen counts changes of the three above (what filter reads of this
+	// cluster): a cached filter output of another gen is stale.
+	gen uint64
 
 	out      *resmap.Map[*workloadapi.Address]
 	warnings []string // the merger's own, sorted
@@ -77,12 +80,21 @@ type remoteState struct {
 	tr     *Translator
 	objs   *cluster.Objects
 	global map[string]bool // "ns/hostname" of its global services
-	// emitted: uids of its workloads in the output.
-	emitted map[string]bool
+	gen    uint64          // counts changes of global
+	// emitted: its workloads in the output, by uid.
+	emitted map[string]emitted
 	// networks: network → its workloads in the output of that network
 	// (for the missing-gateway warning).
 	networks map[string]int
 	wlNet    map[string]string // uid → network, for networks
+}
+
+// emitted is one remote workload in the output: the remote translation's
+// address it was made from and the filter generations it was made with,
+// so that redoing every remote workload reuses what did not change.
+type emitted struct {
+	src, out      *workloadapi.Address
+	gen, localGen uint64
 }
 
 // NewMerger returns a Merger for the local cluster's cfg.
@@ -121,7 +133,9 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 				g[k] = true
 			}
 		}
-		refilter = !maps.Equal(g, m.localGlobal)
+		if !maps.Equal(g, m.localGlobal) {
+			refilter = true
+		}
 		m.localGlobal = g
 	} else {
 		for k, a := range lch.Addresses {
@@ -153,6 +167,9 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 	gws := m.eastWestGateways(localObjs, remotes)
 	if !maps.EqualFunc(gws, m.gateways, func(a, b *workloadapi.GatewayAddress) bool { return proto.Equal(a, b) }) {
 		m.gateways, refilter = gws, true
+	}
+	if refilter {
+		m.gen++
 	}
 
 	// 2. The output: the local result, plus or minus remote workloads.
@@ -190,7 +207,7 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 		seen[rc.ID] = true
 		rs := m.remotes[rc.ID]
 		if rs == nil {
-			rs = &remoteState{tr: NewTranslator(m.remoteConfig(rc.ID)), emitted: map[string]bool{},
+			rs = &remoteState{tr: NewTranslator(m.remoteConfig(rc.ID)), emitted: map[string]emitted{},
 				networks: map[string]int{}, wlNet: map[string]string{}}
 			m.remotes[rc.ID] = rs
 		}
@@ -204,15 +221,20 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 		}
 		// Its global services first: the workloads' filter reads them.
 		if rch.Full {
-			rs.global = map[string]bool{}
+			g := map[string]bool{}
 			for k, a := range rres.Addresses.All() {
 				if isGlobal(a.GetService()) {
-					rs.global[k] = true
+					g[k] = true
 				}
 			}
+			if !maps.Equal(g, rs.global) {
+				rs.gen++
+			}
+			rs.global = g
 		} else {
 			for k, a := range rch.Addresses {
-				if s := a.GetService(); s != nil {
+				if s := a.GetService(); s != nil && isGlobal(s) != rs.global[k] {
+					rs.gen++
 					if isGlobal(s) {
 						rs.global[k] = true
 					} else {
@@ -221,19 +243,30 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 				}
 			}
 			for _, k := range rch.Removed {
-				delete(rs.global, k)
+				if rs.global[k] {
+					rs.gen++
+					delete(rs.global, k)
+				}
 			}
 		}
 		apply := func(k string, a *workloadapi.Address) {
+			if em, ok := rs.emitted[k]; ok && em.src == a && em.gen == rs.gen && em.localGen == m.gen {
+				// Unchanged: the same resource as before, pushed only
+				// when the output lost it (a local full translation).
+				if cur, ok := e.Get(k); !ok || cur != em.out {
+					put(k, em.out)
+				}
+				return
+			}
 			w := m.filter(rs, a)
 			if w == nil {
-				if rs.emitted[k] {
+				if _, ok := rs.emitted[k]; ok {
 					rs.forget(k)
 					drop(k)
 				}
 				return
 			}
-			rs.remember(k, w.GetWorkload().GetNetwork())
+			rs.remember(k, w.GetWorkload().GetNetwork(), emitted{src: a, out: w, gen: rs.gen, localGen: m.gen})
 			put(k, w)
 		}
 		if refilter || rch.Full {
@@ -251,7 +284,7 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 				apply(k, a)
 			}
 			for _, k := range rch.Removed {
-				if rs.emitted[k] {
+				if _, ok := rs.emitted[k]; ok {
 					rs.forget(k)
 					drop(k)
 				}
@@ -288,13 +321,13 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 	return &res, &ch
 }
 
-func (rs *remoteState) remember(k, network string) {
+func (rs *remoteState) remember(k, network string, em emitted) {
 	if old, ok := rs.wlNet[k]; ok {
 		if rs.networks[old]--; rs.networks[old] <= 0 {
 			delete(rs.networks, old)
 		}
 	}
-	rs.emitted[k] = true
+	rs.emitted[k] = em
 	rs.wlNet[k] = network
 	rs.networks[network]++
 }

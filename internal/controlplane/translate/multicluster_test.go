@@ -237,6 +237,16 @@ func TestMergeIncremental(t *testing.T) {
 		t.Fatalf("service made local: removed %v, want the two remote workloads", ch.Removed)
 	}
 	step("made global again", local, RemoteCluster{ID: "west", Objs: &r2})
+	// A local Namespace change translates this cluster in full; the remote
+	// workloads come back as the very same resources.
+	before, _ := m.out.Get("west//Pod/app/global-b")
+	l3 := *local
+	l3.Namespaces = []*corev1.Namespace{mcNamespace("app", "2", map[string]string{"team": "a"}), local.Namespaces[1]}
+	ch = step("local full translation", &l3, RemoteCluster{ID: "west", Objs: &r2})
+	if after, _ := m.out.Get("west//Pod/app/global-b"); !ch.Full || after != before {
+		t.Fatalf("local full translation: full=%v, remote workload re-made (%p → %p)", ch.Full, before, after)
+	}
+	step("namespace back", local, RemoteCluster{ID: "west", Objs: &r2})
 	// The gateway goes: workloads stay, without it.
 	r3 := r2
 	r3.Gateways = nil
