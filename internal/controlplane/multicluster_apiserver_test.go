@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -176,7 +179,8 @@ func TestMulticlusterRemoteSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	const stale = 4 * time.Second
-	log := zaptest.NewLogger(t)
+	obs, logs := observer.New(zap.WarnLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), obs))
 	mc, err := multicluster.New(multicluster.Config{Kube: ek, Namespace: "istio-system", ClusterID: "east",
 		StaleAfter: stale, ProbeInterval: 200 * time.Millisecond, Debounce: 10 * time.Millisecond, Log: log.Named("mc")})
 	if err != nil {
@@ -234,6 +238,29 @@ func TestMulticlusterRemoteSecret(t *testing.T) {
 	}
 	if w := workload(localUID); w == nil || w.Network != "net-east" || w.ClusterId != "east" {
 		t.Fatalf("east's own workload = %v", w)
+	}
+
+	// A second secret naming west again (its kubeconfig unusable) and
+	// east itself: both entries are ignored, west stays read through the
+	// first secret.
+	other := remoteSecret(t, west, "west", "not-a-token")
+	other.Name = "istio-remote-secret-zz"
+	other.Data["east"] = other.Data["west"]
+	if _, err := ek.CoreV1().Secrets("istio-system").Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "both entries of the second secret ignored, with a warning", func() bool {
+		return logs.FilterMessage("cluster already named by another remote secret; ignored").Len() == 1 &&
+			logs.FilterMessage("remote secret names this cluster; ignored").Len() == 1
+	})
+	if r := mc.Report(); len(r) != 1 || r[0] != "west (secret istio-system/istio-remote-secret-west): ok" {
+		t.Fatalf("remote clusters with a duplicate and a self entry: %q", r)
+	}
+	if workload(remoteUID) == nil {
+		t.Fatal("west's workloads went when a second secret named west")
+	}
+	if err := ek.CoreV1().Secrets("istio-system").Delete(ctx, other.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
 	}
 
 	// West's credentials stop working (its reader account is deleted):
