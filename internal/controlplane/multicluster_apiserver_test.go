@@ -111,6 +111,10 @@ func TestMulticlusterRemoteSecret(t *testing.T) {
 	}
 	mcServiceAndPod(ctx, t, east, "global", "10.1.0.1", true)
 	mcServiceAndPod(ctx, t, east, "local", "10.1.0.2", false)
+	if _, err := west.Client().CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1",
+		Labels: map[string]string{translate.LabelRegion: "eu", translate.LabelZone: "eu-west-1"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	mcServiceAndPod(ctx, t, west, "global", "10.2.0.1", true)
 	mcServiceAndPod(ctx, t, west, "local", "10.2.0.2", false)
 
@@ -231,6 +235,9 @@ func TestMulticlusterRemoteSecret(t *testing.T) {
 		if w.Services["app/global.app.svc.cluster.local"] == nil {
 			return fmt.Errorf("services %v", w.Services)
 		}
+		if w.Locality.GetRegion() != "eu" || w.Locality.GetZone() != "eu-west-1" {
+			return fmt.Errorf("locality %v, want its west Node's eu/eu-west-1", w.Locality)
+		}
 		return nil
 	})
 	if workload("west//Pod/app/local-0") != nil {
@@ -246,6 +253,13 @@ func TestMulticlusterRemoteSecret(t *testing.T) {
 	other := remoteSecret(t, west, "west", "not-a-token")
 	other.Name = "istio-remote-secret-zz"
 	other.Data["east"] = other.Data["west"]
+	other.Data["north"] = []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: "north", cluster: {server: "https://192.0.2.1:6443"}}]
+users: [{name: "north", user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/true, interactiveMode: Never}}}]
+contexts: [{name: "north", context: {cluster: "north", user: "north"}}]
+current-context: "north"
+`)
 	if _, err := ek.CoreV1().Secrets("istio-system").Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -253,8 +267,9 @@ func TestMulticlusterRemoteSecret(t *testing.T) {
 		return logs.FilterMessage("cluster already named by another remote secret; ignored").Len() == 1 &&
 			logs.FilterMessage("remote secret names this cluster; ignored").Len() == 1
 	})
-	if r := mc.Report(); len(r) != 1 || r[0] != "west (secret istio-system/istio-remote-secret-west): ok" {
-		t.Fatalf("remote clusters with a duplicate and a self entry: %q", r)
+	if r := mc.Report(); len(r) != 2 || r[0] != "north (secret istio-system/istio-remote-secret-zz): refused: kubeconfig user \"north\": exec credentials are not allowed" ||
+		r[1] != "west (secret istio-system/istio-remote-secret-west): ok" {
+		t.Fatalf("remote clusters with a duplicate, a self and a refused entry: %q", r)
 	}
 	if workload(remoteUID) == nil {
 		t.Fatal("west's workloads went when a second secret named west")

@@ -93,7 +93,8 @@ type Status struct {
 	Secret string `json:"secret"` // namespace/name
 	// State: "syncing" (no objects yet), "ok", "unreachable" (probes
 	// fail; its last objects are still used), "stale" (left out), or
-	// "refused" (the kubeconfig is refused; Error says why).
+	// "refused" (the kubeconfig is refused; Error says why). A rotation's
+	// new credentials, until they sync, are "rotation <state>".
 	State     string    `json:"state"`
 	Error     string    `json:"error,omitempty"`
 	LastProbe time.Time `json:"lastGoodProbe,omitzero"`
@@ -152,7 +153,9 @@ func (c *Controller) Current() ([]translate.RemoteCluster, <-chan struct{}) {
 	return c.cur, c.changed
 }
 
-// Statuses lists every remote cluster named by a secret, sorted by id.
+// Statuses lists every remote cluster named by a secret, sorted by id: the
+// one in use, then a rotation's new credentials while they sync, then a
+// refused kubeconfig (a bad rotation keeps the working credentials).
 func (c *Controller) Statuses() []Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -161,10 +164,15 @@ func (c *Controller) Statuses() []Status {
 	for id, r := range c.running {
 		out = append(out, r.status(id, now, c.cfg.StaleAfter))
 	}
+	for id, r := range c.pending {
+		st := r.status(id, now, c.cfg.StaleAfter)
+		st.State = "rotation " + st.State // the new credentials, until they sync
+		out = append(out, st)
+	}
 	for _, s := range c.refused {
 		out = append(out, s.Status)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	sort.SliceStable(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
