@@ -23,8 +23,9 @@
 // The debug server (--admin: /config_dump, /metrics, /logging, pprof) binds
 // loopback only; reach it with kubectl port-forward. Metrics and readiness
 // (/healthz/ready: 200 once the first translation is pushed and, in
-// Kubernetes mode, the root ConfigMap is published, else 503) serve nothing
-// else and may listen on the pod IP.
+// Kubernetes mode, the root ConfigMap is published and the remote clusters
+// were read or 30 s passed, else 503) serve nothing else and may listen on
+// the pod IP.
 //
 // --system-namespace is the namespace the control plane runs in (the
 // chart's release namespace): the root-certificate ConfigMap goes there and
@@ -90,7 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.StateDir, "state-dir", "ztunnel-cp-state", "directory for root-cert.pem, the generated root key and ServiceEntry address allocations")
 	fs.StringVar(&o.AdminAddr, "admin", bootstrap.DefaultAdminAddr, "loopback address of the debug server: /config_dump, /metrics, /logging, /debug/pprof/ (\"\": none; other addresses are refused)")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", bootstrap.DefaultMetricsAddr, "address of the Prometheus /metrics server (\"\": none)")
-	fs.StringVar(&o.ReadinessAddr, "readiness-addr", bootstrap.DefaultReadinessAddr, "address of the readiness server, "+daemon.ReadyPath+": 200 once the first translation is pushed (and, in Kubernetes mode, the root certificate ConfigMap is published), else 503 (\"\": none)")
+	fs.StringVar(&o.ReadinessAddr, "readiness-addr", bootstrap.DefaultReadinessAddr, "address of the readiness server, "+daemon.ReadyPath+": 200 once the first translation is pushed (and, in Kubernetes mode, the root certificate ConfigMap is published and the remote clusters were read or 30 s passed), else 503 (\"\": none)")
 	o.log.Register(fs, "", "")
 	fs.BoolVar(&o.checkFlags, "check-flags", false, "validate the flags, print their effect as JSON and exit without starting anything")
 	fs.StringVar(&o.TrustDomain, "trust-domain", translate.DefaultTrustDomain, "trust domain of workload identities")

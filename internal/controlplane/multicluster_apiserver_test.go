@@ -240,6 +240,9 @@ func TestMulticlusterRemoteSecret(t *testing.T) {
 		}
 		return nil
 	})
+	if !mc.Ready() {
+		t.Fatal("remote clusters not ready once west was read")
+	}
 	if workload("west//Pod/app/local-0") != nil {
 		t.Fatal("west's endpoint of a local service is in east's output")
 	}

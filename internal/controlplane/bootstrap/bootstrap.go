@@ -206,6 +206,9 @@ func (o Options) ServingNames() []string {
 const (
 	TaskTranslation   = "first translation pushed"
 	TaskRootConfigMap = "root certificate ConfigMap published"
+	// TaskRemoteClusters is ready once every remote cluster was read (or
+	// multicluster.DefaultSyncTimeout passed).
+	TaskRemoteClusters = "remote clusters read"
 )
 
 // Run serves until ctx is done. level is the logger's, for /logging.
@@ -292,7 +295,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 				return err
 			}
 			cfg.Remotes = mc
-			tasks = append(tasks, cpTask{name: "remote clusters", run: mc.Run})
+			tasks = append(tasks, cpTask{name: TaskRemoteClusters, run: mc.Run, ready: mc.Ready})
 		}
 		if o.WebhookAddr != "" {
 			ws, err := webhookServer(o, authority, k.kube, log, retries)

@@ -15,7 +15,8 @@
 // has synced. A cluster whose API server cannot be reached or refuses the
 // credentials (a probe every ProbeInterval) keeps its last good objects for
 // StaleAfter and is then left out until a probe succeeds again; a deleted
-// secret drops its clusters at once. Nothing here waits on a remote:
+// secret drops its clusters at once. Ready holds readiness until the
+// remotes are read, for SyncTimeout at most. Nothing here waits on a remote:
 // every source runs on its own, and Current only reads what they last
 // published, so one slow or dead remote never holds back the others or
 // this cluster.
@@ -62,7 +63,10 @@ const (
 	// cluster that is gone do not linger.
 	DefaultStaleAfter    = 5 * time.Minute
 	DefaultProbeInterval = 10 * time.Second
-	probeTimeout         = 5 * time.Second
+	// DefaultSyncTimeout bounds how long Ready waits for the remote
+	// clusters' first read (istiod's PILOT_REMOTE_CLUSTER_TIMEOUT).
+	DefaultSyncTimeout = 30 * time.Second
+	probeTimeout       = 5 * time.Second
 )
 
 // RemoteKinds are the kinds read from a remote cluster (Gateways only
@@ -81,6 +85,8 @@ type Config struct {
 	StaleAfter time.Duration
 	// ProbeInterval: 0 means DefaultProbeInterval.
 	ProbeInterval time.Duration
+	// SyncTimeout: 0 means DefaultSyncTimeout.
+	SyncTimeout time.Duration
 	// Debounce of the remote sources (0: kube.DefaultDebounce).
 	Debounce time.Duration
 	// Log: nil means no logging.
@@ -114,6 +120,9 @@ type Controller struct {
 	changed chan struct{}
 	states  map[string]string // cluster id → last logged state
 	logged  map[string]bool   // logOnce keys
+	// secretsSynced: the first reconcile ran; started: when Run began.
+	secretsSynced bool
+	started       time.Time
 }
 
 // refusal is a kubeconfig RESTConfig refused, kept so that it is not
@@ -133,6 +142,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = DefaultProbeInterval
+	}
+	if cfg.SyncTimeout <= 0 {
+		cfg.SyncTimeout = DefaultSyncTimeout
 	}
 	log := cfg.Log
 	if log == nil {
@@ -174,6 +186,32 @@ func (c *Controller) Statuses() []Status {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// Ready reports whether the remote clusters had their chance to be read
+// before this control plane serves: the secrets are read, and every
+// cluster they name has published its objects, gone stale, or had its
+// kubeconfig refused, or SyncTimeout has passed since the secrets were
+// read (as istiod's PILOT_REMOTE_CLUSTER_TIMEOUT). A readiness condition:
+// a replica that restarts does not serve node proxies global services
+// without their remote endpoints, and a dead remote delays it by
+// SyncTimeout at most.
+func (c *Controller) Ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.secretsSynced {
+		return false
+	}
+	if time.Since(c.started) >= c.cfg.SyncTimeout {
+		return true
+	}
+	now := time.Now()
+	for id, r := range c.running {
+		if st := r.status(id, now, c.cfg.StaleAfter); st.State == stateSyncing {
+			return false
+		}
+	}
+	return true
 }
 
 // Report is Statuses as config dump lines:
@@ -228,12 +266,18 @@ func (c *Controller) Run(ctx context.Context) error {
 		return nil
 	}
 	c.log.Info("remote secrets synced", zap.String("namespace", c.cfg.Namespace), zap.String("label", SecretLabel+"=true"))
+	c.mu.Lock()
+	c.started = time.Now()
+	c.mu.Unlock()
 	// A regular tick re-evaluates staleness even when no source changes.
 	tick := time.NewTicker(c.cfg.ProbeInterval)
 	defer tick.Stop()
 	for {
 		c.reconcile(ctx, inf.GetStore(), &wg)
 		c.publish()
+		c.mu.Lock()
+		c.secretsSynced = true
+		c.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return nil
