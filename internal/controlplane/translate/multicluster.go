@@ -72,8 +72,10 @@ type Merger struct {
 
 	out      *resmap.Map[*workloadapi.Address]
 	warnings []string // the merger's own, sorted
-	lastBase []string // the local Warnings merged warns came from
-	merged   []string
+	lastBase []string // the local Warnings merged came from
+	// merged is lastBase and mergedWarns (the merger's warnings then).
+	merged      []string
+	mergedWarns []string
 }
 
 type remoteState struct {
@@ -397,17 +399,20 @@ func (m *Merger) updateWarnings() {
 
 func (m *Merger) mergedWarnings(base []string) []string {
 	if len(m.warnings) == 0 {
-		m.merged, m.lastBase = base, base
+		m.merged, m.lastBase, m.mergedWarns = base, base, nil
 		return base
 	}
-	if m.merged != nil && sameStrings(base, m.lastBase) && len(m.merged) == len(base)+len(m.warnings) &&
-		slices.Equal(m.merged[len(base):], m.warnings) {
+	if m.merged != nil && sameStrings(base, m.lastBase) && m.mergedOf(m.warnings) {
 		return m.merged
 	}
-	out := append(slices.Clone(base), m.warnings...)
-	m.merged, m.lastBase = out, base
+	// Result.Warnings is sorted and deduplicated.
+	out := slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(base), m.warnings...))))
+	m.merged, m.lastBase, m.mergedWarns = out, base, m.warnings
 	return out
 }
+
+// mergedOf reports whether m.merged was made from warns.
+func (m *Merger) mergedOf(warns []string) bool { return slices.Equal(m.mergedWarns, warns) }
 
 func sameStrings(a, b []string) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])

@@ -2,6 +2,7 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -203,6 +204,8 @@ func TestMergeServiceScopeConfigs(t *testing.T) {
 func TestMergeIncremental(t *testing.T) {
 	cfg := Config{ClusterID: "east"}
 	local, remote := twoClusters()
+	// A local warning, for the merged warnings to be kept beside.
+	local.Services[1].Annotations = map[string]string{AnnotationTrafficDist: "Nowhere"}
 	tr, m := NewTranslator(cfg), NewMerger(cfg)
 	step := func(name string, local *cluster.Objects, remotes ...RemoteCluster) *Changes {
 		t.Helper()
@@ -216,6 +219,9 @@ func TestMergeIncremental(t *testing.T) {
 			if b, _ := got.Addresses.Get(k); !proto.Equal(a, b) {
 				t.Fatalf("%s: %s = %v, want %v", name, k, b, a)
 			}
+		}
+		if !slices.Equal(got.Warnings, want.Warnings) {
+			t.Fatalf("%s: warnings %q, want %q", name, got.Warnings, want.Warnings)
 		}
 		return mch
 	}
@@ -250,7 +256,16 @@ func TestMergeIncremental(t *testing.T) {
 	// The gateway goes: workloads stay, without it.
 	r3 := r2
 	r3.Gateways = nil
+	if len(m.warnings) != 0 {
+		t.Fatalf("warnings with the gateway: %q", m.warnings)
+	}
 	step("gateway removed", local, RemoteCluster{ID: "west", Objs: &r3})
+	if len(m.warnings) != 1 {
+		t.Fatalf("gateway removed: warnings %q", m.warnings)
+	}
+	// The gateway comes back, then goes again: the warning follows.
+	step("gateway back", local, RemoteCluster{ID: "west", Objs: &r2})
+	step("gateway removed again", local, RemoteCluster{ID: "west", Objs: &r3})
 	// The remote cluster goes: its workloads go, the local ones stay.
 	ch = step("remote dropped", local)
 	if len(ch.Removed) != 2 || !strings.HasPrefix(ch.Removed[0], "west//") {
