@@ -159,8 +159,12 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 	}
 	net := m.cfg.Network
 	if net == "" {
-		if ns := localObjs.Namespace(m.cfg.RootNamespace); ns != nil {
-			net = ns.Labels[LabelNetwork]
+		// Namespaces are sorted by name: no scan per pod change.
+		nss := localObjs.Namespaces
+		if i, ok := slices.BinarySearchFunc(nss, m.cfg.RootNamespace, func(n *corev1.Namespace, name string) int {
+			return cmp.Compare(n.Name, name)
+		}); ok {
+			net = nss[i].Labels[LabelNetwork]
 		}
 	}
 	if net != m.localNetwork {
