@@ -191,19 +191,23 @@ func (c *Controller) Statuses() []Status {
 // Ready reports whether the remote clusters had their chance to be read
 // before this control plane serves: the secrets are read, and every
 // cluster they name has published its objects, gone stale, or had its
-// kubeconfig refused, or SyncTimeout has passed since the secrets were
-// read (as istiod's PILOT_REMOTE_CLUSTER_TIMEOUT). A readiness condition:
+// kubeconfig refused, or SyncTimeout has passed since Run began (as
+// istiod's PILOT_REMOTE_CLUSTER_TIMEOUT), whether or not the secrets could
+// be read. A readiness condition:
 // a replica that restarts does not serve node proxies global services
 // without their remote endpoints, and a dead remote delays it by
 // SyncTimeout at most.
 func (c *Controller) Ready() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.secretsSynced {
+	if c.started.IsZero() {
 		return false
 	}
 	if time.Since(c.started) >= c.cfg.SyncTimeout {
-		return true
+		return true // even when the secrets cannot be read
+	}
+	if !c.secretsSynced {
+		return false
 	}
 	now := time.Now()
 	for id, r := range c.running {
@@ -248,6 +252,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("multicluster: secret informer: %w", err)
 	}
+	c.mu.Lock()
+	c.started = time.Now()
+	c.mu.Unlock()
 	f.Start(ctx.Done())
 	defer f.Shutdown()
 	var wg sync.WaitGroup
@@ -266,9 +273,6 @@ func (c *Controller) Run(ctx context.Context) error {
 		return nil
 	}
 	c.log.Info("remote secrets synced", zap.String("namespace", c.cfg.Namespace), zap.String("label", SecretLabel+"=true"))
-	c.mu.Lock()
-	c.started = time.Now()
-	c.mu.Unlock()
 	// A regular tick re-evaluates staleness even when no source changes.
 	tick := time.NewTicker(c.cfg.ProbeInterval)
 	defer tick.Stop()
