@@ -66,8 +66,14 @@ type Merger struct {
 	localGlobal  map[string]bool
 	localNetwork string
 	gateways     map[string]*workloadapi.GatewayAddress // by network
-	// gen counts changes of the three above (what filter reads of this
-	// cluster): a cached filter output of another gen is stale.
+	// localIPs counts this cluster's workloads per network address;
+	// remoteIPs the remote candidates' (workloads of a service global on
+	// both sides), across remotes. A remote workload at a local one's
+	// address is not sent.
+	localIPs, remoteIPs map[netIP]int
+	// gen counts changes of what filter reads of this cluster (the global
+	// services, the network, the gateways, the local addresses remote
+	// workloads hold): a cached filter output of another gen is stale.
 	gen uint64
 
 	out      *resmap.Map[*workloadapi.Address]
@@ -85,6 +91,11 @@ type remoteState struct {
 	gen    uint64          // counts changes of global
 	// emitted: its workloads in the output, by uid.
 	emitted map[string]emitted
+	// cand: the addresses of its candidates (workloads of a service
+	// global on both sides, emitted or not), by uid; collided: the
+	// candidates not sent because a local workload has their address.
+	cand     map[string][]netIP
+	collided map[string]bool
 	// networks: network → its workloads in the output of that network
 	// (for the missing-gateway warning).
 	networks map[string]int
@@ -99,9 +110,44 @@ type emitted struct {
 	gen, localGen uint64
 }
 
+// netIP is a workload address on its network.
+type netIP struct {
+	network string
+	ip      netip.Addr
+}
+
+func workloadIPs(w *workloadapi.Workload) []netIP {
+	var out []netIP
+	for _, b := range w.GetAddresses() {
+		if ip, ok := netip.AddrFromSlice(b); ok {
+			out = append(out, netIP{w.GetNetwork(), ip.Unmap()})
+		}
+	}
+	return out
+}
+
+// setCand records k's candidate addresses (nil: not a candidate).
+func (rs *remoteState) setCand(m *Merger, k string, ips []netIP) {
+	for _, ip := range rs.cand[k] {
+		if m.remoteIPs[ip]--; m.remoteIPs[ip] <= 0 {
+			delete(m.remoteIPs, ip)
+		}
+	}
+	if ips == nil {
+		delete(rs.cand, k)
+		delete(rs.collided, k)
+		return
+	}
+	rs.cand[k] = ips
+	for _, ip := range ips {
+		m.remoteIPs[ip]++
+	}
+}
+
 // NewMerger returns a Merger for the local cluster's cfg.
 func NewMerger(cfg Config) *Merger {
-	return &Merger{cfg: cfg.withDefaults(), remotes: map[string]*remoteState{}, localGlobal: map[string]bool{}}
+	return &Merger{cfg: cfg.withDefaults(), remotes: map[string]*remoteState{}, localGlobal: map[string]bool{},
+		localIPs: map[netIP]int{}, remoteIPs: map[netIP]int{}}
 }
 
 // remoteConfig is the translation configuration of a remote cluster: this
@@ -174,6 +220,46 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 	if !maps.EqualFunc(gws, m.gateways, func(a, b *workloadapi.GatewayAddress) bool { return proto.Equal(a, b) }) {
 		m.gateways, refilter = gws, true
 	}
+	// This cluster's workload addresses: a change matters only where a
+	// remote candidate has the address.
+	touch := func(w *workloadapi.Workload, d int) {
+		for _, ip := range workloadIPs(w) {
+			was := m.localIPs[ip] > 0
+			if m.localIPs[ip] += d; m.localIPs[ip] <= 0 {
+				delete(m.localIPs, ip)
+			}
+			if was != (m.localIPs[ip] > 0) && m.remoteIPs[ip] > 0 {
+				refilter = true
+			}
+		}
+	}
+	if lch.Full {
+		old := m.localIPs
+		m.localIPs = map[netIP]int{}
+		for _, a := range local.Addresses.All() {
+			for _, ip := range workloadIPs(a.GetWorkload()) {
+				m.localIPs[ip]++
+			}
+		}
+		for ip := range m.remoteIPs {
+			if (old[ip] > 0) != (m.localIPs[ip] > 0) {
+				refilter = true
+				break
+			}
+		}
+	} else {
+		for k, a := range lch.Addresses {
+			if old, ok := m.out.Get(k); ok {
+				touch(old.GetWorkload(), -1)
+			}
+			touch(a.GetWorkload(), 1)
+		}
+		for _, k := range lch.Removed {
+			if old, ok := m.out.Get(k); ok {
+				touch(old.GetWorkload(), -1)
+			}
+		}
+	}
 	if refilter {
 		m.gen++
 	}
@@ -214,6 +300,7 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 		rs := m.remotes[rc.ID]
 		if rs == nil {
 			rs = &remoteState{tr: NewTranslator(m.remoteConfig(rc.ID)), emitted: map[string]emitted{},
+				cand: map[string][]netIP{}, collided: map[string]bool{},
 				networks: map[string]int{}, wlNet: map[string]string{}}
 			m.remotes[rc.ID] = rs
 		}
@@ -264,7 +351,13 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 				}
 				return
 			}
-			w := m.filter(rs, a)
+			w, ips, collided := m.filter(rs, a)
+			rs.setCand(m, k, ips)
+			if collided {
+				rs.collided[k] = true
+			} else {
+				delete(rs.collided, k)
+			}
 			if w == nil {
 				if _, ok := rs.emitted[k]; ok {
 					rs.forget(k)
@@ -276,6 +369,11 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 			put(k, w)
 		}
 		if refilter || rch.Full {
+			for k := range rs.cand {
+				if _, ok := rres.Addresses.Get(k); !ok {
+					rs.setCand(m, k, nil)
+				}
+			}
 			for k := range rs.emitted {
 				if _, ok := rres.Addresses.Get(k); !ok {
 					rs.forget(k)
@@ -290,6 +388,7 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 				apply(k, a)
 			}
 			for _, k := range rch.Removed {
+				rs.setCand(m, k, nil)
 				if _, ok := rs.emitted[k]; ok {
 					rs.forget(k)
 					drop(k)
@@ -303,6 +402,9 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 		}
 		for k := range rs.emitted {
 			drop(k)
+		}
+		for k := range rs.cand {
+			rs.setCand(m, k, nil)
 		}
 		delete(m.remotes, id)
 	}
@@ -351,10 +453,16 @@ func (rs *remoteState) forget(k string) {
 // filter turns one address of a remote translation into what this
 // cluster's node proxies get: nil for a service or for a workload of no
 // service global on both sides.
-func (m *Merger) filter(rs *remoteState, a *workloadapi.Address) *workloadapi.Address {
+//
+// It also returns the addresses of a candidate (a workload of a service
+// global on both sides; nil otherwise), and whether such a candidate is
+// withheld because a workload of this cluster has one of its addresses on
+// its network: node proxies would see two workloads at one address, and
+// the remote one could take the local one's traffic (fail closed).
+func (m *Merger) filter(rs *remoteState, a *workloadapi.Address) (*workloadapi.Address, []netIP, bool) {
 	w := a.GetWorkload()
 	if w == nil {
-		return nil
+		return nil, nil, false
 	}
 	var svcs map[string]*workloadapi.PortList
 	for k, pl := range w.Services {
@@ -366,7 +474,13 @@ func (m *Merger) filter(rs *remoteState, a *workloadapi.Address) *workloadapi.Ad
 		}
 	}
 	if svcs == nil {
-		return nil
+		return nil, nil, false
+	}
+	ips := workloadIPs(w)
+	for _, ip := range ips {
+		if m.localIPs[ip] > 0 {
+			return nil, ips, true
+		}
 	}
 	c := proto.Clone(w).(*workloadapi.Workload)
 	c.Services = svcs
@@ -379,7 +493,7 @@ func (m *Merger) filter(rs *remoteState, a *workloadapi.Address) *workloadapi.Ad
 			c.NetworkGateway = proto.Clone(gw).(*workloadapi.GatewayAddress)
 		}
 	}
-	return &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: c}}
+	return &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: c}}, ips, false
 }
 
 // updateWarnings names each network whose remote workloads have no
@@ -389,6 +503,10 @@ func (m *Merger) updateWarnings() {
 	ids := slices.Sorted(maps.Keys(m.remotes))
 	for _, id := range ids {
 		rs := m.remotes[id]
+		if len(rs.collided) > 0 {
+			w = append(w, fmt.Sprintf("Cluster %s: workloads at the address of a workload of this cluster on the same network "+
+				"are not sent (pod CIDRs overlap on one network)", id))
+		}
 		for _, n := range slices.Sorted(maps.Keys(rs.networks)) {
 			if n != m.localNetwork && m.gateways[n] == nil {
 				// No count in the text: it is logged once per change.

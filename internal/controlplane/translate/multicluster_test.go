@@ -266,7 +266,31 @@ func TestMergeIncremental(t *testing.T) {
 	// The gateway comes back, then goes again: the warning follows.
 	step("gateway back", local, RemoteCluster{ID: "west", Objs: &r2})
 	step("gateway removed again", local, RemoteCluster{ID: "west", Objs: &r3})
+	// West moves onto east's network with a pod at the address of east's
+	// global-a: that one is withheld (with a warning), and sent once
+	// east's pod moves away, incrementally.
+	same := *remote
+	same.Namespaces = []*corev1.Namespace{mcNamespace("app", "1", map[string]string{LabelGlobal: "true"}),
+		mcNamespace("istio-system", "2", map[string]string{LabelNetwork: "n1"})}
+	same.Pods = []*corev1.Pod{localityPod("global-b", "w1", "10.1.0.1", map[string]string{"app": "global"}), remote.Pods[1], remote.Pods[2]}
+	same.Sort()
+	step("same network, overlapping address", local, RemoteCluster{ID: "west", Objs: &same})
+	if _, ok := m.out.Get("west//Pod/app/global-b"); ok || len(m.warnings) != 1 || !strings.Contains(m.warnings[0], "pod CIDRs overlap") {
+		t.Fatalf("overlapping address: sent=%v warnings %q", ok, m.warnings)
+	}
+	moved := *local
+	moved.Pods = []*corev1.Pod{localityPod("global-a", "", "10.1.0.9", map[string]string{"app": "global"}), local.Pods[1]}
+	moved.Pods[0].ResourceVersion = "2"
+	ch = step("east's pod moved away", &moved, RemoteCluster{ID: "west", Objs: &same})
+	if ch.Full || ch.Addresses["west//Pod/app/global-b"] == nil || len(m.warnings) != 0 {
+		t.Fatalf("east's pod moved: full=%v changed %v warnings %q", ch.Full, keysOf(ch.Addresses), m.warnings)
+	}
+	step("east's pod back", local, RemoteCluster{ID: "west", Objs: &same})
+	if _, ok := m.out.Get("west//Pod/app/global-b"); ok {
+		t.Fatal("overlapping address sent after east's pod came back")
+	}
 	// The remote cluster goes: its workloads go, the local ones stay.
+	step("remote back", local, RemoteCluster{ID: "west", Objs: &r2})
 	ch = step("remote dropped", local)
 	if len(ch.Removed) != 2 || !strings.HasPrefix(ch.Removed[0], "west//") {
 		t.Fatalf("remote dropped: removed %v", ch.Removed)
