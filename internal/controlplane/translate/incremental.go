@@ -58,6 +58,7 @@ type Translator struct {
 	sliceObj map[string]*discoveryv1.EndpointSlice
 
 	addrs     *resmap.Map[*workloadapi.Address]
+	bound     *resmap.Map[*workloadapi.Address] // the addrs bound to a waypoint (Result.bound)
 	warnCount map[string]int
 	warnings  []string
 	res       *Result
@@ -251,7 +252,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		ch.PodChanges = append(ch.PodChanges, PodChange{Old: c.old, New: c.new})
 	}
 
-	e := resmap.Edit(tr.addrs)
+	e := tr.edit()
 	warnsChanged := false
 	redo := func(units map[string]*unit, k string, f func()) {
 		var u *unit
@@ -289,12 +290,12 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		redo(tr.slices, k, f)
 		ch.EndpointSlices++
 	}
-	tr.addrs = e.Done()
+	e.done(tr)
 	if warnsChanged {
 		tr.sortWarnings()
 	}
 	res := *tr.res
-	res.Addresses, res.Warnings = tr.addrs, tr.warnings
+	res.Addresses, res.Warnings, res.bound = tr.addrs, tr.warnings, tr.bound
 	tr.res = &res
 	sort.Strings(ch.Removed)
 	return tr.res, ch
@@ -302,11 +303,11 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 
 // replace swaps unit old for new in the aggregate and records the change;
 // it reports whether the set of warnings changed.
-func (tr *Translator) replace(e *resmap.Editor[*workloadapi.Address], ch *Changes, old, new *unit) bool {
+func (tr *Translator) replace(e *edit, ch *Changes, old, new *unit) bool {
 	changed := false
 	if new != nil {
 		for i, k := range new.keys {
-			e.Set(k, new.addrs[i])
+			e.set(k, new.addrs[i])
 			if !ch.Full {
 				ch.Addresses[k] = new.addrs[i]
 			}
@@ -319,7 +320,7 @@ func (tr *Translator) replace(e *resmap.Editor[*workloadapi.Address], ch *Change
 	if old != nil {
 		for _, k := range old.keys {
 			if new == nil || !slices.Contains(new.keys, k) {
-				e.Delete(k)
+				e.delete(k)
 				if !ch.Full {
 					ch.Removed = append(ch.Removed, k)
 				}
@@ -334,6 +335,33 @@ func (tr *Translator) replace(e *resmap.Editor[*workloadapi.Address], ch *Change
 	}
 	return changed
 }
+
+// edit changes the addresses and, beside them, the set of those bound to a
+// waypoint.
+type edit struct {
+	all, bound *resmap.Editor[*workloadapi.Address]
+}
+
+func (tr *Translator) edit() *edit {
+	return &edit{all: resmap.Edit(tr.addrs), bound: resmap.Edit(tr.bound)}
+}
+
+func (e *edit) set(k string, a *workloadapi.Address) {
+	e.all.Set(k, a)
+	if boundToWaypoint(a) {
+		e.bound.Set(k, a)
+	} else {
+		e.bound.Delete(k)
+	}
+}
+
+func (e *edit) delete(k string) {
+	e.all.Delete(k)
+	e.bound.Delete(k)
+}
+
+// done stores the edited maps in tr.
+func (e *edit) done(tr *Translator) { tr.addrs, tr.bound = e.all.Done(), e.bound.Done() }
 
 // unit runs one object's translation into the scratch sinks and returns
 // what it produced (nil: nothing).
@@ -421,7 +449,8 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 		t.translateWorkloadEntries()
 		t.translateServiceEntryEndpoints()
 	})
-	e := resmap.Edit[*workloadapi.Address](nil)
+	tr.addrs, tr.bound = nil, nil
+	e := tr.edit()
 	tr.replace(e, ch, nil, tr.global)
 	for _, s := range objs.Services {
 		if s.Spec.Type == corev1.ServiceTypeExternalName {
@@ -448,9 +477,10 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 		}
 		ch.EndpointSlices++
 	}
-	tr.addrs = e.Done()
+	e.done(tr)
 	tr.sortWarnings()
 	tr.res = t.result(tr.addrs, tr.warnings)
+	tr.res.bound = tr.bound
 	return tr.res, ch
 }
 

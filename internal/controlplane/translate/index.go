@@ -111,7 +111,13 @@ type index struct {
 	podsByNode map[string]map[string]*corev1.Pod
 }
 
-func (t *translator) buildIndex() {
+func (t *translator) buildIndex() { t.buildIndexOf(true) }
+
+// buildIndexOf builds the index; withWorkloads false leaves out the pods
+// and EndpointSlices (pods, podsByNs, podsByNode, slicesBySvc, podRefs stay
+// empty): what waypoint configs and route statuses need is the rest, and
+// at 50k pods those two take most of the time.
+func (t *translator) buildIndexOf(withWorkloads bool) {
 	t.idx = index{
 		namespaces:   map[string]*corev1.Namespace{},
 		svcByName:    map[string]*corev1.Service{},
@@ -163,6 +169,9 @@ func (t *translator) buildIndex() {
 	}
 	for _, gc := range t.objs.GatewayClasses {
 		t.idx.classes[gc.Name] = gc
+	}
+	if !withWorkloads {
+		return
 	}
 	for _, p := range t.objs.Pods {
 		t.idx.addPod(p)

@@ -62,7 +62,7 @@ func RouteStatuses(cfg Config, objs *cluster.Objects) []RouteStatus {
 		return nil
 	}
 	t := newTranslator(cfg.withDefaults(), objs, nil)
-	t.buildIndex()
+	t.buildIndexOf(false)
 	var out []RouteStatus
 	for _, r := range objs.HTTPRoutes {
 		var unsupported []string

@@ -211,7 +211,10 @@ func (t *translator) translateServiceEntries() {
 		return 0
 	})
 	claims := map[string][]seClaim{}
-	own := t.buildOwned()
+	// The owned addresses (every pod's, node's and Service's) are indexed
+	// only when some entry names addresses: at 50k pods that costs more
+	// than the rest of a re-translation of ServiceEntries and policies.
+	var own *owned
 	var taken []addrClaim
 	for _, se := range ses {
 		network := t.network(se.Labels, se.Namespace)
@@ -227,6 +230,9 @@ func (t *translator) translateServiceEntries() {
 		}
 		for _, pa := range parsed {
 			t.seAddrs = append(t.seAddrs, pa.prefix)
+		}
+		if len(parsed) > 0 && own == nil {
+			own = t.buildOwned()
 		}
 		var refused []string
 		var fixed []*workloadapi.NetworkAddress

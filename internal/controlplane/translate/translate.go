@@ -16,6 +16,7 @@ package translate
 
 import (
 	"fmt"
+	"iter"
 	"net/netip"
 	"sort"
 
@@ -158,6 +159,31 @@ type Result struct {
 	Policies []PolicyStatus
 	// Warnings, sorted and deduplicated, each prefixed by "Kind ns/name: ".
 	Warnings []string
+
+	// bound holds the Addresses bound to a waypoint (waypointBound), kept
+	// by the Translator so that waypoint configs need not scan every
+	// address; nil: not kept (a Result built elsewhere), scan them all.
+	bound *resmap.Map[*workloadapi.Address]
+}
+
+// waypointBound iterates over the addresses that may be bound to a
+// waypoint: a superset of those with a workload waypoint, a service
+// waypoint or weighted waypoints (all of them when r does not keep the set).
+func (r *Result) waypointBound() iter.Seq2[string, *workloadapi.Address] {
+	if r.bound != nil {
+		return r.bound.All()
+	}
+	return r.Addresses.All()
+}
+
+// boundToWaypoint: a has a waypoint (a Workload's, a Service's, or weighted
+// ones).
+func boundToWaypoint(a *workloadapi.Address) bool {
+	if w := a.GetWorkload(); w != nil {
+		return w.GetWaypoint() != nil
+	}
+	s := a.GetService()
+	return s.GetWaypoint() != nil || len(s.GetWeightedWaypoints()) > 0
 }
 
 // Translate converts objs (in any order) in one go. allocs are the ServiceEntry auto-allocations

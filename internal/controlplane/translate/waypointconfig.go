@@ -48,7 +48,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	}) {
 		return out, append(append(slices.Clone(res.Policies), ir.statuses()...), tel.statuses()...)
 	}
-	t.buildIndex()
+	t.buildIndexOf(false)
 	t.translateWaypoints()
 
 	authn := newAuthnState()
@@ -144,7 +144,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 // hostnames of each bound "Service ns/name" and "ServiceEntry ns/name".
 func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, ir *istioRouting) map[string][]string {
 	bound := map[string][]string{}
-	for _, a := range res.Addresses.All() {
+	for _, a := range res.waypointBound() {
 		switch {
 		case a.GetService() != nil && waypointOf(a.GetService(), w.addr) && w.forService:
 			s := a.GetService()
