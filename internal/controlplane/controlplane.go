@@ -348,7 +348,7 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	// them (only when a waypoint Gateway exists); the xDS server pushes
 	// only changed ones. WaypointConfigs scans every address per waypoint,
 	// so a pod change that binds nothing to a waypoint reuses the last ones.
-	wpsChanged := ch.Full || ch.Routes || !c.wpsDone || c.keysChanged || touchesWaypoint(before, ch)
+	wpsChanged := ch.Full || ch.Global || ch.Routes || !c.wpsDone || c.keysChanged || touchesWaypoint(before, ch)
 	c.keysChanged = false
 	if wpsChanged {
 		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
@@ -375,17 +375,22 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	// Publish the placement before the workloads: a node proxy that learns
 	// of a new workload may ask for its certificate right away.
 	c.snap.Store(s)
+	if ch.Full || ch.Global {
+		// Policies, PeerAuthentications, ServiceEntries... are translated
+		// as a whole (translate.Changes.Global): the server pushes only
+		// the Authorizations that changed.
+		authz := make(map[string]proto.Message, len(res.Authorizations))
+		for k, v := range res.Authorizations {
+			authz[k] = v
+		}
+		c.xds.SetResources(xds.AuthorizationType, authz)
+	}
 	if ch.Full {
 		addrs := make(map[string]proto.Message, res.Addresses.Len())
 		for k, v := range res.Addresses.All() {
 			addrs[k] = v
 		}
-		authz := make(map[string]proto.Message, len(res.Authorizations))
-		for k, v := range res.Authorizations {
-			authz[k] = v
-		}
 		c.xds.SetResources(xds.AddressType, addrs)
-		c.xds.SetResources(xds.AuthorizationType, authz)
 	} else {
 		up := make(map[string]proto.Message, len(ch.Addresses))
 		for k, v := range ch.Addresses {
@@ -423,7 +428,7 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 		zap.Int("addresses", res.Addresses.Len()), zap.Int("authorizations", len(res.Authorizations)),
 		zap.Int("warnings", len(res.Warnings)), zap.Int("pods_translated", ch.Pods),
 		zap.Int("services_translated", ch.Services), zap.Duration("took", time.Since(start))}
-	if ch.Full {
+	if ch.Full || ch.Global {
 		c.log.Info("translated cluster objects", append(fields, zap.String("reason", ch.Reason))...)
 	} else {
 		c.log.Debug("translated changed objects", append(fields, zap.Int("pushed", len(ch.Addresses)+len(ch.Removed)))...)

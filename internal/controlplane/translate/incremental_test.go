@@ -10,8 +10,14 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	securityv1beta1 "istio.io/api/security/v1beta1"
+	typev1beta1 "istio.io/api/type/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
@@ -25,7 +31,7 @@ func mutate(r *rand.Rand, objs, orig *cluster.Objects) *cluster.Objects {
 	next := *objs
 	labelValues := []string{"a", "b", "web", "db", "svc-1", "none", "ambient"}
 	pick := func(n int) int { return r.IntN(n) }
-	switch pick(10) {
+	switch pick(16) {
 	case 0, 1, 2, 3: // pod
 		next.Pods = clone(objs.Pods)
 		if len(next.Pods) == 0 || pick(6) == 0 {
@@ -113,13 +119,98 @@ func mutate(r *rand.Rand, objs, orig *cluster.Objects) *cluster.Objects {
 			if n.Labels == nil {
 				n.Labels = map[string]string{}
 			}
-			n.Labels["istio.io/dataplane-mode"] = labelValues[pick(len(labelValues))]
+			switch pick(3) {
+			case 0:
+				n.Labels[LabelUseWaypoint] = []string{"waypoint", "none", "missing"}[pick(3)]
+			case 1:
+				n.Labels["team"] = labelValues[pick(len(labelValues))]
+			default:
+				n.Labels["istio.io/dataplane-mode"] = labelValues[pick(len(labelValues))]
+			}
 			next.Namespaces[i] = n
+		}
+	case 9, 10: // AuthorizationPolicy
+		next.AuthorizationPolicies = mutateList(r, objs.AuthorizationPolicies, orig.AuthorizationPolicies, func(ap *securityv1.AuthorizationPolicy) {
+			switch pick(3) {
+			case 0:
+				ap.Spec.Selector = nil
+			case 1:
+				ap.Spec.Selector = &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"app": labelValues[pick(len(labelValues))]}}
+			default:
+				ap.Namespace = []string{"default", "istio-system", "demo", "ns-1"}[pick(4)]
+			}
+		})
+	case 11: // PeerAuthentication
+		next.PeerAuthentications = mutateList(r, objs.PeerAuthentications, orig.PeerAuthentications, func(pa *securityv1.PeerAuthentication) {
+			if pick(2) == 0 {
+				pa.Spec.Mtls = &securityv1beta1.PeerAuthentication_MutualTLS{Mode: securityv1beta1.PeerAuthentication_MutualTLS_Mode(pick(4))}
+			} else if pa.Spec.Selector == nil {
+				pa.Spec.Selector = &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"app": labelValues[pick(len(labelValues))]}}
+			} else {
+				pa.Spec.Selector = nil
+			}
+		})
+	case 12: // ServiceEntry
+		next.ServiceEntries = mutateList(r, objs.ServiceEntries, orig.ServiceEntries, func(se *networkingv1.ServiceEntry) {
+			switch pick(3) {
+			case 0:
+				se.Spec.WorkloadSelector = &networkingv1alpha3.WorkloadSelector{Labels: map[string]string{"app": labelValues[pick(len(labelValues))]}}
+			case 1:
+				se.Spec.WorkloadSelector = nil
+			default:
+				if len(se.Spec.Hosts) > 0 {
+					se.Spec.Hosts[0] = labelValues[pick(len(labelValues))] + ".example.com"
+				}
+			}
+		})
+	case 13: // Gateway
+		next.Gateways = mutateList(r, objs.Gateways, orig.Gateways, func(gw *gatewayv1.Gateway) {
+			if gw.Labels == nil {
+				gw.Labels = map[string]string{}
+			}
+			if pick(2) == 0 {
+				gw.Labels[LabelWaypointFor] = []string{"service", "workload", "all", "none"}[pick(4)]
+			} else {
+				gw.Status.Addresses = nil
+			}
+		})
+	case 14: // a pod's own waypoint
+		next.Pods = clone(objs.Pods)
+		if len(next.Pods) > 0 {
+			i := pick(len(next.Pods))
+			p := next.Pods[i].DeepCopy()
+			if p.Labels == nil {
+				p.Labels = map[string]string{}
+			}
+			p.Labels[LabelUseWaypoint] = []string{"waypoint", "none", "missing"}[pick(3)]
+			next.Pods[i] = p
 		}
 	default: // nothing changed: a Source may publish an identical set
 	}
 	next.Sort()
 	return &next
+}
+
+// mutateList changes one object of s (a deep copy changed by change),
+// removes one, or re-adds one of orig, and returns the new sorted slice.
+func mutateList[T interface {
+	object
+	DeepCopy() T
+}](r *rand.Rand, s, orig []T, change func(T)) []T {
+	out := clone(s)
+	if len(out) == 0 || r.IntN(4) == 0 {
+		if len(orig) > 0 {
+			out = dedupeByKey(append(out, orig[r.IntN(len(orig))]))
+		}
+	} else if i := r.IntN(len(out)); r.IntN(4) == 0 {
+		out = append(out[:i], out[i+1:]...)
+	} else {
+		o := out[i].DeepCopy()
+		change(o)
+		out[i] = o
+		out = dedupeByKey(out)
+	}
+	return out
 }
 
 // sameResult compares two Results (protos with proto.Equal).

@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"maps"
 	"net/netip"
 	"sort"
 	"strings"
@@ -143,33 +144,12 @@ func (t *translator) buildIndexOf(withWorkloads bool) {
 	for _, n := range t.objs.Nodes {
 		t.idx.nodes[n.Name] = locality(n.Labels)
 	}
-	for _, ns := range t.objs.Namespaces {
-		t.idx.namespaces[ns.Name] = ns
-	}
 	for _, s := range t.objs.Services {
-		if s.Spec.Type == corev1.ServiceTypeExternalName {
-			t.idx.seHosts[s.Namespace+"/"+t.serviceHostname(s)] = true
-			t.idx.aliasTargets[strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")] = true
-			continue
-		}
-		t.idx.addService(s, t.serviceHostname(s))
-	}
-	for _, se := range t.objs.ServiceEntries {
-		for _, h := range se.Spec.Hosts {
-			t.idx.meshHosts[h] = true
-			t.idx.seHosts[se.Namespace+"/"+h] = true
-			t.idx.seHostnames[h] = true
-		}
-		if se.Spec.WorkloadSelector != nil {
-			t.idx.seSel[se.Namespace] = append(t.idx.seSel[se.Namespace], se)
+		if s.Spec.Type != corev1.ServiceTypeExternalName {
+			t.idx.addService(s, t.serviceHostname(s))
 		}
 	}
-	for _, we := range t.objs.WorkloadEntries {
-		t.idx.wePerNs[we.Namespace]++
-	}
-	for _, gc := range t.objs.GatewayClasses {
-		t.idx.classes[gc.Name] = gc
-	}
+	t.indexGlobal()
 	if !withWorkloads {
 		return
 	}
@@ -178,6 +158,46 @@ func (t *translator) buildIndexOf(withWorkloads bool) {
 	}
 	for _, es := range t.objs.EndpointSlices {
 		t.idx.addSlice(es)
+	}
+}
+
+// indexGlobal (re)builds the parts of the index that the kinds translated
+// as a whole (the global unit) decide: namespaces, ServiceEntry and
+// ExternalName hosts, WorkloadEntry counts, GatewayClasses; waypoints and
+// policiesByNs are emptied for translateWaypoints and indexPolicies to
+// fill. It reads the Services already indexed (kubeHosts).
+func (t *translator) indexGlobal() {
+	x := &t.idx
+	x.namespaces = make(map[string]*corev1.Namespace, len(t.objs.Namespaces))
+	x.seHosts, x.seHostnames, x.aliasTargets = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	x.meshHosts = maps.Clone(x.kubeHosts)
+	x.seSel = map[string][]*networkingv1.ServiceEntry{}
+	x.waypoints, x.classes = map[string]*waypoint{}, map[string]*gatewayv1.GatewayClass{}
+	x.policiesByNs, x.wePerNs = map[string][]selectorPolicy{}, map[string]int{}
+	for _, ns := range t.objs.Namespaces {
+		x.namespaces[ns.Name] = ns
+	}
+	for _, s := range t.objs.Services {
+		if s.Spec.Type == corev1.ServiceTypeExternalName {
+			x.seHosts[s.Namespace+"/"+t.serviceHostname(s)] = true
+			x.aliasTargets[strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")] = true
+		}
+	}
+	for _, se := range t.objs.ServiceEntries {
+		for _, h := range se.Spec.Hosts {
+			x.meshHosts[h] = true
+			x.seHosts[se.Namespace+"/"+h] = true
+			x.seHostnames[h] = true
+		}
+		if se.Spec.WorkloadSelector != nil {
+			x.seSel[se.Namespace] = append(x.seSel[se.Namespace], se)
+		}
+	}
+	for _, we := range t.objs.WorkloadEntries {
+		x.wePerNs[we.Namespace]++
+	}
+	for _, gc := range t.objs.GatewayClasses {
+		x.classes[gc.Name] = gc
 	}
 }
 
