@@ -80,8 +80,10 @@ func runSize(n int, o options) error {
 		start, cpu0 := time.Now(), cpuTime()
 		res, _ := translate.NewTranslator(cfg).Update(objs, nil)
 		walls, cpus = append(walls, time.Since(start)), append(cpus, cpuTime()-cpu0)
-		if got := res.Addresses.Len(); got != n+len(objs.Services) {
-			return fmt.Errorf("translation has %d addresses, want %d", got, n+len(objs.Services))
+		// Pods, Services, and per ServiceEntry its service and the
+		// workload of its DNS host.
+		if got, want := res.Addresses.Len(), n+len(objs.Services)+2*len(objs.ServiceEntries); got != want {
+			return fmt.Errorf("translation has %d addresses, want %d", got, want)
 		}
 	}
 	fmt.Printf("cp_full_translate_ms_%s %.0f ms\n", suffix, ms(quantile(walls, 0.5)))

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -315,8 +316,11 @@ func TestPodChangeTouchesOneWorkload(t *testing.T) {
 	if !ch.Full || ch.Pods != 50_000 || ch.Services != 5_000 {
 		t.Fatalf("first update: full=%v pods=%d services=%d", ch.Full, ch.Pods, ch.Services)
 	}
-	if n := res.Addresses.Len(); n != 55_000 {
-		t.Fatalf("%d addresses, want 50k workloads + 5k services", n)
+	// 50k workloads, 5k Services, and per ServiceEntry a service and a
+	// workload (its DNS host).
+	addrs := 55_000 + 2*len(objs.ServiceEntries)
+	if n := res.Addresses.Len(); n != addrs {
+		t.Fatalf("%d addresses, want %d", n, addrs)
 	}
 	for i, idx := range []int{0, 12_345, 49_999} {
 		gen := 2*i + 1 // odd: not ready
@@ -338,8 +342,8 @@ func TestPodChangeTouchesOneWorkload(t *testing.T) {
 		}
 		objs = next
 	}
-	if n := res.Addresses.Len(); n != 55_000 {
-		t.Errorf("%d addresses after changes, want 55000", n)
+	if n := res.Addresses.Len(); n != addrs {
+		t.Errorf("%d addresses after changes, want %d", n, addrs)
 	}
 	// A Service's selector change redoes that Service and the pods it
 	// selected or selects, nothing else.
@@ -367,5 +371,82 @@ func TestSelectorPolicyIndexMatchesScan(t *testing.T) {
 		if strings.Join(got, ",") != strings.Join(want, ",") {
 			t.Errorf("pod %s/%s: indexed %v, scan %v", p.Namespace, p.Name, got, want)
 		}
+	}
+}
+
+// TestGlobalChangeBounded: at the synthetic 50k size, a change of each
+// kind translated in the global unit is applied incrementally, matches a
+// fresh full translation (and so do the waypoint configs built from it),
+// and re-translates only what the change can reach: the pods of one
+// namespace (100 of 50k) at most.
+func TestGlobalChangeBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("50k pods")
+	}
+	s := synth.Default(50_000)
+	objs := synth.Build(s)
+	cfg := LocalDefaults()
+	tr := NewTranslator(cfg)
+	tr.Update(objs, nil)
+	perNs := s.Pods / s.Namespaces
+	amb := synth.AmbientNamespaces(s)[1]
+	gw := objs.Gateways[slices.IndexFunc(objs.Gateways, func(g *gatewayv1.Gateway) bool { return g.Namespace == synth.NamespaceName(amb) })].DeepCopy()
+	gw.Status.Addresses[0].Value = "172.30.0.1"
+	for _, c := range []struct {
+		kind                string
+		next                func(*cluster.Objects) *cluster.Objects
+		maxPods, maxSvc     int
+		wantPods, wantRoute bool
+	}{
+		{"namespace", func(o *cluster.Objects) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*corev1.Namespace { return &o.Namespaces }, synth.Namespace(s, amb, 1))
+		}, perNs, perNs / s.PodsPerService, true, false},
+		{"policy", func(o *cluster.Objects) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*securityv1.AuthorizationPolicy { return &o.AuthorizationPolicies }, synth.Policy(s, 3, 1))
+		}, perNs, 0, true, false},
+		{"peerauthn", func(o *cluster.Objects) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*securityv1.PeerAuthentication { return &o.PeerAuthentications }, synth.PeerAuthentication(s, synth.PeerAuthnNamespaces(s)[0], 1))
+		}, perNs, 0, true, false},
+		{"serviceentry", func(o *cluster.Objects) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*networkingv1.ServiceEntry { return &o.ServiceEntries }, synth.ServiceEntry(s, synth.ServiceEntryNamespaces(s)[0], 1))
+		}, 0, 0, false, false},
+		{"route", func(o *cluster.Objects) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*gatewayv1.HTTPRoute { return &o.HTTPRoutes }, synth.Route(s, amb, 1))
+		}, 0, 0, false, true},
+		{"gateway", func(o *cluster.Objects) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*gatewayv1.Gateway { return &o.Gateways }, gw)
+		}, perNs, perNs / s.PodsPerService, true, false},
+	} {
+		t.Run(c.kind, func(t *testing.T) {
+			next := c.next(objs)
+			res, ch := tr.Update(next, nil)
+			if ch.Full {
+				t.Fatalf("full translation: %s", ch.Reason)
+			}
+			if ch.Pods > c.maxPods || ch.Services > c.maxSvc || c.wantPods && ch.Pods == 0 || ch.Routes != c.wantRoute {
+				t.Errorf("translated %d pods, %d services (routes %v); want at most %d pods (some: %v), %d services, routes %v",
+					ch.Pods, ch.Services, ch.Routes, c.maxPods, c.wantPods, c.maxSvc, c.wantRoute)
+			}
+			if c.wantPods && len(ch.Addresses) == 0 {
+				t.Errorf("no address changed")
+			}
+			full := Translate(cfg, next, nil)
+			if !sameResult(res, full) {
+				t.Fatalf("incremental result differs from a full translation")
+			}
+			scan := *full
+			scan.bound = nil // every address scanned
+			got, gotSt := WaypointConfigs(cfg, next, res)
+			want, wantSt := WaypointConfigs(cfg, next, &scan)
+			if len(got) != len(want) || !reflect.DeepEqual(gotSt, wantSt) {
+				t.Fatalf("waypoint configs: %d vs %d, statuses equal %v", len(got), len(want), reflect.DeepEqual(gotSt, wantSt))
+			}
+			for k, v := range want {
+				if !proto.Equal(got[k], v) {
+					t.Errorf("waypoint config %s differs from one built by scanning every address", k)
+				}
+			}
+			objs = next
+		})
 	}
 }
