@@ -375,6 +375,11 @@ func (tr *Translator) edit() *edit {
 }
 
 func (e *edit) set(k string, a *workloadapi.Address) {
+	if cur, ok := e.all.Get(k); ok && (cur == a || proto.Equal(cur, a)) {
+		// Unchanged (a re-translated global unit mostly is): keep the
+		// shards as they are rather than copy one per address.
+		return
+	}
 	e.all.Set(k, a)
 	if boundToWaypoint(a) {
 		e.bound.Set(k, a)

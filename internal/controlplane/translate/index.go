@@ -1,8 +1,10 @@
 package translate
 
 import (
+	"cmp"
 	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 
@@ -67,8 +69,12 @@ type waypoint struct {
 
 type index struct {
 	namespaces map[string]*corev1.Namespace
-	// svcByName: non-ExternalName Services by ns/name.
+	// svcByName: non-ExternalName Services by ns/name (empty when
+	// svcSorted is set).
 	svcByName map[string]*corev1.Service
+	// svcSorted: the sorted Services, when an index without workloads
+	// looks them up by binary search instead (service).
+	svcSorted []*corev1.Service
 	// svcSel: Services with a selector, by namespace, then by the first
 	// (smallest) key of their selector, its value, then by name. A pod
 	// finds the Services selecting it through its own labels in
@@ -116,8 +122,10 @@ func (t *translator) buildIndex() { t.buildIndexOf(true) }
 
 // buildIndexOf builds the index; withWorkloads false leaves out the pods
 // and EndpointSlices (pods, podsByNs, podsByNode, slicesBySvc, podRefs stay
-// empty): what waypoint configs and route statuses need is the rest, and
-// at 50k pods those two take most of the time.
+// empty) and indexes Services by name only (svcSel, svcHosts, kubeHosts
+// stay empty; meshHosts holds ServiceEntry hosts only): what waypoint
+// configs and route statuses need is the rest, and at 50k pods the rest
+// takes most of the time.
 func (t *translator) buildIndexOf(withWorkloads bool) {
 	t.idx = index{
 		namespaces:   map[string]*corev1.Namespace{},
@@ -132,7 +140,7 @@ func (t *translator) buildIndexOf(withWorkloads bool) {
 		aliasTargets: map[string]bool{},
 		waypoints:    map[string]*waypoint{},
 		classes:      map[string]*gatewayv1.GatewayClass{},
-		pods:         make(map[string]*corev1.Pod, len(t.objs.Pods)),
+		pods:         map[string]*corev1.Pod{},
 		podsByNs:     map[string]map[string]*corev1.Pod{},
 		slicesBySvc:  map[string]map[string]*discoveryv1.EndpointSlice{},
 		podRefs:      map[string]map[string]*discoveryv1.EndpointSlice{},
@@ -144,15 +152,26 @@ func (t *translator) buildIndexOf(withWorkloads bool) {
 	for _, n := range t.objs.Nodes {
 		t.idx.nodes[n.Name] = locality(n.Labels)
 	}
+	// Waypoint configs and route statuses look Services up by name only
+	// (service): from a sorted set by binary search, else by svcByName;
+	// the selector and host indexes are for pods.
+	if !withWorkloads && slices.IsSortedFunc(t.objs.Services, less) {
+		t.idx.svcSorted = t.objs.Services
+	}
 	for _, s := range t.objs.Services {
-		if s.Spec.Type != corev1.ServiceTypeExternalName {
+		switch {
+		case s.Spec.Type == corev1.ServiceTypeExternalName || t.idx.svcSorted != nil:
+		case withWorkloads:
 			t.idx.addService(s, t.serviceHostname(s))
+		default:
+			t.idx.svcByName[s.Namespace+"/"+s.Name] = s
 		}
 	}
 	t.indexGlobal()
 	if !withWorkloads {
 		return
 	}
+	t.idx.pods = make(map[string]*corev1.Pod, len(t.objs.Pods))
 	for _, p := range t.objs.Pods {
 		t.idx.addPod(p)
 	}
@@ -342,6 +361,20 @@ func (x *index) removeSlice(es *discoveryv1.EndpointSlice) {
 			delete(x.podRefs, k)
 		}
 	}
+}
+
+// service returns the non-ExternalName Service ns/name, or nil.
+func (t *translator) service(ns, name string) *corev1.Service {
+	if ss := t.idx.svcSorted; ss != nil {
+		i, found := slices.BinarySearchFunc(ss, [2]string{ns, name}, func(s *corev1.Service, k [2]string) int {
+			return cmp.Or(cmp.Compare(s.Namespace, k[0]), cmp.Compare(s.Name, k[1]))
+		})
+		if !found || ss[i].Spec.Type == corev1.ServiceTypeExternalName {
+			return nil
+		}
+		return ss[i]
+	}
+	return t.idx.svcByName[ns+"/"+name]
 }
 
 func (t *translator) serviceHostname(s *corev1.Service) string {

@@ -234,6 +234,8 @@ type translator struct {
 	// a Pod, Service or Node holding one of them decides its ownership,
 	// so changing one re-translates everything (ownershipChange).
 	seAddrs []netip.Prefix
+	// routesByParent: routes by "<parent kind> ns/name" (routesOf).
+	routesByParent map[string][]attachedRoute
 }
 
 func newTranslator(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *translator {
