@@ -375,15 +375,31 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	// Publish the placement before the workloads: a node proxy that learns
 	// of a new workload may ask for its certificate right away.
 	c.snap.Store(s)
-	if ch.Full || ch.Global {
-		// Policies, PeerAuthentications, ServiceEntries... are translated
-		// as a whole (translate.Changes.Global): the server pushes only
-		// the Authorizations that changed.
+	switch {
+	case ch.Full:
 		authz := make(map[string]proto.Message, len(res.Authorizations))
 		for k, v := range res.Authorizations {
 			authz[k] = v
 		}
 		c.xds.SetResources(xds.AuthorizationType, authz)
+	case ch.Global:
+		// Policies are translated as a whole (translate.Changes.Global),
+		// but an unchanged policy keeps its Authorization: hand the server
+		// only those that are new objects (it sends only changed
+		// encodings) and the names that are gone.
+		up := map[string]proto.Message{}
+		for k, v := range res.Authorizations {
+			if before.Authorizations[k] != v {
+				up[k] = v
+			}
+		}
+		var gone []string
+		for k := range before.Authorizations {
+			if _, ok := res.Authorizations[k]; !ok {
+				gone = append(gone, k)
+			}
+		}
+		c.xds.UpdateResources(xds.AuthorizationType, up, gone)
 	}
 	if ch.Full {
 		addrs := make(map[string]proto.Message, res.Addresses.Len())

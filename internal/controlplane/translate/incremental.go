@@ -55,6 +55,9 @@ type Translator struct {
 	// targetRefPolicies: some AuthorizationPolicy has targetRef(s), whose
 	// status depends on which Services exist.
 	targetRefPolicies bool
+	// apCache: the AuthorizationPolicy conversions of the current set
+	// (translator.convertCached).
+	apCache map[*securityv1.AuthorizationPolicy]convertedPolicy
 
 	global   *unit
 	services map[string]*unit // ns/name
@@ -335,7 +338,7 @@ func (tr *Translator) replace(e *edit, ch *Changes, old, new *unit) bool {
 	changed := false
 	if new != nil {
 		for i, k := range new.keys {
-			e.set(k, new.addrs[i])
+			e.set(k, new.addrs[i], tr.global != nil && (new == tr.global || old == tr.global))
 			if !ch.Full {
 				ch.Addresses[k] = new.addrs[i]
 			}
@@ -374,10 +377,12 @@ func (tr *Translator) edit() *edit {
 	return &edit{all: resmap.Edit(tr.addrs), bound: resmap.Edit(tr.bound)}
 }
 
-func (e *edit) set(k string, a *workloadapi.Address) {
-	if cur, ok := e.all.Get(k); ok && (cur == a || proto.Equal(cur, a)) {
+func (e *edit) set(k string, a *workloadapi.Address, global bool) {
+	if cur, ok := e.all.Get(k); ok && (cur == a || global && proto.Equal(cur, a)) {
 		// Unchanged (a re-translated global unit mostly is): keep the
-		// shards as they are rather than copy one per address.
+		// shards as they are rather than copy one per address. Units of
+		// pods, Services and slices are redone because they changed, so
+		// they are not compared.
 		return
 	}
 	e.all.Set(k, a)
@@ -471,7 +476,9 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 
 	t.buildIndex()
 	ch := &Changes{Full: true, Reason: reason}
+	t.apNext = map[*securityv1.AuthorizationPolicy]convertedPolicy{}
 	tr.global = tr.unit(t.translateGlobal)
+	tr.apCache, t.apNext = t.apNext, nil
 	tr.addrs, tr.bound = nil, nil
 	e := tr.edit()
 	tr.replace(e, ch, nil, tr.global)
@@ -600,7 +607,10 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 			tr.targetRefPolicies = true
 		}
 	}
-	return t, tr.unit(t.translateGlobal)
+	t.apCache, t.apNext = tr.apCache, map[*securityv1.AuthorizationPolicy]convertedPolicy{}
+	u := tr.unit(t.translateGlobal)
+	tr.apCache, t.apCache, t.apNext = t.apNext, nil, nil
+	return t, u
 }
 
 // translateGlobal translates the kinds that make up the global unit.
@@ -660,6 +670,9 @@ func (tr *Translator) globalDirty(old, t *translator, g *globalDiff, dirtyPods, 
 	}
 	if g.authzPolicies {
 		for ns := range keysOf(old.idx.policiesByNs, x.policiesByNs) {
+			if sameSelectorPolicies(old.idx.policiesByNs[ns], x.policiesByNs[ns]) {
+				continue
+			}
 			before, after := policySelectors(old.idx.policiesByNs[ns]), policySelectors(x.policiesByNs[ns])
 			for k := range keysOf(before, after) {
 				b, inB := before[k]
@@ -798,6 +811,12 @@ func (tr *Translator) globalDirty(old, t *translator, g *globalDiff, dirtyPods, 
 			}
 		}
 	}
+}
+
+// sameSelectorPolicies: a and b list the same policies with the same
+// selectors in the same order.
+func sameSelectorPolicies(a, b []selectorPolicy) bool {
+	return slices.EqualFunc(a, b, func(p, q selectorPolicy) bool { return p.key == q.key && maps.Equal(p.selector, q.selector) })
 }
 
 // policySelectors maps each selector policy's key to its selector.

@@ -2,7 +2,6 @@ package translate
 
 import (
 	"cmp"
-	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -93,7 +92,8 @@ type index struct {
 	kubeHosts map[string]bool
 	// seSel: ServiceEntries with a workloadSelector, by namespace.
 	seSel map[string][]*networkingv1.ServiceEntry
-	// meshHosts are hostnames of mesh services (k8s FQDNs and SE hosts).
+	// meshHosts are the ServiceEntry hosts; with kubeHosts, the hostnames
+	// of mesh services (isMeshHost).
 	meshHosts map[string]bool
 	// aliasTargets: targets of ExternalName Services (for change tracking).
 	aliasTargets map[string]bool
@@ -123,7 +123,7 @@ func (t *translator) buildIndex() { t.buildIndexOf(true) }
 // buildIndexOf builds the index; withWorkloads false leaves out the pods
 // and EndpointSlices (pods, podsByNs, podsByNode, slicesBySvc, podRefs stay
 // empty) and indexes Services by name only (svcSel, svcHosts, kubeHosts
-// stay empty; meshHosts holds ServiceEntry hosts only): what waypoint
+// stay empty): what waypoint
 // configs and route statuses need is the rest, and at 50k pods the rest
 // takes most of the time.
 func (t *translator) buildIndexOf(withWorkloads bool) {
@@ -189,7 +189,7 @@ func (t *translator) indexGlobal() {
 	x := &t.idx
 	x.namespaces = make(map[string]*corev1.Namespace, len(t.objs.Namespaces))
 	x.seHosts, x.seHostnames, x.aliasTargets = map[string]bool{}, map[string]bool{}, map[string]bool{}
-	x.meshHosts = maps.Clone(x.kubeHosts)
+	x.meshHosts = map[string]bool{}
 	x.seSel = map[string][]*networkingv1.ServiceEntry{}
 	x.waypoints, x.classes = map[string]*waypoint{}, map[string]*gatewayv1.GatewayClass{}
 	x.policiesByNs, x.wePerNs = map[string][]selectorPolicy{}, map[string]int{}
@@ -220,6 +220,9 @@ func (t *translator) indexGlobal() {
 	}
 }
 
+// isMeshHost: h is the hostname of a Kubernetes Service or a ServiceEntry host.
+func (x *index) isMeshHost(h string) bool { return x.kubeHosts[h] || x.meshHosts[h] }
+
 // indexPolicies groups the selector policies by namespace; it runs after
 // translateAuthorizationPolicies.
 func (t *translator) indexPolicies() {
@@ -243,7 +246,6 @@ func (x *index) addService(s *corev1.Service, host string) {
 	x.svcByName[s.Namespace+"/"+s.Name] = s
 	x.svcHosts[s.Namespace+"/"+host] = true
 	x.kubeHosts[host] = true
-	x.meshHosts[host] = true
 	if k, ok := selectorKey(s.Spec.Selector); ok {
 		byKey := x.svcSel[s.Namespace]
 		if byKey == nil {
@@ -267,7 +269,6 @@ func (x *index) removeService(s *corev1.Service, host string) {
 	delete(x.svcByName, s.Namespace+"/"+s.Name)
 	delete(x.svcHosts, s.Namespace+"/"+host)
 	delete(x.kubeHosts, host)
-	delete(x.meshHosts, host)
 	if k, ok := selectorKey(s.Spec.Selector); ok {
 		delete(x.svcSel[s.Namespace][k][s.Spec.Selector[k]], s.Name)
 	}

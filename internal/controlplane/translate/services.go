@@ -368,7 +368,7 @@ func (t *translator) translateExternalNames() {
 			continue
 		}
 		target := strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")
-		if !t.idx.meshHosts[target] {
+		if !t.idx.isMeshHost(target) {
 			t.warnf("Service", s.Namespace, s.Name, "externalName %s is not a mesh service; not an alias (DNS is forwarded)", s.Spec.ExternalName)
 			continue
 		}

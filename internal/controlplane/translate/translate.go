@@ -21,6 +21,7 @@ import (
 	"sort"
 
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
@@ -236,6 +237,9 @@ type translator struct {
 	seAddrs []netip.Prefix
 	// routesByParent: routes by "<parent kind> ns/name" (routesOf).
 	routesByParent map[string][]attachedRoute
+	// apCache holds the previous translation's policy conversions (read
+	// only); apNext collects this one's (convertCached). nil: no cache.
+	apCache, apNext map[*securityv1.AuthorizationPolicy]convertedPolicy
 }
 
 func newTranslator(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *translator {
