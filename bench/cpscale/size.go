@@ -219,7 +219,7 @@ func runSize(n int, o options) error {
 	}
 	fmt.Printf("cp_change_translate_p99_ms_%s %.2f ms\n", suffix, ms(quantile(applies, 0.99)))
 	fmt.Printf("cp_push_p99_ms_%s %.1f ms\n", suffix, ms(quantile(lat, 0.99)))
-	if err := kindChanges(cp, spec, objs, suffix); err != nil {
+	if err := kindChanges(cp, spec, objs, suffix, o.interval); err != nil {
 		return err
 	}
 	fmt.Printf("cp_rss_mb_%s %d MB\n", suffix, procStatus("VmHWM")/1024)
@@ -260,12 +260,14 @@ func readNodes(r io.Reader, ready chan<- error, seen func(string, time.Time)) {
 
 // kindChanges measures Apply for changes of the kinds translated as a
 // whole before issue 29 (translate's global unit) and of routes: for each,
-// kindSeries changes, each one object of one namespace (round-robin over
+// kindSeries changes one every interval (as the pod churn; the previous
+// change's pushes to the node clients run in between), each one object of
+// one namespace (round-robin over
 // the namespaces that have one), every change altering the output (a
 // namespace's dataplane mode, a policy's selector, a PeerAuthentication's
 // mode, a ServiceEntry's port, an HTTPRoute's path; see synth). It prints
 // cp_change_translate_p99_ms_<size>_<kind> per kind.
-func kindChanges(cp *controlplane.ControlPlane, s synth.Spec, objs *cluster.Objects, suffix string) error {
+func kindChanges(cp *controlplane.ControlPlane, s synth.Spec, objs *cluster.Objects, suffix string, interval time.Duration) error {
 	all := make([]int, s.Namespaces)
 	for i := range all {
 		all[i] = i
@@ -297,7 +299,10 @@ func kindChanges(cp *controlplane.ControlPlane, s synth.Spec, objs *cluster.Obje
 		}
 		gens := map[int]int{} // namespace → its object's generation
 		var applies []time.Duration
+		tick := time.NewTicker(interval)
+		cpu0 := cpuTime()
 		for i := range kindSeries {
+			<-tick.C
 			n := k.nss[i%len(k.nss)]
 			gens[n]++
 			next := k.with(objs, n, gens[n])
@@ -306,9 +311,12 @@ func kindChanges(cp *controlplane.ControlPlane, s synth.Spec, objs *cluster.Obje
 			applies = append(applies, time.Since(at))
 			objs = next
 		}
+		tick.Stop()
+		cpu := cpuTime() - cpu0
 		fmt.Printf("cp_change_translate_p99_ms_%s_%s %.2f ms\n", suffix, k.name, ms(quantile(applies, 0.99)))
-		fmt.Fprintf(os.Stderr, "%s: %d %s changes: Apply p50 %v p99 %v max %v\n", suffix, len(applies), k.name,
-			quantile(applies, 0.5), quantile(applies, 0.99), quantile(applies, 1))
+		fmt.Fprintf(os.Stderr, "%s: %d %s changes, one every %v: Apply p50 %v p99 %v max %v; control plane CPU %v per change (pushes and GC included)\n",
+			suffix, len(applies), k.name, interval, quantile(applies, 0.5), quantile(applies, 0.99), quantile(applies, 1),
+			(cpu / time.Duration(len(applies))).Round(10*time.Microsecond))
 	}
 	return nil
 }

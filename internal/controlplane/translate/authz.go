@@ -33,6 +33,8 @@ const AnnotationDryRun = "istio.io/dry-run"
 const NotEnforcedByWaypoint = "not enforced: no waypoint enforces policies in this mesh"
 
 func (t *translator) translateAuthorizationPolicies() {
+	o := t.objs
+	t.policies = slices.Grow(t.policies, len(o.AuthorizationPolicies)+len(o.PeerAuthentications)+len(o.RequestAuthentications))
 	var targets *targetIndex
 	for _, ap := range t.objs.AuthorizationPolicies {
 		key := ap.Namespace + "/" + ap.Name

@@ -476,7 +476,7 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 
 	t.buildIndex()
 	ch := &Changes{Full: true, Reason: reason}
-	t.apNext = map[*securityv1.AuthorizationPolicy]convertedPolicy{}
+	t.apNext = make(map[*securityv1.AuthorizationPolicy]convertedPolicy, len(objs.AuthorizationPolicies))
 	tr.global = tr.unit(t.translateGlobal)
 	tr.apCache, t.apNext = t.apNext, nil
 	tr.addrs, tr.bound = nil, nil
@@ -607,7 +607,7 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 			tr.targetRefPolicies = true
 		}
 	}
-	t.apCache, t.apNext = tr.apCache, map[*securityv1.AuthorizationPolicy]convertedPolicy{}
+	t.apCache, t.apNext = tr.apCache, make(map[*securityv1.AuthorizationPolicy]convertedPolicy, len(objs.AuthorizationPolicies))
 	u := tr.unit(t.translateGlobal)
 	tr.apCache, t.apCache, t.apNext = t.apNext, nil, nil
 	return t, u
