@@ -327,7 +327,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		res := *tr.res
 		tr.res = &res
 	}
-	tr.res.Addresses, tr.res.Warnings, tr.res.bound = tr.addrs, tr.warnings, tr.bound
+	tr.res.Addresses, tr.res.Warnings, tr.res.bound, tr.res.services = tr.addrs, tr.warnings, tr.bound, objs.Services
 	sort.Strings(ch.Removed)
 	return tr.res, ch
 }
@@ -510,7 +510,7 @@ func (tr *Translator) full(objs *cluster.Objects, allocs *autoalloc.Allocations,
 	e.done(tr)
 	tr.sortWarnings()
 	tr.res = t.result(tr.addrs, tr.warnings)
-	tr.res.bound = tr.bound
+	tr.res.bound, tr.res.services = tr.bound, objs.Services
 	return tr.res, ch
 }
 

@@ -155,7 +155,7 @@ func (t *translator) buildIndexOf(withWorkloads bool) {
 	// Waypoint configs and route statuses look Services up by name only
 	// (service): from a sorted set by binary search, else by svcByName;
 	// the selector and host indexes are for pods.
-	if !withWorkloads && slices.IsSortedFunc(t.objs.Services, less) {
+	if !withWorkloads && (t.servicesSorted || slices.IsSortedFunc(t.objs.Services, less)) {
 		t.idx.svcSorted = t.objs.Services
 	}
 	for _, s := range t.objs.Services {

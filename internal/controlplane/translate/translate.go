@@ -22,6 +22,7 @@ import (
 
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
@@ -165,6 +166,16 @@ type Result struct {
 	// by the Translator so that waypoint configs need not scan every
 	// address; nil: not kept (a Result built elsewhere), scan them all.
 	bound *resmap.Map[*workloadapi.Address]
+	// services is the sorted Services slice the Translator read (nil
+	// when not from a Translator): waypoint configs built from the same
+	// slice need not check its order.
+	services []*corev1.Service
+}
+
+// sortedServices reports whether s is the slice of Services r was
+// translated from (hence sorted).
+func (r *Result) sortedServices(s []*corev1.Service) bool {
+	return r.services != nil && len(r.services) == len(s) && (len(s) == 0 || &r.services[0] == &s[0])
 }
 
 // waypointBound iterates over the addresses that may be bound to a
@@ -235,6 +246,9 @@ type translator struct {
 	// a Pod, Service or Node holding one of them decides its ownership,
 	// so changing one re-translates everything (ownershipChange).
 	seAddrs []netip.Prefix
+	// servicesSorted: objs.Services is known to be sorted (the slice a
+	// Translator translated), so buildIndexOf need not check it.
+	servicesSorted bool
 	// routesByParent: routes by "<parent kind> ns/name" (routesOf).
 	routesByParent map[string][]attachedRoute
 	// apCache holds the previous translation's policy conversions (read

@@ -48,6 +48,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	}) {
 		return out, append(append(slices.Clone(res.Policies), ir.statuses()...), tel.statuses()...)
 	}
+	t.servicesSorted = res.sortedServices(objs.Services)
 	t.buildIndexOf(false)
 	t.translateWaypoints()
 
