@@ -40,9 +40,14 @@ import (
 // resource lists no endpoints, so no service changes (and slices naming
 // the pod are redone only when the pod appears or disappears). A Node
 // change re-translates the pods on that node, and only when the locality
-// its labels give changed. Any other kind, an ExternalName Service, or a Service whose hostname a
-// ServiceEntry or alias also uses, re-translates everything: those are
-// rare and a full translation is fast (indexed, O(objects)).
+// its labels give changed. A change of a kind the global unit translates
+// (Namespace, AuthorizationPolicy, PeerAuthentication,
+// RequestAuthentication, ServiceEntry and its allocations, Gateway)
+// re-translates the global unit and the pods, Services and EndpointSlices
+// it can reach (globalDirty says which, per kind). A WorkloadEntry or
+// GatewayClass change, an ExternalName Service, or a Service whose
+// hostname a ServiceEntry or alias also uses, re-translates everything:
+// those are rare and a full translation is fast (indexed, O(objects)).
 //
 // A Translator is not safe for concurrent use; the Results it returns are
 // immutable and may be read from any goroutine.
