@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"cmp"
 	"maps"
 	"runtime"
 	"slices"
@@ -540,8 +541,22 @@ func (tr *Translator) globalChange(objs *cluster.Objects) string {
 		return "WorkloadEntry changed"
 	case changed(o.GatewayClasses, objs.GatewayClasses):
 		return "GatewayClass changed"
+	case tr.cfg.Network == "" && rootNetwork(o.Namespaces, tr.cfg.RootNamespace) != rootNetwork(objs.Namespaces, tr.cfg.RootNamespace):
+		// The system namespace's network label is the default network
+		// of every workload and VIP (clusterNetwork), not only its own.
+		return "system namespace network changed"
 	}
 	return ""
+}
+
+// rootNetwork is the network label of the namespace named root in nss,
+// which is sorted by name.
+func rootNetwork(nss []*corev1.Namespace, root string) string {
+	i, ok := slices.BinarySearchFunc(nss, root, func(n *corev1.Namespace, name string) int { return cmp.Compare(n.Name, name) })
+	if !ok {
+		return ""
+	}
+	return nss[i].Labels[LabelNetwork]
 }
 
 // globalDiff is what changed among the kinds the global unit translates

@@ -18,6 +18,7 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
@@ -448,5 +449,36 @@ func TestGlobalChangeBounded(t *testing.T) {
 			}
 			objs = next
 		})
+	}
+}
+
+// TestSystemNamespaceNetworkChange: with no configured network, the system
+// namespace's network label is every workload's default network, so a
+// change of it re-translates everything, and the result equals a full
+// translation.
+func TestSystemNamespaceNetworkChange(t *testing.T) {
+	cfg := LocalDefaults()
+	cfg.Network = ""
+	objs := synth.Build(synth.Spec{Pods: 40, Namespaces: 4, Nodes: 2, PodsPerService: 4, AmbientEvery: 2})
+	withRoot := func(labels map[string]string) *cluster.Objects {
+		next := *objs
+		next.Namespaces = append(clone(objs.Namespaces), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cfg.RootNamespace, Labels: labels, ResourceVersion: fmt.Sprint(len(labels))}})
+		next.Sort()
+		return &next
+	}
+	tr := NewTranslator(cfg)
+	tr.Update(withRoot(nil), nil)
+	next := withRoot(map[string]string{LabelNetwork: "net-a"})
+	res, ch := tr.Update(next, nil)
+	if !ch.Full {
+		t.Errorf("system namespace network change: incremental (%s), want a full translation", ch.Reason)
+	}
+	if full := Translate(cfg, next, nil); !sameResult(res, full) {
+		t.Fatalf("result differs from a full translation:\n%s\nwant:\n%s", goldenJSON(t, res), goldenJSON(t, full))
+	}
+	for _, a := range res.Addresses.All() {
+		if w := a.GetWorkload(); w != nil && w.Network != "net-a" {
+			t.Fatalf("workload %s on network %q, want net-a", w.Uid, w.Network)
+		}
 	}
 }
