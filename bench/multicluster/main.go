@@ -41,8 +41,8 @@ func main() {
 	destAddr := flag.String("dest", "", "internal: the dest node proxy's HBONE address for the gateway child")
 	var o options
 	flag.IntVar(&o.rounds, "rounds", 5, "alternating rounds; each measures every path")
-	flag.IntVar(&o.connects, "connects", 100, "new connections per path per round")
-	flag.IntVar(&o.requests, "requests", 1000, "1 KiB requests per path per round on a reused connection")
+	flag.IntVar(&o.connects, "connects", 200, "new connections per path per round")
+	flag.IntVar(&o.requests, "requests", 2000, "1 KiB requests per path per round on a reused connection")
 	flag.Parse()
 	var err error
 	switch *role {

@@ -212,7 +212,8 @@ func exchange(c net.Conn, req, resp []byte) error {
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// print emits the figures: each path's percentile minus direct's.
+// print emits the figures: each path's percentile minus direct's, then
+// cross network minus same network as Istio compares them.
 func (r *results) print() {
 	pct := func(s []time.Duration, p float64) time.Duration {
 		slices.Sort(s)
@@ -220,8 +221,8 @@ func (r *results) print() {
 	}
 	direct := r.newConn[0].samples
 	for _, p := range r.newConn {
-		logf("new connection + first byte, %s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs (%d samples)",
-			p.name, us(pct(p.samples, 50)), us(pct(p.samples, 90)), us(pct(p.samples, 99)), len(p.samples))
+		logf("new connection + first byte, %s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, mean %.0f µs (%d samples)",
+			p.name, us(pct(p.samples, 50)), us(pct(p.samples, 90)), us(pct(p.samples, 99)), us(mean(p.samples)), len(p.samples))
 	}
 	for _, p := range r.newConn[1:] {
 		emit(p.figure+"_added_us", us(pct(p.samples, 50)-pct(direct, 50)), "us")
@@ -229,11 +230,36 @@ func (r *results) print() {
 	}
 	direct = r.reused[0].samples
 	for _, p := range r.reused {
-		logf("1 KiB request on a reused connection, %s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs (%d samples)",
-			p.name, us(pct(p.samples, 50)), us(pct(p.samples, 90)), us(pct(p.samples, 99)), len(p.samples))
+		logf("1 KiB request on a reused connection, %s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, mean %.0f µs (%d samples)",
+			p.name, us(pct(p.samples, 50)), us(pct(p.samples, 90)), us(pct(p.samples, 99)), us(mean(p.samples)), len(p.samples))
 	}
 	for _, p := range r.reused[1:] {
 		emit(fmt.Sprintf("mc_%s_reused_req_added_us", p.name), us(pct(p.samples, 50)-pct(direct, 50)), "us")
 		emit(fmt.Sprintf("mc_%s_reused_req_added_p99_us", p.name), us(pct(p.samples, 99)-pct(direct, 99)), "us")
 	}
+	// Istio's published figures are pods in two clusters minus pods in one,
+	// averages, with the node proxies' pools warm (outer connection to the
+	// gateway, connection to the destination's node): a new connection is
+	// then a new stream on one network and an inner handshake across.
+	newConn := map[string][]time.Duration{}
+	for _, p := range r.newConn {
+		newConn[p.name] = p.samples
+	}
+	crossNew, sameNew := newConn["cross_network_warm_outer"], newConn["same_network_warm"]
+	emit("mc_cross_minus_same_new_conn_us", us(pct(crossNew, 50)-pct(sameNew, 50)), "us")
+	emit("mc_cross_minus_same_new_conn_mean_us", us(mean(crossNew)-mean(sameNew)), "us")
+	crossReq, sameReq := r.reused[2].samples, r.reused[1].samples
+	emit("mc_cross_minus_same_reused_req_us", us(pct(crossReq, 50)-pct(sameReq, 50)), "us")
+	emit("mc_cross_minus_same_reused_req_mean_us", us(mean(crossReq)-mean(sameReq)), "us")
+}
+
+func mean(s []time.Duration) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	return sum / time.Duration(len(s))
 }
