@@ -111,7 +111,7 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 	out = append(out, serviceEntryFindings(objs)...)
 	out = append(out, dnsCaptureFindings(objs, pods)...)
 	out = append(out, routeStatusFindings(cfg, objs)...)
-	out = append(out, gatewayProxyFindings(objs)...)
+	out = append(out, gatewayProxyFindings(objs, cfg.RootNamespace)...)
 	for _, o := range objs.Ignored {
 		if o.Kind == "Gateway" && strings.HasPrefix(o.APIVersion, "networking.istio.io/") {
 			out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: o.Kind + " " + o.Namespace + "/" + o.Name,
@@ -140,7 +140,7 @@ func analyzeObjects(objs *cluster.Objects, source string, decodeErrs []error, po
 // istio-waypoint, and the routes whose every parent is one: they configure
 // gateway proxies (Istio's ingress gateway), not the mesh, and are not
 // applicable to ztunnel-go, which neither runs nor configures them.
-func gatewayProxyFindings(objs *cluster.Objects) []finding {
+func gatewayProxyFindings(objs *cluster.Objects, root string) []finding {
 	var out []finding
 	proxies := map[string]string{} // ns/name → class
 	for _, g := range objs.Gateways {
@@ -149,13 +149,13 @@ func gatewayProxyFindings(objs *cluster.Objects) []finding {
 			// Not a proxy ztunnel-go runs, but ztunnel-cp reads it: the
 			// network gateway of its network's remote workloads.
 			proxies[g.Namespace+"/"+g.Name] = c
-			if p := translate.EastWestProblem(g); p != "" {
+			if p := translate.EastWestProblem(g, root); p != "" {
 				out = append(out, finding{Code: codeGatewayProxy, Level: levelWarning, Object: obj,
 					Message: "east-west gateway not used: " + p + "; remote workloads of its network get no network gateway, so node proxies of other networks refuse them",
-					Fix:     "label it " + translate.LabelNetwork + "=<network> and give it an HBONE listener with tls.mode Terminate (docs/multicluster.md)"})
+					Fix:     "define it in " + root + ", label it " + translate.LabelNetwork + "=<network> and give it an HBONE listener with tls.mode Terminate (docs/multicluster.md)"})
 			} else {
 				out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: obj,
-					Message: "east-west gateway of network " + g.Labels[translate.LabelNetwork] + ": ztunnel-cp sends its address (HBONE port 15008) as the network gateway of that network's workloads in other clusters; ztunnel-go does not run it",
+					Message: "east-west gateway of network " + g.Labels[translate.LabelNetwork] + ": ztunnel-cp sends its address (HBONE port 15008) as the network gateway of that network's workloads in other clusters; ztunnel-cp deploys it (the waypoint image in east-west mode, docs/eastwest.md)",
 					Fix:     "none"})
 			}
 		} else if c != translate.WaypointClass {

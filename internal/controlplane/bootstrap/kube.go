@@ -99,7 +99,7 @@ func waypointController(o Options, k *kubeParts, rootPEM []byte, log *zap.Logger
 		Kube: k.kube, Gateway: k.gateway, Source: k.src, Leading: k.status.Leading,
 		Image: o.WaypointImage, XDSAddress: net.JoinHostPort(ServiceName+"."+o.SystemNamespace+".svc", port),
 		TrustDomain: o.TrustDomain, RootPEM: func() []byte { return rootPEM }, Log: log.Named("waypoints"),
-		TemplateFile: o.WaypointTemplate, ValuesFile: o.WaypointValues,
+		TemplateFile: o.WaypointTemplate, ValuesFile: o.WaypointValues, RootNamespace: o.RootNamespace,
 	}
 	if f := o.WaypointCRLFile; f != "" {
 		cfg.CRLPEM = func() ([]byte, error) { return os.ReadFile(f) }

@@ -576,9 +576,10 @@ func eastWestOnly(o *cluster.Objects) *cluster.Objects {
 }
 
 // eastWestGateways maps each network to its east-west gateway address:
-// Gateways of class istio-east-west labelled topology.istio.io/network
-// with an HBONE listener terminating TLS (istiod's rule for remote
-// east-west gateways), in this cluster or any remote one. The address is
+// Gateways of class istio-east-west in the root namespace labelled
+// topology.istio.io/network with an HBONE listener terminating TLS
+// (istiod's rule for remote east-west gateways, plus the namespace: see
+// EastWestProblem), in this cluster or any remote one. The address is
 // the Gateway's first status address (IPAddress or Hostname), else its
 // Service's (label gateway.networking.k8s.io/gateway-name) LoadBalancer
 // ingress, else, for a Gateway of this cluster only, its ClusterIP. With
@@ -593,7 +594,7 @@ func (m *Merger) eastWestGateways(local *cluster.Objects, remotes []RemoteCluste
 	consider := func(order string, objs *cluster.Objects, isLocal bool) {
 		for _, g := range objs.Gateways {
 			n := g.Labels[LabelNetwork]
-			if string(g.Spec.GatewayClassName) != EastWestClass || n == "" || !hboneTerminate(g) {
+			if string(g.Spec.GatewayClassName) != EastWestClass || EastWestProblem(g, m.cfg.RootNamespace) != "" {
 				continue
 			}
 			a := gatewayAddr(g, n, objs, isLocal)
@@ -620,11 +621,17 @@ func (m *Merger) eastWestGateways(local *cluster.Objects, remotes []RemoteCluste
 }
 
 // EastWestProblem says why a Gateway of class istio-east-west is not used
-// as its network's gateway ("" when it can be, given an address).
-func EastWestProblem(g *gatewayv1.Gateway) string {
+// as its network's gateway ("" when it can be, given an address). root is
+// the mesh's root (system) namespace: a network gateway receives every
+// tenant's traffic to its network, so one defined in a tenant's namespace
+// would let that tenant take (and drop) other tenants' cross-network
+// connections; only the root namespace may define one.
+func EastWestProblem(g *gatewayv1.Gateway, root string) string {
 	switch {
 	case string(g.Spec.GatewayClassName) != EastWestClass:
 		return "not of class " + EastWestClass
+	case g.Namespace != root:
+		return "not in the root namespace " + root + " (a network gateway carries every namespace's cross-network traffic)"
 	case g.Labels[LabelNetwork] == "":
 		return "no label " + LabelNetwork + " naming its network"
 	case !hboneTerminate(g):

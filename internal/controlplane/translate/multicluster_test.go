@@ -170,6 +170,42 @@ func TestMergeNoGateway(t *testing.T) {
 	}
 }
 
+// TestMergeTenantEastWestGatewayIgnored: a namespace owner's own
+// istio-east-west Gateway, in this cluster or a remote one, labelled with
+// a network and sorted before the real one, never becomes that network's
+// gateway: it would receive every namespace's cross-network connections.
+func TestMergeTenantEastWestGatewayIgnored(t *testing.T) {
+	cfg := Config{ClusterID: "east"}
+	local, remote := twoClusters()
+	tenant := func(addr string) *gatewayv1.Gateway {
+		g := mcEastWest("n2", addr)
+		g.Namespace, g.Name = "aaa-tenant", "a-gateway"
+		return g
+	}
+	local.Gateways = append(local.Gateways, tenant("198.51.100.66"))
+	remote.Gateways = append([]*gatewayv1.Gateway{tenant("198.51.100.77")}, remote.Gateways...)
+	local.Sort()
+	remote.Sort()
+	res := merge(cfg, local, RemoteCluster{ID: "west", Objs: remote})
+	a, ok := res.Addresses.Get("west//Pod/app/global-b")
+	if !ok {
+		t.Fatal("remote workload missing")
+	}
+	got := a.GetWorkload().GetNetworkGateway().GetAddress().GetAddress()
+	if want := []byte{192, 0, 2, 10}; string(got) != string(want) {
+		t.Fatalf("network gateway %v, want the root namespace's 192.0.2.10", got)
+	}
+	if p := EastWestProblem(tenant("198.51.100.66"), DefaultRootNamespace); !strings.Contains(p, "root namespace") {
+		t.Errorf("EastWestProblem of a tenant's Gateway = %q, want the root namespace named", p)
+	}
+	// With only the tenant's, the network has no gateway at all.
+	remote.Gateways = []*gatewayv1.Gateway{tenant("198.51.100.77")}
+	res = merge(cfg, local, RemoteCluster{ID: "west", Objs: remote})
+	if a, _ := res.Addresses.Get("west//Pod/app/global-b"); a.GetWorkload().GetNetworkGateway() != nil {
+		t.Fatalf("only a tenant's gateway: network gateway %v, want none", a.GetWorkload().GetNetworkGateway())
+	}
+}
+
 // TestMergeServiceScopeConfigs: meshConfig.serviceScopeConfigs makes a
 // service global by selector, as the label does.
 func TestMergeServiceScopeConfigs(t *testing.T) {

@@ -123,6 +123,15 @@ spec:
 		t.Errorf("no network label: err = %v, want one naming %s", err, NetworkLabel)
 	}
 
+	// A namespace owner's own east-west Gateway is not deployed: the
+	// translation never uses it as a network gateway, and it would run a
+	// pod with the gateway's reach in the tenant's namespace.
+	tenant := eastWestGateway("network1")
+	tenant.Namespace = "team-a"
+	if _, err := c.deployment(tenant, waypointLabels(tenant), owner, nil, nil); err == nil || !strings.Contains(err.Error(), "root namespace istio-system") {
+		t.Errorf("tenant namespace: err = %v, want one naming the root namespace", err)
+	}
+
 	wp := eastWestGateway("network1")
 	wp.Spec.GatewayClassName = WaypointClass
 	d := c.builtinDeployment(wp, waypointLabels(wp), owner)
@@ -153,7 +162,8 @@ func TestEastWestOnAPIServer(t *testing.T) {
 	}
 	c, err := New(Config{Kube: clients.Kube, Gateway: clients.Gateway, Source: src,
 		Image: "registry.example/waypoint:0.1.0", XDSAddress: "ztunnel-cp.istio-system.svc:15012",
-		RootPEM: func() []byte { return []byte("ROOT PEM") }, Resync: 200 * time.Millisecond})
+		RootPEM: func() []byte { return []byte("ROOT PEM") }, Resync: 200 * time.Millisecond,
+		RootNamespace: "demo"}) // the demo API's namespace plays the root namespace
 	if err != nil {
 		t.Fatal(err)
 	}

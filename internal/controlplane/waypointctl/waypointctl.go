@@ -111,6 +111,12 @@ type Config struct {
 	// Programmed=False (reason Invalid) and its Deployment unapplied.
 	// "": the built-in Deployment.
 	TemplateFile, ValuesFile string
+	// RootNamespace is the mesh's root namespace, the only one whose
+	// istio-east-west Gateways are deployed ("": istio-system): the
+	// translation uses no other as a network gateway
+	// (translate.EastWestProblem), so one elsewhere would only run a
+	// tenant's pod with the gateway's reach.
+	RootNamespace string
 	// Resync: 0 means DefaultResync.
 	Resync time.Duration
 	Log    *zap.Logger
@@ -334,12 +340,21 @@ func (c *Controller) apply(ctx context.Context, gw *gatewayv1.Gateway, tmpl *Tem
 	return c.writeStatus(ctx, gw, applied, d, nil)
 }
 
+func (c *Controller) rootNamespace() string {
+	if c.cfg.RootNamespace != "" {
+		return c.cfg.RootNamespace
+	}
+	return translate.DefaultRootNamespace
+}
+
 // deployment is the waypoint's Deployment: rendered from the template if
 // there is one, else built in.
 func (c *Controller) deployment(gw *gatewayv1.Gateway, labels map[string]string, owner *metav1ac.OwnerReferenceApplyConfiguration, tmpl *Template, tmplErr error) (*appsv1ac.DeploymentApplyConfiguration, error) {
 	switch {
 	case tmplErr != nil:
 		return nil, tmplErr
+	case eastWest(gw) && gw.Namespace != c.rootNamespace():
+		return nil, fmt.Errorf("an %s Gateway is deployed only in the root namespace %s: a network gateway carries every namespace's cross-network traffic", EastWestClass, c.rootNamespace())
 	case eastWest(gw) && gw.Labels[NetworkLabel] == "":
 		// istiod makes no network gateway of such a Gateway either; a
 		// gateway on a guessed network would forward where nobody meant.
