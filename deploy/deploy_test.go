@@ -38,7 +38,7 @@ func TestDryRunApply(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()]++
 	}
-	for kind, n := range map[string]int{"DaemonSet": 2, "Deployment": 1, "CustomResourceDefinition": 8, "PodDisruptionBudget": 1, "ServiceAccount": 3} {
+	for kind, n := range map[string]int{"DaemonSet": 2, "Deployment": 1, "CustomResourceDefinition": 8, "PodDisruptionBudget": 1, "ServiceAccount": 4} {
 		if kinds[kind] != n {
 			t.Errorf("%d %s in %s, want %d", kinds[kind], kind, manifests, n)
 		}
@@ -114,6 +114,17 @@ func TestDryRunApply(t *testing.T) {
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "secrets", Namespace: "app"}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "create", Resource: "secrets", Namespace: systemNamespace}, false},
 		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "app"}, false},
+		// Remote secrets (multicluster): read in the system namespace.
+		{sa("ztunnel-cp"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "secrets", Namespace: systemNamespace}, true},
+		// The account other primaries read this cluster as: read only,
+		// the kinds the workload merge needs.
+		{sa("istio-reader-service-account"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "pods"}, true},
+		{sa("istio-reader-service-account"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "nodes"}, true},
+		{sa("istio-reader-service-account"), authorizationv1.ResourceAttributes{Verb: "watch", Group: "discovery.k8s.io", Resource: "endpointslices"}, true},
+		{sa("istio-reader-service-account"), authorizationv1.ResourceAttributes{Verb: "list", Group: "gateway.networking.k8s.io", Resource: "gateways"}, true},
+		{sa("istio-reader-service-account"), authorizationv1.ResourceAttributes{Verb: "list", Resource: "secrets", Namespace: "app"}, false},
+		{sa("istio-reader-service-account"), authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "app"}, false},
+		{sa("istio-reader-service-account"), authorizationv1.ResourceAttributes{Verb: "list", Group: "security.istio.io", Resource: "authorizationpolicies"}, false},
 		// Node agent.
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "pods"}, true},
 		{sa("ztunnel-cni"), authorizationv1.ResourceAttributes{Verb: "watch", Resource: "namespaces"}, true},

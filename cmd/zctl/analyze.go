@@ -144,9 +144,23 @@ func gatewayProxyFindings(objs *cluster.Objects) []finding {
 	var out []finding
 	proxies := map[string]string{} // ns/name → class
 	for _, g := range objs.Gateways {
-		if c := string(g.Spec.GatewayClassName); c != translate.WaypointClass {
+		obj := "Gateway " + g.Namespace + "/" + g.Name
+		if c := string(g.Spec.GatewayClassName); c == translate.EastWestClass {
+			// Not a proxy ztunnel-go runs, but ztunnel-cp reads it: the
+			// network gateway of its network's remote workloads.
 			proxies[g.Namespace+"/"+g.Name] = c
-			out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: "Gateway " + g.Namespace + "/" + g.Name,
+			if p := translate.EastWestProblem(g); p != "" {
+				out = append(out, finding{Code: codeGatewayProxy, Level: levelWarning, Object: obj,
+					Message: "east-west gateway not used: " + p + "; remote workloads of its network get no network gateway, so node proxies of other networks refuse them",
+					Fix:     "label it " + translate.LabelNetwork + "=<network> and give it an HBONE listener with tls.mode Terminate (docs/multicluster.md)"})
+			} else {
+				out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: obj,
+					Message: "east-west gateway of network " + g.Labels[translate.LabelNetwork] + ": ztunnel-cp sends its address (HBONE port 15008) as the network gateway of that network's workloads in other clusters; ztunnel-go does not run it",
+					Fix:     "none"})
+			}
+		} else if c != translate.WaypointClass {
+			proxies[g.Namespace+"/"+g.Name] = c
+			out = append(out, finding{Code: codeGatewayProxy, Level: levelInfo, Object: obj,
 				Message: "not applicable: a Gateway of class " + c + " is a gateway proxy (an ingress gateway), which ztunnel-go does not run or configure; only class " + translate.WaypointClass + " makes a waypoint",
 				Fix:     "none for the mesh; that class's controller (istiod for class istio) programs it"})
 		}

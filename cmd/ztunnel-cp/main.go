@@ -23,8 +23,9 @@
 // The debug server (--admin: /config_dump, /metrics, /logging, pprof) binds
 // loopback only; reach it with kubectl port-forward. Metrics and readiness
 // (/healthz/ready: 200 once the first translation is pushed and, in
-// Kubernetes mode, the root ConfigMap is published, else 503) serve nothing
-// else and may listen on the pod IP.
+// Kubernetes mode, the root ConfigMap is published and the remote clusters
+// were read or 30 s passed, else 503) serve nothing else and may listen on
+// the pod IP.
 //
 // --system-namespace is the namespace the control plane runs in (the
 // chart's release namespace): the root-certificate ConfigMap goes there and
@@ -50,6 +51,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubestatus"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/multicluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/webhook"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
@@ -89,11 +91,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.StateDir, "state-dir", "ztunnel-cp-state", "directory for root-cert.pem, the generated root key and ServiceEntry address allocations")
 	fs.StringVar(&o.AdminAddr, "admin", bootstrap.DefaultAdminAddr, "loopback address of the debug server: /config_dump, /metrics, /logging, /debug/pprof/ (\"\": none; other addresses are refused)")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", bootstrap.DefaultMetricsAddr, "address of the Prometheus /metrics server (\"\": none)")
-	fs.StringVar(&o.ReadinessAddr, "readiness-addr", bootstrap.DefaultReadinessAddr, "address of the readiness server, "+daemon.ReadyPath+": 200 once the first translation is pushed (and, in Kubernetes mode, the root certificate ConfigMap is published), else 503 (\"\": none)")
+	fs.StringVar(&o.ReadinessAddr, "readiness-addr", bootstrap.DefaultReadinessAddr, "address of the readiness server, "+daemon.ReadyPath+": 200 once the first translation is pushed (and, in Kubernetes mode, the root certificate ConfigMap is published and the remote clusters were read or 30 s passed), else 503 (\"\": none)")
 	o.log.Register(fs, "", "")
 	fs.BoolVar(&o.checkFlags, "check-flags", false, "validate the flags, print their effect as JSON and exit without starting anything")
 	fs.StringVar(&o.TrustDomain, "trust-domain", translate.DefaultTrustDomain, "trust domain of workload identities")
 	fs.StringVar(&o.ClusterID, "cluster-id", translate.DefaultClusterID, "cluster id in workload uids")
+	fs.StringVar(&o.Network, "network", "", "this cluster's network (Istio's NETWORK): the default network of its workloads (\"\": the label topology.istio.io/network of the root namespace, else none)")
+	fs.BoolVar(&o.Multicluster, "multicluster", true, "Kubernetes mode: read the remote clusters named by Istio remote secrets (label "+multicluster.SecretLabel+"=true in --system-namespace, as istioctl create-remote-secret writes them) and merge their workloads into global services (istio.io/global or meshConfig serviceScopeConfigs)")
+	fs.DurationVar(&o.RemoteStaleAfter, "remote-stale-after", multicluster.DefaultStaleAfter, "how long a remote cluster whose API server cannot be read (unreachable, credentials refused) keeps its last workloads before they are dropped")
 	fs.StringVar(&o.RootNamespace, "root-namespace", translate.DefaultRootNamespace, "namespace of mesh-wide policies")
 	fs.StringVar(&o.NodeTokens, "node-tokens", "", "local mode: file of \"<node-name> <token>\" lines; node proxies authenticate with \"authorization: Bearer <token>\" (without it every call is refused)")
 	fs.StringVar(&o.RootCert, "root-cert", "", "root CA certificate PEM (with --root-key); default: load or create one in the state dir")
@@ -109,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.JWKSAllowHTTP, "jwks-allow-http", false, "also fetch http:// RequestAuthentication jwksUri and OpenID discovery URLs (default: https only)")
 	fs.BoolVar(&o.JWKSAllowInternal, "jwks-allow-internal", false, "also fetch jwksUri / OpenID discovery from loopback, link-local and cluster-internal addresses (pods, nodes, Services, --jwks-internal-cidrs)")
 	fs.StringVar(&o.JWKSInternalCIDRs, "jwks-internal-cidrs", "", "comma-separated cluster-internal ranges (Service and pod CIDRs) never fetched from without --jwks-allow-internal")
-	fs.StringVar(&o.MeshConfig, "mesh-config", "", "Istio MeshConfig file (YAML): defaultServiceExportTo, defaultVirtualServiceExportTo, defaultDestinationRuleExportTo, serviceEntryVisibility, pathNormalization, extensionProviders, defaultProviders and defaultConfig.tracing.sampling are honoured (\"\": every Service and ServiceEntry is exported everywhere unless its exportTo says otherwise)")
+	fs.StringVar(&o.MeshConfig, "mesh-config", "", "Istio MeshConfig file (YAML): defaultServiceExportTo, defaultVirtualServiceExportTo, defaultDestinationRuleExportTo, serviceEntryVisibility, serviceScopeConfigs, pathNormalization, extensionProviders, defaultProviders and defaultConfig.tracing.sampling are honoured (\"\": every Service and ServiceEntry is exported everywhere unless its exportTo says otherwise)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: read the cluster from the API server with this kubeconfig")
 	fs.BoolVar(&o.InCluster, "in-cluster", false, "Kubernetes mode with the pod's own service account (in-cluster configuration)")
 	fs.StringVar(&o.TrustedNodeAccounts, "trusted-node-accounts", "istio-system/ztunnel", "Kubernetes mode: comma-separated namespace/name ServiceAccounts of node proxies (CA_TRUSTED_NODE_ACCOUNTS)")
@@ -158,6 +163,9 @@ type summary struct {
 	WaypointImage       string   `json:"waypoint_image,omitempty"`
 	WaypointTemplate    string   `json:"waypoint_template,omitempty"`
 	WaypointCRLFile     string   `json:"waypoint_crl_file,omitempty"`
+	// RemoteSecrets: where remote secrets are read ("": multicluster off).
+	RemoteSecrets    string `json:"remote_secrets,omitempty"`
+	RemoteStaleAfter string `json:"remote_stale_after,omitempty"`
 }
 
 func (o options) summary() summary {
@@ -177,6 +185,10 @@ func (o options) summary() summary {
 		s.WaypointImage = o.WaypointImage
 		s.WaypointTemplate = o.WaypointTemplate
 		s.WaypointCRLFile = o.WaypointCRLFile
+		if o.Multicluster {
+			s.RemoteSecrets = o.SystemNamespace + "/" + multicluster.SecretLabel + "=true"
+			s.RemoteStaleAfter = o.RemoteStaleAfter.String()
+		}
 	}
 	return s
 }

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,10 +80,24 @@ type Config struct {
 	// can be written into the objects' status (kubestatus.IstioWriter). It
 	// must not block.
 	PolicyStatus func(objs *cluster.Objects, policies []translate.PolicyStatus)
+	// Remotes, when set, lists the remote clusters of a multi-primary mesh
+	// (internal/controlplane/multicluster): their workloads are merged into
+	// the global services (translate.Merger), and a change of theirs
+	// translates again like a change of Source. nil: this cluster only.
+	Remotes RemoteSource
 	// Log: nil means no logging.
 	Log *zap.Logger
 	// Registerer receives the xDS server and controlplane_* metrics. nil: not registered.
 	Registerer prometheus.Registerer
+}
+
+// RemoteSource publishes the remote clusters to merge. If it also has a
+// method Report() []string, its lines go to the config dump
+// (RemoteClusters).
+type RemoteSource interface {
+	// Current returns the clusters (nil: none) and a channel closed when
+	// they change. It must not block.
+	Current() ([]translate.RemoteCluster, <-chan struct{})
 }
 
 // snapshot is one translation, immutable once published.
@@ -108,6 +123,7 @@ type ControlPlane struct {
 
 	// Owned by the goroutine calling Apply (the loop):
 	tr        *translate.Translator
+	mc        *translate.Merger         // nil without Remotes
 	placeRefs map[string]map[string]int // node → "ns/sa" → live pods
 	warned    map[string]bool           // warnings already logged
 	lastWarns []string                  // the Warnings slice warned was computed from
@@ -166,6 +182,9 @@ func New(cfg Config) (*ControlPlane, error) {
 				log.Warn("metric not registered", zap.Error(err))
 			}
 		}
+	}
+	if cfg.Remotes != nil {
+		c.mc = translate.NewMerger(cfg.Translate)
 	}
 	c.xds = xds.NewServer(xds.ServerConfig{Log: log.Named("xds"), Registerer: cfg.Registerer})
 	placement := cfg.Placement
@@ -292,24 +311,31 @@ func stopGracefully(g *grpc.Server, d time.Duration) {
 // a change so a burst of changes costs one translation.
 func (c *ControlPlane) loop(ctx context.Context) {
 	var last *cluster.Objects
-	var keys <-chan struct{} // nil: never
+	var lastRemotes []translate.RemoteCluster
+	var remotesChanged <-chan struct{} // nil: never
+	var keys <-chan struct{}           // nil: never
 	if k, ok := c.cfg.Translate.JWKS.(interface{ Changed() <-chan struct{} }); ok {
 		keys = k.Changed()
 	}
 	for {
 		objs, changed := c.cfg.Source.Current()
-		if objs != nil && objs != last {
-			c.Apply(objs)
-			last = objs
+		var remotes []translate.RemoteCluster
+		if c.cfg.Remotes != nil {
+			remotes, remotesChanged = c.cfg.Remotes.Current()
+		}
+		if objs != nil && (objs != last || !slices.Equal(remotes, lastRemotes)) {
+			c.apply(objs, remotes)
+			last, lastRemotes = objs, remotes
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
+		case <-remotesChanged:
 		case <-c.cfg.Allocator.Changed():
 			// Leadership changed: allocate again for the same objects.
 			if last != nil {
-				c.Apply(last)
+				c.apply(last, lastRemotes)
 			}
 			continue
 		case <-keys:
@@ -317,7 +343,7 @@ func (c *ControlPlane) loop(ctx context.Context) {
 			// waypoints (and the RequestAuthentications' status).
 			if last != nil {
 				c.keysChanged = true
-				c.Apply(last)
+				c.apply(last, lastRemotes)
 			}
 			continue
 		}
@@ -335,8 +361,17 @@ func (c *ControlPlane) loop(ctx context.Context) {
 // change of the source; tests and embedders may call it directly. Calls
 // must not run concurrently. The translation is incremental
 // (translate.Translator): a pod change costs that pod's workload, and only
-// the resources that changed are handed to the xDS server.
+// the resources that changed are handed to the xDS server. The remote
+// clusters merged are Remotes' current ones.
 func (c *ControlPlane) Apply(objs *cluster.Objects) {
+	var remotes []translate.RemoteCluster
+	if c.cfg.Remotes != nil {
+		remotes, _ = c.cfg.Remotes.Current()
+	}
+	c.apply(objs, remotes)
+}
+
+func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCluster) {
 	start := time.Now()
 	allocs, allocErr := c.cfg.Allocator.Allocate(objs.ServiceEntries)
 	if allocErr != nil {
@@ -344,6 +379,11 @@ func (c *ControlPlane) Apply(objs *cluster.Objects) {
 	}
 	before := c.tr.Result()
 	res, ch := c.tr.Update(objs, allocs)
+	if c.mc != nil {
+		// Remote workloads never hold a waypoint (touchesWaypoint) nor a
+		// placement: PodChanges stay this cluster's.
+		res, ch = c.mc.Merge(res, ch, objs, remotes)
+	}
 	// Waypoint configs (ours, issue 14): rebuilt when a change can touch
 	// them (only when a waypoint Gateway exists); the xDS server pushes
 	// only changed ones. WaypointConfigs scans every address per waypoint,

@@ -42,6 +42,9 @@ type ConfigDump struct {
 	// Addresses and Authorizations are the served resource names.
 	Addresses      []string `json:"addresses"`
 	Authorizations []string `json:"authorizations"`
+	// RemoteClusters: one line per remote cluster a remote secret names
+	// and its state (Config.Remotes).
+	RemoteClusters []string `json:"remoteClusters,omitempty"`
 	// Clients are the node ids of connected xDS streams.
 	Clients []string `json:"clients"`
 }
@@ -53,6 +56,9 @@ func (c *ControlPlane) ConfigDump() ConfigDump {
 		for _, e := range c.cfg.SourceErrors() {
 			d.SourceErrors = append(d.SourceErrors, e.Error())
 		}
+	}
+	if r, ok := c.cfg.Remotes.(interface{ Report() []string }); ok {
+		d.RemoteClusters = r.Report()
 	}
 	s := c.snap.Load()
 	if s == nil {

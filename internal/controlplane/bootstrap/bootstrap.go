@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -36,6 +37,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/jwks"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/kubeauth"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/multicluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
@@ -91,6 +93,16 @@ type Options struct {
 	// Deployment template and its values (waypointctl.Template); "": the
 	// built-in Deployment.
 	WaypointTemplate, WaypointValues string
+	// Network is this cluster's network (translate.Config.Network); "":
+	// the label topology.istio.io/network of the root namespace.
+	Network string
+	// Multicluster, in Kubernetes mode, reads the remote clusters that
+	// Istio remote secrets in SystemNamespace name and merges their
+	// workloads (internal/controlplane/multicluster).
+	Multicluster bool
+	// RemoteStaleAfter is how long a remote cluster that cannot be read
+	// keeps its last objects (0: multicluster.DefaultStaleAfter).
+	RemoteStaleAfter time.Duration
 	// WaypointCRLFile, if set, holds the CRLs the node proxies enforce
 	// (the chart's ztunnel.peerCaCrl, mounted here too): it is read on every
 	// reconcile and handed to each waypoint (waypointctl.Config.CRLPEM).
@@ -100,7 +112,7 @@ type Options struct {
 // translateConfig is the translation's configuration from the flags.
 func translateConfig(o Options) translate.Config {
 	return translate.Config{
-		ClusterID: o.ClusterID, TrustDomain: o.TrustDomain, RootNamespace: o.RootNamespace,
+		ClusterID: o.ClusterID, Network: o.Network, TrustDomain: o.TrustDomain, RootNamespace: o.RootNamespace,
 		EnrollmentFromLabels: o.EnrollmentFromLabels, EnableExternalNameAlias: o.ExternalNameAlias,
 		PathNormalization: pathNormalization(o.PathNormalization),
 	}
@@ -145,6 +157,8 @@ func (o Options) Validate() error {
 		return errors.New("--waypoint-values needs --waypoint-template")
 	case o.WaypointCRLFile != "" && o.WaypointImage == "":
 		return errors.New("--waypoint-crl-file needs --waypoint-image (the waypoint controller)")
+	case o.RemoteStaleAfter < 0:
+		return errors.New("--remote-stale-after must not be negative")
 	}
 	if _, err := o.jwksCIDRs(); err != nil {
 		return err
@@ -192,6 +206,9 @@ func (o Options) ServingNames() []string {
 const (
 	TaskTranslation   = "first translation pushed"
 	TaskRootConfigMap = "root certificate ConfigMap published"
+	// TaskRemoteClusters is ready once every remote cluster was read (or
+	// multicluster.DefaultSyncTimeout passed).
+	TaskRemoteClusters = "remote clusters read"
 )
 
 // Run serves until ctx is done. level is the logger's, for /logging.
@@ -270,6 +287,15 @@ func Run(ctx context.Context, o Options, log *zap.Logger, level zap.AtomicLevel)
 				return err
 			}
 			tasks = append(tasks, cpTask{name: "waypoint controller", run: wc.Run})
+		}
+		if o.Multicluster {
+			mc, err := multicluster.New(multicluster.Config{Kube: k.kube, Namespace: o.SystemNamespace, ClusterID: o.ClusterID,
+				StaleAfter: o.RemoteStaleAfter, Log: log.Named("multicluster")})
+			if err != nil {
+				return err
+			}
+			cfg.Remotes = mc
+			tasks = append(tasks, cpTask{name: TaskRemoteClusters, run: mc.Run, ready: mc.Ready})
 		}
 		if o.WebhookAddr != "" {
 			ws, err := webhookServer(o, authority, k.kube, log, retries)

@@ -17,7 +17,7 @@ import (
 // istiod's "mesh" ConfigMap key and of Helm's meshConfig value) and copies
 // the fields this control plane honours into cfg: defaultServiceExportTo,
 // defaultVirtualServiceExportTo, defaultDestinationRuleExportTo,
-// serviceEntryVisibility, pathNormalization, the Telemetry API's
+// serviceEntryVisibility, serviceScopeConfigs, pathNormalization, the Telemetry API's
 // extensionProviders and defaultProviders, and
 // defaultConfig.tracing.sampling. Other fields are Istio's and ignored
 // here. A file
@@ -40,7 +40,7 @@ func LoadMeshConfig(path string, cfg *translate.Config) error {
 	}
 	ours := map[string]json.RawMessage{}
 	for _, k := range []string{"defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "serviceEntryVisibility", "pathNormalization",
-		"extensionProviders", "defaultProviders"} {
+		"extensionProviders", "defaultProviders", "serviceScopeConfigs"} {
 		if v, ok := all[k]; ok {
 			ours[k] = v
 		}
@@ -54,6 +54,10 @@ func LoadMeshConfig(path string, cfg *translate.Config) error {
 	cfg.DefaultVirtualServiceExportTo = mc.GetDefaultVirtualServiceExportTo()
 	cfg.DefaultDestinationRuleExportTo = mc.GetDefaultDestinationRuleExportTo()
 	cfg.ServiceEntryVisibility = mc.GetServiceEntryVisibility()
+	if err := translate.ValidateServiceScopeConfigs(mc.GetServiceScopeConfigs()); err != nil {
+		return fmt.Errorf("mesh config %s: %w", path, err)
+	}
+	cfg.ServiceScopeConfigs = mc.GetServiceScopeConfigs()
 	if pn := mc.GetPathNormalization(); pn != nil {
 		cfg.PathNormalization = waypointapi.PathNormalization(pn.GetNormalization())
 	}

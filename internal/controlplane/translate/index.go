@@ -333,7 +333,7 @@ func (t *translator) network(objLabels map[string]string, ns string) string {
 	if n := t.nsLabels(ns)[LabelNetwork]; n != "" {
 		return n
 	}
-	return t.cfg.Network
+	return t.clusterNetwork()
 }
 
 // selects reports whether a non-empty selector matches labels. An empty or

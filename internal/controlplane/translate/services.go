@@ -85,6 +85,9 @@ func (t *translator) translateService(s *corev1.Service) {
 		return
 	}
 	exp.apply(svc)
+	if t.serviceGlobal(s) {
+		svc.Extensions = append(svc.Extensions, &workloadapi.Extension{Name: GlobalScopeExtension})
+	}
 	t.addresses[svc.Namespace+"/"+svc.Hostname] = &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}}
 }
 

@@ -43,9 +43,11 @@ const (
 type Config struct {
 	// ClusterID goes into workload uids and Workload.cluster_id.
 	ClusterID string
-	// Network is the default network of workloads and service VIPs; "" is
-	// the single unnamed network. Pods and namespaces may override it with
-	// the label topology.istio.io/network.
+	// Network is the default network of workloads and service VIPs. ""
+	// means the label topology.istio.io/network of the root namespace (the
+	// system namespace, istio-system: Istio's way to name a cluster's
+	// network), else the single unnamed network. Pods and namespaces may
+	// override it with the same label.
 	Network string
 	// TrustDomain of workload identities; cluster.local is elided on the wire.
 	TrustDomain string
@@ -87,6 +89,9 @@ type Config struct {
 	// Telemetry is meshConfig's extensionProviders and defaultProviders,
 	// which Telemetry objects name (MeshTelemetry).
 	Telemetry TelemetryMesh
+	// ServiceScopeConfigs is meshConfig.serviceScopeConfigs: a Service
+	// matching a GLOBAL entry is of global scope (multicluster.go).
+	ServiceScopeConfigs []*meshv1alpha1.MeshConfig_ServiceScopeConfigs
 	// MeshProblems are what meshConfig sets that is not implemented (an
 	// extensionProvider kind, say), to log at startup.
 	MeshProblems []string
