@@ -249,6 +249,12 @@ func TestMulticluster(t *testing.T) {
 		if err := east.SetPodReady(ctx, sides["east"].echo, true); err != nil {
 			t.Fatal(err)
 		}
+		testkit.EventuallyErr(t, 30*time.Second, "east client back on east/echo", func() error {
+			if a, err := ask(sides["east"].client, sides["east"].echoVIP); err != nil || a != "east/echo" {
+				return fmt.Errorf("answer %q, %v", a, err)
+			}
+			return nil
+		})
 	})
 
 	t.Run("removing the remote secret", func(t *testing.T) {
