@@ -11,7 +11,10 @@
 //
 // Each cluster has an edge namespace: its router to the WAN and the host of
 // its east-west gateway (cmd/waypoint --mode east-west), which listens on
-// the edge's WAN address, like a LoadBalancer IP. Nodes route only the WAN
+// the edge's WAN address, like a LoadBalancer IP. Its Gateway (class
+// istio-east-west, status address = the WAN address), pod (host network on
+// Node "edge") and LoadBalancer Service are stored as the controller and
+// kubelet would leave them. Nodes route only the WAN
 // range to their edge; an edge routes only its own cluster's pod ranges and
 // masquerades what it forwards onto the WAN. So a pod or node of one
 // cluster can reach nothing of the other cluster but its gateway's WAN
@@ -30,12 +33,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
+	"testing"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/roottest"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
@@ -101,6 +105,9 @@ type Cluster struct {
 // west gateways. It applies no remote secrets (see ApplyRemoteSecret).
 func Start(tb testkit.TB, opts Options) (*Lab, error) {
 	tb.Helper()
+	if t, ok := tb.(testing.TB); ok {
+		roottest.Require(t) // before the API servers: network namespaces
+	}
 	for i, def := range [2]string{"east", "west"} {
 		if opts.Names[i] == "" {
 			opts.Names[i] = def
@@ -259,12 +266,6 @@ func writeRoot(dir string) (string, string, error) {
 		return "", "", fmt.Errorf("mclab: %w", err)
 	}
 	return cert, key, nil
-}
-
-// shortErr keeps the first line of an error for messages.
-func shortErr(err error) string {
-	s, _, _ := strings.Cut(fmt.Sprint(err), "\n")
-	return s
 }
 
 // newRootPEM makes a root the way ztunnel-cp makes its own (ca.New without

@@ -15,6 +15,11 @@
 // each node, for clients outside the mesh) and the waypoint Gateway
 // controller (a waypoint Gateway gets its Service's ClusterIP as address).
 //
+// With Options.Kube the same mesh runs in Kubernetes mode on a real API
+// server (kube.go): the control plane and the agents read the API, and the
+// mesh plays kubelet for the pods it adds. internal/testing/mclab builds a
+// two-cluster, two-network mesh out of two of them.
+//
 // It is not a test framework (no assertions) and not a Kubernetes: see
 // testcluster for what the topology is and is not.
 package meshlab
