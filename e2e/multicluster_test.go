@@ -179,6 +179,16 @@ func TestMulticluster(t *testing.T) {
 		}); err != nil {
 			t.Errorf("east node proxy: no inbound access log from %s: %v", want, err)
 		}
+		mfs, err := east.Metrics(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := meshlab.Counter(mfs, "istio_tcp_connections_opened_total", map[string]string{
+			"reporter": "destination", "destination_workload": "echo-east", "source_principal": want,
+			"connection_security_policy": "mutual_tls",
+		}); n < 5 {
+			t.Errorf("east node proxy metrics: %v mutual-TLS connections from %s, want >= 5", n, want)
+		}
 	})
 
 	t.Run("authorization by the remote principal", func(t *testing.T) {
