@@ -24,7 +24,7 @@ FUZZTIME ?= 5s
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=$(VERSION)
 
-.PHONY: otelcol-bin all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint demo clean k8s-bins deploy-check images images-test istioctl-check istioctl-bin check test-node node-up node-down interop-istiod conformance conformance-test conformance-core
+.PHONY: otelcol-bin all build test unit e2e lint deps tools proto proto-check fuzz bench bench-hbone bench-xds bench-cp-scale bench-dns bench-mesh bench-soak bench-waypoint bench-multicluster demo clean k8s-bins deploy-check images images-test istioctl-check istioctl-bin check test-node node-up node-down interop-istiod conformance conformance-test conformance-core
 
 all: build
 
@@ -269,6 +269,11 @@ bench-waypoint: deps
 	@mkdir -p bin
 	$(GO) build -o bin/waypoint ./cmd/waypoint
 	$(GO) run ./bench/waypoint -waypoint bin/waypoint $(if $(ROUNDS),-rounds $(ROUNDS)) $(if $(PROFILE),-cpuprofile $(PROFILE))
+
+## bench-multicluster: added latency of double HBONE through the real east-west gateway beside HBONE on one network,
+## new connections and 1 KiB requests on reused ones, on loopback with each role its own process.
+bench-multicluster:
+	$(GO) run ./bench/multicluster
 
 bench: bench-hbone bench-xds bench-dns bench-mesh bench-waypoint
 

@@ -2,7 +2,8 @@
 // sizes, on a synthetic but realistic cluster built in memory
 // (translate/synth: 100 nodes, 500 namespaces, a Service and an
 // EndpointSlice per 10 pods, 5 % of pods in ambient namespaces bound to a
-// waypoint, one AuthorizationPolicy per namespace) fed through the real
+// waypoint with an HTTPRoute, one AuthorizationPolicy per namespace, a
+// ServiceEntry and a PeerAuthentication in every tenth) fed through the real
 // control plane: translation, the xDS server, TLS gRPC to 100 node clients
 // (xds.Client into a state.Store each, subscribed as node proxies). For
 // each size it prints, one `name value unit` per line:
@@ -10,6 +11,8 @@
 //	cp_full_translate_ms_<N>k        one translation of the whole cluster (median of 3)
 //	cp_change_translate_p99_ms_<N>k  p99 of one pod change: translate, placement, hand to the xDS server (controlplane.Apply)
 //	cp_push_p99_ms_<N>k              p99 of (time every node client's store holds the change − time of the change)
+//	cp_change_translate_p99_ms_<N>k_<kind>  p99 of Apply for 150 changes of one kind (namespace, policy,
+//	                                 peerauthn, serviceentry, route; each alters the output, see kindChanges)
 //	cp_rss_mb_<N>k                   peak RSS of the control-plane process (VmHWM)
 //
 // Every size runs in its own process (so RSS is that size's), and the node

@@ -16,6 +16,11 @@ import (
 	"syscall"
 	"time"
 
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
@@ -80,8 +85,10 @@ func runSize(n int, o options) error {
 		start, cpu0 := time.Now(), cpuTime()
 		res, _ := translate.NewTranslator(cfg).Update(objs, nil)
 		walls, cpus = append(walls, time.Since(start)), append(cpus, cpuTime()-cpu0)
-		if got := res.Addresses.Len(); got != n+len(objs.Services) {
-			return fmt.Errorf("translation has %d addresses, want %d", got, n+len(objs.Services))
+		// Pods, Services, and per ServiceEntry its service and the
+		// workload of its DNS host.
+		if got, want := res.Addresses.Len(), n+len(objs.Services)+2*len(objs.ServiceEntries); got != want {
+			return fmt.Errorf("translation has %d addresses, want %d", got, want)
 		}
 	}
 	fmt.Printf("cp_full_translate_ms_%s %.0f ms\n", suffix, ms(quantile(walls, 0.5)))
@@ -212,6 +219,9 @@ func runSize(n int, o options) error {
 	}
 	fmt.Printf("cp_change_translate_p99_ms_%s %.2f ms\n", suffix, ms(quantile(applies, 0.99)))
 	fmt.Printf("cp_push_p99_ms_%s %.1f ms\n", suffix, ms(quantile(lat, 0.99)))
+	if err := kindChanges(cp, spec, objs, suffix, o.interval); err != nil {
+		return err
+	}
 	fmt.Printf("cp_rss_mb_%s %d MB\n", suffix, procStatus("VmHWM")/1024)
 	fmt.Fprintf(os.Stderr, "%s: %d changes in %v (%.0f/s), control plane CPU %v; Apply p50 %v p99 %v max %v\n",
 		suffix, gen, o.churn, float64(gen)/o.churn.Seconds(), churnCPU.Round(time.Millisecond),
@@ -247,3 +257,69 @@ func readNodes(r io.Reader, ready chan<- error, seen func(string, time.Time)) {
 		ready <- fmt.Errorf("node clients exited before syncing")
 	}
 }
+
+// kindChanges measures Apply for changes of the kinds translated as a
+// whole before issue 29 (translate's global unit) and of routes: for each,
+// kindSeries changes one every interval (as the pod churn; the previous
+// change's pushes to the node clients run in between), each one object of
+// one namespace (round-robin over
+// the namespaces that have one), every change altering the output (a
+// namespace's dataplane mode, a policy's selector, a PeerAuthentication's
+// mode, a ServiceEntry's port, an HTTPRoute's path; see synth). It prints
+// cp_change_translate_p99_ms_<size>_<kind> per kind.
+func kindChanges(cp *controlplane.ControlPlane, s synth.Spec, objs *cluster.Objects, suffix string, interval time.Duration) error {
+	all := make([]int, s.Namespaces)
+	for i := range all {
+		all[i] = i
+	}
+	kinds := []struct {
+		name string
+		nss  []int
+		with func(objs *cluster.Objects, n, gen int) *cluster.Objects
+	}{
+		{"namespace", all, func(o *cluster.Objects, n, gen int) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*corev1.Namespace { return &o.Namespaces }, synth.Namespace(s, n, gen))
+		}},
+		{"policy", all, func(o *cluster.Objects, n, gen int) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*securityv1.AuthorizationPolicy { return &o.AuthorizationPolicies }, synth.Policy(s, n, gen))
+		}},
+		{"peerauthn", synth.PeerAuthnNamespaces(s), func(o *cluster.Objects, n, gen int) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*securityv1.PeerAuthentication { return &o.PeerAuthentications }, synth.PeerAuthentication(s, n, gen))
+		}},
+		{"serviceentry", synth.ServiceEntryNamespaces(s), func(o *cluster.Objects, n, gen int) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*networkingv1.ServiceEntry { return &o.ServiceEntries }, synth.ServiceEntry(s, n, gen))
+		}},
+		{"route", synth.AmbientNamespaces(s), func(o *cluster.Objects, n, gen int) *cluster.Objects {
+			return synth.With(o, func(o *cluster.Objects) *[]*gatewayv1.HTTPRoute { return &o.HTTPRoutes }, synth.Route(s, n, gen))
+		}},
+	}
+	for _, k := range kinds {
+		if len(k.nss) == 0 {
+			continue
+		}
+		gens := map[int]int{} // namespace → its object's generation
+		var applies []time.Duration
+		tick := time.NewTicker(interval)
+		cpu0 := cpuTime()
+		for i := range kindSeries {
+			<-tick.C
+			n := k.nss[i%len(k.nss)]
+			gens[n]++
+			next := k.with(objs, n, gens[n])
+			at := time.Now()
+			cp.Apply(next)
+			applies = append(applies, time.Since(at))
+			objs = next
+		}
+		tick.Stop()
+		cpu := cpuTime() - cpu0
+		fmt.Printf("cp_change_translate_p99_ms_%s_%s %.2f ms\n", suffix, k.name, ms(quantile(applies, 0.99)))
+		fmt.Fprintf(os.Stderr, "%s: %d %s changes, one every %v: Apply p50 %v p99 %v max %v; control plane CPU %v per change (pushes and GC included)\n",
+			suffix, len(applies), k.name, interval, quantile(applies, 0.5), quantile(applies, 0.99), quantile(applies, 1),
+			(cpu / time.Duration(len(applies))).Round(10*time.Microsecond))
+	}
+	return nil
+}
+
+// kindSeries is how many changes kindChanges makes of each kind.
+const kindSeries = 150

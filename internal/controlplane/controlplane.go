@@ -388,7 +388,7 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 	// them (only when a waypoint Gateway exists); the xDS server pushes
 	// only changed ones. WaypointConfigs scans every address per waypoint,
 	// so a pod change that binds nothing to a waypoint reuses the last ones.
-	wpsChanged := ch.Full || ch.Routes || !c.wpsDone || c.keysChanged || touchesWaypoint(before, ch)
+	wpsChanged := ch.Full || ch.Global || ch.Routes || !c.wpsDone || c.keysChanged || touchesWaypoint(before, ch)
 	c.keysChanged = false
 	if wpsChanged {
 		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
@@ -415,17 +415,38 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 	// Publish the placement before the workloads: a node proxy that learns
 	// of a new workload may ask for its certificate right away.
 	c.snap.Store(s)
+	switch {
+	case ch.Full:
+		authz := make(map[string]proto.Message, len(res.Authorizations))
+		for k, v := range res.Authorizations {
+			authz[k] = v
+		}
+		c.xds.SetResources(xds.AuthorizationType, authz)
+	case ch.Global:
+		// Policies are translated as a whole (translate.Changes.Global),
+		// but an unchanged policy keeps its Authorization: hand the server
+		// only those that are new objects (it sends only changed
+		// encodings) and the names that are gone.
+		up := map[string]proto.Message{}
+		for k, v := range res.Authorizations {
+			if before.Authorizations[k] != v {
+				up[k] = v
+			}
+		}
+		var gone []string
+		for k := range before.Authorizations {
+			if _, ok := res.Authorizations[k]; !ok {
+				gone = append(gone, k)
+			}
+		}
+		c.xds.UpdateResources(xds.AuthorizationType, up, gone)
+	}
 	if ch.Full {
 		addrs := make(map[string]proto.Message, res.Addresses.Len())
 		for k, v := range res.Addresses.All() {
 			addrs[k] = v
 		}
-		authz := make(map[string]proto.Message, len(res.Authorizations))
-		for k, v := range res.Authorizations {
-			authz[k] = v
-		}
 		c.xds.SetResources(xds.AddressType, addrs)
-		c.xds.SetResources(xds.AuthorizationType, authz)
 	} else {
 		up := make(map[string]proto.Message, len(ch.Addresses))
 		for k, v := range ch.Addresses {
@@ -463,7 +484,7 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 		zap.Int("addresses", res.Addresses.Len()), zap.Int("authorizations", len(res.Authorizations)),
 		zap.Int("warnings", len(res.Warnings)), zap.Int("pods_translated", ch.Pods),
 		zap.Int("services_translated", ch.Services), zap.Duration("took", time.Since(start))}
-	if ch.Full {
+	if ch.Full || ch.Global {
 		c.log.Info("translated cluster objects", append(fields, zap.String("reason", ch.Reason))...)
 	} else {
 		c.log.Debug("translated changed objects", append(fields, zap.Int("pushed", len(ch.Addresses)+len(ch.Removed)))...)

@@ -33,6 +33,8 @@ const AnnotationDryRun = "istio.io/dry-run"
 const NotEnforcedByWaypoint = "not enforced: no waypoint enforces policies in this mesh"
 
 func (t *translator) translateAuthorizationPolicies() {
+	o := t.objs
+	t.policies = slices.Grow(t.policies, len(o.AuthorizationPolicies)+len(o.PeerAuthentications)+len(o.RequestAuthentications))
 	var targets *targetIndex
 	for _, ap := range t.objs.AuthorizationPolicies {
 		key := ap.Namespace + "/" + ap.Name
@@ -58,7 +60,7 @@ func (t *translator) translateAuthorizationPolicies() {
 			t.policies = append(t.policies, st)
 			continue
 		}
-		out, msgs, bad := convertAuthorizationPolicy(t.cfg.RootNamespace, ap)
+		out, msgs, bad := t.convertCached(ap)
 		if len(msgs) > 0 {
 			t.warnf(kindAP, ap.Namespace, ap.Name, "%s", strings.Join(msgs, "; "))
 		}
@@ -74,6 +76,28 @@ func (t *translator) translateAuthorizationPolicies() {
 			})
 		}
 	}
+}
+
+// convertedPolicy is one convertAuthorizationPolicy result.
+type convertedPolicy struct {
+	out       *securityapi.Authorization
+	msgs, bad []string
+}
+
+// convertCached is convertAuthorizationPolicy through the Translator's
+// cache (apCache, by object: a changed policy is a new object), so that a
+// re-translation of the global unit converts only the policies that
+// changed and keeps the same Authorization for the others (Apply pushes
+// only the Authorizations whose pointer changed).
+func (t *translator) convertCached(ap *securityv1.AuthorizationPolicy) (*securityapi.Authorization, []string, []string) {
+	c, ok := t.apCache[ap]
+	if !ok {
+		c.out, c.msgs, c.bad = convertAuthorizationPolicy(t.cfg.RootNamespace, ap)
+	}
+	if t.apNext != nil {
+		t.apNext[ap] = c
+	}
+	return c.out, c.msgs, c.bad
 }
 
 func targetRefs(ap *securityv1.AuthorizationPolicy) []*targetRef {

@@ -380,7 +380,13 @@ func (ir *istioRouting) workloadLabels(w *workloadapi.Workload) (map[string]stri
 	}
 	switch parts[2] {
 	case "Pod":
-		if p := ir.t.idx.pods[parts[3]+"/"+parts[4]]; p != nil {
+		if ir.pods == nil {
+			ir.pods = make(map[string]*corev1.Pod, len(ir.t.objs.Pods))
+			for _, p := range ir.t.objs.Pods {
+				ir.pods[p.Namespace+"/"+p.Name] = p
+			}
+		}
+		if p := ir.pods[parts[3]+"/"+parts[4]]; p != nil {
 			return p.Labels, true
 		}
 	case "WorkloadEntry":

@@ -1,7 +1,9 @@
 package translate
 
 import (
+	"cmp"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 
@@ -66,8 +68,12 @@ type waypoint struct {
 
 type index struct {
 	namespaces map[string]*corev1.Namespace
-	// svcByName: non-ExternalName Services by ns/name.
+	// svcByName: non-ExternalName Services by ns/name (empty when
+	// svcSorted is set).
 	svcByName map[string]*corev1.Service
+	// svcSorted: the sorted Services, when an index without workloads
+	// looks them up by binary search instead (service).
+	svcSorted []*corev1.Service
 	// svcSel: Services with a selector, by namespace, then by the first
 	// (smallest) key of their selector, its value, then by name. A pod
 	// finds the Services selecting it through its own labels in
@@ -86,7 +92,8 @@ type index struct {
 	kubeHosts map[string]bool
 	// seSel: ServiceEntries with a workloadSelector, by namespace.
 	seSel map[string][]*networkingv1.ServiceEntry
-	// meshHosts are hostnames of mesh services (k8s FQDNs and SE hosts).
+	// meshHosts are the ServiceEntry hosts; with kubeHosts, the hostnames
+	// of mesh services (isMeshHost).
 	meshHosts map[string]bool
 	// aliasTargets: targets of ExternalName Services (for change tracking).
 	aliasTargets map[string]bool
@@ -111,7 +118,15 @@ type index struct {
 	podsByNode map[string]map[string]*corev1.Pod
 }
 
-func (t *translator) buildIndex() {
+func (t *translator) buildIndex() { t.buildIndexOf(true) }
+
+// buildIndexOf builds the index; withWorkloads false leaves out the pods
+// and EndpointSlices (pods, podsByNs, podsByNode, slicesBySvc, podRefs stay
+// empty) and indexes Services by name only (svcSel, svcHosts, kubeHosts
+// stay empty): what waypoint
+// configs and route statuses need is the rest, and at 50k pods the rest
+// takes most of the time.
+func (t *translator) buildIndexOf(withWorkloads bool) {
 	t.idx = index{
 		namespaces:   map[string]*corev1.Namespace{},
 		svcByName:    map[string]*corev1.Service{},
@@ -125,7 +140,7 @@ func (t *translator) buildIndex() {
 		aliasTargets: map[string]bool{},
 		waypoints:    map[string]*waypoint{},
 		classes:      map[string]*gatewayv1.GatewayClass{},
-		pods:         make(map[string]*corev1.Pod, len(t.objs.Pods)),
+		pods:         map[string]*corev1.Pod{},
 		podsByNs:     map[string]map[string]*corev1.Pod{},
 		slicesBySvc:  map[string]map[string]*discoveryv1.EndpointSlice{},
 		podRefs:      map[string]map[string]*discoveryv1.EndpointSlice{},
@@ -137,33 +152,26 @@ func (t *translator) buildIndex() {
 	for _, n := range t.objs.Nodes {
 		t.idx.nodes[n.Name] = locality(n.Labels)
 	}
-	for _, ns := range t.objs.Namespaces {
-		t.idx.namespaces[ns.Name] = ns
+	// Waypoint configs and route statuses look Services up by name only
+	// (service): from a sorted set by binary search, else by svcByName;
+	// the selector and host indexes are for pods.
+	if !withWorkloads && (t.servicesSorted || slices.IsSortedFunc(t.objs.Services, less)) {
+		t.idx.svcSorted = t.objs.Services
 	}
 	for _, s := range t.objs.Services {
-		if s.Spec.Type == corev1.ServiceTypeExternalName {
-			t.idx.seHosts[s.Namespace+"/"+t.serviceHostname(s)] = true
-			t.idx.aliasTargets[strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")] = true
-			continue
-		}
-		t.idx.addService(s, t.serviceHostname(s))
-	}
-	for _, se := range t.objs.ServiceEntries {
-		for _, h := range se.Spec.Hosts {
-			t.idx.meshHosts[h] = true
-			t.idx.seHosts[se.Namespace+"/"+h] = true
-			t.idx.seHostnames[h] = true
-		}
-		if se.Spec.WorkloadSelector != nil {
-			t.idx.seSel[se.Namespace] = append(t.idx.seSel[se.Namespace], se)
+		switch {
+		case s.Spec.Type == corev1.ServiceTypeExternalName || t.idx.svcSorted != nil:
+		case withWorkloads:
+			t.idx.addService(s, t.serviceHostname(s))
+		default:
+			t.idx.svcByName[s.Namespace+"/"+s.Name] = s
 		}
 	}
-	for _, we := range t.objs.WorkloadEntries {
-		t.idx.wePerNs[we.Namespace]++
+	t.indexGlobal()
+	if !withWorkloads {
+		return
 	}
-	for _, gc := range t.objs.GatewayClasses {
-		t.idx.classes[gc.Name] = gc
-	}
+	t.idx.pods = make(map[string]*corev1.Pod, len(t.objs.Pods))
 	for _, p := range t.objs.Pods {
 		t.idx.addPod(p)
 	}
@@ -171,6 +179,49 @@ func (t *translator) buildIndex() {
 		t.idx.addSlice(es)
 	}
 }
+
+// indexGlobal (re)builds the parts of the index that the kinds translated
+// as a whole (the global unit) decide: namespaces, ServiceEntry and
+// ExternalName hosts, WorkloadEntry counts, GatewayClasses; waypoints and
+// policiesByNs are emptied for translateWaypoints and indexPolicies to
+// fill. It reads the Services already indexed (kubeHosts).
+func (t *translator) indexGlobal() {
+	x := &t.idx
+	x.namespaces = make(map[string]*corev1.Namespace, len(t.objs.Namespaces))
+	x.seHosts, x.seHostnames, x.aliasTargets = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	x.meshHosts = map[string]bool{}
+	x.seSel = map[string][]*networkingv1.ServiceEntry{}
+	x.waypoints, x.classes = map[string]*waypoint{}, map[string]*gatewayv1.GatewayClass{}
+	x.policiesByNs, x.wePerNs = map[string][]selectorPolicy{}, map[string]int{}
+	for _, ns := range t.objs.Namespaces {
+		x.namespaces[ns.Name] = ns
+	}
+	for _, s := range t.objs.Services {
+		if s.Spec.Type == corev1.ServiceTypeExternalName {
+			x.seHosts[s.Namespace+"/"+t.serviceHostname(s)] = true
+			x.aliasTargets[strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")] = true
+		}
+	}
+	for _, se := range t.objs.ServiceEntries {
+		for _, h := range se.Spec.Hosts {
+			x.meshHosts[h] = true
+			x.seHosts[se.Namespace+"/"+h] = true
+			x.seHostnames[h] = true
+		}
+		if se.Spec.WorkloadSelector != nil {
+			x.seSel[se.Namespace] = append(x.seSel[se.Namespace], se)
+		}
+	}
+	for _, we := range t.objs.WorkloadEntries {
+		x.wePerNs[we.Namespace]++
+	}
+	for _, gc := range t.objs.GatewayClasses {
+		x.classes[gc.Name] = gc
+	}
+}
+
+// isMeshHost: h is the hostname of a Kubernetes Service or a ServiceEntry host.
+func (x *index) isMeshHost(h string) bool { return x.kubeHosts[h] || x.meshHosts[h] }
 
 // indexPolicies groups the selector policies by namespace; it runs after
 // translateAuthorizationPolicies.
@@ -195,7 +246,6 @@ func (x *index) addService(s *corev1.Service, host string) {
 	x.svcByName[s.Namespace+"/"+s.Name] = s
 	x.svcHosts[s.Namespace+"/"+host] = true
 	x.kubeHosts[host] = true
-	x.meshHosts[host] = true
 	if k, ok := selectorKey(s.Spec.Selector); ok {
 		byKey := x.svcSel[s.Namespace]
 		if byKey == nil {
@@ -219,7 +269,6 @@ func (x *index) removeService(s *corev1.Service, host string) {
 	delete(x.svcByName, s.Namespace+"/"+s.Name)
 	delete(x.svcHosts, s.Namespace+"/"+host)
 	delete(x.kubeHosts, host)
-	delete(x.meshHosts, host)
 	if k, ok := selectorKey(s.Spec.Selector); ok {
 		delete(x.svcSel[s.Namespace][k][s.Spec.Selector[k]], s.Name)
 	}
@@ -313,6 +362,20 @@ func (x *index) removeSlice(es *discoveryv1.EndpointSlice) {
 			delete(x.podRefs, k)
 		}
 	}
+}
+
+// service returns the non-ExternalName Service ns/name, or nil.
+func (t *translator) service(ns, name string) *corev1.Service {
+	if ss := t.idx.svcSorted; ss != nil {
+		i, found := slices.BinarySearchFunc(ss, [2]string{ns, name}, func(s *corev1.Service, k [2]string) int {
+			return cmp.Or(cmp.Compare(s.Namespace, k[0]), cmp.Compare(s.Name, k[1]))
+		})
+		if !found || ss[i].Spec.Type == corev1.ServiceTypeExternalName {
+			return nil
+		}
+		return ss[i]
+	}
+	return t.idx.svcByName[ns+"/"+name]
 }
 
 func (t *translator) serviceHostname(s *corev1.Service) string {

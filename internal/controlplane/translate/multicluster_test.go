@@ -233,7 +233,7 @@ func TestMergeIncremental(t *testing.T) {
 	r2.Sort()
 	ch := step("remote pod added", local, RemoteCluster{ID: "west", Objs: &r2})
 	if ch.Full || len(ch.Addresses) != 1 || ch.Addresses["west//Pod/app/global-c"] == nil || len(ch.Removed) != 0 {
-		t.Fatalf("remote pod added: changes full=%v %v removed %v", ch.Full, keysOf(ch.Addresses), ch.Removed)
+		t.Fatalf("remote pod added: changes full=%v %v removed %v", ch.Full, addrKeys(ch.Addresses), ch.Removed)
 	}
 	// The local service turns local: the remote endpoints go.
 	l2 := *local
@@ -243,14 +243,14 @@ func TestMergeIncremental(t *testing.T) {
 		t.Fatalf("service made local: removed %v, want the two remote workloads", ch.Removed)
 	}
 	step("made global again", local, RemoteCluster{ID: "west", Objs: &r2})
-	// A local Namespace change translates this cluster in full; the remote
-	// workloads come back as the very same resources.
+	// A local Namespace change (re-translating that namespace only) leaves
+	// the remote workloads as the very same resources.
 	before, _ := m.out.Get("west//Pod/app/global-b")
 	l3 := *local
 	l3.Namespaces = []*corev1.Namespace{mcNamespace("app", "2", map[string]string{"team": "a"}), local.Namespaces[1]}
-	ch = step("local full translation", &l3, RemoteCluster{ID: "west", Objs: &r2})
-	if after, _ := m.out.Get("west//Pod/app/global-b"); !ch.Full || after != before {
-		t.Fatalf("local full translation: full=%v, remote workload re-made (%p → %p)", ch.Full, before, after)
+	ch = step("local namespace change", &l3, RemoteCluster{ID: "west", Objs: &r2})
+	if after, _ := m.out.Get("west//Pod/app/global-b"); after != before {
+		t.Fatalf("local namespace change: full=%v, remote workload re-made (%p → %p)", ch.Full, before, after)
 	}
 	step("namespace back", local, RemoteCluster{ID: "west", Objs: &r2})
 	// The gateway goes: workloads stay, without it.
@@ -283,7 +283,7 @@ func TestMergeIncremental(t *testing.T) {
 	moved.Pods[0].ResourceVersion = "2"
 	ch = step("east's pod moved away", &moved, RemoteCluster{ID: "west", Objs: &same})
 	if ch.Full || ch.Addresses["west//Pod/app/global-b"] == nil || len(m.warnings) != 0 {
-		t.Fatalf("east's pod moved: full=%v changed %v warnings %q", ch.Full, keysOf(ch.Addresses), m.warnings)
+		t.Fatalf("east's pod moved: full=%v changed %v warnings %q", ch.Full, addrKeys(ch.Addresses), m.warnings)
 	}
 	step("east's pod back", local, RemoteCluster{ID: "west", Objs: &same})
 	if _, ok := m.out.Get("west//Pod/app/global-b"); ok {
@@ -299,7 +299,7 @@ func TestMergeIncremental(t *testing.T) {
 	}
 }
 
-func keysOf(m map[string]*workloadapi.Address) []string {
+func addrKeys(m map[string]*workloadapi.Address) []string {
 	var out []string
 	for k := range m {
 		out = append(out, k)

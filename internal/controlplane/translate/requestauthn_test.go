@@ -208,8 +208,9 @@ func TestWaypointRequestAuthentication(t *testing.T) {
 	}
 }
 
-// TestRequestAuthenticationChange: a RequestAuthentication change is a
-// full translation (so waypoint configs are rebuilt) and its status follows.
+// TestRequestAuthenticationChange: a RequestAuthentication change
+// re-translates the global unit (Changes.Global, so waypoint configs are
+// rebuilt) and its status follows.
 func TestRequestAuthenticationChange(t *testing.T) {
 	objs := waypointObjects(t)
 	tr := NewTranslator(LocalDefaults())
@@ -222,8 +223,8 @@ func TestRequestAuthenticationChange(t *testing.T) {
 	next := *objs
 	next.RequestAuthentications = withRA.RequestAuthentications
 	res, ch := tr.Update(&next, nil)
-	if !ch.Full || ch.Reason != "RequestAuthentication changed" {
-		t.Errorf("changes = full %v %q", ch.Full, ch.Reason)
+	if ch.Full || !ch.Global || ch.Reason != "RequestAuthentication changed" {
+		t.Errorf("changes = full %v global %v %q", ch.Full, ch.Global, ch.Reason)
 	}
 	n := 0
 	for _, s := range res.Policies {

@@ -36,6 +36,26 @@ func (t *translator) allRoutes() []attachedRoute {
 	return all
 }
 
+// routesOf returns the routes (in allRoutes order) with a parentRef of
+// kind to ns/name, from an index built on first use: a waypoint config
+// asks for every service bound to it.
+func (t *translator) routesOf(kind, ns, name string) []attachedRoute {
+	if t.routesByParent == nil {
+		t.routesByParent = map[string][]attachedRoute{}
+		for _, r := range t.allRoutes() {
+			var keys []string
+			for _, pr := range r.parents {
+				k := parentKind(pr) + " " + parentNamespace(r.meta.Namespace, pr) + "/" + string(pr.Name)
+				if !slices.Contains(keys, k) {
+					keys = append(keys, k)
+					t.routesByParent[k] = append(t.routesByParent[k], r)
+				}
+			}
+		}
+	}
+	return t.routesByParent[kind+" "+ns+"/"+name]
+}
+
 const (
 	kindHTTPRoute = "HTTPRoute"
 	kindGRPCRoute = "GRPCRoute"
@@ -81,7 +101,7 @@ func (t *translator) routesFor(kind string, s *workloadapi.Service) []*waypointa
 		ports []uint32
 	}
 	var sel []picked
-	for _, r := range t.allRoutes() {
+	for _, r := range t.routesOf(kind, s.GetNamespace(), s.GetName()) {
 		attached, allPorts := false, false
 		var ports []uint32
 		for _, pr := range r.parents {
@@ -140,7 +160,7 @@ func (t *translator) parentPorts(kind, ns, name string, pr gatewayv1.ParentRefer
 	var ports []port
 	switch kind {
 	case "Service":
-		svc := t.idx.svcByName[ns+"/"+name]
+		svc := t.service(ns, name)
 		if svc == nil {
 			return 0, false
 		}
@@ -599,7 +619,7 @@ func (t *translator) backend(routeKind, routeNs string, parents []gatewayv1.Pare
 	}
 	switch kind {
 	case "Service":
-		if t.idx.svcByName[ns+"/"+name] == nil {
+		if t.service(ns, name) == nil {
 			return refuse(gatewayv1.RouteReasonBackendNotFound, "backendRef Service %s/%s does not exist", ns, name)
 		}
 		be.Hostname = name + "." + ns + ".svc." + t.cfg.DomainSuffix

@@ -62,7 +62,7 @@ func RouteStatuses(cfg Config, objs *cluster.Objects) []RouteStatus {
 		return nil
 	}
 	t := newTranslator(cfg.withDefaults(), objs, nil)
-	t.buildIndex()
+	t.buildIndexOf(false)
 	var out []RouteStatus
 	for _, r := range objs.HTTPRoutes {
 		var unsupported []string
@@ -123,7 +123,7 @@ func (t *translator) routeStatus(kind, ns, name string, gen int64, parents []gat
 		pns := parentNamespace(ns, pr)
 		acc := RouteCondition{Status: true, Reason: gatewayv1.RouteReasonAccepted}
 		_, portOK := t.parentPorts(pk, pns, string(pr.Name), pr)
-		exists := pk == "Service" && t.idx.svcByName[pns+"/"+string(pr.Name)] != nil || pk == "ServiceEntry" && t.serviceEntry(pns, string(pr.Name)) != nil
+		exists := pk == "Service" && t.service(pns, string(pr.Name)) != nil || pk == "ServiceEntry" && t.serviceEntry(pns, string(pr.Name)) != nil
 		switch {
 		case !exists:
 			acc = RouteCondition{Reason: gatewayv1.RouteReasonNoMatchingParent, Message: fmt.Sprintf("%s %s/%s does not exist", pk, pns, pr.Name)}

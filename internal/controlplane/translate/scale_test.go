@@ -4,6 +4,9 @@ import (
 	"testing"
 
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate/synth"
 )
@@ -63,5 +66,25 @@ func BenchmarkMergeRemotePodChange50k(b *testing.B) {
 			b.Fatalf("one remote pod changed: full=%v, %d pushed", mch.Full, len(mch.Addresses)+len(mch.Removed))
 		}
 		remote = next
+	}
+}
+
+// BenchmarkTranslateNamespaceChange50k: one namespace's dataplane mode
+// flips (bench/cpscale's namespace series): that namespace's pods and
+// Services, plus the global unit.
+func BenchmarkTranslateNamespaceChange50k(b *testing.B) {
+	s := synth.Default(50000)
+	objs := synth.Build(s)
+	tr := NewTranslator(LocalDefaults())
+	tr.Update(objs, nil)
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		next := synth.With(objs, func(o *cluster.Objects) *[]*corev1.Namespace { return &o.Namespaces }, synth.Namespace(s, (i*7)%s.Namespaces, i+1))
+		b.StartTimer()
+		if _, ch := tr.Update(next, nil); ch.Full {
+			b.Fatalf("full translation: %s", ch.Reason)
+		}
+		objs = next
 	}
 }

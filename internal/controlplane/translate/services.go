@@ -214,7 +214,10 @@ func (t *translator) translateServiceEntries() {
 		return 0
 	})
 	claims := map[string][]seClaim{}
-	own := t.buildOwned()
+	// The owned addresses (every pod's, node's and Service's) are indexed
+	// only when some entry names addresses: at 50k pods that costs more
+	// than the rest of a re-translation of ServiceEntries and policies.
+	var own *owned
 	var taken []addrClaim
 	for _, se := range ses {
 		network := t.network(se.Labels, se.Namespace)
@@ -230,6 +233,9 @@ func (t *translator) translateServiceEntries() {
 		}
 		for _, pa := range parsed {
 			t.seAddrs = append(t.seAddrs, pa.prefix)
+		}
+		if len(parsed) > 0 && own == nil {
+			own = t.buildOwned()
 		}
 		var refused []string
 		var fixed []*workloadapi.NetworkAddress
@@ -365,7 +371,7 @@ func (t *translator) translateExternalNames() {
 			continue
 		}
 		target := strings.TrimSuffix(strings.ToLower(s.Spec.ExternalName), ".")
-		if !t.idx.meshHosts[target] {
+		if !t.idx.isMeshHost(target) {
 			t.warnf("Service", s.Namespace, s.Name, "externalName %s is not a mesh service; not an alias (DNS is forwarded)", s.Spec.ExternalName)
 			continue
 		}

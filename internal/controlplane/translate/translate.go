@@ -16,10 +16,13 @@ package translate
 
 import (
 	"fmt"
+	"iter"
 	"net/netip"
 	"sort"
 
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
@@ -163,6 +166,41 @@ type Result struct {
 	Policies []PolicyStatus
 	// Warnings, sorted and deduplicated, each prefixed by "Kind ns/name: ".
 	Warnings []string
+
+	// bound holds the Addresses bound to a waypoint (waypointBound), kept
+	// by the Translator so that waypoint configs need not scan every
+	// address; nil: not kept (a Result built elsewhere), scan them all.
+	bound *resmap.Map[*workloadapi.Address]
+	// services is the sorted Services slice the Translator read (nil
+	// when not from a Translator): waypoint configs built from the same
+	// slice need not check its order.
+	services []*corev1.Service
+}
+
+// sortedServices reports whether s is the slice of Services r was
+// translated from (hence sorted).
+func (r *Result) sortedServices(s []*corev1.Service) bool {
+	return r.services != nil && len(r.services) == len(s) && (len(s) == 0 || &r.services[0] == &s[0])
+}
+
+// waypointBound iterates over the addresses that may be bound to a
+// waypoint: a superset of those with a workload waypoint, a service
+// waypoint or weighted waypoints (all of them when r does not keep the set).
+func (r *Result) waypointBound() iter.Seq2[string, *workloadapi.Address] {
+	if r.bound != nil {
+		return r.bound.All()
+	}
+	return r.Addresses.All()
+}
+
+// boundToWaypoint: a has a waypoint (a Workload's, a Service's, or weighted
+// ones).
+func boundToWaypoint(a *workloadapi.Address) bool {
+	if w := a.GetWorkload(); w != nil {
+		return w.GetWaypoint() != nil
+	}
+	s := a.GetService()
+	return s.GetWaypoint() != nil || len(s.GetWeightedWaypoints()) > 0
 }
 
 // Translate converts objs (in any order) in one go. allocs are the ServiceEntry auto-allocations
@@ -213,6 +251,14 @@ type translator struct {
 	// a Pod, Service or Node holding one of them decides its ownership,
 	// so changing one re-translates everything (ownershipChange).
 	seAddrs []netip.Prefix
+	// servicesSorted: objs.Services is known to be sorted (the slice a
+	// Translator translated), so buildIndexOf need not check it.
+	servicesSorted bool
+	// routesByParent: routes by "<parent kind> ns/name" (routesOf).
+	routesByParent map[string][]attachedRoute
+	// apCache holds the previous translation's policy conversions (read
+	// only); apNext collects this one's (convertCached). nil: no cache.
+	apCache, apNext map[*securityv1.AuthorizationPolicy]convertedPolicy
 }
 
 func newTranslator(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *translator {

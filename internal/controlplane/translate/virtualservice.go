@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
@@ -75,6 +76,9 @@ type istioRouting struct {
 	// (selectorKey), built on first use.
 	vsByName map[string]*networkingv1.VirtualService
 	clients  map[string][]string
+	// pods: every pod by ns/name, built on first use (workloadLabels):
+	// waypoint configs index no pods otherwise.
+	pods map[string]*corev1.Pod
 }
 
 // istioStatus is what became of one VirtualService or DestinationRule.

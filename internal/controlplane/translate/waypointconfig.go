@@ -48,7 +48,8 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	}) {
 		return out, append(append(slices.Clone(res.Policies), ir.statuses()...), tel.statuses()...)
 	}
-	t.buildIndex()
+	t.servicesSorted = res.sortedServices(objs.Services)
+	t.buildIndexOf(false)
 	t.translateWaypoints()
 
 	authn := newAuthnState()
@@ -58,6 +59,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	for _, ap := range objs.AuthorizationPolicies {
 		policies[ap.Namespace+"/"+ap.Name] = ap
 	}
+	byWaypoint := addressesByWaypoint(res)
 	for _, key := range sortedKeys(t.idx.waypoints) {
 		w := t.idx.waypoints[key]
 		ns, name, _ := strings.Cut(key, "/")
@@ -71,7 +73,7 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 		if a := w.addr.GetAddress(); a != nil {
 			c.Addresses = [][]byte{a.GetAddress()}
 		}
-		bound := t.boundTo(w, res, c, ir)
+		bound := t.boundTo(w, byWaypoint[gatewayKey(w.addr)], c, ir)
 		// Telemetry API (telemetry.go): root namespace, the waypoint's
 		// namespace and its targetRefs; per service for Service targetRefs.
 		var base *telemetryMerge
@@ -142,14 +144,14 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 // boundTo fills c's services and workloads from res (those whose waypoint is
 // w's address) with the routes attached to each service, and returns the
 // hostnames of each bound "Service ns/name" and "ServiceEntry ns/name".
-func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, ir *istioRouting) map[string][]string {
+func (t *translator) boundTo(w *waypoint, candidates []*workloadapi.Address, c *waypointapi.Config, ir *istioRouting) map[string][]string {
 	bound := map[string][]string{}
-	for _, a := range res.Addresses.All() {
+	for _, a := range candidates {
 		switch {
 		case a.GetService() != nil && waypointOf(a.GetService(), w.addr) && w.forService:
 			s := a.GetService()
 			kind := "ServiceEntry"
-			if k8s := t.idx.svcByName[s.GetNamespace()+"/"+s.GetName()]; k8s != nil && t.serviceHostname(k8s) == s.GetHostname() {
+			if k8s := t.service(s.GetNamespace(), s.GetName()); k8s != nil && t.serviceHostname(k8s) == s.GetHostname() {
 				kind = "Service"
 			}
 			ws := &waypointapi.Service{Name: s.GetName(), Namespace: s.GetNamespace(), Hostname: s.GetHostname(), Kind: kind}
@@ -177,6 +179,48 @@ func (t *translator) boundTo(w *waypoint, res *Result, c *waypointapi.Config, ir
 	return bound
 }
 
+// addressesByWaypoint groups the addresses bound to a waypoint by
+// gatewayKey of each waypoint address they name (a Workload's, a
+// Service's, its weighted ones'), so that each waypoint looks only at its
+// own candidates (boundTo still checks each one) instead of every address.
+func addressesByWaypoint(res *Result) map[string][]*workloadapi.Address {
+	out := map[string][]*workloadapi.Address{}
+	for _, a := range res.waypointBound() {
+		if w := a.GetWorkload(); w != nil {
+			if ga := w.GetWaypoint(); ga != nil {
+				k := gatewayKey(ga)
+				out[k] = append(out[k], a)
+			}
+			continue
+		}
+		s := a.GetService()
+		var keys []string
+		add := func(ga *workloadapi.GatewayAddress) {
+			if ga == nil {
+				return
+			}
+			if k := gatewayKey(ga); !slices.Contains(keys, k) {
+				keys = append(keys, k)
+				out[k] = append(out[k], a)
+			}
+		}
+		add(s.GetWaypoint())
+		for _, ww := range s.GetWeightedWaypoints() {
+			add(ww.GetDestination())
+		}
+	}
+	return out
+}
+
+// gatewayKey is a key of a waypoint address: equal (proto.Equal) addresses
+// have equal keys.
+func gatewayKey(ga *workloadapi.GatewayAddress) string {
+	if h := ga.GetHostname(); h != nil {
+		return "h/" + h.GetNamespace() + "/" + h.GetHostname()
+	}
+	return "a/" + ga.GetAddress().GetNetwork() + "/" + string(ga.GetAddress().GetAddress())
+}
+
 // waypointPort decides the protocol of a service port as Istio does:
 // appProtocol, else the port name's prefix (a ServiceEntry port: its
 // protocol); HTTP/1.1 for http, HTTP/2 for http2, h2c and grpc, TCP for
@@ -187,7 +231,7 @@ func (t *translator) waypointPort(kind string, s *workloadapi.Service, p *worklo
 	wp := &waypointapi.Port{Port: p.GetServicePort()}
 	declared := ""
 	if kind == "Service" {
-		if k8s := t.idx.svcByName[s.GetNamespace()+"/"+s.GetName()]; k8s != nil {
+		if k8s := t.service(s.GetNamespace(), s.GetName()); k8s != nil {
 			for _, sp := range k8s.Spec.Ports {
 				if uint32(sp.Port) == p.GetServicePort() {
 					wp.Name = sp.Name

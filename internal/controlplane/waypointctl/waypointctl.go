@@ -54,10 +54,10 @@ const (
 	// EastWestClass is the GatewayClass of east-west gateways (Istio
 	// ambient multi-network): the same binary in east-west mode
 	// (proxy/eastwest), on the network its Gateway's NetworkLabel names.
-	EastWestClass = "istio-east-west"
+	EastWestClass = translate.EastWestClass
 	// NetworkLabel on an east-west Gateway is its network; it is passed to
 	// the gateway (env NETWORK) and set on its pods, as istiod does.
-	NetworkLabel = "topology.istio.io/network"
+	NetworkLabel = translate.LabelNetwork
 	// FieldManager names the controller in managedFields.
 	FieldManager = "ztunnel-go-waypoint"
 	// ManagedAnnotation "false" leaves a Gateway's deployment to its owner.

@@ -1,9 +1,11 @@
 // Package resmap is an immutable map from xDS resource name to a value,
 // from which a changed copy is derived in time proportional to the change:
-// 256 plain Go maps chosen by a hash of the name, and an edit clones only
+// 1024 plain Go maps chosen by a hash of the name, and an edit clones only
 // the shards it writes (the first time it writes each). A 55k-entry map
-// costs ~10 ms to clone whole; one edit here copies a 2 KiB shard table and
-// one ~200-entry shard.
+// costs ~10 ms to clone whole; one edit here copies an 8 KiB shard table
+// and one ~55-entry shard. (With 256 shards of ~215 entries, a change of a
+// hundred addresses, such as a namespace's, cloned ~20k entries per map
+// and was most of what the control plane allocated per change.)
 //
 // The translation result (translate.Result.Addresses) and the xDS server's
 // per-type snapshots use it, so one pod change is O(1) end to end. It is not
@@ -17,7 +19,7 @@ import (
 	"sort"
 )
 
-const shardCount = 256
+const shardCount = 1024
 
 // Map is an immutable name → V map. The nil *Map is the empty map.
 type Map[V any] struct {

@@ -2,7 +2,10 @@
 // control-plane scale tests and benchmarks (translate's 50k-pod test,
 // bench/cpscale): Deployments' pods spread over nodes and namespaces, one
 // Service per ten pods with an EndpointSlice each, a share of ambient
-// namespaces bound to a waypoint, and one AuthorizationPolicy per namespace.
+// namespaces bound to a waypoint (each with an HTTPRoute for its first
+// Service), one AuthorizationPolicy per namespace, and in every tenth
+// namespace a ServiceEntry (an external API) and in another tenth a
+// namespace-wide STRICT PeerAuthentication.
 //
 // Everything is derived from indexes, so the same Spec gives the same
 // objects. It builds objects only; it does not translate or serve them.
@@ -13,8 +16,10 @@ import (
 	"net/netip"
 	"sort"
 
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	typev1beta1 "istio.io/api/type/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -71,15 +76,20 @@ func Build(s Spec) *cluster.Objects {
 		}},
 	}
 	for n := 0; n < s.Namespaces; n++ {
-		ns := NamespaceName(n)
-		labels := map[string]string{"team": fmt.Sprintf("t%d", n%17)}
 		if s.ambient(n) {
-			labels["istio.io/dataplane-mode"] = "ambient"
-			labels["istio.io/use-waypoint"] = "waypoint"
-			objs.Gateways = append(objs.Gateways, waypoint(ns, n))
+			objs.Gateways = append(objs.Gateways, waypoint(NamespaceName(n), n))
 		}
-		objs.Namespaces = append(objs.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}})
-		objs.AuthorizationPolicies = append(objs.AuthorizationPolicies, policy(ns))
+		objs.Namespaces = append(objs.Namespaces, Namespace(s, n, 0))
+		objs.AuthorizationPolicies = append(objs.AuthorizationPolicies, Policy(s, n, 0))
+		if s.ambient(n) && n < (s.Pods+s.PodsPerService-1)/s.PodsPerService {
+			objs.HTTPRoutes = append(objs.HTTPRoutes, Route(s, n, 0))
+		}
+		if n%10 == 1 {
+			objs.ServiceEntries = append(objs.ServiceEntries, ServiceEntry(s, n, 0))
+		}
+		if n%10 == 2 {
+			objs.PeerAuthentications = append(objs.PeerAuthentications, PeerAuthentication(s, n, 0))
+		}
 	}
 	// Deployments are dealt to namespaces round-robin; pod i belongs to
 	// deployment i / PodsPerService.
@@ -224,14 +234,21 @@ func waypoint(ns string, n int) *gatewayv1.Gateway {
 	}
 }
 
-// policy is the namespace's one AuthorizationPolicy: ALLOW to the pods of
+// Policy is namespace n's one AuthorizationPolicy: ALLOW to the pods of
 // the namespace's Services from the same namespace on port 8080, selecting
 // on a label every pod has (so it lands on every workload's policy list).
-func policy(ns string) *securityv1.AuthorizationPolicy {
+// An odd gen selects version v2, which no pod has: the namespace's
+// workloads lose it.
+func Policy(s Spec, n, gen int) *securityv1.AuthorizationPolicy {
+	ns := NamespaceName(n)
+	version := "v1"
+	if gen%2 == 1 {
+		version = "v2"
+	}
 	return &securityv1.AuthorizationPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "allow-same-ns", Namespace: ns},
 		Spec: securityv1beta1.AuthorizationPolicy{
-			Selector: &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"version": "v1"}},
+			Selector: &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"version": version}},
 			Action:   securityv1beta1.AuthorizationPolicy_ALLOW,
 			Rules: []*securityv1beta1.Rule{{
 				From: []*securityv1beta1.Rule_From{{Source: &securityv1beta1.Source{Namespaces: []string{ns}}}},
@@ -239,6 +256,123 @@ func policy(ns string) *securityv1.AuthorizationPolicy {
 			}},
 		},
 	}
+}
+
+// Namespace is namespace n at generation gen: an odd gen flips its
+// dataplane mode (an ambient namespace leaves the mesh, another joins), so
+// every workload of it changes.
+func Namespace(s Spec, n, gen int) *corev1.Namespace {
+	s = s.withDefaults()
+	labels := map[string]string{"team": fmt.Sprintf("t%d", n%17)}
+	ambient := s.ambient(n) != (gen%2 == 1)
+	if ambient {
+		labels["istio.io/dataplane-mode"] = "ambient"
+	}
+	if s.ambient(n) {
+		labels["istio.io/use-waypoint"] = "waypoint"
+	}
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: NamespaceName(n), Labels: labels}}
+}
+
+// ServiceEntry is namespace n's external API (in every tenth namespace):
+// api-<n>.example.com, resolved by DNS, on 443, or 8443 for an odd gen.
+func ServiceEntry(s Spec, n, gen int) *networkingv1.ServiceEntry {
+	port := uint32(443)
+	if gen%2 == 1 {
+		port = 8443
+	}
+	return &networkingv1.ServiceEntry{
+		ObjectMeta: metav1.ObjectMeta{Name: "external-api", Namespace: NamespaceName(n)},
+		Spec: networkingv1alpha3.ServiceEntry{
+			Hosts:      []string{fmt.Sprintf("api-%d.example.com", n)},
+			Location:   networkingv1alpha3.ServiceEntry_MESH_EXTERNAL,
+			Resolution: networkingv1alpha3.ServiceEntry_DNS,
+			Ports:      []*networkingv1alpha3.ServicePort{{Number: port, Name: "tls", Protocol: "TLS"}},
+		},
+	}
+}
+
+// PeerAuthentication is namespace n's namespace-wide mTLS mode (in every
+// tenth namespace): STRICT, or PERMISSIVE for an odd gen.
+func PeerAuthentication(s Spec, n, gen int) *securityv1.PeerAuthentication {
+	mode := securityv1beta1.PeerAuthentication_MutualTLS_STRICT
+	if gen%2 == 1 {
+		mode = securityv1beta1.PeerAuthentication_MutualTLS_PERMISSIVE
+	}
+	return &securityv1.PeerAuthentication{
+		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: NamespaceName(n)},
+		Spec:       securityv1beta1.PeerAuthentication{Mtls: &securityv1beta1.PeerAuthentication_MutualTLS{Mode: mode}},
+	}
+}
+
+// Route is the HTTPRoute of ambient namespace n's first Service (the
+// deployment numbered n): a path prefix /v<gen> goes to it, with a 1 s
+// timeout, through the namespace's waypoint.
+func Route(s Spec, n, gen int) *gatewayv1.HTTPRoute {
+	svc := DeploymentName(n)
+	group, kind := gatewayv1.Group(""), gatewayv1.Kind("Service")
+	port := gatewayv1.PortNumber(80)
+	prefix, path := gatewayv1.PathMatchPathPrefix, fmt.Sprintf("/v%d", gen)
+	timeout := gatewayv1.Duration("1s")
+	return &gatewayv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: svc, Namespace: NamespaceName(n)},
+		Spec: gatewayv1.HTTPRouteSpec{
+			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{
+				Group: &group, Kind: &kind, Name: gatewayv1.ObjectName(svc),
+			}}},
+			Rules: []gatewayv1.HTTPRouteRule{{
+				Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: &prefix, Value: &path}}},
+				BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: gatewayv1.BackendRef{
+					BackendObjectReference: gatewayv1.BackendObjectReference{Name: gatewayv1.ObjectName(svc), Port: &port},
+				}}},
+				Timeouts: &gatewayv1.HTTPRouteTimeouts{Request: &timeout},
+			}},
+		},
+	}
+}
+
+// AmbientNamespaces lists the namespaces of s with a waypoint and an
+// HTTPRoute; ServiceEntryNamespaces and PeerAuthnNamespaces those with a
+// ServiceEntry and with a PeerAuthentication.
+func AmbientNamespaces(s Spec) []int {
+	s = s.withDefaults()
+	return every(s, func(n int) bool { return s.ambient(n) && n < (s.Pods+s.PodsPerService-1)/s.PodsPerService })
+}
+
+func ServiceEntryNamespaces(s Spec) []int { return every(s, func(n int) bool { return n%10 == 1 }) }
+
+func PeerAuthnNamespaces(s Spec) []int { return every(s, func(n int) bool { return n%10 == 2 }) }
+
+func every(s Spec, f func(int) bool) []int {
+	s = s.withDefaults()
+	var out []int
+	for n := 0; n < s.Namespaces; n++ {
+		if f(n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// With returns a copy of objs (sharing every object) in which the object of
+// the slice field picks that has o's namespace and name is replaced by o,
+// the way a Source publishes after one update. It panics when there is no
+// such object.
+func With[T interface {
+	comparable
+	GetNamespace() string
+	GetName() string
+}](objs *cluster.Objects, field func(*cluster.Objects) *[]T, o T) *cluster.Objects {
+	next := *objs
+	s := field(&next)
+	*s = append([]T(nil), *s...)
+	for i, cur := range *s {
+		if cur.GetNamespace() == o.GetNamespace() && cur.GetName() == o.GetName() {
+			(*s)[i] = o
+			return &next
+		}
+	}
+	panic(fmt.Sprintf("synth: %s/%s not in the set", o.GetNamespace(), o.GetName()))
 }
 
 // WithPod returns a copy of objs (sharing every object) with pod i replaced
