@@ -66,6 +66,10 @@ type Merger struct {
 	localGlobal  map[string]bool
 	localNetwork string
 	gateways     map[string]*workloadapi.GatewayAddress // by network
+	// gwWorkloads are the other networks' gateways as workloads (see
+	// gatewayWorkloads), by uid, as last put into the output.
+	gwWorkloads map[string]*workloadapi.Address
+	gwOwners    map[string]gatewayOwner // by network, from eastWestGateways
 	// localIPs counts this cluster's workloads per network address;
 	// remoteIPs the remote candidates' (workloads of a service global on
 	// both sides), across remotes. A remote workload at a local one's
@@ -216,7 +220,8 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 	if net != m.localNetwork {
 		m.localNetwork, refilter = net, true
 	}
-	gws := m.eastWestGateways(localObjs, remotes)
+	gws, owners := m.eastWestGateways(localObjs, remotes)
+	m.gwOwners = owners
 	if !maps.EqualFunc(gws, m.gateways, func(a, b *workloadapi.GatewayAddress) bool { return proto.Equal(a, b) }) {
 		m.gateways, refilter = gws, true
 	}
@@ -408,6 +413,20 @@ func (m *Merger) Merge(local *Result, lch *Changes, localObjs *cluster.Objects, 
 		}
 		delete(m.remotes, id)
 	}
+	gwWls := m.gatewayWorkloads()
+	for k := range m.gwWorkloads {
+		if _, ok := gwWls[k]; !ok {
+			drop(k)
+		}
+	}
+	for k, a := range gwWls {
+		if old, ok := m.gwWorkloads[k]; lch.Full || !ok || !proto.Equal(old, a) {
+			put(k, a)
+		} else {
+			gwWls[k] = old
+		}
+	}
+	m.gwWorkloads = gwWls
 	m.out = e.Done()
 	m.updateWarnings()
 
@@ -585,13 +604,14 @@ func eastWestOnly(o *cluster.Objects) *cluster.Objects {
 // ingress, else, for a Gateway of this cluster only, its ClusterIP. With
 // several per network, this cluster's come first, then by cluster id and
 // namespace/name.
-func (m *Merger) eastWestGateways(local *cluster.Objects, remotes []RemoteCluster) map[string]*workloadapi.GatewayAddress {
+func (m *Merger) eastWestGateways(local *cluster.Objects, remotes []RemoteCluster) (map[string]*workloadapi.GatewayAddress, map[string]gatewayOwner) {
 	type cand struct {
 		order string
 		addr  *workloadapi.GatewayAddress
+		owner gatewayOwner
 	}
 	best := map[string]cand{}
-	consider := func(order string, objs *cluster.Objects, isLocal bool) {
+	consider := func(order, cluster string, objs *cluster.Objects, isLocal bool) {
 		for _, g := range objs.Gateways {
 			n := g.Labels[LabelNetwork]
 			if string(g.Spec.GatewayClassName) != EastWestClass || EastWestProblem(g, m.cfg.RootNamespace) != "" {
@@ -603,19 +623,57 @@ func (m *Merger) eastWestGateways(local *cluster.Objects, remotes []RemoteCluste
 			}
 			o := order + "/" + g.Namespace + "/" + g.Name
 			if c, ok := best[n]; !ok || o < c.order {
-				best[n] = cand{order: o, addr: a}
+				best[n] = cand{order: o, addr: a, owner: gatewayOwner{cluster: cluster, namespace: g.Namespace, name: g.Name}}
 			}
 		}
 	}
-	consider("0", local, true)
+	consider("0", m.cfg.ClusterID, local, true)
 	for _, rc := range remotes {
 		if rc.Objs != nil && rc.ID != m.cfg.ClusterID {
-			consider("1/"+rc.ID, rc.Objs, false)
+			consider("1/"+rc.ID, rc.ID, rc.Objs, false)
 		}
 	}
 	out := make(map[string]*workloadapi.GatewayAddress, len(best))
+	owners := make(map[string]gatewayOwner, len(best))
 	for n, c := range best {
 		out[n] = c.addr
+		owners[n] = c.owner
+	}
+	return out, owners
+}
+
+// gatewayOwner is the east-west Gateway a network's gateway address came
+// from.
+type gatewayOwner struct{ cluster, namespace, name string }
+
+// gatewayWorkloads are the east-west gateways of the other networks,
+// reached by IP address, as workloads on their networks: node proxies
+// resolve a network_gateway address to a workload (or service) on that
+// network, for the identity the outer tunnel verifies (Istio's
+// fetch_network_gateway), and the gateway's own pods are not sent here
+// (they back no global service). Its identity is the Gateway's
+// ServiceAccount, which the controller names after the Gateway (the
+// east-west mode of cmd/waypoint defaults to it too). A gateway known by
+// hostname needs a service of that name instead, and gets nothing here.
+func (m *Merger) gatewayWorkloads() map[string]*workloadapi.Address {
+	out := map[string]*workloadapi.Address{}
+	for n, gw := range m.gateways {
+		a := gw.GetAddress()
+		o := m.gwOwners[n]
+		if n == m.localNetwork || a == nil {
+			continue
+		}
+		uid := o.cluster + "//Gateway/" + o.namespace + "/" + o.name
+		td := m.cfg.TrustDomain
+		if td == DefaultTrustDomain {
+			td = ""
+		}
+		out[uid] = &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{
+			Uid: uid, Name: o.name, Namespace: o.namespace, ClusterId: o.cluster, Network: n,
+			Addresses: [][]byte{a.GetAddress()}, ServiceAccount: o.name, TrustDomain: td,
+			TunnelProtocol: workloadapi.TunnelProtocol_HBONE, Status: workloadapi.WorkloadStatus_HEALTHY,
+			CanonicalName: o.name, WorkloadName: o.name, WorkloadType: workloadapi.WorkloadType_DEPLOYMENT,
+		}}}
 	}
 	return out
 }

@@ -325,11 +325,13 @@ func TestMergeIncremental(t *testing.T) {
 	if _, ok := m.out.Get("west//Pod/app/global-b"); ok {
 		t.Fatal("overlapping address sent after east's pod came back")
 	}
-	// The remote cluster goes: its workloads go, the local ones stay.
+	// The remote cluster goes: its workloads go (and with them its
+	// gateway's), the local ones stay.
 	step("remote back", local, RemoteCluster{ID: "west", Objs: &r2})
 	ch = step("remote dropped", local)
-	if len(ch.Removed) != 2 || !strings.HasPrefix(ch.Removed[0], "west//") {
-		t.Fatalf("remote dropped: removed %v", ch.Removed)
+	want := []string{"west//Gateway/istio-system/eastwest", "west//Pod/app/global-b", "west//Pod/app/global-c"}
+	if !slices.Equal(ch.Removed, want) {
+		t.Fatalf("remote dropped: removed %v, want %v", ch.Removed, want)
 	}
 }
 
@@ -339,4 +341,54 @@ func addrKeys(m map[string]*workloadapi.Address) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestMergeGatewayWorkload: another network's east-west gateway, known by
+// IP, is sent as a workload on that network at that IP with the Gateway's
+// identity (node proxies resolve network_gateway to it, as Istio's
+// fetch_network_gateway does); it goes when the Gateway goes, and a
+// gateway of this cluster's own network is not sent.
+func TestMergeGatewayWorkload(t *testing.T) {
+	cfg := Config{ClusterID: "east"}
+	local, remote := twoClusters()
+	tr := NewTranslator(cfg)
+	lres, lch := tr.Update(local, nil)
+	m := NewMerger(cfg)
+	res, _ := m.Merge(lres, lch, local, []RemoteCluster{{ID: "west", Objs: remote}})
+	const uid = "west//Gateway/istio-system/eastwest"
+	a, ok := res.Addresses.Get(uid)
+	if !ok {
+		t.Fatalf("no gateway workload %s; have %v", uid, res.Addresses.Keys())
+	}
+	w := a.GetWorkload()
+	ip, _ := netip.AddrFromSlice(w.GetAddresses()[0])
+	switch {
+	case w.Network != "n2" || len(w.Addresses) != 1 || ip != netip.MustParseAddr("192.0.2.10"):
+		t.Fatalf("gateway workload network %q addresses %v, want n2 192.0.2.10", w.Network, w.Addresses)
+	case w.Namespace != "istio-system" || w.ServiceAccount != "eastwest" || w.ClusterId != "west":
+		t.Fatalf("gateway workload identity ns %q sa %q cluster %q", w.Namespace, w.ServiceAccount, w.ClusterId)
+	case w.TunnelProtocol != workloadapi.TunnelProtocol_HBONE || w.NetworkGateway != nil || len(w.Services) != 0:
+		t.Fatalf("gateway workload = %v", w)
+	}
+
+	// The remote's Gateway goes: so does its workload (an incremental merge).
+	gone := *remote
+	gone.Gateways = nil
+	lres, lch = tr.Update(local, nil)
+	res, ch := m.Merge(lres, lch, local, []RemoteCluster{{ID: "west", Objs: &gone}})
+	if _, ok := res.Addresses.Get(uid); ok {
+		t.Fatal("gateway workload kept after its Gateway went")
+	}
+	if !ch.Full && !slices.Contains(ch.Removed, uid) {
+		t.Fatalf("changes do not remove %s: %v", uid, ch.Removed)
+	}
+
+	// Same network as this cluster: no gateway is crossed, none is sent.
+	remote.Namespaces = []*corev1.Namespace{mcNamespace("app", "1", map[string]string{LabelGlobal: "true"}),
+		mcNamespace("istio-system", "2", map[string]string{LabelNetwork: "n1"})}
+	remote.Gateways = []*gatewayv1.Gateway{mcEastWest("n1", "192.0.2.10")}
+	res = merge(cfg, local, RemoteCluster{ID: "west", Objs: remote})
+	if _, ok := res.Addresses.Get(uid); ok {
+		t.Fatal("a gateway of this cluster's own network was sent as a workload")
+	}
 }

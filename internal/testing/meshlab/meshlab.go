@@ -15,6 +15,11 @@
 // each node, for clients outside the mesh) and the waypoint Gateway
 // controller (a waypoint Gateway gets its Service's ClusterIP as address).
 //
+// With Options.Kube the same mesh runs in Kubernetes mode on a real API
+// server (kube.go): the control plane and the agents read the API, and the
+// mesh plays kubelet for the pods it adds. internal/testing/mclab builds a
+// two-cluster, two-network mesh out of two of them.
+//
 // It is not a test framework (no assertions) and not a Kubernetes: see
 // testcluster for what the topology is and is not.
 package meshlab
@@ -90,6 +95,9 @@ type Options struct {
 	// ProxyEnv are extra KEY=value variables for every node proxy (after
 	// the ones Start sets, so they win), e.g. CRL_PATH. nil means none.
 	ProxyEnv []string
+	// Kube runs the mesh in Kubernetes mode (see Kube); nil means local
+	// mode (the YAML directory).
+	Kube *Kube
 }
 
 // Mesh is a running mesh. Its methods are safe for concurrent use.
@@ -175,6 +183,14 @@ func Start(tb testkit.TB, opts Options) (*Mesh, error) {
 	tb.Cleanup(m.closeApps)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	if opts.Kube != nil {
+		if opts.Kube.API == nil {
+			return nil, errors.New("meshlab: Options.Kube without an API server")
+		}
+		if err := m.kubeSetup(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.startCP(ctx); err != nil {
 		return nil, err
 	}
@@ -242,33 +258,47 @@ func (m *Mesh) startCP(ctx context.Context) error {
 	m.RootCert = filepath.Join(stateDir, "root-cert.pem")
 	var lines []string
 	for _, n := range m.Cluster.Nodes() {
-		tok, err := randomToken()
+		var tok string
+		var err error
+		if m.opts.Kube != nil {
+			tok, err = m.kubeNodeToken(ctx, n)
+		} else {
+			tok, err = randomToken()
+		}
 		if err != nil {
 			return err
 		}
 		mn := &MeshNode{Node: n, Token: filepath.Join(n.Dir, "istio-token"), TokenValue: tok, ZDSSocket: filepath.Join(n.Dir, "zds.sock")}
-		if err := os.MkdirAll(n.Dir, 0o755); err != nil {
-			return fmt.Errorf("meshlab: %w", err)
-		}
-		if err := os.WriteFile(mn.Token, []byte(tok+"\n"), 0o600); err != nil {
-			return fmt.Errorf("meshlab: %w", err)
+		if err := writeToken(mn.Token, tok); err != nil {
+			return err
 		}
 		lines = append(lines, n.Name+" "+tok)
 		m.Nodes = append(m.Nodes, mn)
 	}
-	tokens := filepath.Join(n0.Dir, "node-tokens")
-	if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-		return fmt.Errorf("meshlab: %w", err)
+	var args []string
+	ready := "root certificate written"
+	if m.opts.Kube != nil {
+		args = m.kubeCPArgs(stateDir)
+		ready = "kubernetes informers synced"
+		if m.opts.Kube.RootCert != "" {
+			m.RootCert = m.opts.Kube.RootCert
+		}
+	} else {
+		tokens := filepath.Join(n0.Dir, "node-tokens")
+		if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			return fmt.Errorf("meshlab: %w", err)
+		}
+		args = []string{
+			"--config-dir", m.rootDir, "--listen", m.CPAddr.String(), "--state-dir", stateDir,
+			"--node-tokens", tokens, "--trust-domain", m.opts.TrustDomain, "--admin", CPAdminAddr,
+		}
 	}
-	p, err := n0.Start(testcluster.Process{Name: "ztunnel-cp", Path: m.bin(BinCP), Args: append([]string{
-		"--config-dir", m.rootDir, "--listen", m.CPAddr.String(), "--state-dir", stateDir,
-		"--node-tokens", tokens, "--trust-domain", m.opts.TrustDomain, "--admin", CPAdminAddr,
-	}, m.opts.CPArgs...)})
+	p, err := n0.Start(testcluster.Process{Name: "ztunnel-cp", Path: m.bin(BinCP), Args: append(args, m.opts.CPArgs...)})
 	if err != nil {
 		return err
 	}
 	m.CP = p
-	if err := p.WaitLog(ctx, "root certificate written"); err != nil {
+	if err := p.WaitLog(ctx, ready); err != nil {
 		return fmt.Errorf("%w: control plane: %w", ErrNotReady, err)
 	}
 	return nil
@@ -287,9 +317,13 @@ func randomToken() (string, error) {
 // as it is, for pods wired outside the mesh).
 func (m *Mesh) startAgent(ctx context.Context, mn *MeshNode, pluginDir string) error {
 	n := mn.Node
+	source, sourceArg := "--local-config", m.rootDir
+	if m.opts.Kube != nil {
+		source, sourceArg = "--kubeconfig", m.opts.Kube.API.Kubeconfig()
+	}
 	p, err := n.Start(testcluster.Process{Name: "ztunnel-cni-" + n.Name, Path: m.bin(BinCNI), Args: []string{
 		"--node-name", n.Name,
-		"--local-config", m.rootDir,
+		source, sourceArg,
 		"--zds-socket", mn.ZDSSocket,
 		"--plugin-socket", filepath.Join(n.Dir, "plugin.sock"),
 		"--state-dir", filepath.Join(n.Dir, "agent-state"),
@@ -338,7 +372,7 @@ func (m *Mesh) startProxy(mn *MeshNode) error {
 		"IPV6_ENABLED=false", // the topology is IPv4 only
 		"LOG_LEVEL=" + m.opts.LogLevel,
 		"LOG_FORMAT=json",
-	}, m.opts.ProxyEnv...)})
+	}, append(m.kubeProxyEnv(), m.opts.ProxyEnv...)...)})
 	if err != nil {
 		return err
 	}

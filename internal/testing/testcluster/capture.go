@@ -22,9 +22,12 @@ import (
 // Capture.Stop sends to know the capture has caught up.
 const markerEtherType = 0x88b5
 
-// Capture is a running tcpdump on the underlay bridge.
+// Capture is a running tcpdump on a bridge (the underlay's br0, or one of
+// an extra namespace, see CaptureBridge).
 type Capture struct {
 	c       *Cluster
+	ns      *NetNS // where the bridge is
+	iface   string // the bridge the marker frame goes onto
 	cmd     *exec.Cmd
 	done    chan struct{}
 	waitErr error
@@ -40,16 +43,25 @@ type Capture struct {
 // everything), and returns once tcpdump is capturing. Capture.Stop returns
 // the packets. Needs tcpdump (`make deps`).
 func (c *Cluster) CaptureUnderlay(ctx context.Context, filter string) (*Capture, error) {
+	return c.underlay.CaptureBridge(ctx, "br0", filter)
+}
+
+// CaptureBridge is CaptureUnderlay for bridge iface of namespace ns (an
+// extra namespace of the cluster joining it to something else, say). The
+// bridge must carry every packet of interest: Stop proves the capture
+// complete with a frame broadcast on it.
+func (ns *NetNS) CaptureBridge(ctx context.Context, iface, filter string) (*Capture, error) {
+	c := ns.c
 	tcpdump, err := exec.LookPath("tcpdump")
 	if err != nil {
 		return nil, fmt.Errorf("testcluster: tcpdump not found (`make deps`): %w", err)
 	}
-	args := []string{"netns", "exec", c.underlay.name, tcpdump,
-		"-i", "br0", "-n", "-U", "--immediate-mode", "-B", "131072", "-Z", "root", "-w", "-"}
+	args := []string{"netns", "exec", ns.name, tcpdump,
+		"-i", iface, "-n", "-U", "--immediate-mode", "-B", "131072", "-Z", "root", "-w", "-"}
 	if filter != "" {
 		args = append(args, fmt.Sprintf("(%s) or ether proto %#x", filter, markerEtherType))
 	}
-	cp := &Capture{c: c, done: make(chan struct{}), grew: make(chan struct{})}
+	cp := &Capture{c: c, ns: ns, iface: iface, done: make(chan struct{}), grew: make(chan struct{})}
 	cp.cmd = exec.Command(c.ipPath, args...)
 	cp.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cp.cmd.StdoutPipe()
@@ -211,11 +223,11 @@ func (cp *Capture) waitFor(nonce []byte, d time.Duration) error {
 	}
 }
 
-// sendMarker broadcasts one frame of markerEtherType carrying nonce on br0,
-// from inside the underlay namespace.
+// sendMarker broadcasts one frame of markerEtherType carrying nonce on the
+// captured bridge, from inside its namespace.
 func (cp *Capture) sendMarker(nonce []byte) error {
-	return cp.c.underlay.Do(func() error {
-		ifi, err := net.InterfaceByName("br0")
+	return cp.ns.Do(func() error {
+		ifi, err := net.InterfaceByName(cp.iface)
 		if err != nil {
 			return err
 		}

@@ -92,6 +92,7 @@ type Cluster struct {
 
 	underlay *NetNS
 	nodes    []*Node
+	extras   []*NetNS // AddNetNS; guarded by mu
 
 	mu         sync.Mutex
 	namespaces map[string]*kube.Namespace
@@ -532,6 +533,12 @@ func (c *Cluster) close() {
 		if !p.HostNetwork {
 			errs = append(errs, p.NetNS.destroy())
 		}
+	}
+	c.mu.Lock()
+	extras := append([]*NetNS(nil), c.extras...)
+	c.mu.Unlock()
+	for _, ns := range extras {
+		errs = append(errs, ns.destroy())
 	}
 	for _, n := range c.nodes {
 		errs = append(errs, n.NetNS.destroy())
