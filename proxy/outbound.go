@@ -156,9 +156,13 @@ func (p *WorkloadProxy) outboundDoubleHBONE(c net.Conn, client netip.AddrPort, s
 	}
 	res.Dst.Identity = t.PeerIdentity()
 	if b := hbone.ParseBaggage(t.ResponseBaggage()); b.WorkloadName != "" &&
-		(b.WorkloadName != res.Dst.Workload || b.Namespace != res.Dst.Namespace) {
+		(b.WorkloadName != res.Dst.Workload || b.Namespace != res.Dst.Namespace) &&
+		b.Namespace == t.PeerIdentity().Namespace {
 		// The gateway balanced to another endpoint than the one chosen
-		// here: name the one that answered (Istio 1.29+ baggage).
+		// here: name the one that answered (Istio 1.29+ baggage). Only
+		// within the namespace its certificate proves: the baggage is the
+		// peer's word, and another namespace's names in this proxy's
+		// series would be a claim nobody proved.
 		res.Dst = Peer{
 			Workload: b.WorkloadName, Namespace: b.Namespace, CanonicalService: b.ServiceName,
 			CanonicalRevision: b.ServiceVersion, Cluster: b.ClusterName, Region: b.Region, Zone: b.Zone,

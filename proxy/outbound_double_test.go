@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,13 +70,15 @@ func TestOutboundDoubleHBONE(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var outer, inner []*hbone.Request
+	var respBaggage atomic.Value // the final server's response baggage
 	// The final destination's node proxy: echoes inside the tunnel.
 	finalLn := serve(hbone.ServerConfig{Identity: finalID, Certs: certs, AcceptHostnames: true,
 		Handler: hbone.HandlerFunc(func(_ context.Context, req *hbone.Request) hbone.Reply {
 			mu.Lock()
 			inner = append(inner, req)
 			mu.Unlock()
-			return hbone.Reply{Serve: func(tun *hbone.Tunnel) error {
+			b, _ := respBaggage.Load().(string)
+			return hbone.Reply{Baggage: b, Serve: func(tun *hbone.Tunnel) error {
 				_, err := io.Copy(tun, tun)
 				tun.CloseWrite()
 				return err
@@ -177,7 +180,6 @@ func TestOutboundDoubleHBONE(t *testing.T) {
 		"bytes_sent": strconv.Itoa(len(msg)), "bytes_recv": strconv.Itoa(len(msg)), "reason": "",
 	})
 	mu.Lock()
-	defer mu.Unlock()
 	if len(dialled) != 1 || dialled[0] != netip.MustParseAddrPort("172.16.0.1:15008") {
 		t.Errorf("pool dialled %v, want the gateway 172.16.0.1:15008 once", dialled)
 	}
@@ -200,6 +202,32 @@ func TestOutboundDoubleHBONE(t *testing.T) {
 		"destination_service": host, "destination_principal": finalID.String(), "connection_security_policy": "mutual_tls"}
 	if n := gatherSum(t, reg, "istio_tcp_connections_opened_total", labels); n != 1 {
 		t.Errorf("istio_tcp_connections_opened_total%v = %v, want 1", labels, n)
+	}
+	mu.Unlock()
+
+	// The answer's baggage names another endpoint (the gateway balanced
+	// elsewhere): believed within the namespace the inner certificate
+	// proves, ignored for another namespace.
+	for _, tc := range []struct{ ns, workload, namespace string }{
+		{"apps", "reviews-east-2", "apps"},
+		{"payments", "reviews-east", "apps"},
+	} {
+		respBaggage.Store(hbone.Baggage{Namespace: tc.ns, WorkloadType: "deployment", WorkloadName: "reviews-east-2"}.String())
+		logs.TakeAll()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		waitLog(t, logs, map[string]string{"direction": "outbound", "dst.workload": tc.workload, "dst.namespace": tc.namespace,
+			"dst.identity": finalID.String()})
 	}
 }
 
