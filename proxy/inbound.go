@@ -76,6 +76,15 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 		id := res.Src.Identity
 		res.Src = peerOf(sw)
 		res.Src.Identity = id
+	} else if fromGateway {
+		// What can be said of a client on another network: its namespace,
+		// from its certificate, and its cluster as Istio's baggage names
+		// it, only when that is a cluster this node's state knows (the
+		// client's word must not mint label values).
+		res.Src.Namespace = req.Peer.Namespace
+		if b := hbone.ParseBaggage(req.Baggage); snap.KnownCluster(b.ClusterName) {
+			res.Src.Cluster = b.ClusterName
+		}
 	}
 	d, err := route.Inbound(snap, route.Arrival{Workload: local, Addr: arrival}, route.Authority{Addr: authority, Host: req.Host},
 		route.Peer{Addr: src, Identity: req.Peer})

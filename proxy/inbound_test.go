@@ -249,16 +249,24 @@ func TestInboundFromNetworkGateway(t *testing.T) {
 	pt.Apply(t, e.store,
 		pt.Pod("apps", "pod", podIP.String(), pt.InService(k("apps", "reviews"), 9080, 8080)),
 		pt.Service("apps", "reviews", "10.96.55.1", []uint32{9080, 8080}),
+		// A workload of cluster west makes west a cluster the state knows.
+		pt.Pod("apps", "west-0", "10.77.0.1", pt.Network("east"), func(w *workloadapi.Workload) {
+			w.ClusterId, w.Uid = "west", "west//Pod/apps/west-0"
+		}),
 	)
 	peer := identity.MustNew("cluster.local", "apps", "peer")
 	for i, tc := range []struct {
-		network, wantSrc string
+		network, baggageCluster, wantSrc, wantNS, wantCluster string
 	}{
-		{"east", ""}, // another network: through a gateway
-		{"", "pod"},  // no header: the address is a local workload's
+		// Another network, through a gateway: the namespace from the
+		// certificate, the cluster from the baggage when known.
+		{"east", "west", "", "apps", "west"},
+		{"east", "mars", "", "apps", "unknown"},
+		// No header: the address is a local workload's.
+		{"", "", "pod", "apps", pt.Cluster},
 	} {
 		req := &hbone.ConnectRequest{Authority: netip.AddrPortFrom(netip.Addr{}, 9080), Host: pt.Hostname("apps", "reviews"),
-			ForwardedNetwork: tc.network}
+			ForwardedNetwork: tc.network, Baggage: hbone.Baggage{ClusterName: tc.baggageCluster, Namespace: "apps"}.String()}
 		tun, err := e.connectReq(t, req)
 		if err != nil {
 			t.Fatalf("x-forwarded-network %q: %v", tc.network, err)
@@ -272,8 +280,12 @@ func TestInboundFromNetworkGateway(t *testing.T) {
 			return len(e.logs.FilterMessage("connection complete").All()) > i
 		})
 		f := e.logs.FilterMessage("connection complete").All()[i].ContextMap()
-		if f["src.workload"] != tc.wantSrc || f["src.identity"] != peer.String() || f["dst.service"] != pt.Hostname("apps", "reviews") {
-			t.Errorf("x-forwarded-network %q: access log %v, want src.workload %q, src.identity %s", tc.network, f, tc.wantSrc, peer)
+		if f["src.workload"] != tc.wantSrc || f["src.namespace"] != tc.wantNS || f["src.identity"] != peer.String() || f["dst.service"] != pt.Hostname("apps", "reviews") {
+			t.Errorf("x-forwarded-network %q: access log %v, want src.workload %q, src.namespace %q, src.identity %s", tc.network, f, tc.wantSrc, tc.wantNS, peer)
+		}
+		if n := gatherSum(t, e.reg, "istio_tcp_connections_opened_total", map[string]string{"reporter": "destination",
+			"source_cluster": tc.wantCluster, "source_workload": orUnknown(tc.wantSrc)}); n < 1 {
+			t.Errorf("x-forwarded-network %q, baggage cluster %q: no connection counted with source_cluster %q", tc.network, tc.baggageCluster, tc.wantCluster)
 		}
 	}
 }

@@ -302,3 +302,29 @@ func TestServiceGlobalScopeExtension(t *testing.T) {
 		t.Errorf("api: %+v, want not Global", svc)
 	}
 }
+
+// TestKnownCluster: a cluster is known while some workload of it is in
+// the state, and forgotten with its last one; an empty id never is.
+func TestKnownCluster(t *testing.T) {
+	s := NewStore()
+	mustApply(t, s, pod("ns", "a", "10.0.0.1", cluster("east")), pod("ns", "b", "10.0.0.2", cluster("west")),
+		pod("ns", "c", "10.0.0.3", cluster("west")))
+	snap := s.Load()
+	for id, want := range map[string]bool{"east": true, "west": true, "north": false, "": false} {
+		if got := snap.KnownCluster(id); got != want {
+			t.Errorf("KnownCluster(%q) = %v, want %v", id, got, want)
+		}
+	}
+	if err := s.ApplyAddresses(nil, []string{uid("ns", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Load().KnownCluster("west") {
+		t.Error("west forgotten while c is still there")
+	}
+	// c moves to another cluster: west goes, the old snapshot keeps it.
+	mustApply(t, s, pod("ns", "c", "10.0.0.3", cluster("north")))
+	if next := s.Load(); next.KnownCluster("west") || !next.KnownCluster("north") || !snap.KnownCluster("west") {
+		t.Errorf("after the move: west %v north %v, old snapshot west %v; want false, true, true",
+			next.KnownCluster("west"), next.KnownCluster("north"), snap.KnownCluster("west"))
+	}
+}

@@ -33,7 +33,16 @@ type Snapshot struct {
 	policiesNS *shardMap[string, []*rbac.Policy] // NAMESPACE scope by ns; GLOBAL under ""
 
 	policyCache sync.Map // *Workload → *[]*rbac.Policy, filled lazily by PoliciesFor
+
+	// clusters counts workloads by cluster id (KnownCluster); a handful of
+	// entries, copied only by an Apply that changes workloads.
+	clusters map[string]int
 }
+
+// KnownCluster reports whether some workload of the snapshot belongs to
+// cluster id: what a peer's word about its cluster (baggage) is checked
+// against before it becomes a metric label.
+func (s *Snapshot) KnownCluster(id string) bool { return id != "" && s.clusters[id] > 0 }
 
 func emptySnapshot() *Snapshot {
 	return &Snapshot{
@@ -80,6 +89,24 @@ type builder struct {
 	pfxDirty   bool
 	policies   shardEditor[string, *rbac.Policy]
 	policiesNS listEditor[string, *rbac.Policy]
+	clusters   map[string]int // nil until a workload with a cluster id is edited
+}
+
+// countCluster adds d workloads to cluster id's count, copying the old
+// snapshot's counts on the first edit.
+func (b *builder) countCluster(id string, d int) {
+	if id == "" {
+		return
+	}
+	if b.clusters == nil {
+		b.clusters = make(map[string]int, len(b.old.clusters)+1)
+		for k, v := range b.old.clusters {
+			b.clusters[k] = v
+		}
+	}
+	if b.clusters[id] += d; b.clusters[id] <= 0 {
+		delete(b.clusters, id)
+	}
 }
 
 func newBuilder(old *Snapshot) *builder {
@@ -102,6 +129,10 @@ func (b *builder) finish() *Snapshot {
 	if b.pfxDirty {
 		pfx = newPrefixTable(b.servicePfx)
 	}
+	clusters := b.old.clusters
+	if b.clusters != nil {
+		clusters = b.clusters
+	}
 	return &Snapshot{
 		Generation: b.old.Generation + 1,
 		changed:    make(chan struct{}),
@@ -116,6 +147,7 @@ func (b *builder) finish() *Snapshot {
 		serviceHst: b.serviceHst.result(),
 		policies:   b.policies.result(),
 		policiesNS: b.policiesNS.result(),
+		clusters:   clusters,
 	}
 }
 
@@ -124,6 +156,7 @@ func (b *builder) upsertWorkload(w *Workload) {
 		b.unindexWorkload(old)
 	}
 	b.workloads.set(w.UID, w)
+	b.countCluster(w.ClusterID, 1)
 	for _, ip := range w.Addresses {
 		if w.HostNetwork {
 			b.hostIP.add(netAddr{w.Network, ip}, w)
@@ -154,6 +187,7 @@ func (b *builder) removeWorkload(uid string) {
 // dropped if it still points at old (another workload may have claimed the
 // IP since).
 func (b *builder) unindexWorkload(old *Workload) {
+	b.countCluster(old.ClusterID, -1)
 	for _, ip := range old.Addresses {
 		k := netAddr{old.Network, ip}
 		if old.HostNetwork {
