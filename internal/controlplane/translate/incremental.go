@@ -240,7 +240,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		old := t
 		t, global = tr.retranslateGlobal(objs, allocs)
 		x = &t.idx
-		tr.globalDirty(old, t, g, dirtyPods, dirtySvc, dirtySlices)
+		tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
 		ch.Global, ch.Reason = true, g.kinds()+" changed"
 	}
 	// A Node change redoes the pods on that node, and only when the
