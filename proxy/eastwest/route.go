@@ -168,10 +168,7 @@ func globalService(snap *state.Snapshot, host string) (*state.Service, error) {
 // hostname (a pod of that service), or by address on that network (the
 // workload owning it, else a pod of the service whose VIP it is).
 func resolveWaypoint(snap *state.Snapshot, network string, wp *state.GatewayAddress, rnd func(int) int) (*state.Workload, netip.AddrPort, error) {
-	port := wp.HBONEPort
-	if port == 0 {
-		port = state.DefaultHBONEPort
-	}
+	port := wp.Port()
 	var wsvc *state.Service
 	if wp.IsHostname() {
 		if wsvc = snap.ServiceForGateway(wp); wsvc == nil {

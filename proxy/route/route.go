@@ -310,10 +310,7 @@ func waypointRoute(wp *state.Workload, wsvc *state.Service, g *state.GatewayAddr
 	if !ok {
 		return Decision{}, unsupported(dst, wp)
 	}
-	port := g.HBONEPort
-	if port == 0 {
-		port = state.DefaultHBONEPort
-	}
+	port := g.Port()
 	r := Decision{
 		Kind:             HBONE,
 		NextHop:          netip.AddrPortFrom(ip, port),
@@ -422,10 +419,7 @@ func crossNetwork(snap *state.Snapshot, src, w *state.Workload, finalSANs []iden
 // service with that VIP. The service is returned when known, for its SANs.
 func resolveNetworkGateway(snap *state.Snapshot, src *state.Workload, g *state.GatewayAddress, like netip.Addr,
 	rnd func(int) int) (*state.Workload, *state.Service, netip.AddrPort, error) {
-	port := g.HBONEPort
-	if port == 0 {
-		port = state.DefaultHBONEPort
-	}
+	port := g.Port()
 	var svc *state.Service
 	if g.IsHostname() {
 		svc = snap.ServiceForGateway(g)
@@ -458,10 +452,7 @@ func resolveNetworkGateway(snap *state.Snapshot, src *state.Workload, g *state.G
 // workload, else a service VIP). The service is returned when known, for
 // its SANs.
 func resolveGateway(snap *state.Snapshot, src *state.Workload, g *state.GatewayAddress, rnd func(int) int) (*state.Workload, *state.Service, error) {
-	port := g.HBONEPort
-	if port == 0 {
-		port = state.DefaultHBONEPort
-	}
+	port := g.Port()
 	var svc *state.Service
 	if g.IsHostname() {
 		svc = snap.ServiceForGateway(g)

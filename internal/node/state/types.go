@@ -147,6 +147,14 @@ type GatewayAddress struct {
 // IsHostname reports whether the gateway is named by its service hostname.
 func (g *GatewayAddress) IsHostname() bool { return g.Hostname.Hostname != "" }
 
+// Port is the gateway's HBONE port: HBONEPort, else DefaultHBONEPort.
+func (g *GatewayAddress) Port() uint16 {
+	if g.HBONEPort == 0 {
+		return DefaultHBONEPort
+	}
+	return g.HBONEPort
+}
+
 // NetworkIP is a single IP on a network.
 type NetworkIP struct {
 	Network string     `json:"network,omitempty"`
