@@ -13,6 +13,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/proxy/route"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/netns"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 )
@@ -79,27 +80,9 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 	res.HBONEAddr = rt.Authority
 	res.Src.Identity = srcID
 	res.Dst.Identity = rt.UpstreamIdentity
-	var srcIP netip.Addr
-	if ip, ok := route.AddrLike(src, rt.NextHop.Addr()); ok {
-		srcIP = ip
-	}
-	host := ""
-	if rt.Service != nil {
-		host = rt.Service.Hostname
-	}
-	req := &hbone.ConnectRequest{
-		Key: hbone.Key{
-			Src:     srcID,
-			Dst:     rt.UpstreamIdentities(),
-			SrcIP:   srcIP,
-			NextHop: rt.NextHop,
-		},
-		Authority: rt.Authority,
-		Baggage:   baggageOf(src).String(),
-		Forwarded: hbone.BuildForwarded(client, host),
-		// The next proxy's connection span is this one's child.
-		Traceparent: res.Span.Traceparent(),
-	}
+	req := connectRequest(src, srcID, client, rt)
+	// The next proxy's connection span is this one's child.
+	req.Traceparent = res.Span.Traceparent()
 	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
 	t, err := p.pool.Connect(ctx, req)
 	cancel()
@@ -108,6 +91,32 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 		return hboneReason(err)
 	}
 	return p.spliceTunnel(c, t, res)
+}
+
+// connectRequest is the CONNECT that carries out rt (the outer one of a
+// DoubleHBONE decision) for client, from src: to the next hop's
+// identities, from src's address of the next hop's family.
+func connectRequest(src *state.Workload, srcID identity.Identity, client netip.AddrPort, rt *route.Decision) *hbone.ConnectRequest {
+	var srcIP netip.Addr
+	if ip, ok := route.AddrLike(src, rt.NextHop.Addr()); ok {
+		srcIP = ip
+	}
+	host := ""
+	if rt.Service != nil {
+		host = rt.Service.Hostname
+	}
+	return &hbone.ConnectRequest{
+		Key: hbone.Key{
+			Src:     srcID,
+			Dst:     rt.UpstreamIdentities(),
+			SrcIP:   srcIP,
+			NextHop: rt.NextHop,
+		},
+		Authority: rt.Authority,
+		Host:      rt.AuthorityHost,
+		Baggage:   baggageOf(src).String(),
+		Forwarded: hbone.BuildForwarded(client, host),
+	}
 }
 
 // outboundDoubleHBONE carries out a DoubleHBONE decision (Istio's
@@ -124,23 +133,7 @@ func (p *WorkloadProxy) outboundDoubleHBONE(c net.Conn, client netip.AddrPort, s
 	res.HBONEAddr, res.HBONEHost = rt.Authority, rt.AuthorityHost
 	res.Src.Identity = srcID
 	res.Dst.Identity = rt.FinalIdentity
-	var srcIP netip.Addr
-	if ip, ok := route.AddrLike(src, rt.NextHop.Addr()); ok {
-		srcIP = ip
-	}
-	forwarded := hbone.BuildForwarded(client, rt.Service.Hostname)
-	outer := &hbone.ConnectRequest{
-		Key: hbone.Key{
-			Src:     srcID,
-			Dst:     rt.UpstreamIdentities(),
-			SrcIP:   srcIP,
-			NextHop: rt.NextHop,
-		},
-		Authority: rt.Authority,
-		Host:      rt.AuthorityHost,
-		Baggage:   baggageOf(src).String(),
-		Forwarded: forwarded,
-	}
+	outer := connectRequest(src, srcID, client, rt)
 	inner := *outer
 	inner.Key.Dst = rt.FinalIdentities()
 	inner.ForwardedNetwork = src.Network
