@@ -492,7 +492,7 @@ var table = map[string][]Entry{
 		na("metadata.labels[istio.io/rev]", "ztunnel-go runs one control plane revision"),
 		enf("metadata.labels[topology.istio.io/network]", "TestGolden"),
 		enf("metadata.annotations[networking.istio.io/traffic-distribution]", "TestPodLocality"),
-		na("metadata.annotations[topology.istio.io/controlPlaneClusters]", "multicluster control plane selection; ztunnel-go serves one cluster"),
+		na("metadata.annotations[topology.istio.io/controlPlaneClusters]", "primary-remote control plane selection; ztunnel-go is multi-primary only: each cluster's ztunnel-cp serves its own cluster and reads the others (docs/multicluster.md)"),
 	},
 }
 
