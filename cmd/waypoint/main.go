@@ -34,6 +34,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon/procs"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/certmanager"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
@@ -120,6 +121,9 @@ func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, 
 	defer func() { g.Stop(); _ = g.Wait() }() // an early error return stops the tasks started so far
 	retries := backoff.NewSet(log)
 	g.Readiness().ShowRetries(retries)
+	if o.AdaptiveProcs {
+		g.Go("procs", func(ctx context.Context) error { procs.Run(ctx, procs.Config{}, log.Named("procs")); return nil }, daemon.Once())
+	}
 	g.Go("root certificate watcher", func(ctx context.Context) error { up.watch(ctx, 0); return nil })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
