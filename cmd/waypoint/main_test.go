@@ -158,3 +158,36 @@ func TestRunEastWest(t *testing.T) {
 		t.Fatalf("serving lines %+v, want one naming network west", lines)
 	}
 }
+
+// TestParseFlagsAdaptiveProcs: on by default, off by flag or
+// ADAPTIVE_PROCS, and off when GOMAXPROCS is set (the operator chose).
+func TestParseFlagsAdaptiveProcs(t *testing.T) {
+	base := []string{"--gateway", "demo/wp", "--ip", "10.0.0.7", "--node-name", "n1"}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want bool
+	}{
+		{"default", nil, nil, true},
+		{"flag off", nil, []string{"--adaptive-procs=false"}, false},
+		{"env off", map[string]string{"ADAPTIVE_PROCS": "false"}, nil, false},
+		{"GOMAXPROCS set", map[string]string{"GOMAXPROCS": "2"}, nil, false},
+		{"GOMAXPROCS beats the flag", map[string]string{"GOMAXPROCS": "2"}, []string{"--adaptive-procs"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GOMAXPROCS", "")
+			t.Setenv("ADAPTIVE_PROCS", "")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			o, err := parseFlags(append(append([]string{}, base...), tc.args...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.AdaptiveProcs != tc.want {
+				t.Fatalf("AdaptiveProcs %v, want %v", o.AdaptiveProcs, tc.want)
+			}
+		})
+	}
+}
