@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,8 @@ func TestCertificateWaitWhileCADown(t *testing.T) {
 	dead.Close() // nothing listens there: the CA and xDS are down
 	o, err := parseFlags([]string{"--gateway", "demo/wp", "--ip", "127.0.0.1", "--node-name", "n1",
 		"--xds-address", addr, "--root-cert", rootPath, "--token", "t", "--listen", "127.0.0.1:0",
-		"--metrics-addr", "", "--readiness-addr", "", "--admin-addr", "", "--drain-duration", "100ms"})
+		"--metrics-addr", "", "--readiness-addr", "", "--admin-addr", "", "--drain-duration", "100ms",
+		"--adaptive-procs=false"}) // GOMAXPROCS is the test binary's
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,6 +136,7 @@ func TestRunEastWest(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.InfoLevel)
+	want := runtime.GOMAXPROCS(0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -156,6 +159,14 @@ func TestRunEastWest(t *testing.T) {
 	lines := logs.FilterMessage("east-west serving").All()
 	if len(lines) != 1 || lines[0].ContextMap()["network"] != "west" {
 		t.Fatalf("serving lines %+v, want one naming network west", lines)
+	}
+	// Adaptive GOMAXPROCS is on by default: its task ran (on a machine
+	// with more than one CPU) and gave the P count back when run stopped.
+	if runtime.GOMAXPROCS(0) != want {
+		t.Errorf("GOMAXPROCS %d after run, want %d back", runtime.GOMAXPROCS(0), want)
+	}
+	if want > 1 && logs.FilterMessage("GOMAXPROCS follows the load").Len() != 1 {
+		t.Error("no adaptive GOMAXPROCS task in run")
 	}
 }
 
