@@ -11,6 +11,10 @@
 // parks. Measured on the waypoint (bench/waypoint, 1k req/s, 2 cores):
 // 0.24 vCPU per 1k req/s with two Ps, 0.16 with one. Above a core the load
 // needs the second P, and it gets it within one interval.
+//
+// "All of them" is runtime.SetDefaultGOMAXPROCS: the runtime's default,
+// which then follows a changed CPU limit again (setting GOMAXPROCS stops
+// that until the default is restored).
 package procs
 
 import (
@@ -24,7 +28,8 @@ import (
 
 // Config tunes Run; the zero value is the default.
 type Config struct {
-	// Max is the ceiling: 0 means runtime.GOMAXPROCS(0) when Run starts.
+	// Max is the ceiling: 0 means the runtime's default (which follows
+	// the CPU limit), re-read each time Run goes back to it.
 	Max int
 	// Interval between load readings; 0 means 100 ms.
 	Interval time.Duration
@@ -40,9 +45,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Max == 0 {
-		c.Max = runtime.GOMAXPROCS(0)
-	}
 	if c.Interval == 0 {
 		c.Interval = 100 * time.Millisecond
 	}
@@ -86,18 +88,33 @@ func cpuTime() time.Duration {
 }
 
 // Run adapts GOMAXPROCS until ctx ends, then restores the ceiling. It
-// starts with one P. With a ceiling of one it returns at once.
+// starts with one P. With a ceiling of one it returns at once. With
+// Max 0 it is for a process whose environment does not set GOMAXPROCS:
+// the default it goes back to ignores that variable.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) {
 	cfg = cfg.withDefaults()
+	set := func(n int) int { runtime.GOMAXPROCS(n); return n }
+	if cfg.Max == 0 {
+		cfg.Max = runtime.GOMAXPROCS(0) // the default, unless GOMAXPROCS was set
+		set = func(n int) int {
+			if n > 1 {
+				runtime.SetDefaultGOMAXPROCS()
+				return runtime.GOMAXPROCS(0)
+			}
+			runtime.GOMAXPROCS(n)
+			return n
+		}
+	}
 	if cfg.Max <= 1 {
 		return
 	}
-	run(ctx, cfg, log, cpuTime, runtime.GOMAXPROCS)
+	run(ctx, cfg, log, cpuTime, set)
 }
 
+// run adapts with set, which sets a P count and returns the count set
+// (for the ceiling, what the default is now).
 func run(ctx context.Context, cfg Config, log *zap.Logger, usage func() time.Duration, set func(int) int) {
-	cur := 1
-	set(cur)
+	cur := set(1)
 	defer set(cfg.Max)
 	log.Info("GOMAXPROCS follows the load", zap.Int("procs", cur), zap.Int("max", cfg.Max),
 		zap.Float64("up_cores", cfg.Up), zap.Float64("down_cores", cfg.Down))
@@ -116,9 +133,11 @@ func run(ctx context.Context, cfg Config, log *zap.Logger, usage func() time.Dur
 			n, l := cfg.next(cur, cores, low)
 			low = l
 			if n != cur {
-				set(n)
-				log.Debug("GOMAXPROCS", zap.Int("procs", n), zap.Float64("cores", cores))
-				cur = n
+				cur = set(n)
+				if n > 1 {
+					cfg.Max = cur // the default may have followed a new CPU limit
+				}
+				log.Debug("GOMAXPROCS", zap.Int("procs", cur), zap.Float64("cores", cores))
 			}
 		}
 	}

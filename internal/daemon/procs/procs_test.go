@@ -55,7 +55,7 @@ func TestRunFollowsLoad(t *testing.T) {
 		return used
 	}
 	sets := make(chan int, 100)
-	set := func(n int) int { sets <- n; return 0 }
+	set := func(n int) int { sets <- n; return n }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
