@@ -48,7 +48,10 @@ type options struct {
 	TraceEndpoint string  `json:"traceEndpoint,omitempty"`
 	TraceProtocol string  `json:"traceProtocol,omitempty"`
 	TraceSampling float64 `json:"traceSampling"`
-	CheckFlags    bool    `json:"-"`
+	// AdaptiveProcs runs on one P while the load fits in one core
+	// (internal/daemon/procs); off when GOMAXPROCS is set.
+	AdaptiveProcs bool `json:"adaptiveProcs"`
+	CheckFlags    bool `json:"-"`
 	log           daemon.LogFlags
 }
 
@@ -88,6 +91,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.TraceEndpoint, "tracing-endpoint", env("TRACING_ENDPOINT", ""), "OpenTelemetry collector host:port for spans while the control plane sends no Telemetry (a bootstrap default, as meshConfig defaultConfig.tracing); empty: none")
 	fs.StringVar(&o.TraceProtocol, "tracing-protocol", env("TRACING_PROTOCOL", "grpc"), "OTLP protocol of --tracing-endpoint: grpc or http")
 	fs.Float64Var(&o.TraceSampling, "tracing-sampling", 1, "random sampling percentage of --tracing-endpoint, 0 to 100 (Istio's default 1)")
+	fs.BoolVar(&o.AdaptiveProcs, "adaptive-procs", env("ADAPTIVE_PROCS", "true") == "true", "run on one P (GOMAXPROCS 1) while the load stays under a core, on all of them above it: at a low load most of a request's hand-off from a connection's read loop to its goroutine is the runtime waking a second thread; off when GOMAXPROCS is set (env ADAPTIVE_PROCS)")
 	fs.BoolVar(&o.CheckFlags, "check-flags", false, "print the parsed options as JSON and exit")
 	o.log.Register(fs, "", "")
 	version := daemon.VersionFlag(fs)
@@ -96,6 +100,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if *version {
 		return nil, daemon.ErrVersion
+	}
+	if os.Getenv("GOMAXPROCS") != "" {
+		o.AdaptiveProcs = false // the operator chose a count
 	}
 	var errs []error
 	ns, gw, ok := strings.Cut(o.Gateway, "/")

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,8 @@ func TestCertificateWaitWhileCADown(t *testing.T) {
 	dead.Close() // nothing listens there: the CA and xDS are down
 	o, err := parseFlags([]string{"--gateway", "demo/wp", "--ip", "127.0.0.1", "--node-name", "n1",
 		"--xds-address", addr, "--root-cert", rootPath, "--token", "t", "--listen", "127.0.0.1:0",
-		"--metrics-addr", "", "--readiness-addr", "", "--admin-addr", "", "--drain-duration", "100ms"})
+		"--metrics-addr", "", "--readiness-addr", "", "--admin-addr", "", "--drain-duration", "100ms",
+		"--adaptive-procs=false"}) // GOMAXPROCS is the test binary's
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,6 +136,7 @@ func TestRunEastWest(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.InfoLevel)
+	want := runtime.GOMAXPROCS(0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -156,5 +159,46 @@ func TestRunEastWest(t *testing.T) {
 	lines := logs.FilterMessage("east-west serving").All()
 	if len(lines) != 1 || lines[0].ContextMap()["network"] != "west" {
 		t.Fatalf("serving lines %+v, want one naming network west", lines)
+	}
+	// Adaptive GOMAXPROCS is on by default: its task ran (on a machine
+	// with more than one CPU) and gave the P count back when run stopped.
+	if runtime.GOMAXPROCS(0) != want {
+		t.Errorf("GOMAXPROCS %d after run, want %d back", runtime.GOMAXPROCS(0), want)
+	}
+	if want > 1 && logs.FilterMessage("GOMAXPROCS follows the load").Len() != 1 {
+		t.Error("no adaptive GOMAXPROCS task in run")
+	}
+}
+
+// TestParseFlagsAdaptiveProcs: on by default, off by flag or
+// ADAPTIVE_PROCS, and off when GOMAXPROCS is set (the operator chose).
+func TestParseFlagsAdaptiveProcs(t *testing.T) {
+	base := []string{"--gateway", "demo/wp", "--ip", "10.0.0.7", "--node-name", "n1"}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want bool
+	}{
+		{"default", nil, nil, true},
+		{"flag off", nil, []string{"--adaptive-procs=false"}, false},
+		{"env off", map[string]string{"ADAPTIVE_PROCS": "false"}, nil, false},
+		{"GOMAXPROCS set", map[string]string{"GOMAXPROCS": "2"}, nil, false},
+		{"GOMAXPROCS beats the flag", map[string]string{"GOMAXPROCS": "2"}, []string{"--adaptive-procs"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GOMAXPROCS", "")
+			t.Setenv("ADAPTIVE_PROCS", "")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			o, err := parseFlags(append(append([]string{}, base...), tc.args...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.AdaptiveProcs != tc.want {
+				t.Fatalf("AdaptiveProcs %v, want %v", o.AdaptiveProcs, tc.want)
+			}
+		})
 	}
 }

@@ -370,9 +370,16 @@ func (rec *Recorder) countCustom(ex *Entry, proto, flags string, c *Config) *Str
 	return st
 }
 
+// logFields lends logLine its field slices (a cache: no state).
+var logFields = sync.Pool{New: func() any { f := make([]zap.Field, 0, 24); return &f }}
+
 func (rec *Recorder) logLine(ex *Entry, proto string, code int, flags string, d time.Duration, sizes Sizes) {
-	// Room for every field below: one allocation, no regrowth.
-	fields := append(make([]zap.Field, 0, 24),
+	// Room for every field below, from a pool: 24 fields are 1.5 KiB a
+	// request, a quarter of what the fast path allocated at 1k req/s
+	// (bench/waypoint). zap encodes them before Info returns.
+	fp := logFields.Get().(*[]zap.Field)
+	defer func() { clear((*fp)[:cap(*fp)]); logFields.Put(fp) }()
+	fields := append((*fp)[:0],
 		zap.String("src.addr", ex.Src.String()), zap.String("src.identity", ex.Peer.String()),
 		zap.String("src.workload", ex.Source.Workload),
 		zap.String("dst.addr", ex.Dst.String()), zap.String("dst.service", ex.Attrs.Service),
