@@ -230,6 +230,9 @@ func (b *bench) run(binDir, fortioBin, fortioVersion string) error {
 		return err
 	}
 	figures = append(figures, func() { emit("mesh_proxy_rss_mb", rss, "MB") })
+	// The same a little later, past the proxies' periodic memory release
+	// (stderr only: the figure is the read right after the traffic).
+	b.settledMemory(settleWait)
 	if b.peer != nil {
 		peerRSS, err := b.peerMemory()
 		if err != nil {

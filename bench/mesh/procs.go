@@ -79,6 +79,26 @@ func (b *bench) proxyMemory() (float64, error) {
 	return max, nil
 }
 
+// settleWait is how long settledMemory waits: longer than the node
+// proxy's memory release interval (5 s, cmd/ztunnel).
+const settleWait = 6 * time.Second
+
+// settledMemory waits d without traffic and logs both proxies' VmRSS
+// again: what mesh_proxy_rss_mb reads right after the last connections
+// depends on whether the proxy's periodic release ran in between.
+func (b *bench) settledMemory(d time.Duration) {
+	time.Sleep(d)
+	for i, mn := range b.m.Nodes {
+		st, err := benchkit.Status(mn.Proxy.PID())
+		if err != nil {
+			logf("node%d proxy memory: %v", i, err)
+			continue
+		}
+		logf("node%d proxy %v later: VmRSS %.1f MiB (anon %.1f, file %.1f)", i, d,
+			float64(st["VmRSS"])/1024, float64(st["RssAnon"])/1024, float64(st["RssFile"])/1024)
+	}
+}
+
 // goMemStats summarises the runtime.MemStats lines of a proxy's heap
 // profile (debug=1), in MiB.
 func goMemStats(ctx context.Context, n *testcluster.Node) string {
