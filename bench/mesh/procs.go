@@ -96,6 +96,11 @@ func (b *bench) settledMemory(d time.Duration) {
 		}
 		logf("node%d proxy %v later: VmRSS %.1f MiB (anon %.1f, file %.1f)", i, d,
 			float64(st["VmRSS"])/1024, float64(st["RssAnon"])/1024, float64(st["RssFile"])/1024)
+		if b.memDir != "" {
+			if err := b.dumpProc(i, filepath.Join(b.memDir, "settled")); err != nil {
+				logf("memory of node%d: %v", i, err)
+			}
+		}
 	}
 }
 
