@@ -34,7 +34,7 @@ all: build
 # html/template, whose reflective method calls keep every exported method of
 # every type linked: 4.6 MiB of the node proxy's 20.6 MiB of text and
 # rodata, nearly all of it resident). internal/testing/testkit and
-# hack/images/build.go use the same; repotest TestBuildFlagsAgree checks.
+# hack/images/build.go use the same; repotest TestBuildTagsAgree checks.
 GO_BUILD_TAGS := grpcnotrace
 GO_BUILD := CGO_ENABLED=0 $(GO) build -tags $(GO_BUILD_TAGS)
 
