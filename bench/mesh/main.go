@@ -58,7 +58,10 @@ func main() {
 	rounds := flag.Int("rounds", 2, "alternated iperf3 rounds per path (the best counts)")
 	latencyRounds := flag.Int("latency-rounds", 2, "alternated fortio rounds per path (added latency: the mean over rounds of each round's difference)")
 	withPeer := flag.Bool("peer", true, "measure the HAProxy peer on the same topology, alternated with our path")
-	only := flag.String("only", "", "comma-separated parts to run (iperf, latency, connect); empty means all (a partial run prints only its figures)")
+	only := flag.String("only", "", "comma-separated parts to run (iperf, latency, connect); empty means all (a partial run prints only its figures; \"none\": setup and memory only)")
+	memDir := flag.String("mem-dir", "", "write what makes up each node proxy's VmRSS into this directory when mesh_proxy_rss_mb is read: /proc status, smaps_rollup, smaps, resident pages of the executable, heap profile after a collection")
+	var proxyEnv stringList
+	flag.Var(&proxyEnv, "proxy-env", "extra KEY=value for both node proxies (repeatable), e.g. GODEBUG=inittrace=1")
 	flag.Parse()
 
 	prog := testkit.NewProgram("bench-mesh", os.Stderr)
@@ -79,7 +82,7 @@ func main() {
 
 	start := time.Now()
 	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, latencyRounds: *latencyRounds, withPeer: *withPeer,
-		profileDir: *profileDir, only: *only}
+		profileDir: *profileDir, only: *only, memDir: *memDir, proxyEnv: proxyEnv}
 	err := b.run(*binDir, *fortioBin, *fortioVersion)
 	teardown()
 	logf("total %v (teardown included)", time.Since(start).Round(100*time.Millisecond))
@@ -94,6 +97,12 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 
@@ -117,6 +126,8 @@ type bench struct {
 	withPeer      bool
 	profileDir    string
 	only          string
+	memDir        string
+	proxyEnv      []string
 
 	m      *meshlab.Mesh
 	fortio string
@@ -219,6 +230,9 @@ func (b *bench) run(binDir, fortioBin, fortioVersion string) error {
 		return err
 	}
 	figures = append(figures, func() { emit("mesh_proxy_rss_mb", rss, "MB") })
+	// The same a little later, past the proxies' periodic memory release
+	// (stderr only: the figure is the read right after the traffic).
+	b.settledMemory(settleWait)
 	if b.peer != nil {
 		peerRSS, err := b.peerMemory()
 		if err != nil {
@@ -251,7 +265,7 @@ func (b *bench) want(part string) bool {
 // setup starts the mesh, the namespaces, the scale objects, the four pods
 // and the servers in the server pods.
 func (b *bench) setup(binDir string) error {
-	m, err := meshlab.Start(b.prog, meshlab.Options{BinDir: binDir})
+	m, err := meshlab.Start(b.prog, meshlab.Options{BinDir: binDir, ProxyEnv: b.proxyEnv})
 	if err != nil {
 		return err
 	}

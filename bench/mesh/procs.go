@@ -41,7 +41,7 @@ func procCPU(pids [2]int) ([2]float64, error) {
 // proxyMemory reports both proxies' resident memory and state size to
 // stderr and returns the larger VmRSS in MiB.
 func (b *bench) proxyMemory() (float64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var max float64
 	for i, mn := range b.m.Nodes {
@@ -53,10 +53,22 @@ func (b *bench) proxyMemory() (float64, error) {
 		if rss > max {
 			max = rss
 		}
+		// Before anything asks the proxy for a dump (the config dump and the
+		// heap profile allocate).
+		if b.memDir != "" {
+			if err := b.dumpProc(i, b.memDir); err != nil {
+				logf("memory of node%d: %v", i, err)
+			}
+		}
 		workloads, services := stateSize(ctx, b.m, i)
 		logf("node%d proxy: VmRSS %.1f MiB (anon %.1f, file %.1f), VmHWM %.1f MiB, threads %d; state: %d workloads, %d services; Go runtime: %s",
 			i, rss, float64(st["RssAnon"])/1024, float64(st["RssFile"])/1024, float64(st["VmHWM"])/1024, st["Threads"],
 			workloads, services, goMemStats(ctx, mn.Node))
+		if b.memDir != "" {
+			if err := b.dumpHeap(ctx, i, b.memDir); err != nil {
+				logf("memory of node%d: %v", i, err)
+			}
+		}
 		if b.profileDir != "" {
 			path := filepath.Join(b.profileDir, fmt.Sprintf("heap-node%d.pprof", i))
 			if err := fetch(ctx, mn.Node, "/debug/pprof/heap", path); err != nil {
@@ -65,6 +77,31 @@ func (b *bench) proxyMemory() (float64, error) {
 		}
 	}
 	return max, nil
+}
+
+// settleWait is how long settledMemory waits: longer than the node
+// proxy's memory release interval (5 s, cmd/ztunnel).
+const settleWait = 6 * time.Second
+
+// settledMemory waits d without traffic and logs both proxies' VmRSS
+// again: what mesh_proxy_rss_mb reads right after the last connections
+// depends on whether the proxy's periodic release ran in between.
+func (b *bench) settledMemory(d time.Duration) {
+	time.Sleep(d)
+	for i, mn := range b.m.Nodes {
+		st, err := benchkit.Status(mn.Proxy.PID())
+		if err != nil {
+			logf("node%d proxy memory: %v", i, err)
+			continue
+		}
+		logf("node%d proxy %v later: VmRSS %.1f MiB (anon %.1f, file %.1f)", i, d,
+			float64(st["VmRSS"])/1024, float64(st["RssAnon"])/1024, float64(st["RssFile"])/1024)
+		if b.memDir != "" {
+			if err := b.dumpProc(i, filepath.Join(b.memDir, "settled")); err != nil {
+				logf("memory of node%d: %v", i, err)
+			}
+		}
+	}
 }
 
 // goMemStats summarises the runtime.MemStats lines of a proxy's heap

@@ -66,7 +66,7 @@ func present(repo string, only []string) ([]component, error) {
 // no VCS stamp, no build ID: the same tree gives the same bytes) into dir.
 // The binaries report version (VERSION), stamped as make build does.
 func goBuild(repo, dir, goarch, version string, comps []component) error {
-	args := []string{"build", "-trimpath", "-buildvcs=false",
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-tags=" + buildTags,
 		"-ldflags=-s -w -buildid= -X github.com/ztunnel-go/ztunnel-go/internal/daemon.version=" + version, "-o", dir + "/"}
 	for _, c := range comps {
 		args = append(args, "./cmd/"+c.name)
@@ -81,6 +81,13 @@ func goBuild(repo, dir, goarch, version string, comps []component) error {
 	}
 	return nil
 }
+
+// buildTags are the build tags of every binary, the Makefile's
+// GO_BUILD_TAGS: grpcnotrace leaves gRPC's golang.org/x/net/trace out
+// (and with it html/template, whose reflective method calls keep every
+// exported method linked: 4.6 MiB of the node proxy's mapped text and
+// rodata).
+const buildTags = "grpcnotrace"
 
 func goTool() string {
 	if g := os.Getenv("GO"); g != "" {

@@ -12,9 +12,10 @@ import (
 // instead of letting the process keep it: every interval it reads how much
 // of the heap is reclaimable (free and still resident, plus objects that
 // were not live at the last collection: the garbage a burst left, which no
-// collection has freed yet), and when that is at least threshold it calls
-// debug.FreeOSMemory after one more collection (two collections, then
-// every free page returned). It runs until ctx is done.
+// collection has freed yet) and how far the live heap of the last
+// collection has grown since its last release, and when either is at least
+// threshold it calls debug.FreeOSMemory after one more collection (two
+// collections, then every free page returned). It runs until ctx is done.
 //
 // Why: after 10,000 connections close, a node proxy's Go heap and the
 // goroutine stacks they used are garbage or free, but the runtime keeps
@@ -28,8 +29,17 @@ import (
 // over threshold, so the release runs every interval then: two extra
 // collections and the page faults of re-growing the heap, well under 1% of
 // a core at a 5 s interval.
+//
+// The growth of the live heap is the second trigger because what a
+// sync.Pool holds counts as live once a collection has run since it was
+// put there (it sits in the pool's victim cache): after a bulk transfer,
+// hbone's pooled receive chunks (bench-mesh: 18 MiB on the receiving
+// proxy) looked live, not reclaimable, and stayed until two more
+// collections, which a quiet proxy does not run for two minutes. A live
+// heap that really grew (more workloads) costs one release, which then
+// sets the new floor.
 func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64) {
-	samples := []metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}}
+	r := newReleaser(threshold)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -38,25 +48,46 @@ func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64
 			return
 		case <-t.C:
 		}
-		if reclaimable(samples) >= threshold {
-			// Two collections: what a sync.Pool holds survives the first
-			// (it moves to the pool's victim cache, counted live), and a
-			// burst leaves its buffers there (hbone's receive chunks,
-			// gRPC's receive buffers).
-			runtime.GC()
-			debug.FreeOSMemory()
-		}
+		r.check()
 	}
 }
 
+// releaser is ReleaseMemory's state between checks.
+type releaser struct {
+	threshold uint64
+	samples   []metrics.Sample
+	floor     uint64 // the live heap right after the last release
+}
+
+func newReleaser(threshold uint64) *releaser {
+	return &releaser{threshold: threshold,
+		samples: []metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}}}
+}
+
+// check releases memory when enough is reclaimable or the live heap grew
+// by threshold since the last release, and reports whether it did.
+func (r *releaser) check() bool {
+	reclaim, live := reclaimable(r.samples)
+	if reclaim < r.threshold && live < r.floor+r.threshold {
+		return false
+	}
+	// Two collections: what a sync.Pool holds survives the first (it
+	// moves to the pool's victim cache, counted live), and a burst leaves
+	// its buffers there (hbone's receive chunks, gRPC's receive buffers).
+	runtime.GC()
+	debug.FreeOSMemory()
+	_, r.floor = reclaimable(r.samples)
+	return true
+}
+
 // reclaimable reads samples and returns free resident heap plus the heap
-// objects beyond the last collection's live heap.
-func reclaimable(samples []metrics.Sample) uint64 {
+// objects beyond the last collection's live heap, and that live heap.
+func reclaimable(samples []metrics.Sample) (reclaim, live uint64) {
 	metrics.Read(samples)
 	var v [3]uint64
 	for i, s := range samples {
 		if s.Value.Kind() != metrics.KindUint64 {
-			return 0
+			return 0, 0
 		}
 		v[i] = s.Value.Uint64()
 	}
@@ -64,7 +95,7 @@ func reclaimable(samples []metrics.Sample) uint64 {
 	if objects > live {
 		free += objects - live
 	}
-	return free
+	return free, live
 }
 
 // The runtime/metrics read: heap memory that is free and still backed by

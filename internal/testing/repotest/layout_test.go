@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // update rewrites the committed per-binary dependency lists:
@@ -43,7 +45,8 @@ var (
 func goList(t *testing.T) map[string]*pkgInfo {
 	t.Helper()
 	listOnce.Do(func() {
-		cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Standard,Imports,Module", "./...")
+		// With the tags the binaries are built with (TestBuildTagsAgree).
+		cmd := exec.Command("go", "list", "-deps", "-tags", testkit.BuildTags, "-json=ImportPath,Standard,Imports,Module", "./...")
 		cmd.Dir = repoRoot(t)
 		cmd.Stderr = os.Stderr
 		out, err := cmd.Output()
@@ -269,6 +272,27 @@ func TestBinaryDeps(t *testing.T) {
 		if string(got) != want {
 			t.Errorf("cmd/%s links a different set of packages than cmd/%s/deps.txt says:\n%s\nIf the change is intended, run: go test ./internal/testing/repotest -run TestBinaryDeps -update",
 				bin, bin, diffLines(string(got), want))
+		}
+	}
+}
+
+// TestBuildTagsAgree checks that the three places that build the binaries
+// use the same build tags (testkit.BuildTags): the Makefile (bin/, what the
+// benchmarks run), hack/images (the released images) and testkit (tests).
+// A binary built without them links gRPC's tracing and html/template:
+// 4.6 MiB more of mapped text and rodata in the node proxy.
+func TestBuildTagsAgree(t *testing.T) {
+	root := repoRoot(t)
+	for file, want := range map[string]string{
+		"Makefile":             "GO_BUILD_TAGS := " + testkit.BuildTags + "\n",
+		"hack/images/build.go": "const buildTags = \"" + testkit.BuildTags + "\"\n",
+	} {
+		data, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(data), want) {
+			t.Errorf("%s does not say %q: its binaries would be built with other tags than testkit.BuildTags", file, strings.TrimSpace(want))
 		}
 	}
 }
