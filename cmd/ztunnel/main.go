@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -131,13 +130,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	if up.watch != nil {
 		g.Go("root certificate watcher", up.watch)
 	}
-	// Freed heap goes back to the system after a burst of connections.
-	// 1 MiB: with 1,005 workloads the live heap is ~3 MiB, so a 4 MiB
-	// threshold let the resident heap sit at twice the live one.
-	g.Go("memory release", func(ctx context.Context) error {
-		daemon.ReleaseMemory(ctx, 5*time.Second, 1<<20)
-		return nil
-	})
+	goRuntimeTasks(g, cfg, log)
 	store := state.NewStore()
 	xcfg := up.xdsConfig(cfg, store)
 	xcfg.Log, xcfg.Registerer = log.Named("xds"), reg

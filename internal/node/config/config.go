@@ -62,6 +62,10 @@ const (
 	// workload are kept (so the last values are scraped) before they are
 	// dropped; 0 keeps them for the life of the process.
 	EnvMetricsGrace = "METRICS_DELETED_WORKLOAD_GRACE"
+	// EnvAdaptiveProcs (ours): run on one P while the proxy uses less than
+	// a core and on all of them above it (internal/daemon/procs); default
+	// true, and off whenever GOMAXPROCS is set (the operator chose).
+	EnvAdaptiveProcs = "ADAPTIVE_PROCS"
 	// EnvTracingEndpoint, EnvTracingProtocol and EnvTracingSampling (ours):
 	// the OTLP collector (host:port) that gets one span per connection,
 	// over "grpc" (default) or "http", sampling this percentage of new
@@ -143,6 +147,8 @@ type Config struct {
 	StatsTLSKey  string
 	// MetricsGrace: EnvMetricsGrace, default 5 minutes.
 	MetricsGrace time.Duration
+	// AdaptiveProcs: EnvAdaptiveProcs, false when GOMAXPROCS is set.
+	AdaptiveProcs bool
 	// TracingEndpoint (host:port, "" for no spans), TracingProtocol and
 	// TracingSampling (0 to 100): the connection spans.
 	TracingEndpoint string
@@ -214,6 +220,7 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 		StatsTLSCert:  p.str(EnvStatsTLSCert, ""),
 		StatsTLSKey:   p.str(EnvStatsTLSKey, ""),
 		MetricsGrace:  p.duration(EnvMetricsGrace, 5*time.Minute),
+		AdaptiveProcs: p.boolean(EnvAdaptiveProcs, true) && p.str("GOMAXPROCS", "") == "",
 
 		TracingEndpoint: p.str(EnvTracingEndpoint, ""),
 		TracingSampling: p.percentage(EnvTracingSampling, 1),

@@ -38,3 +38,26 @@ func TestStatsSettings(t *testing.T) {
 		t.Errorf("a bad grace: %v", err)
 	}
 }
+
+// TestAdaptiveProcs: on by default, off by ADAPTIVE_PROCS=false, and off
+// whenever GOMAXPROCS is set, since then the operator chose the count.
+func TestAdaptiveProcs(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want bool
+	}{
+		{map[string]string{}, true},
+		{map[string]string{"ADAPTIVE_PROCS": "false"}, false},
+		{map[string]string{"GOMAXPROCS": "2"}, false},
+		{map[string]string{"ADAPTIVE_PROCS": "true", "GOMAXPROCS": "4"}, false},
+	} {
+		tc.env["NODE_NAME"] = "n1"
+		c, err := config.Parse(env(tc.env), nil)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		if c.AdaptiveProcs != tc.want {
+			t.Errorf("%v: AdaptiveProcs %v, want %v", tc.env, c.AdaptiveProcs, tc.want)
+		}
+	}
+}
