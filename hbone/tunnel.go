@@ -44,12 +44,12 @@ type Tunnel struct {
 	// Splice state: the t→sink direction runs on a goroutine started only
 	// when there is something to deliver (see kickDrain), so an idle
 	// spliced tunnel parks no goroutine for it.
-	spliced   atomic.Bool
-	sink      net.Conn      // under c.mu
-	through   *sinkWriter   // under c.mu; non-nil: small frames go to sink from the read loop
-	draining  bool          // under c.mu; a drain goroutine runs
-	drainDone chan struct{} // under c.mu; closed when t→sink has ended; nil after
-	drainErr  error         // under c.mu
+	spliced  atomic.Bool
+	sink     net.Conn    // under c.mu
+	through  *sinkWriter // under c.mu; non-nil: small frames go to sink from the read loop
+	draining bool        // under c.mu; a drain goroutine runs
+	splice   *splice     // under c.mu; told when t→sink has ended; nil after
+	drainErr error       // under c.mu
 
 	rnotify chan struct{} // cap 1: data, EOF, response or error arrived
 	wnotify chan struct{} // cap 1: send window grew or error
@@ -376,7 +376,7 @@ func (t *Tunnel) waitReadable(ctx context.Context) error {
 func (t *Tunnel) kickDrain() {
 	c := t.c
 	c.mu.Lock()
-	if t.draining || t.drainDone == nil || (t.q.n == 0 && !t.remoteEnd && t.err == nil && !t.closed) {
+	if t.draining || t.splice == nil || (t.q.n == 0 && !t.remoteEnd && t.err == nil && !t.closed) {
 		c.mu.Unlock()
 		return
 	}
@@ -446,12 +446,12 @@ func (t *Tunnel) drain() {
 }
 
 // finishDrain ends the t→sink direction: half-close the sink on EOF, abort
-// both on an error, then tell Splice.
+// both on an error, then tell the splice.
 func (t *Tunnel) finishDrain(err error) {
 	c := t.c
 	c.mu.Lock()
-	done, sink := t.drainDone, t.sink
-	t.drainDone, t.drainErr, t.draining = nil, err, false
+	sp, sink := t.splice, t.sink
+	t.splice, t.drainErr, t.draining = nil, err, false
 	c.mu.Unlock()
 	if err == nil {
 		if cw, ok := sink.(interface{ CloseWrite() error }); ok {
@@ -463,9 +463,9 @@ func (t *Tunnel) finishDrain(err error) {
 	}
 	if err != nil {
 		t.resetWith(http2.ErrCodeCancel, true)
-		sink.Close()
+		sp.abortIn() // closes sink
 	}
-	close(done)
+	sp.endOut()
 }
 
 // deadline is a settable point in time with a channel that is closed when
