@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -126,7 +127,7 @@ func (w *sockWatch) run() {
 			w.endFromRun(err)
 			return
 		}
-		_, werr := t.Write((*bp)[:n])
+		_, werr := t.write((*bp)[:n], &splicePoll)
 		full := n == len(*bp)
 		putBuf(bp)
 		if werr != nil {
@@ -237,18 +238,24 @@ func (w *sockWatch) ctl(fd uintptr) {
 var errWouldBlock = errors.New("hbone: would block")
 
 // splicePoll is the process's epoll set for watched sockets: one waiter
-// goroutine and workers started for readable sockets, which wait a while
-// for more work before they exit.
+// goroutine, and workers that take readable sockets from a queue. At most
+// maxRunning workers run at once, not counting those waiting for flow
+// control (which may wait on a socket only a worker can read: the peer
+// may be this process), so a burst (10,000 sockets reaching EOF at once)
+// does not start a goroutine each: the runtime never frees a goroutine's
+// descriptor, and the peak would stay. A worker with nothing to do waits
+// workerIdle for more before it exits.
 var splicePoll epollSet
 
 const (
-	// workerIdle is how long a worker waits for another readable socket
-	// before it exits.
 	workerIdle = 2 * time.Second
 	// sweepEvery is how often idle sockets are checked for having been
 	// closed under the watch (see SpliceAsync), while any are watched.
 	sweepEvery = time.Second
+	queueLen   = 1024
 )
+
+var maxRunning = int64(max(4, 2*runtime.GOMAXPROCS(0)))
 
 type epollSet struct {
 	once sync.Once
@@ -268,7 +275,9 @@ type epollSet struct {
 	n     atomic.Int64
 	sweep *time.Timer // under mu; runs while n > 0
 
-	work chan *sockWatch // idle workers receive here
+	queue   chan poolTask // readable sockets (and ending drains) for the workers
+	running atomic.Int64  // workers not idle and not waiting for flow control
+	idle    atomic.Int64  // workers waiting for the queue
 }
 
 func (e *epollSet) init() error {
@@ -293,7 +302,7 @@ func (e *epollSet) init() error {
 		}
 		e.fd, e.rc = fd, rc
 		e.fn = e.poll
-		e.work = make(chan *sockWatch)
+		e.queue = make(chan poolTask, queueLen)
 		e.sweep = time.AfterFunc(time.Hour, e.sweepClosed)
 		e.sweep.Stop()
 		go e.wait()
@@ -422,28 +431,90 @@ func (e *epollSet) sweepClosed() {
 
 func noControl(uintptr) {}
 
-// dispatch runs w on an idle worker, or a new one.
-func (e *epollSet) dispatch(w *sockWatch) {
-	select {
-	case e.work <- w:
-	default:
-		go e.worker(w)
+// dispatch queues w for a worker and starts one if none is idle and
+// fewer than maxRunning run. (It blocks while the queue is full: the
+// running workers are not waiting on anything that needs the waiter.)
+func (e *epollSet) dispatch(w poolTask) {
+	e.queue <- w
+	e.kick()
+}
+
+// poolTask is a worker's job: a readable socket (*sockWatch) or a tunnel
+// with only its end to pass on (*Tunnel, see kickDrain).
+type poolTask interface{ run() }
+
+// run is a drain on a splice worker.
+func (t *Tunnel) run() { t.drain() }
+
+// runEnding runs t's drain on a splice worker, or reports false when there
+// are none (the caller starts a goroutine).
+func runEnding(t *Tunnel) bool {
+	if splicePoll.init() != nil {
+		return false
+	}
+	splicePoll.dispatch(t)
+	return true
+}
+
+// kick starts a worker if there is queued work, no idle worker to take it
+// and room. A worker that goes idle or exits checks the queue after it
+// counted itself, and kick checks the counts after the queueing, so one of
+// them sees the other.
+func (e *epollSet) kick() {
+	for len(e.queue) > 0 && e.idle.Load() == 0 {
+		n := e.running.Load()
+		if n >= maxRunning {
+			return
+		}
+		if e.running.CompareAndSwap(n, n+1) {
+			go e.worker()
+			return
+		}
 	}
 }
 
-func (e *epollSet) worker(w *sockWatch) {
+func (e *epollSet) block() {
+	e.running.Add(-1)
+	e.kick()
+}
+
+func (e *epollSet) unblock() { e.running.Add(1) }
+
+func (e *epollSet) worker() {
 	var idle *time.Timer
 	for {
-		w.run()
+		select {
+		case w := <-e.queue:
+			w.run()
+			continue
+		default:
+		}
+		e.running.Add(-1)
+		e.idle.Add(1)
 		if idle == nil {
 			idle = time.NewTimer(workerIdle)
 		} else {
 			idle.Reset(workerIdle)
 		}
 		select {
-		case w = <-e.work:
+		case w := <-e.queue:
+			e.running.Add(1)
+			e.idle.Add(-1)
+			w.run()
+			continue
 		case <-idle.C:
-			return
 		}
+		e.idle.Add(-1)
+		// Work queued while this one was leaving is this one's unless a
+		// worker can be started for it.
+		select {
+		case w := <-e.queue:
+			e.running.Add(1)
+			w.run()
+			continue
+		default:
+		}
+		e.kick()
+		return
 	}
 }

@@ -148,10 +148,14 @@ func (t *Tunnel) consumedLocked(n int64) (streamInc, connInc int64) {
 }
 
 // Write writes p as DATA frames, blocking on HTTP/2 flow control.
-func (t *Tunnel) Write(p []byte) (int, error) {
+func (t *Tunnel) Write(p []byte) (int, error) { return t.write(p, nil) }
+
+// write is Write; bl, if not nil, is told before and after each wait for
+// flow control (a splice worker stops counting as running meanwhile).
+func (t *Tunnel) write(p []byte, bl blocker) (int, error) {
 	n := 0
 	for len(p) > 0 {
-		k, err := t.reserveSend(len(p))
+		k, err := t.reserveSend(len(p), bl)
 		if err != nil {
 			return n, err
 		}
@@ -177,11 +181,17 @@ func (t *Tunnel) writeErrLocked() error {
 	return nil
 }
 
+// blocker is told when a write starts and stops waiting for flow control.
+type blocker interface {
+	block()
+	unblock()
+}
+
 var errWriteAfterCloseWrite = errors.New("hbone: write after CloseWrite")
 
 // reserveSend waits until the stream and connection windows allow at least
 // one byte and takes up to want bytes (one frame's worth) from both.
-func (t *Tunnel) reserveSend(want int) (int, error) {
+func (t *Tunnel) reserveSend(want int, bl blocker) (int, error) {
 	c := t.c
 	c.mu.Lock()
 	for {
@@ -198,11 +208,20 @@ func (t *Tunnel) reserveSend(want int) (int, error) {
 		}
 		connCh := c.sendWinCh
 		c.mu.Unlock()
+		if bl != nil {
+			bl.block()
+		}
 		select {
 		case <-t.wnotify:
 		case <-connCh:
 		case <-t.wdl.wait():
+			if bl != nil {
+				bl.unblock()
+			}
 			return 0, os.ErrDeadlineExceeded
+		}
+		if bl != nil {
+			bl.unblock()
 		}
 		c.mu.Lock()
 	}
@@ -381,7 +400,15 @@ func (t *Tunnel) kickDrain() {
 		return
 	}
 	t.draining = true
+	// Only an end to pass on (no bytes, and none can come after it): no
+	// write that waits on the sink, so a splice worker may take it. When
+	// a connection's streams end together (its peer closed them, a wave of
+	// tunnels closing), a goroutine each would be a burst of them.
+	ending := t.q.n == 0
 	c.mu.Unlock()
+	if ending && runEnding(t) {
+		return
+	}
 	go t.drain()
 }
 
