@@ -432,11 +432,16 @@ func (e *epollSet) sweepClosed() {
 func noControl(uintptr) {}
 
 // dispatch queues w for a worker and starts one if none is idle and
-// fewer than maxRunning run. (It blocks while the queue is full: the
-// running workers are not waiting on anything that needs the waiter.)
+// fewer than maxRunning run. It never waits: callers include the workers
+// themselves (an abort passes an end on) and connections' read loops, so
+// when the queue is full w gets a goroutine of its own.
 func (e *epollSet) dispatch(w poolTask) {
-	e.queue <- w
-	e.kick()
+	select {
+	case e.queue <- w:
+		e.kick()
+	default:
+		go w.run()
+	}
 }
 
 // poolTask is a worker's job: a readable socket (*sockWatch) or a tunnel
