@@ -275,9 +275,12 @@ type epollSet struct {
 	n     atomic.Int64
 	sweep *time.Timer // under mu; runs while n > 0
 
-	queue   chan poolTask // readable sockets (and ending drains) for the workers
-	running atomic.Int64  // workers not idle and not waiting for flow control
-	idle    atomic.Int64  // workers waiting for the queue
+	queue    chan poolTask // readable sockets (and ending drains) for the workers
+	omu      sync.Mutex
+	overflow []poolTask // under omu; what did not fit in queue
+	nover    atomic.Int64
+	running  atomic.Int64 // workers not idle and not waiting for flow control
+	idle     atomic.Int64 // workers waiting for the queue
 }
 
 func (e *epollSet) init() error {
@@ -433,15 +436,46 @@ func noControl(uintptr) {}
 
 // dispatch queues w for a worker and starts one if none is idle and
 // fewer than maxRunning run. It never waits: callers include the workers
-// themselves (an abort passes an end on) and connections' read loops, so
-// when the queue is full w gets a goroutine of its own.
+// themselves (an abort passes an end on) and connections' read loops. When
+// the queue is full (a burst: a wave of tunnels ending at once) w waits in
+// the overflow list, which the workers empty before they go idle; a
+// goroutine each would leave the burst's goroutine descriptors behind.
 func (e *epollSet) dispatch(w poolTask) {
 	select {
 	case e.queue <- w:
-		e.kick()
 	default:
-		go w.run()
+		e.omu.Lock()
+		e.overflow = append(e.overflow, w)
+		e.nover.Add(1)
+		e.omu.Unlock()
 	}
+	e.kick()
+}
+
+// take takes a task without waiting: from the queue, else the overflow.
+func (e *epollSet) take() poolTask {
+	select {
+	case w := <-e.queue:
+		return w
+	default:
+	}
+	if e.nover.Load() == 0 {
+		return nil
+	}
+	e.omu.Lock()
+	defer e.omu.Unlock()
+	n := len(e.overflow)
+	if n == 0 {
+		return nil
+	}
+	w := e.overflow[0]
+	e.overflow[0] = nil
+	e.overflow = e.overflow[1:]
+	if n == 1 {
+		e.overflow = nil // the burst is over: drop its backing array
+	}
+	e.nover.Add(-1)
+	return w
 }
 
 // poolTask is a worker's job: a readable socket (*sockWatch) or a tunnel
@@ -466,7 +500,7 @@ func runEnding(t *Tunnel) bool {
 // counted itself, and kick checks the counts after the queueing, so one of
 // them sees the other.
 func (e *epollSet) kick() {
-	for len(e.queue) > 0 && e.idle.Load() == 0 {
+	for len(e.queue)+int(e.nover.Load()) > 0 && e.idle.Load() == 0 {
 		n := e.running.Load()
 		if n >= maxRunning {
 			return
@@ -488,11 +522,9 @@ func (e *epollSet) unblock() { e.running.Add(1) }
 func (e *epollSet) worker() {
 	var idle *time.Timer
 	for {
-		select {
-		case w := <-e.queue:
+		if w := e.take(); w != nil {
 			w.run()
 			continue
-		default:
 		}
 		e.running.Add(-1)
 		e.idle.Add(1)
@@ -512,12 +544,10 @@ func (e *epollSet) worker() {
 		e.idle.Add(-1)
 		// Work queued while this one was leaving is this one's unless a
 		// worker can be started for it.
-		select {
-		case w := <-e.queue:
+		if w := e.take(); w != nil {
 			e.running.Add(1)
 			w.run()
 			continue
-		default:
 		}
 		e.kick()
 		return
