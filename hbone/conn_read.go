@@ -232,7 +232,7 @@ func (c *conn) readChunk(t *Tunnel, k int, through bool) error {
 		c.creditConn(int64(k))
 		return nil
 	}
-	if through && t.through != nil && !t.draining && t.q.n == 0 && t.drainDone != nil {
+	if through && t.through != nil && !t.draining && t.q.n == 0 && t.splice != nil {
 		c.writeThrough(t, bp, b)
 		return nil
 	}

@@ -45,6 +45,21 @@ type Request struct {
 	HasForwardedNetwork bool
 	// RemoteAddr and LocalAddr are the HBONE connection's TCP addresses.
 	RemoteAddr, LocalAddr net.Addr
+
+	t *Tunnel // the stream; nil in a Request made by hand
+}
+
+// Abort ends the tunnel early, at any time and from any goroutine: before
+// the answer the stream is reset and the Reply's Upstream closed; after it
+// the splice ends as on a reset (Upstream closed, Done called with the
+// error). A handler ends a tunnel it answered this way, not by closing
+// Upstream: the splice waits for Upstream's readability without a
+// goroutine, and closing the socket alone does not wake that wait at once
+// (see SpliceAsync).
+func (r *Request) Abort() {
+	if r.t != nil {
+		r.t.Close()
+	}
 }
 
 // Reply is a Handler's verdict, decided before any payload flows.
@@ -54,7 +69,9 @@ type Reply struct {
 	Status int
 	// Upstream is what a 200 tunnel is spliced with (usually the TCP
 	// connection the handler dialled to the application). The server owns
-	// it from here on and closes it. Ignored (and closed) for other statuses.
+	// it from here on and closes it; to end the tunnel early, call
+	// Request.Abort rather than closing it. Ignored (and closed) for other
+	// statuses.
 	Upstream net.Conn
 	// Serve, if set (with status 200 and no Upstream), takes the tunnel
 	// itself instead of a splice to a connection: a handler that speaks a
@@ -354,7 +371,7 @@ func (s *Server) onStream(c *conn, t *Tunnel, fields []hpack.HeaderField) {
 		c.releaseSlot()
 		return
 	}
-	req.Peer, req.RemoteAddr, req.LocalAddr = c.peer, c.nc.RemoteAddr(), c.nc.LocalAddr()
+	req.Peer, req.RemoteAddr, req.LocalAddr, req.t = c.peer, c.nc.RemoteAddr(), c.nc.LocalAddr(), t
 	if !s.track(1) {
 		t.resetWith(http2.ErrCodeRefusedStream, true)
 		c.releaseSlot()
@@ -441,8 +458,12 @@ func parseRequest(fields []hpack.HeaderField, hostnames bool) (req *Request, sta
 }
 
 func (s *Server) serveStream(c *conn, t *Tunnel, req *Request) {
-	defer s.track(-1)
-	defer c.releaseSlot()
+	// The stream holds a slot and counts as busy until it ends: when this
+	// returns, or, for a splice, in its completion.
+	end := func() {
+		c.releaseSlot()
+		s.track(-1)
+	}
 	ctx, cancel := context.WithCancel(c.ctx)
 	c.mu.Lock()
 	if t.err != nil {
@@ -477,6 +498,7 @@ func (s *Server) serveStream(c *conn, t *Tunnel, req *Request) {
 		if rep.Done != nil {
 			rep.Done(t.Stats(), &StatusError{Code: status})
 		}
+		end()
 		return
 	}
 	if err := t.respond(200, rep.Baggage); err != nil {
@@ -487,18 +509,25 @@ func (s *Server) serveStream(c *conn, t *Tunnel, req *Request) {
 		if rep.Done != nil {
 			rep.Done(t.Stats(), err)
 		}
+		end()
 		return
 	}
-	var err error
 	if rep.Upstream != nil {
-		err = Splice(t, rep.Upstream)
-	} else {
-		err = rep.Serve(t)
-		t.Close()
+		// No goroutine while the tunnel is idle: this one returns now.
+		SpliceAsync(t, rep.Upstream, func(err error) {
+			if rep.Done != nil {
+				rep.Done(t.Stats(), err)
+			}
+			end()
+		})
+		return
 	}
+	err := rep.Serve(t)
+	t.Close()
 	if rep.Done != nil {
 		rep.Done(t.Stats(), err)
 	}
+	end()
 }
 
 // respond writes the response HEADERS. A non-200 answer ends the stream:

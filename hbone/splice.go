@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 
 	"golang.org/x/net/http2"
 )
@@ -31,36 +32,123 @@ const (
 // straight from the receive chunks by a goroutine that runs only while
 // there is something to write. A small frame for a TCP c whose socket has
 // room is written by the connection's read loop itself, without that
-// goroutine (see writeThrough).
+// goroutine (see writeThrough). The c→tunnel direction runs on the calling
+// goroutine; SpliceAsync needs none while c is idle.
 func Splice(t *Tunnel, c net.Conn) error {
-	done := make(chan struct{})
+	var err error
+	ended := make(chan struct{})
+	s := newSplice(t, c, func(e error) { err = e; close(ended) })
+	s.begin()
+	s.endIn(copyToTunnel(t, c))
+	<-ended
+	return err
+}
+
+// SpliceAsync is Splice without a goroutine per idle tunnel: it returns at
+// once and calls done, exactly once and on some other goroutine or before
+// it returns, with the error Splice would have returned, after both
+// directions ended and t and c were closed. For a TCP c on Linux the
+// c→tunnel direction waits for readability in an epoll set of the
+// package's own (see splicePoll) instead of a goroutine parked in a read,
+// so an idle spliced tunnel holds no goroutine and no buffer; any other c
+// gets a goroutine as with Splice.
+//
+// The splice owns t and c. To end it early close t (or, on the server,
+// Request.Abort): that wakes both directions. Closing only c does not wake
+// a socket the epoll set watches (the kernel drops a closed descriptor
+// from it silently); such a splice is found by a sweep once a second.
+func SpliceAsync(t *Tunnel, c net.Conn, done func(error)) {
+	s := newSplice(t, c, done)
+	s.w = newSockWatch(s)
+	s.begin()
+	if s.w != nil {
+		s.w.start()
+		return
+	}
+	go func() { s.endIn(copyToTunnel(t, c)) }()
+}
+
+// splice is one tunnel spliced with one connection: two directions, each
+// ending once, and the completion after the second.
+type splice struct {
+	t    *Tunnel
+	c    net.Conn
+	done func(error)
+	w    *sockWatch // nil: the c→t direction runs a blocking copy loop
+	left atomic.Int32
+	// inErr is how the c→t direction ended; written before its left.Add.
+	inErr error
+}
+
+func newSplice(t *Tunnel, c net.Conn, done func(error)) *splice {
+	s := &splice{t: t, c: c, done: done}
+	s.left.Store(2)
+	return s
+}
+
+// begin starts the t→c direction: received bytes go to c from now on.
+func (s *splice) begin() {
+	t := s.t
 	t.c.mu.Lock()
-	t.sink, t.through, t.drainDone = c, newSinkWriter(c), done
+	t.sink, t.through, t.splice = s.c, newSinkWriter(s.c), s
 	t.c.mu.Unlock()
 	t.spliced.Store(true)
 	t.kickDrain() // bytes may have arrived before the splice began
+}
 
-	err := copyToTunnel(t, c)
+// endIn ends the c→t direction with err from reading c (nil at EOF):
+// half-close t at EOF; on an error reset t and close c, which ends the
+// other direction too.
+func (s *splice) endIn(err error) {
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
 	if err == nil {
-		err = t.CloseWrite()
+		err = s.t.CloseWrite()
 	}
 	if err != nil {
-		t.resetWith(http2.ErrCodeCancel, true)
-		c.Close()
+		s.t.resetWith(http2.ErrCodeCancel, true)
+		s.c.Close()
 	}
-	<-done
+	s.inErr = err
+	if s.left.Add(-1) == 0 {
+		s.finish()
+	}
+}
+
+// endOut ends the t→c direction (its error is t.drainErr).
+func (s *splice) endOut() {
+	if s.left.Add(-1) == 0 {
+		s.finish()
+	}
+}
+
+// abortIn ends the c→t direction from outside because the other one
+// failed: close c, which ends a blocked read, and end a watched socket's
+// registration, which closing it does not.
+func (s *splice) abortIn() {
+	if s.w != nil {
+		s.w.abort()
+		return
+	}
+	s.c.Close()
+}
+
+func (s *splice) finish() {
+	t, c := s.t, s.c
 	t.c.mu.Lock()
 	err2 := t.drainErr
 	t.c.mu.Unlock()
 	c.Close()
 	t.Close()
+	err := s.inErr
 	if err2 != nil && (err == nil || errors.Is(err, net.ErrClosed)) {
 		// The tunnel direction failed first and closed c under the other
 		// direction's read: its error is the cause (for example the
 		// connection closed because its peer was revoked).
 		err = err2
 	}
-	return err
+	s.done(err)
 }
 
 // copyToTunnel copies c to t until EOF (nil) or an error.

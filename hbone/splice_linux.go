@@ -16,12 +16,13 @@ import (
 // the read(2) that is expected to succeed, and given back on EAGAIN. That
 // costs the same syscalls as net.Conn.Read (read, wait, read).
 type pollReader struct {
-	rc   syscall.RawConn
-	fn   func(uintptr) bool // r.try, bound once
-	size int
-	bp   *[]byte
-	n    int
-	err  error
+	rc     syscall.RawConn
+	fn     func(uintptr) bool // r.try, bound once
+	nowait bool               // answer errWouldBlock instead of waiting (sockWatch)
+	size   int
+	bp     *[]byte
+	n      int
+	err    error
 }
 
 func newPollReader(c any) *pollReader {
@@ -47,6 +48,10 @@ func (p *pollReader) try(fd uintptr) bool {
 		}
 		if err == unix.EAGAIN {
 			putBuf(bp)
+			if p.nowait {
+				p.bp, p.n, p.err = nil, 0, errWouldBlock
+				return true
+			}
 			return false // the poller waits for readability and calls again
 		}
 		switch {
@@ -64,7 +69,8 @@ func (p *pollReader) try(fd uintptr) bool {
 }
 
 // read returns a pooled buffer holding n > 0 bytes (the caller puts it
-// back), or an error (io.EOF at end of stream).
+// back), or an error (io.EOF at end of stream; errWouldBlock with nowait
+// when nothing is there yet).
 func (p *pollReader) read(size int) (*[]byte, int, error) {
 	p.size = size
 	if err := p.rc.Read(p.fn); err != nil {

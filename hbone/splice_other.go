@@ -23,3 +23,14 @@ type fdWriter struct{}
 func newFdWriter(any) *fdWriter { return nil }
 
 func (*fdWriter) write([]byte) (int, error) { panic("unreachable") }
+
+// sockWatch is Linux-only; elsewhere SpliceAsync copies on a goroutine.
+type sockWatch struct{}
+
+func newSockWatch(*splice) *sockWatch { return nil }
+
+func (*sockWatch) start() { panic("unreachable") }
+func (*sockWatch) abort() { panic("unreachable") }
+
+// runEnding is false: there are no splice workers.
+func runEnding(*Tunnel) bool { return false }

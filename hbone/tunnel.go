@@ -44,12 +44,12 @@ type Tunnel struct {
 	// Splice state: the t→sink direction runs on a goroutine started only
 	// when there is something to deliver (see kickDrain), so an idle
 	// spliced tunnel parks no goroutine for it.
-	spliced   atomic.Bool
-	sink      net.Conn      // under c.mu
-	through   *sinkWriter   // under c.mu; non-nil: small frames go to sink from the read loop
-	draining  bool          // under c.mu; a drain goroutine runs
-	drainDone chan struct{} // under c.mu; closed when t→sink has ended; nil after
-	drainErr  error         // under c.mu
+	spliced  atomic.Bool
+	sink     net.Conn    // under c.mu
+	through  *sinkWriter // under c.mu; non-nil: small frames go to sink from the read loop
+	draining bool        // under c.mu; a drain goroutine runs
+	splice   *splice     // under c.mu; told when t→sink has ended; nil after
+	drainErr error       // under c.mu
 
 	rnotify chan struct{} // cap 1: data, EOF, response or error arrived
 	wnotify chan struct{} // cap 1: send window grew or error
@@ -148,10 +148,14 @@ func (t *Tunnel) consumedLocked(n int64) (streamInc, connInc int64) {
 }
 
 // Write writes p as DATA frames, blocking on HTTP/2 flow control.
-func (t *Tunnel) Write(p []byte) (int, error) {
+func (t *Tunnel) Write(p []byte) (int, error) { return t.write(p, nil) }
+
+// write is Write; bl, if not nil, is told before and after each wait for
+// flow control (a splice worker stops counting as running meanwhile).
+func (t *Tunnel) write(p []byte, bl blocker) (int, error) {
 	n := 0
 	for len(p) > 0 {
-		k, err := t.reserveSend(len(p))
+		k, err := t.reserveSend(len(p), bl)
 		if err != nil {
 			return n, err
 		}
@@ -177,11 +181,17 @@ func (t *Tunnel) writeErrLocked() error {
 	return nil
 }
 
+// blocker is told when a write starts and stops waiting for flow control.
+type blocker interface {
+	block()
+	unblock()
+}
+
 var errWriteAfterCloseWrite = errors.New("hbone: write after CloseWrite")
 
 // reserveSend waits until the stream and connection windows allow at least
 // one byte and takes up to want bytes (one frame's worth) from both.
-func (t *Tunnel) reserveSend(want int) (int, error) {
+func (t *Tunnel) reserveSend(want int, bl blocker) (int, error) {
 	c := t.c
 	c.mu.Lock()
 	for {
@@ -198,11 +208,20 @@ func (t *Tunnel) reserveSend(want int) (int, error) {
 		}
 		connCh := c.sendWinCh
 		c.mu.Unlock()
+		if bl != nil {
+			bl.block()
+		}
 		select {
 		case <-t.wnotify:
 		case <-connCh:
 		case <-t.wdl.wait():
+			if bl != nil {
+				bl.unblock()
+			}
 			return 0, os.ErrDeadlineExceeded
+		}
+		if bl != nil {
+			bl.unblock()
 		}
 		c.mu.Lock()
 	}
@@ -376,12 +395,20 @@ func (t *Tunnel) waitReadable(ctx context.Context) error {
 func (t *Tunnel) kickDrain() {
 	c := t.c
 	c.mu.Lock()
-	if t.draining || t.drainDone == nil || (t.q.n == 0 && !t.remoteEnd && t.err == nil && !t.closed) {
+	if t.draining || t.splice == nil || (t.q.n == 0 && !t.remoteEnd && t.err == nil && !t.closed) {
 		c.mu.Unlock()
 		return
 	}
 	t.draining = true
+	// Only an end to pass on (no bytes, and none can come after it): no
+	// write that waits on the sink, so a splice worker may take it. When
+	// a connection's streams end together (its peer closed them, a wave of
+	// tunnels closing), a goroutine each would be a burst of them.
+	ending := t.q.n == 0
 	c.mu.Unlock()
+	if ending && runEnding(t) {
+		return
+	}
 	go t.drain()
 }
 
@@ -446,12 +473,12 @@ func (t *Tunnel) drain() {
 }
 
 // finishDrain ends the t→sink direction: half-close the sink on EOF, abort
-// both on an error, then tell Splice.
+// both on an error, then tell the splice.
 func (t *Tunnel) finishDrain(err error) {
 	c := t.c
 	c.mu.Lock()
-	done, sink := t.drainDone, t.sink
-	t.drainDone, t.drainErr, t.draining = nil, err, false
+	sp, sink := t.splice, t.sink
+	t.splice, t.drainErr, t.draining = nil, err, false
 	c.mu.Unlock()
 	if err == nil {
 		if cw, ok := sink.(interface{ CloseWrite() error }); ok {
@@ -463,9 +490,9 @@ func (t *Tunnel) finishDrain(err error) {
 	}
 	if err != nil {
 		t.resetWith(http2.ErrCodeCancel, true)
-		sink.Close()
+		sp.abortIn() // closes sink
 	}
-	close(done)
+	sp.endOut()
 }
 
 // deadline is a settable point in time with a channel that is closed when

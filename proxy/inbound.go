@@ -117,11 +117,13 @@ func (p *WorkloadProxy) serveHBONE(ctx context.Context, req *hbone.Request) hbon
 		return refuse(503, WithReason(ReasonConnectFailed, fmt.Errorf("proxy: connect to the app: %w", err)))
 	}
 
-	// From here the server owns up; kill and the force watcher close it to
-	// end the tunnel early.
+	// From here the server owns up; kill and the force watcher end the
+	// tunnel early by aborting it, which wakes the splice (closing up alone
+	// would not wake its readiness watch at once; the close is for a
+	// Request without a tunnel).
 	var forced atomic.Bool
 	var once sync.Once
-	t := &tracked{conn: conn, kill: func() { once.Do(func() { up.Close() }) }}
+	t := &tracked{conn: conn, kill: func() { once.Do(func() { req.Abort(); up.Close() }) }}
 	p.track(t, snap)
 	if tc, ok := up.(*net.TCPConn); ok {
 		// The HBONE server copies the tunnel; the app socket tells the

@@ -20,20 +20,23 @@ import (
 
 // serveOutbound handles one connection the pod's capture rules redirected
 // to 15001: original destination, one snapshot, Route, then HBONE through
-// the pool or plain TCP from inside the pod, and one Result.
+// the pool or plain TCP from inside the pod, and one Result. An HBONE
+// splice goes on without this goroutine: the Result is recorded and done
+// called when it ends.
 func (p *WorkloadProxy) serveOutbound(c net.Conn, done func()) {
-	defer done()
 	client := addrPortOf(c.RemoteAddr())
 	orig := OriginalDst(c)
 	res := NewResult(p.d.Metrics, p.access, Outbound, client, orig)
 	res.Span = p.d.Tracer.Outbound(res.Start)
-	var err error
-	defer func() { res.Record(&err) }()
+	finish := func(err error) {
+		res.Record(&err)
+		done()
+	}
 
 	snap, src, werr := p.waitLocal(p.ctx)
 	if werr != nil {
 		c.Close()
-		err = WithReason(ReasonUnknownSource, werr)
+		finish(WithReason(ReasonUnknownSource, werr))
 		return
 	}
 	res.Src = peerOf(src)
@@ -43,7 +46,7 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn, done func()) {
 	}
 	if rerr != nil {
 		c.Close()
-		err = routeReason(rerr)
+		finish(routeReason(rerr))
 		return
 	}
 	res.DstAddr = rt.NextHop
@@ -52,29 +55,35 @@ func (p *WorkloadProxy) serveOutbound(c net.Conn, done func()) {
 
 	switch rt.Kind {
 	case route.HBONE:
-		err = p.outboundHBONE(c, client, snap, src, &rt, res)
+		p.outboundHBONE(c, client, snap, src, &rt, res, finish)
 		return
 	case route.DoubleHBONE:
-		err = p.outboundDoubleHBONE(c, client, src, &rt, res)
+		p.outboundDoubleHBONE(c, client, src, &rt, res, finish)
 		return
 	}
+	finish(p.outboundTCP(c, &rt, res))
+}
+
+// outboundTCP carries a connection as plain TCP from inside the pod. It
+// owns c.
+func (p *WorkloadProxy) outboundTCP(c net.Conn, rt *route.Decision, res *Result) error {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(p.ctx, ConnectTimeout)
 	up, derr := p.ns.Dial(ctx, "tcp", rt.NextHop, netns.SockOpts{Mark: p.d.Config.PacketMark})
 	cancel()
 	if derr != nil {
-		err = WithReason(ReasonConnectFailed, derr)
-		return
+		return WithReason(ReasonConnectFailed, derr)
 	}
 	defer up.Close()
 	res.Opened()
-	err = Bidirectional(c, up, &res.Counters, p.ctx)
+	return Bidirectional(c, up, &res.Counters, p.ctx)
 }
 
 // outboundHBONE opens the tunnel and splices it with the client's
-// connection. It owns c.
+// connection. It owns c, and calls finish once with the outcome: now when
+// no tunnel opened, else when the splice ends.
 func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *state.Snapshot, src *state.Workload,
-	rt *route.Decision, res *Result) error {
+	rt *route.Decision, res *Result, finish func(error)) {
 	srcID := src.Identity()
 	res.MTLS = true
 	res.HBONEAddr = rt.Authority
@@ -88,9 +97,10 @@ func (p *WorkloadProxy) outboundHBONE(c net.Conn, client netip.AddrPort, snap *s
 	cancel()
 	if err != nil {
 		c.Close()
-		return hboneReason(err)
+		finish(hboneReason(err))
+		return
 	}
-	return p.spliceTunnel(c, t, res)
+	p.spliceTunnel(c, t, res, finish)
 }
 
 // connectRequest is the CONNECT that carries out rt (the outer one of a
@@ -125,9 +135,9 @@ func connectRequest(src *state.Workload, srcID identity.Identity, client netip.A
 // destination with the inner CONNECT, which alone says where the client
 // comes from (x-forwarded-network, baggage, forwarded, traceparent). The
 // result names the final workload and service; dst.addr is the gateway.
-// It owns c.
+// It owns c and calls finish once, as outboundHBONE.
 func (p *WorkloadProxy) outboundDoubleHBONE(c net.Conn, client netip.AddrPort, src *state.Workload,
-	rt *route.Decision, res *Result) error {
+	rt *route.Decision, res *Result, finish func(error)) {
 	srcID := src.Identity()
 	res.MTLS = true
 	res.HBONEAddr, res.HBONEHost = rt.Authority, rt.AuthorityHost
@@ -145,7 +155,8 @@ func (p *WorkloadProxy) outboundDoubleHBONE(c net.Conn, client netip.AddrPort, s
 	cancel()
 	if err != nil {
 		c.Close()
-		return hboneReason(err)
+		finish(hboneReason(err))
+		return
 	}
 	res.Dst.Identity = t.PeerIdentity()
 	if b := hbone.ParseBaggage(t.ResponseBaggage()); b.WorkloadName != "" &&
@@ -162,31 +173,34 @@ func (p *WorkloadProxy) outboundDoubleHBONE(c net.Conn, client netip.AddrPort, s
 			Identity: t.PeerIdentity(),
 		}
 	}
-	return p.spliceTunnel(c, t, res)
+	p.spliceTunnel(c, t, res, finish)
 }
 
 // spliceTunnel splices an open tunnel with the client's connection and
-// counts it; it owns both.
-func (p *WorkloadProxy) spliceTunnel(c net.Conn, t *hbone.Tunnel, res *Result) error {
+// counts it; it owns both, and calls finish when the splice has ended
+// (no goroutine waits for that meanwhile: hbone.SpliceAsync).
+func (p *WorkloadProxy) spliceTunnel(c net.Conn, t *hbone.Tunnel, res *Result, finish func(error)) {
 	res.Counters.SetProbe(func() (int64, int64) { return t.BytesSent(), t.BytesReceived() })
 	res.Opened()
 	// p.ctx ends with the drain's force (or Close): a callback, not a
-	// watcher goroutine per connection.
+	// watcher goroutine per connection. Closing the tunnel ends the
+	// splice, which closes c (closing c alone would not wake its watch).
 	var forced atomic.Bool
 	stop := context.AfterFunc(p.ctx, func() {
 		forced.Store(true)
 		t.Close()
-		c.Close()
 	})
-	err := hbone.Splice(t, c)
-	stopped := stop()
-	st := t.Stats()
-	res.Counters.Sent.Add(st.BytesSent)
-	res.Counters.Received.Add(st.BytesReceived)
-	if !stopped && forced.Load() {
-		return ErrForced
-	}
-	return normalClose(err)
+	hbone.SpliceAsync(t, c, func(err error) {
+		stopped := stop()
+		st := t.Stats()
+		res.Counters.Sent.Add(st.BytesSent)
+		res.Counters.Received.Add(st.BytesReceived)
+		if !stopped && forced.Load() {
+			finish(ErrForced)
+			return
+		}
+		finish(normalClose(err))
+	})
 }
 
 // errNoResolver: the route needs DNS and the proxy was given no resolver.
