@@ -18,6 +18,7 @@ import (
 type pollReader struct {
 	rc     syscall.RawConn
 	fn     func(uintptr) bool // r.try, bound once
+	ctlFn  func(uintptr)      // r.try for RawConn.Control, bound once
 	nowait bool               // answer errWouldBlock instead of waiting (sockWatch)
 	size   int
 	bp     *[]byte
@@ -36,6 +37,7 @@ func newPollReader(c any) *pollReader {
 	}
 	p := &pollReader{rc: rc}
 	p.fn = p.try
+	p.ctlFn = func(fd uintptr) { p.try(fd) }
 	return p
 }
 
@@ -73,7 +75,16 @@ func (p *pollReader) try(fd uintptr) bool {
 // when nothing is there yet).
 func (p *pollReader) read(size int) (*[]byte, int, error) {
 	p.size = size
-	if err := p.rc.Read(p.fn); err != nil {
+	var err error
+	if p.nowait {
+		// Control, not Read: a read that never waits needs neither the
+		// poller's readiness nor its deadline (sockWatch.linger leaves one
+		// set while a socket is busy).
+		err = p.rc.Control(p.ctlFn)
+	} else {
+		err = p.rc.Read(p.fn)
+	}
+	if err != nil {
 		return nil, 0, err
 	}
 	bp, n, err := p.bp, p.n, p.err

@@ -328,7 +328,9 @@ func openEchoClose(t *testing.T, addr string, n int, whileOpen func()) {
 // test's client, serveOutbound, the server's stream, a drain delivering
 // the echo): the test logs the peak (519 measured on 2026-12-06), and
 // reserveGoroutines creates 5 per dial before the baseline, a bound of the
-// test's dialing, not of the tunnels.
+// test's dialing, not of the tunnels, and 128 more for the sockets that
+// linger in the runtime's poller after their bytes (hbone's maxLingering;
+// the harness's echo sockets linger too).
 func TestOutboundNoRetention(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: opens 10,000 tunnels")
@@ -339,13 +341,16 @@ func TestOutboundNoRetention(t *testing.T) {
 	const (
 		perWave = 5000
 		waves   = 2
-		// bound: 32 bytes per tunnel carried (320 KiB; the issue asks for
+		// bound: 64 bytes per tunnel carried (640 KiB; the issue asks for
 		// 1 MB after 10,000). Measured 2026-12-05: 108-159 KiB, mostly the
 		// runtime's (stopped connect-timeout timers it removes from its
 		// timer heaps lazily, deadline timers of the test's own sockets);
 		// 500-523 KiB before the proxy's context and live set gave back
-		// what the 5,000-tunnel waves grew.
-		bound = 32 * perWave * waves
+		// what the 5,000-tunnel waves grew. Since SpliceAsync (2026-12-06)
+		// 16-371 KiB: the runtime's share moves with how many goroutines
+		// and timers the waves' scheduling happened to make, so 32 bytes a
+		// tunnel failed now and then with nothing kept per tunnel.
+		bound = 64 * perWave * waves
 	)
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < 2*perWave+1000 {
@@ -374,7 +379,7 @@ func TestOutboundNoRetention(t *testing.T) {
 	}
 	openEchoClose(t, h.addr, 10, func() {})
 	settle()
-	reserveGoroutines(5 * maxDialing)
+	reserveGoroutines(5*maxDialing + 2*128)
 	before := liveHeap(t, "before")
 	peak := 0
 	for range waves {
