@@ -159,14 +159,9 @@ func (h *Handle) dialFromSocket(ctx context.Context, network string, addr netip.
 	if network == "udp" {
 		sotype = unix.SOCK_DGRAM
 	}
-	fd := -1
-	err := h.Do(func() error {
-		var err error
-		fd, err = unix.Socket(family, sotype|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-		return err
-	})
+	fd, err := h.socket(family, sotype)
 	if err != nil {
-		return nil, fmt.Errorf("socket: %w", err)
+		return nil, err
 	}
 	// From here on f owns fd; net.FileConn dups it, so f is closed in
 	// every case.
@@ -184,6 +179,20 @@ func (h *Handle) dialFromSocket(ctx context.Context, network string, addr netip.
 		return nil, err
 	}
 	return net.FileConn(f)
+}
+
+// socket makes a non-blocking, close-on-exec socket in h's namespace.
+func (h *Handle) socket(family, sotype int) (int, error) {
+	fd := -1
+	err := h.Do(func() error {
+		var err error
+		fd, err = unix.Socket(family, sotype|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return -1, fmt.Errorf("socket: %w", err)
+	}
+	return fd, nil
 }
 
 // connect starts a non-blocking connect and waits until it completes, fails
