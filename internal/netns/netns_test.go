@@ -364,13 +364,18 @@ func assertSockopt(t *testing.T, c syscall.Conn, level, name, want int) {
 // BenchmarkDial measures one connection from inside a pod-like namespace to a
 // listener in it, the node proxy's per-connection cost of entering the pod;
 // "current" is the same dial without a namespace (a nil Handle), the floor.
+// In the "reply" cases the dialer waits for one byte from the server before
+// closing, as a proxied connection waits for its peer: a loopback connect
+// completes without blocking, so the plain loop never lets other goroutines
+// (the pool's refill) run on its thread.
 func BenchmarkDial(b *testing.B) {
 	roottest.Require(b)
 	ns := netnstest.New(b, "bench")
 	for _, bc := range []struct {
-		name string
-		h    *netns.Handle
-	}{{"pod", ns.Handle}, {"current", nil}} {
+		name  string
+		h     *netns.Handle
+		reply bool
+	}{{"pod", ns.Handle, false}, {"current", nil, false}, {"pod-reply", ns.Handle, true}, {"current-reply", nil, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
 			ln, err := bc.h.Listen(ctx, netip.MustParseAddrPort("127.0.0.1:0"), netns.SockOpts{})
@@ -384,16 +389,25 @@ func BenchmarkDial(b *testing.B) {
 					if err != nil {
 						return
 					}
+					if bc.reply {
+						c.Write([]byte{1})
+					}
 					c.Close()
 				}
 			}()
 			addr := ln.Addr().(*net.TCPAddr).AddrPort()
+			var buf [1]byte
 			b.ReportAllocs()
 			cpu := cpuMeter(b)
 			for b.Loop() {
 				c, err := bc.h.Dial(ctx, "tcp", addr, netns.SockOpts{Mark: 1337})
 				if err != nil {
 					b.Fatal(err)
+				}
+				if bc.reply {
+					if _, err := c.Read(buf[:]); err != nil {
+						b.Fatal(err)
+					}
 				}
 				c.Close()
 			}

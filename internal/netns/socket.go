@@ -181,20 +181,6 @@ func (h *Handle) dialFromSocket(ctx context.Context, network string, addr netip.
 	return net.FileConn(f)
 }
 
-// socket makes a non-blocking, close-on-exec socket in h's namespace.
-func (h *Handle) socket(family, sotype int) (int, error) {
-	fd := -1
-	err := h.Do(func() error {
-		var err error
-		fd, err = unix.Socket(family, sotype|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-		return err
-	})
-	if err != nil {
-		return -1, fmt.Errorf("socket: %w", err)
-	}
-	return fd, nil
-}
-
 // connect starts a non-blocking connect and waits until it completes, fails
 // or ctx ends.
 func connect(ctx context.Context, f *os.File, fd int, sa unix.Sockaddr) error {
