@@ -2,7 +2,8 @@
 // is an open netns file descriptor; Handle.Do runs a function with the calling
 // OS thread switched into that namespace, and Listen, ListenPacket and Dial
 // create sockets there (a socket stays in the namespace it was created in, so
-// only socket creation needs to enter it). SockOpts puts SO_MARK,
+// only socket creation needs to enter it; Dial takes sockets made ahead in
+// batches, pool.go). SockOpts puts SO_MARK,
 // SO_REUSEPORT and IP(V6)_TRANSPARENT+FREEBIND on those sockets through the
 // net.ListenConfig / net.Dialer Control hook.
 //
