@@ -267,19 +267,26 @@ func (s *Server) Serve(ctx context.Context) error {
 	if !s.served.CompareAndSwap(false, true) {
 		return errors.New("dnsproxy: Serve called twice")
 	}
+	// The loops are added under s.mu, which Close and Drain take before
+	// they wait for them: an Add racing a Wait on an idle WaitGroup is a
+	// misuse (the race detector caught a Drain right after start). A
+	// server drained before it served has nothing to drain and serves
+	// nothing.
 	s.mu.Lock()
 	closed := s.closed
+	if !closed && !s.draining.Load() {
+		for _, c := range s.udp {
+			s.wg.Add(1)
+			go s.serveUDP(c)
+		}
+		for _, ln := range s.tcp {
+			s.wg.Add(1)
+			go s.serveTCP(ln)
+		}
+	}
 	s.mu.Unlock()
 	if closed {
 		return net.ErrClosed
-	}
-	for _, c := range s.udp {
-		s.wg.Add(1)
-		go s.serveUDP(c)
-	}
-	for _, ln := range s.tcp {
-		s.wg.Add(1)
-		go s.serveTCP(ln)
 	}
 	s.log.Info("serving DNS", zap.Stringers("addrs", s.addrs))
 	select {
@@ -302,7 +309,9 @@ func (s *Server) Serve(ctx context.Context) error {
 // Without a newer server it keeps answering as long as queries keep coming,
 // up to deadline.
 func (s *Server) Drain(ctx context.Context, deadline time.Duration) {
+	s.mu.Lock() // orders this against Serve starting its loops
 	s.draining.Store(true)
+	s.mu.Unlock()
 	for _, ln := range s.tcp {
 		ln.Close()
 	}

@@ -106,12 +106,14 @@ type WorkloadProxy struct {
 	group   *drain.Group
 	// acceptors counts the running 15001/15006 accept loops.
 	acceptors sync.WaitGroup
-	inbound   registry
-	local     atomic.Pointer[localCache]
-	ctx       context.Context // done once the drain forces (or Close): group.Context()
-	closing   atomic.Bool
-	closeMu   sync.Once
-	closedCh  chan struct{}
+	// serveMu orders Serve's acceptors.Add against Drain's Wait.
+	serveMu  sync.Mutex
+	inbound  registry
+	local    atomic.Pointer[localCache]
+	ctx      context.Context // done once the drain forces (or Close): group.Context()
+	closing  atomic.Bool
+	closeMu  sync.Once
+	closedCh chan struct{}
 }
 
 type localCache struct {
@@ -301,9 +303,24 @@ func (p *WorkloadProxy) Identity() identity.Identity { return p.id }
 // closing everything).
 func (p *WorkloadProxy) Serve(ctx context.Context) error {
 	errc := make(chan error, 3)
-	p.acceptors.Add(2)
-	go func() { errc <- p.acceptLoop(p.lnOut, p.serveOutbound) }()
-	go func() { errc <- p.acceptLoop(p.lnPlain, p.servePlaintext) }()
+	// The accept loops are counted under serveMu, which Drain takes to set
+	// closing before it waits for them: an Add racing that Wait on an
+	// idle WaitGroup is a misuse (a Drain right after start, caught by
+	// the race detector). Drained before it served, the proxy starts no
+	// loop: Drain closed their listeners.
+	p.serveMu.Lock()
+	loops := !p.closing.Load()
+	if loops {
+		p.acceptors.Add(2)
+	}
+	p.serveMu.Unlock()
+	if loops {
+		go func() { errc <- p.acceptLoop(p.lnOut, p.serveOutbound) }()
+		go func() { errc <- p.acceptLoop(p.lnPlain, p.servePlaintext) }()
+	} else {
+		errc <- nil
+		errc <- nil
+	}
 	go func() {
 		err := p.hsrv.Serve(p.lnHBONE)
 		if errors.Is(err, hbone.ErrServerClosed) || p.closing.Load() {
@@ -366,7 +383,9 @@ func (p *WorkloadProxy) acceptLoop(ln net.Listener, handle func(net.Conn, func()
 // (or until ctx ends), then closes the rest, and releases everything. It
 // drains only this pod.
 func (p *WorkloadProxy) Drain(ctx context.Context, deadline time.Duration) {
+	p.serveMu.Lock() // orders this against Serve starting the accept loops
 	p.closing.Store(true)
+	p.serveMu.Unlock()
 	p.lnOut.Close()
 	p.lnPlain.Close()
 	// Every connection accepted before the close is tracked once the loops

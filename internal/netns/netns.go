@@ -2,7 +2,8 @@
 // is an open netns file descriptor; Handle.Do runs a function with the calling
 // OS thread switched into that namespace, and Listen, ListenPacket and Dial
 // create sockets there (a socket stays in the namespace it was created in, so
-// only socket creation needs to enter it). SockOpts puts SO_MARK,
+// only socket creation needs to enter it; Dial takes sockets made ahead in
+// batches, pool.go). SockOpts puts SO_MARK,
 // SO_REUSEPORT and IP(V6)_TRANSPARENT+FREEBIND on those sockets through the
 // net.ListenConfig / net.Dialer Control hook.
 //
@@ -16,6 +17,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +31,10 @@ var ErrNotNetns = errors.New("not a network namespace")
 // switched back to its original namespace. The thread is then discarded by the
 // Go runtime; the process itself is unaffected.
 var ErrRestore = errors.New("switching back to the original network namespace failed")
+
+// ErrClosed is returned (wrapped) by Do, Dial and the listeners after
+// Handle.Close.
+var ErrClosed = errors.New("network namespace handle is closed")
 
 // ID identifies a network namespace: two handles refer to the same namespace
 // iff their IDs are equal (the nsfs device and inode of the fd).
@@ -44,7 +51,19 @@ func (id ID) String() string { return fmt.Sprintf("netns[dev=%d,ino=%d]", id.Dev
 // ordinary sockets (ztunnel's dedicated mode, and tests).
 type Handle struct {
 	f  *os.File
+	fd int // f's, read once: os.File.Fd may make a syscall
 	id ID
+
+	// mu guards closed. Entering the namespace holds it for reading, so
+	// Close cannot close the fd (and the process reuse its number) under
+	// a setns; see pool for the rest.
+	mu     sync.RWMutex
+	closed bool
+	// pool holds sockets made ahead for Dial (factory.go).
+	pool pool
+	// idle overrides the pool's idle timeout when positive. Tests only
+	// (export_test.go).
+	idle time.Duration
 
 	// restore, when non-nil, replaces the setns back to the original
 	// namespace in Do. Tests only (export_test.go), to exercise the failure
@@ -104,7 +123,11 @@ func fromFile(f *os.File) (*Handle, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("fstat: %w", err)
 	}
-	return &Handle{f: f, id: ID{Dev: st.Dev, Ino: st.Ino}}, nil
+	h := &Handle{f: f, fd: fd, id: ID{Dev: st.Dev, Ino: st.Ino}}
+	for k := range h.pool.ready {
+		h.pool.ready[k] = make(chan int, poolDepth)
+	}
+	return h, nil
 }
 
 // ID returns the namespace's identity. The zero ID for a nil Handle.
@@ -117,14 +140,26 @@ func (h *Handle) ID() ID {
 
 // FD returns the underlying file descriptor, valid until Close (for sending it
 // in SCM_RIGHTS). The Handle keeps ownership. h must not be nil.
-func (h *Handle) FD() int { return int(h.f.Fd()) }
+func (h *Handle) FD() int { return h.fd }
 
-// Close releases the fd. Calling Do or the socket helpers after Close is an
-// error; sockets already created stay in the namespace and stay usable.
+// Close releases the fd and the sockets pooled for Dial. Calling Do or the socket helpers after Close is an
+// error (ErrClosed); sockets already created stay in the namespace and stay
+// usable, and a dial that already has its socket completes.
 func (h *Handle) Close() error {
 	if h == nil {
 		return nil
 	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return fmt.Errorf("netns: close %s: %w", h, ErrClosed)
+	}
+	defer h.mu.Unlock()
+	h.closed = true
+	if h.pool.idle != nil {
+		h.pool.idle.Stop()
+	}
+	h.pool.drain()
 	return h.f.Close()
 }
 
@@ -189,18 +224,14 @@ func (h *Handle) enterAndRun(fn func() error, panicked *bool, panicVal *any) (er
 		return fmt.Errorf("netns: open original namespace: %w", err)
 	}
 	runtime.LockOSThread()
-	if err := unix.Setns(h.FD(), unix.CLONE_NEWNET); err != nil {
+	if err := h.enter(); err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("netns: setns into %s: %w", h, err)
+		return err
 	}
 	defer func() {
-		back := h.restore
-		if back == nil {
-			back = func(fd int) error { return unix.Setns(fd, unix.CLONE_NEWNET) }
-		}
-		if rerr := back(orig); rerr != nil {
+		if rerr := h.leave(orig); rerr != nil {
 			// Leave the thread locked: it must never run another goroutine.
-			err = errors.Join(err, fmt.Errorf("netns: leaving %s: %w: %w", h, ErrRestore, rerr))
+			err = errors.Join(err, rerr)
 			return
 		}
 		runtime.UnlockOSThread()
@@ -211,4 +242,31 @@ func (h *Handle) enterAndRun(fn func() error, panicked *bool, panicVal *any) (er
 		}
 	}()
 	return fn()
+}
+
+// enter switches the calling thread, which the caller has locked, into h.
+func (h *Handle) enter() error {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.closed {
+		return fmt.Errorf("netns: %s: %w", h, ErrClosed)
+	}
+	if err := unix.Setns(h.fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("netns: setns into %s: %w", h, err)
+	}
+	return nil
+}
+
+// leave switches the calling thread from h back to the namespace orig. On
+// error (wrapping ErrRestore) the caller must keep the thread locked until
+// its goroutine exits, so that the runtime discards it.
+func (h *Handle) leave(orig int) error {
+	back := h.restore
+	if back == nil {
+		back = func(fd int) error { return unix.Setns(fd, unix.CLONE_NEWNET) }
+	}
+	if err := back(orig); err != nil {
+		return fmt.Errorf("netns: leaving %s: %w: %w", h, ErrRestore, err)
+	}
+	return nil
 }

@@ -116,7 +116,8 @@ func (h *Handle) ListenPacket(ctx context.Context, addr netip.AddrPort, o SockOp
 // goroutine. A connect that waited on a thread locked into the namespace
 // cost several thread hand-offs per dial (BenchmarkDial: futex calls per
 // dial fell from 6 to 2), and held a locked OS thread for a whole
-// round trip.
+// round trip. The socket itself usually comes from a pool made ahead in
+// the namespace (pool.go), so a dial does not enter it at all.
 func (h *Handle) Dial(ctx context.Context, network string, addr netip.AddrPort, o SockOpts) (net.Conn, error) {
 	if network != "tcp" && network != "udp" {
 		return nil, fmt.Errorf("netns: dial: unsupported network %q", network)
@@ -159,14 +160,9 @@ func (h *Handle) dialFromSocket(ctx context.Context, network string, addr netip.
 	if network == "udp" {
 		sotype = unix.SOCK_DGRAM
 	}
-	fd := -1
-	err := h.Do(func() error {
-		var err error
-		fd, err = unix.Socket(family, sotype|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-		return err
-	})
+	fd, err := h.socket(family, sotype)
 	if err != nil {
-		return nil, fmt.Errorf("socket: %w", err)
+		return nil, err
 	}
 	// From here on f owns fd; net.FileConn dups it, so f is closed in
 	// every case.
