@@ -19,15 +19,7 @@ import (
 func BenchmarkApplyNamespaceChange50k(b *testing.B) {
 	s := synth.Default(50000)
 	objs := synth.Build(s)
-	c, err := ca.New(ca.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	auth, _ := caserver.NewNodeTokens(map[string]string{"node-0": "tok"})
-	cp, err := New(Config{Source: local.New(b.TempDir(), nil, 0), Translate: translate.LocalDefaults(), CA: c, Auth: auth})
-	if err != nil {
-		b.Fatal(err)
-	}
+	cp := newLocalControlPlane(b)
 	cp.Apply(objs)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -38,4 +30,21 @@ func BenchmarkApplyNamespaceChange50k(b *testing.B) {
 		cp.Apply(next)
 		objs = next
 	}
+}
+
+// newLocalControlPlane is a control plane over an empty local source with
+// its own CA and one node token, for tests and benchmarks that Apply
+// objects directly.
+func newLocalControlPlane(tb testing.TB) *ControlPlane {
+	tb.Helper()
+	c, err := ca.New(ca.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	auth, _ := caserver.NewNodeTokens(map[string]string{"node-0": "tok"})
+	cp, err := New(Config{Source: local.New(tb.TempDir(), nil, 0), Translate: translate.LocalDefaults(), CA: c, Auth: auth})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cp
 }

@@ -11,10 +11,6 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
-	"github.com/ztunnel-go/ztunnel-go/internal/cluster/local"
-	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
-	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
-	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate/synth"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
@@ -28,18 +24,7 @@ import (
 func TestApplyGlobalChangesMatchFull(t *testing.T) {
 	s := synth.Spec{Pods: 400, Namespaces: 20, Nodes: 4, PodsPerService: 4, AmbientEvery: 5}
 	objs := synth.Build(s)
-	newCP := func() *ControlPlane {
-		c, err := ca.New(ca.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		auth, _ := caserver.NewNodeTokens(map[string]string{"node-0": "tok"})
-		cp, err := New(Config{Source: local.New(t.TempDir(), nil, 0), Translate: translate.LocalDefaults(), CA: c, Auth: auth})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cp
-	}
+	newCP := func() *ControlPlane { return newLocalControlPlane(t) }
 	withoutPolicy := func(o *cluster.Objects, ns string) *cluster.Objects {
 		next := *o
 		next.AuthorizationPolicies = slices.DeleteFunc(slices.Clone(o.AuthorizationPolicies), func(ap *securityv1.AuthorizationPolicy) bool { return ap.Namespace == ns })

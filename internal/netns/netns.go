@@ -59,7 +59,7 @@ type Handle struct {
 	// a setns; see pool for the rest.
 	mu     sync.RWMutex
 	closed bool
-	// pool holds sockets made ahead for Dial (factory.go).
+	// pool holds sockets made ahead for Dial (pool.go).
 	pool pool
 	// idle overrides the pool's idle timeout when positive. Tests only
 	// (export_test.go).
