@@ -33,7 +33,7 @@ type dataPlane struct {
 // newDataPlane builds the waypoint or the east-west gateway; closeDP
 // releases what it opened.
 func newDataPlane(o *options, id identity.Identity, ip netip.Addr, certs identity.CertSource, rev hbone.Revocation,
-	log, access *zap.Logger, reg prometheus.Registerer) (dp dataPlane, closeDP func(), err error) {
+	log *zap.Logger, access *accessLog, reg prometheus.Registerer) (dp dataPlane, closeDP func(), err error) {
 	if o.Mode == modeEastWest {
 		// The workload API is all it reads; it originates no HBONE of its
 		// own (the inner connection is the client's), so it needs no pool.
@@ -55,7 +55,7 @@ func newDataPlane(o *options, id identity.Identity, ip netip.Addr, certs identit
 	ns, _, _ := strings.Cut(o.Gateway, "/")
 	w, err := waypoint.New(waypoint.Options{
 		Name: o.Gateway, Identity: id, IP: ip, Certs: certs, Pool: pool,
-		Log: log, Access: access, Registerer: reg, Revocation: rev,
+		Log: log, Access: access.log, AccessLines: access.lines, Registerer: reg, Revocation: rev,
 		Trace:          tracing.Identity{NodeID: "waypoint~" + ip.String() + "~" + o.PodName + "." + ns + "~" + ns + ".svc.cluster.local"},
 		DefaultTracing: defaultTracing(o),
 	})

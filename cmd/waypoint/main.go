@@ -78,43 +78,16 @@ func main() {
 	daemon.Exit(log, name, run(ctx, o, lc, log, level))
 }
 
-// accessLogger is the access log (one line per request): the daemon's
-// logger whose lines go to out through a 64 KiB buffer written when full and
-// at least every second, as Envoy buffers its access log (64 KiB,
-// access_log_flush_interval 1 s). A write per line was half of the log's
-// cost at 1k req/s (bench/waypoint), and a write per 4 KiB still 6 % of the
-// waypoint's CPU there. out must be the main log's writer too (main shares
-// one lock between them): a write above PIPE_BUF is not atomic on a pipe.
-// Its level follows level (the admin's /logging). stop flushes it.
-func accessLogger(lc daemon.LogConfig, level zap.AtomicLevel, out zapcore.WriteSyncer) (*zap.Logger, func(), error) {
-	buf := &zapcore.BufferedWriteSyncer{WS: out, Size: 64 << 10, FlushInterval: time.Second}
-	alc := lc
-	alc.Level, alc.Output = zapcore.DebugLevel, buf
-	l, _, err := daemon.NewLogger(alc)
-	if err != nil {
-		return nil, nil, err
-	}
-	// No caller: it is always record's line, and finding it (a stack
-	// walk per line) was 5 % of the waypoint's CPU at 1k req/s.
-	l = l.WithOptions(zap.WithCaller(false), zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		if lc, err := zapcore.NewIncreaseLevelCore(c, level); err == nil {
-			return lc
-		}
-		return c
-	}))
-	return l.Named("access"), func() { _ = buf.Stop() }, nil
-}
-
 func run(ctx context.Context, o *options, lc daemon.LogConfig, log *zap.Logger, level zap.AtomicLevel) error {
 	out, ok := lc.Output.(zapcore.WriteSyncer)
 	if !ok {
 		out = zapcore.Lock(os.Stderr)
 	}
-	access, stopAccess, err := accessLogger(lc, level, out)
+	access, err := accessLogger(lc, level, out)
 	if err != nil {
 		return err
 	}
-	defer stopAccess()
+	defer access.stop()
 	ns, gw, _ := strings.Cut(o.Gateway, "/")
 	id := identity.MustNew(o.TrustDomain, ns, o.ServiceAccount)
 	ip := netip.MustParseAddr(o.IP)

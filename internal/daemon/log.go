@@ -125,7 +125,7 @@ type LogConfig struct {
 func NewLogger(c LogConfig) (*zap.Logger, zap.AtomicLevel, error) {
 	level := zap.NewAtomicLevelAt(c.Level)
 	ec := zap.NewProductionEncoderConfig()
-	ec.TimeKey, ec.EncodeTime = "time", zapcore.ISO8601TimeEncoder
+	ec.TimeKey, ec.EncodeTime = "time", encodeISO8601
 	var enc zapcore.Encoder
 	switch c.Format {
 	case "", FormatJSON:

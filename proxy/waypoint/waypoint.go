@@ -20,6 +20,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
@@ -57,6 +58,9 @@ type Options struct {
 	DialTCP func(ctx context.Context, dst netip.AddrPort) (net.Conn, error)
 	// Log receives errors; Access one line per request. nil: none.
 	Log, Access *zap.Logger
+	// AccessLines, when set, writes Access's lines itself (it must be the
+	// same JSON logger's: telemetry.Recorder.UseJSONLines).
+	AccessLines *daemon.JSONLines
 	// Registerer receives the istio_* metrics; nil: not registered.
 	Registerer prometheus.Registerer
 	// MetricsLimits bound the metrics' series; zero: telemetry's defaults.
@@ -140,6 +144,9 @@ func New(opts Options) (*Waypoint, error) {
 	stats, err := telemetry.New(opts.Registerer, opts.Access, opts.MetricsLimits)
 	if err != nil {
 		return nil, fmt.Errorf("waypoint: metrics: %w", err)
+	}
+	if opts.AccessLines != nil {
+		stats.UseJSONLines(opts.AccessLines)
 	}
 	tracer := tracing.New(traceIdentity(opts), opts.Log.Named("tracing"))
 	tracer.BatchTimeout = opts.TraceBatchTimeout
