@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,8 @@ type Metrics struct {
 	received *prometheus.CounterVec
 	failed   *prometheus.CounterVec
 	open     *prometheus.GaugeVec
+	// openNow is open's sum over its reporters, for Open.
+	openNow atomic.Int64
 	// dryRun: see dryRunDecision (dryrun.go).
 	dryRun *prometheus.CounterVec
 	// denials: see denied (dryrun.go).
@@ -36,6 +39,10 @@ type Metrics struct {
 	flushEvery time.Duration
 	live       liveSet
 }
+
+// Open returns the connections open now, both directions (the sum of
+// istio_tcp_sockets_open), without a registry read.
+func (m *Metrics) Open() int64 { return m.openNow.Load() }
 
 // NewMetrics registers the istio_tcp_* metrics with reg (nil: not registered,
 // for tests that do not scrape). Open connections' bytes are flushed every

@@ -186,6 +186,7 @@ func NewResult(m *Metrics, log *zap.Logger, dir Direction, src, dst netip.AddrPo
 	r := &Result{m: m, log: log, Direction: dir, Start: time.Now(), SrcAddr: src, DstAddr: dst, OrigAddr: dst}
 	if m != nil {
 		m.open.WithLabelValues(dir.reporter()).Inc()
+		m.openNow.Add(1)
 	}
 	return r
 }
@@ -222,6 +223,7 @@ func (r *Result) Record(errp *error) {
 	reason := ReasonOf(err)
 	if r.m != nil {
 		r.m.open.WithLabelValues(r.Direction.reporter()).Dec()
+		r.m.openNow.Add(-1)
 		labels := r.labels(reason.responseFlag())
 		if r.opened {
 			r.m.removeLive(r)

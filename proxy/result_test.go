@@ -28,6 +28,9 @@ func TestResultRecordsOnceWithFields(t *testing.T) {
 	r.Service = Service{Hostname: "server.apps.svc.cluster.local", Namespace: "apps", Name: "server"}
 	r.HBONEAddr = netip.MustParseAddrPort("10.0.1.2:8080")
 	r.MTLS = true
+	if o := m.Open(); o != 1 {
+		t.Errorf("Open() = %d with one connection open", o)
+	}
 	r.Counters.Sent.Add(100)
 	r.Counters.Received.Add(7)
 	err := WithReason(ReasonPolicyDenied, errors.New("explicitly denied by apps/deny-all"))
@@ -68,6 +71,9 @@ istio_tcp_connections_closed_total{connection_security_policy="mutual_tls",desti
 	}
 	if got := testutil.ToFloat64(m.open.WithLabelValues("destination")); got != 0 {
 		t.Fatalf("sockets open gauge = %v after close", got)
+	}
+	if o := m.Open(); o != 0 {
+		t.Fatalf("Open() = %d after close", o)
 	}
 }
 

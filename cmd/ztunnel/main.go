@@ -130,7 +130,6 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	if up.watch != nil {
 		g.Go("root certificate watcher", up.watch)
 	}
-	goRuntimeTasks(g, cfg, log)
 	store := state.NewStore()
 	xcfg := up.xdsConfig(cfg, store)
 	xcfg.Log, xcfg.Registerer = log.Named("xds"), reg
@@ -165,6 +164,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	// Pool nil: every pod gets its own HBONE pool dialling from inside its
 	// network namespace (proxy.Deps).
 	metrics := proxy.NewMetrics(reg)
+	goRuntimeTasks(g, cfg, metrics.Open, log)
 	g.Go("metrics of deleted workloads", func(ctx context.Context) error {
 		metrics.DropDeletedWorkloads(ctx, store, cfg.MetricsGrace, log.Named("metrics"))
 		return nil

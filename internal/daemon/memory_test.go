@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -34,7 +35,7 @@ func TestReleaseMemoryReturnsABurst(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ReleaseMemory(ctx, 10*time.Millisecond, threshold)
+		ReleaseMemory(ctx, 10*time.Millisecond, threshold, nil)
 	}()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(time.Minute)
@@ -70,7 +71,7 @@ func TestReleaseMemoryEmptiesPools(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ReleaseMemory(ctx, 10*time.Millisecond, 4<<20)
+		ReleaseMemory(ctx, 10*time.Millisecond, 4<<20, nil)
 	}()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(time.Minute)
@@ -119,4 +120,44 @@ func TestReleaseMemoryEmptiesCollectedPools(t *testing.T) {
 		t.Errorf("released again with nothing new to release (floor %d)", r.floor)
 	}
 	runtime.KeepAlive(&pool)
+}
+
+// TestReleaseMemoryAtBurstEnd: with a load, the garbage of a burst is
+// released once the load falls to a quarter of its peak, without waiting
+// for the interval; while the load holds, nothing is released early.
+func TestReleaseMemoryAtBurstEnd(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	const threshold = 4 << 20
+	free := func() uint64 {
+		r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
+		return r
+	}
+	var load atomic.Int64
+	load.Store(1000)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ReleaseMemory(ctx, time.Hour, threshold, load.Load)
+	}()
+	defer func() { cancel(); <-done }()
+	time.Sleep(2 * loadPoll) // the peak is seen
+	burst := make([][]byte, 0, 64<<10)
+	for range 64 << 10 {
+		burst = append(burst, make([]byte, 1<<10))
+	}
+	runtime.KeepAlive(burst)
+	burst = nil
+	time.Sleep(3 * loadPoll)
+	if f := free(); f < threshold {
+		t.Fatalf("released while the load held (%d bytes reclaimable)", f)
+	}
+	load.Store(200) // at a quarter of the peak or under: the burst ended
+	deadline := time.Now().Add(10 * time.Second)
+	for free() >= threshold {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still reclaimable 10 s after the burst's end", free())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
