@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,7 +21,8 @@ import (
 // /logging (GET, or POST without a level, shows the level; POST
 // ?level=<lvl> sets it, POST ?reset restores the level the process started
 // with) and the Go profiles under
-// /debug/pprof/ (index, profile?seconds=N for CPU, and every named
+// /debug/pprof/ (index, profile?seconds=N for CPU, trace?seconds=N for the
+// runtime's execution trace (`go tool trace`), and every named
 // profile; heap?gc=1 collects garbage first). Changing state takes POST, as
 // in Istio's ztunnel and Envoy, so a browser cannot change it by following
 // a link.
@@ -28,6 +30,7 @@ func DebugHandlers(mux *http.ServeMux, level zap.AtomicLevel) {
 	mux.Handle("/logging", &logging{level: level, initial: level.Level()})
 	mux.HandleFunc("GET /debug/pprof/", pprofIndex)
 	mux.HandleFunc("GET /debug/pprof/profile", pprofCPU)
+	mux.HandleFunc("GET /debug/pprof/trace", pprofTrace)
 	mux.HandleFunc("GET /debug/pprof/{name}", pprofNamed)
 }
 
@@ -113,12 +116,17 @@ func pprofNamed(w http.ResponseWriter, r *http.Request) {
 }
 
 // pprofCPU records a CPU profile for ?seconds= (default 10, at most 300).
-func pprofCPU(w http.ResponseWriter, r *http.Request) {
+// profileSeconds is a profile request's ?seconds=: default 10, at most 300.
+func profileSeconds(r *http.Request, def int) int {
 	secs, err := strconv.Atoi(r.URL.Query().Get("seconds"))
 	if err != nil || secs <= 0 {
-		secs = 10
+		secs = def
 	}
-	secs = min(secs, 300)
+	return min(secs, 300)
+}
+
+func pprofCPU(w http.ResponseWriter, r *http.Request) {
+	secs := profileSeconds(r, 10)
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", `attachment; filename="profile"`)
 	if err := pprof.StartCPUProfile(w); err != nil {
@@ -131,4 +139,23 @@ func pprofCPU(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	<-ctx.Done()
 	pprof.StopCPUProfile()
+}
+
+// pprofTrace writes the runtime's execution trace for ?seconds= (default
+// 1): what each goroutine waited on and for how long, which a CPU profile
+// cannot show (a request's latency on a mostly idle proxy is waiting).
+func pprofTrace(w http.ResponseWriter, r *http.Request) {
+	secs := profileSeconds(r, 1)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="trace"`)
+	if err := trace.Start(w); err != nil {
+		w.Header().Del("Content-Disposition")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		http.Error(w, "trace: "+err.Error(), http.StatusConflict)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(secs)*time.Second)
+	defer cancel()
+	<-ctx.Done()
+	trace.Stop()
 }

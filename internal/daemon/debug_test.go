@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -27,5 +28,28 @@ func TestPprofHeapGC(t *testing.T) {
 	}
 	if after.NumGC <= before.NumGC {
 		t.Errorf("heap?gc=1 ran no garbage collection (NumGC %d → %d)", before.NumGC, after.NumGC)
+	}
+}
+
+// TestPprofTrace: trace?seconds=1 answers with an execution trace `go tool
+// trace` reads (it starts with the format's header), and a second trace
+// while one runs is refused, not mixed into it.
+func TestPprofTrace(t *testing.T) {
+	mux := http.NewServeMux()
+	DebugHandlers(mux, zap.NewAtomicLevel())
+	second := make(chan *httptest.ResponseRecorder)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/trace?seconds=1", nil))
+		second <- rec
+	}()
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/trace?seconds=1", nil))
+	if rec.Code != 200 || !strings.HasPrefix(rec.Body.String(), "go 1.") {
+		t.Fatalf("trace = %d %.40q", rec.Code, rec.Body.String())
+	}
+	if r := <-second; r.Code != http.StatusConflict {
+		t.Errorf("a second trace during the first = %d, want 409", r.Code)
 	}
 }
