@@ -161,3 +161,43 @@ func TestReleaseMemoryAtBurstEnd(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestReleaseMemoryLeavesABusyProcess: while the process collects by
+// itself the tick does not release (a release would only make the heap
+// grow back); once it has gone quiet for an interval, the tick releases.
+func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
+	forced := func() uint64 {
+		s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ReleaseMemory(ctx, 20*time.Millisecond, 64<<10, nil)
+	}()
+	defer func() { cancel(); <-done }()
+	var sink [][]byte
+	before := forced()
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
+		for range 64 {
+			sink = append(sink, make([]byte, 64<<10))
+		}
+		sink = sink[:0] // garbage: the runtime collects every few MiB
+		time.Sleep(time.Millisecond)
+	}
+	if n := forced() - before; n != 0 {
+		t.Errorf("%d forced collections while the process collected by itself", n)
+	}
+	sink = append(sink, make([]byte, 1<<20)) // garbage left for the quiet release
+	sink = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for forced() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no release 10 s after the process went quiet")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	runtime.KeepAlive(sink)
+}
