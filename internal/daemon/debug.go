@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"html"
+	"io"
 	"net/http"
 	"runtime"
 	"runtime/pprof"
@@ -116,46 +117,36 @@ func pprofNamed(w http.ResponseWriter, r *http.Request) {
 }
 
 // pprofCPU records a CPU profile for ?seconds= (default 10, at most 300).
-// profileSeconds is a profile request's ?seconds=: default 10, at most 300.
-func profileSeconds(r *http.Request, def int) int {
-	secs, err := strconv.Atoi(r.URL.Query().Get("seconds"))
-	if err != nil || secs <= 0 {
-		secs = def
-	}
-	return min(secs, 300)
-}
-
 func pprofCPU(w http.ResponseWriter, r *http.Request) {
-	secs := profileSeconds(r, 10)
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", `attachment; filename="profile"`)
-	if err := pprof.StartCPUProfile(w); err != nil {
-		w.Header().Del("Content-Disposition")
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		http.Error(w, "cpu profile: "+err.Error(), http.StatusConflict)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(secs)*time.Second)
-	defer cancel()
-	<-ctx.Done()
-	pprof.StopCPUProfile()
+	record(w, r, 10, "profile", pprof.StartCPUProfile, pprof.StopCPUProfile)
 }
 
 // pprofTrace writes the runtime's execution trace for ?seconds= (default
 // 1): what each goroutine waited on and for how long, which a CPU profile
 // cannot show (a request's latency on a mostly idle proxy is waiting).
 func pprofTrace(w http.ResponseWriter, r *http.Request) {
-	secs := profileSeconds(r, 1)
+	record(w, r, 1, "trace", trace.Start, trace.Stop)
+}
+
+// record streams what start writes for ?seconds= (def when absent, at most
+// 300) as an attachment named name; a recording already running (start's
+// error) is refused with 409.
+func record(w http.ResponseWriter, r *http.Request, def int, name string, start func(io.Writer) error, stop func()) {
+	secs, err := strconv.Atoi(r.URL.Query().Get("seconds"))
+	if err != nil || secs <= 0 {
+		secs = def
+	}
+	secs = min(secs, 300)
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", `attachment; filename="trace"`)
-	if err := trace.Start(w); err != nil {
+	w.Header().Set("Content-Disposition", `attachment; filename="`+name+`"`)
+	if err := start(w); err != nil {
 		w.Header().Del("Content-Disposition")
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		http.Error(w, "trace: "+err.Error(), http.StatusConflict)
+		http.Error(w, name+": "+err.Error(), http.StatusConflict)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(secs)*time.Second)
 	defer cancel()
 	<-ctx.Done()
-	trace.Stop()
+	stop()
 }
