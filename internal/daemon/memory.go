@@ -48,11 +48,10 @@ import (
 // connections). A burst's end then releases at once: when load has fallen
 // to a quarter of its peak since the last release (a peak of at least
 // burstMin) and stopped falling, checked every loadPoll, rather than at
-// whatever point of the next interval the tick falls. bench/soak's VmRSS
-// slope over its waves moved by thousands of KiB/min either way with the
-// tick's phase against the wave cycle (sometimes released right after a
-// wave's close, sometimes only in the next wave's hold); with the burst's
-// end as the trigger each wave ends at the same released point.
+// whatever point of the next interval the tick falls. Closing a bench/soak
+// wave of 10,000 tunnels makes garbage of its own (VmRSS right after the
+// close above the held peak); with the burst's end as the trigger it is
+// back within half a second, not up to an interval later.
 func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64, load func() int64) {
 	r := newReleaser(threshold)
 	t := time.NewTicker(interval)
