@@ -34,7 +34,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
@@ -380,15 +379,16 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 	before := c.tr.Result()
 	res, ch := c.tr.Update(objs, allocs)
 	if c.mc != nil {
-		// Remote workloads never hold a waypoint (touchesWaypoint) nor a
+		// Remote workloads never hold a waypoint (WaypointConfigsChanged) nor a
 		// placement: PodChanges stay this cluster's.
 		res, ch = c.mc.Merge(res, ch, objs, remotes)
 	}
 	// Waypoint configs (ours, issue 14): rebuilt when a change can touch
-	// them (only when a waypoint Gateway exists); the xDS server pushes
-	// only changed ones. WaypointConfigs scans every address per waypoint,
-	// so a pod change that binds nothing to a waypoint reuses the last ones.
-	wpsChanged := ch.Full || ch.Global || ch.Routes || !c.wpsDone || c.keysChanged || touchesWaypoint(before, ch)
+	// them (translate.WaypointConfigsChanged); the xDS server pushes only
+	// changed ones. A pod change that binds nothing to a waypoint, or a
+	// namespace label flip that changes no bound address, no waypoint and
+	// no policy status, reuses the last ones.
+	wpsChanged := !c.wpsDone || c.keysChanged || translate.WaypointConfigsChanged(before, res, objs, ch)
 	c.keysChanged = false
 	if wpsChanged {
 		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
@@ -563,27 +563,4 @@ func (c *ControlPlane) updatePlacement(prev map[string]map[string]bool, changes 
 		next[node] = set
 	}
 	return next
-}
-
-// touchesWaypoint reports whether an incremental change re-translated an
-// address that is or was bound to a waypoint (the only addresses waypoint
-// configs read).
-func touchesWaypoint(before *translate.Result, ch *translate.Changes) bool {
-	bound := func(a *workloadapi.Address) bool {
-		return a.GetWorkload().GetWaypoint() != nil || a.GetService().GetWaypoint() != nil
-	}
-	for k, a := range ch.Addresses {
-		if bound(a) {
-			return true
-		}
-		if old, ok := before.Addresses.Get(k); ok && bound(old) {
-			return true
-		}
-	}
-	for _, k := range ch.Removed {
-		if old, ok := before.Addresses.Get(k); ok && bound(old) {
-			return true
-		}
-	}
-	return false
 }

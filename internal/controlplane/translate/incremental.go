@@ -116,6 +116,11 @@ type Changes struct {
 	// list client workloads), not when Full. Routes are not translated
 	// into addresses; only waypoint configs (WaypointConfigs) read them.
 	Routes bool
+
+	// waypointInputs: the global unit changed in a way waypoint configs
+	// may read beyond the addresses (WaypointConfigsChanged): a kind
+	// other than Namespace changed, or some waypoint's translation did.
+	waypointInputs bool
 }
 
 // PodChange is one pod's change between two sets.
@@ -240,8 +245,9 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 		old := t
 		t, global = tr.retranslateGlobal(objs, allocs)
 		x = &t.idx
-		tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
+		wpsChanged := tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
 		ch.Global, ch.Reason = true, g.kinds()+" changed"
+		ch.waypointInputs = wpsChanged || !g.onlyNamespaces()
 	}
 	// A Node change redoes the pods on that node, and only when the
 	// locality its labels give changed (status updates change nothing).

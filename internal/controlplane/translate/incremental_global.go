@@ -83,6 +83,11 @@ func (tr *Translator) globalDiff(objs *cluster.Objects, allocs *autoalloc.Alloca
 	return g
 }
 
+// onlyNamespaces: Namespaces are all that changed.
+func (g *globalDiff) onlyNamespaces() bool {
+	return len(g.serviceEntries)+len(g.peerAuthns)+len(g.gateways) == 0 && !g.authzPolicies && !g.requestAuthns && !g.allocs
+}
+
 // kinds names what changed, for Changes.Reason.
 func (g *globalDiff) kinds() string {
 	var k []string
@@ -162,7 +167,9 @@ func (t *translator) translateGlobal() {
 //     Service gets no waypoint);
 //   - RequestAuthentication and the ServiceEntry allocations: nothing
 //     beyond the global unit (they only shape its output and statuses).
-func (tr *Translator) globalDirty(objs *cluster.Objects, old, t *translator, g *globalDiff, dirtyPods, dirtySvc, dirtySlices map[string]bool) {
+//
+// It reports whether a waypoint's translation changed or a Gateway did.
+func (tr *Translator) globalDirty(objs *cluster.Objects, old, t *translator, g *globalDiff, dirtyPods, dirtySvc, dirtySlices map[string]bool) bool {
 	x := &t.idx
 	root := t.cfg.RootNamespace
 	allPods := false
@@ -333,6 +340,7 @@ func (tr *Translator) globalDirty(objs *cluster.Objects, old, t *translator, g *
 			}
 		}
 	}
+	return len(gws) > 0
 }
 
 // nsRange is the part of list, sorted by namespace and name

@@ -1,6 +1,8 @@
 package translate
 
 import (
+	"bytes"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -307,4 +309,72 @@ func (r *Result) policiesOrNil() []PolicyStatus {
 		return nil
 	}
 	return r.Policies
+}
+
+// WaypointConfigsChanged reports whether WaypointConfigs may answer
+// otherwise (configs or statuses) for after than for before, the
+// translation that the incremental change ch (of Update, or of Merge after
+// it) turned into after; objs are after's objects. false only when none of
+// what the configs read changed, so that the caller may keep the configs
+// and statuses it built for before.
+//
+// What WaypointConfigs reads: the waypoints' translation (Gateways,
+// GatewayClasses, their namespace's labels); the addresses bound to a
+// waypoint (of a Workload only what boundTo copies, of a Service all);
+// the policies, RequestAuthentications and their statuses; the routes,
+// VirtualServices, DestinationRules and Telemetry (ch.Routes); every
+// workload while DestinationRules or VirtualService sourceLabels exist
+// (subsets and clients list workloads). A Namespace reaches them only
+// through the addresses it re-translates and the waypoints' translation
+// (network label, allowedRoutes selectors); any other global kind answers
+// true, as does any doubt.
+func WaypointConfigsChanged(before, after *Result, objs *cluster.Objects, ch *Changes) bool {
+	if before == nil || after == nil || objs == nil || ch.Full || ch.Routes || ch.waypointInputs {
+		return true
+	}
+	if ch.Global && (!slices.EqualFunc(before.Policies, after.Policies, samePolicyStatus) ||
+		!maps.EqualFunc(before.WaypointPolicies, after.WaypointPolicies, slices.Equal[[]string])) {
+		return true
+	}
+	everyWorkload := len(objs.DestinationRules) > 0 || anySourceLabels(objs.VirtualServices)
+	// A bound Service's config also reads its Kubernetes object (port
+	// names): an equal translation says enough only when no Service
+	// changed (the same sorted slice).
+	servicesSame := before.services != nil && before.sortedServices(after.services)
+	for k, a := range ch.Addresses {
+		old, ok := before.Addresses.Get(k)
+		switch {
+		case ok && old == a:
+		case everyWorkload && (!ok || !proto.Equal(old, a)):
+			return true
+		case !boundToWaypoint(a) && (!ok || !boundToWaypoint(old)):
+		case !ok || !sameForWaypoint(old, a, servicesSame):
+			return true
+		}
+	}
+	for _, k := range ch.Removed {
+		if old, ok := before.Addresses.Get(k); ok && (everyWorkload || boundToWaypoint(old)) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameForWaypoint: a and b, two translations of one address, give the
+// same waypoint configs: of a Workload, boundTo and addressesByWaypoint
+// read only its waypoint, uid, name, namespace and addresses; a Service
+// must be equal as a whole (routes, ports, telemetry read it), and its
+// Kubernetes Service unchanged (servicesSame), which boundTo also reads.
+func sameForWaypoint(a, b *workloadapi.Address, servicesSame bool) bool {
+	wa, wb := a.GetWorkload(), b.GetWorkload()
+	if wa == nil || wb == nil {
+		return wa == nil && wb == nil && servicesSame && proto.Equal(a, b)
+	}
+	return wa.GetUid() == wb.GetUid() && wa.GetName() == wb.GetName() && wa.GetNamespace() == wb.GetNamespace() &&
+		slices.EqualFunc(wa.GetAddresses(), wb.GetAddresses(), bytes.Equal) && proto.Equal(wa.GetWaypoint(), wb.GetWaypoint())
+}
+
+func samePolicyStatus(a, b PolicyStatus) bool {
+	return a.Kind == b.Kind && a.Name == b.Name && a.Sent == b.Sent && a.Message == b.Message && a.DryRun == b.DryRun &&
+		slices.Equal(a.Invalid, b.Invalid)
 }

@@ -1,0 +1,102 @@
+package controlplane
+
+import (
+	"maps"
+	"reflect"
+	"testing"
+
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
+	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate/synth"
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
+)
+
+// TestNamespaceChangeWaypointConfigs: a namespace change rebuilds the
+// waypoint configs only when it can change one (a bound address, a
+// waypoint's address, a policy status), and then serves what a control
+// plane that translated the new set from scratch serves; a change that
+// touches no waypoint keeps every config (the same objects, not rebuilt).
+func TestNamespaceChangeWaypointConfigs(t *testing.T) {
+	s := synth.Spec{Pods: 400, Namespaces: 20, Nodes: 4, PodsPerService: 4, AmbientEvery: 5}
+	amb := synth.AmbientNamespaces(s)[1]
+	wpKey := synth.NamespaceName(amb) + "/waypoint"
+	const plain = 3 // neither ambient nor with a waypoint
+	if synth.Namespace(s, plain, 0).Labels[translate.LabelUseWaypoint] != "" {
+		t.Fatalf("namespace %d has a waypoint", plain)
+	}
+	// relabel is namespace n at generation gen with labels changed by f.
+	relabel := func(n, gen int, f func(map[string]string)) func(*cluster.Objects) *cluster.Objects {
+		return func(o *cluster.Objects) *cluster.Objects {
+			ns := synth.Namespace(s, n, gen)
+			f(ns.Labels)
+			return synth.With(o, func(o *cluster.Objects) *[]*corev1.Namespace { return &o.Namespaces }, ns)
+		}
+	}
+	keep := func(map[string]string) {}
+	dr := &networkingv1.DestinationRule{
+		ObjectMeta: metav1.ObjectMeta{Name: "subsets", Namespace: synth.NamespaceName(amb)},
+		Spec: networkingv1alpha3.DestinationRule{
+			Host:    synth.DeploymentName(amb) + "." + synth.NamespaceName(amb) + ".svc.cluster.local",
+			Subsets: []*networkingv1alpha3.Subset{{Name: "v1", Labels: map[string]string{"version": "v1"}}},
+		},
+	}
+	steps := []struct {
+		name    string
+		next    func(*cluster.Objects) *cluster.Objects
+		rebuilt bool
+	}{
+		{"unrelated namespace joins the mesh", relabel(plain, 1, keep), false},
+		{"unrelated label on a waypoint's namespace", relabel(amb, 0, func(l map[string]string) { l["team"] = "other" }), false},
+		{"waypoint's namespace leaves the mesh", relabel(amb, 1, keep), false},
+		{"waypoint's namespace back in the mesh", relabel(amb, 2, keep), false},
+		{"use-waypoint removed", relabel(amb, 2, func(l map[string]string) { delete(l, translate.LabelUseWaypoint) }), true},
+		{"unrelated namespace leaves the mesh", relabel(plain, 2, keep), false},
+		{"use-waypoint back", relabel(amb, 2, keep), true},
+		{"network of the waypoint's namespace", relabel(amb, 2, func(l map[string]string) { l[translate.LabelNetwork] = "net-b" }), true},
+		{"network back", relabel(amb, 2, keep), true},
+		// The waypoint admits its own namespace only (allowedRoutes):
+		// nothing binds.
+		{"use-waypoint of another namespace's waypoint", relabel(plain, 2, func(l map[string]string) {
+			l[translate.LabelUseWaypoint], l[translate.LabelUseWaypointNamespace] = "waypoint", synth.NamespaceName(amb)
+		}), false},
+		{"a DestinationRule (its subsets list workloads)", func(o *cluster.Objects) *cluster.Objects {
+			next := *o
+			next.DestinationRules = []*networkingv1.DestinationRule{dr}
+			return &next
+		}, true},
+		{"unrelated namespace while a DestinationRule exists", relabel(plain, 3, keep), true},
+	}
+	objs := synth.Build(s)
+	inc := newLocalControlPlane(t)
+	inc.Apply(objs)
+	if inc.wps[wpKey] == nil {
+		t.Fatalf("no waypoint config %s", wpKey)
+	}
+	for _, st := range steps {
+		prev := maps.Clone(inc.wps)
+		objs = st.next(objs)
+		inc.Apply(objs)
+		if rebuilt := !sameConfigs(prev, inc.wps); rebuilt != st.rebuilt {
+			t.Errorf("%s: configs rebuilt %v, want %v", st.name, rebuilt, st.rebuilt)
+		}
+		full := newLocalControlPlane(t)
+		full.Apply(objs)
+		if got, want := inc.XDS().Versions(xds.WaypointType), full.XDS().Versions(xds.WaypointType); !maps.Equal(got, want) {
+			t.Errorf("%s: waypoint configs served differ from a full translation's:\n got %v\nwant %v", st.name, got, want)
+		}
+		if got, want := inc.Result().Policies, full.Result().Policies; !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: policy statuses differ from a full translation's:\n got %+v\nwant %+v", st.name, got, want)
+		}
+	}
+}
+
+// sameConfigs: b holds the very config objects of a (none rebuilt).
+func sameConfigs(a, b map[string]*waypointapi.Config) bool {
+	return maps.EqualFunc(a, b, func(x, y *waypointapi.Config) bool { return x == y })
+}
