@@ -93,8 +93,9 @@ type Changes struct {
 	// Removed are empty).
 	Full   bool
 	Reason string
-	// Addresses holds the resources re-translated (changed or not), by
-	// name; Removed the names that are gone.
+	// Addresses holds the resources re-translated whose content changed,
+	// by name (a re-translation equal to the current resource keeps that
+	// one, and is not listed); Removed the names that are gone.
 	Addresses map[string]*workloadapi.Address
 	Removed   []string
 	// Pods, Services and EndpointSlices count the objects of each kind
@@ -345,9 +346,10 @@ func (tr *Translator) replace(e *edit, ch *Changes, old, new *unit) bool {
 	changed := false
 	if new != nil {
 		for i, k := range new.keys {
-			e.set(k, new.addrs[i], tr.global != nil && (new == tr.global || old == tr.global))
-			if !ch.Full {
-				ch.Addresses[k] = new.addrs[i]
+			a, changed := e.set(k, new.addrs[i])
+			new.addrs[i] = a
+			if changed && !ch.Full {
+				ch.Addresses[k] = a
 			}
 		}
 		for _, w := range new.warns {
@@ -384,13 +386,15 @@ func (tr *Translator) edit() *edit {
 	return &edit{all: resmap.Edit(tr.addrs), bound: resmap.Edit(tr.bound)}
 }
 
-func (e *edit) set(k string, a *workloadapi.Address, global bool) {
-	if cur, ok := e.all.Get(k); ok && (cur == a || global && proto.Equal(cur, a)) {
-		// Unchanged (a re-translated global unit mostly is): keep the
-		// shards as they are rather than copy one per address. Units of
-		// pods, Services and slices are redone because they changed, so
-		// they are not compared.
-		return
+// set stores a as k unless the resource stored is equal; it returns the
+// resource k holds and whether it changed.
+func (e *edit) set(k string, a *workloadapi.Address) (*workloadapi.Address, bool) {
+	if cur, ok := e.all.Get(k); ok && (cur == a || proto.Equal(cur, a)) {
+		// Unchanged (a re-translated global unit mostly is, and so are
+		// the pods and Services of a namespace whose labels changed in
+		// ways they do not read): keep the resource as it is rather than
+		// copy a shard per address and push it again.
+		return cur, false
 	}
 	e.all.Set(k, a)
 	if boundToWaypoint(a) {
@@ -398,6 +402,7 @@ func (e *edit) set(k string, a *workloadapi.Address, global bool) {
 	} else {
 		e.bound.Delete(k)
 	}
+	return a, true
 }
 
 func (e *edit) delete(k string) {
