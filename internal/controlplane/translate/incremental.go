@@ -244,7 +244,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	var global *unit
 	if g != nil {
 		old := t
-		t, global = tr.retranslateGlobal(objs, allocs)
+		t, global = tr.retranslateGlobal(objs, allocs, !g.authzPolicies)
 		x = &t.idx
 		wpsChanged := tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
 		ch.Global, ch.Reason = true, g.kinds()+" changed"

@@ -109,10 +109,14 @@ func (g *globalDiff) kinds() string {
 // retranslateGlobal builds the translator for objs from the current one:
 // it shares the pod, Service and EndpointSlice indexes (already updated to
 // objs), rebuilds the rest (indexGlobal), and translates the global unit
-// again. The old translator is left as it was, for globalDirty.
-func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations) (*translator, *unit) {
+// again. The old translator is left as it was, for globalDirty. When the
+// AuthorizationPolicies did not change (samePolicies), their conversions
+// cache, selector policies and per-namespace index are the old ones
+// (they read nothing but the policies).
+func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations, samePolicies bool) (*translator, *unit) {
+	old := tr.t
 	t := newTranslator(tr.cfg, objs, allocs)
-	t.idx = tr.t.idx
+	t.idx = old.idx
 	t.indexGlobal()
 	tr.t, tr.allocs = t, allocs.List()
 	tr.targetRefPolicies = false
@@ -120,6 +124,12 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 		if ap.Spec.TargetRef != nil || len(ap.Spec.TargetRefs) > 0 {
 			tr.targetRefPolicies = true
 		}
+	}
+	if samePolicies {
+		t.apCache, t.samePolicies = tr.apCache, old
+		u := tr.unit(t.translateGlobal)
+		t.apCache, t.samePolicies = nil, nil
+		return t, u
 	}
 	t.apCache, t.apNext = tr.apCache, make(map[*securityv1.AuthorizationPolicy]convertedPolicy, len(objs.AuthorizationPolicies))
 	u := tr.unit(t.translateGlobal)
