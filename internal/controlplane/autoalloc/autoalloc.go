@@ -85,6 +85,14 @@ func (a *Allocations) Lookup(ns, name, host string) []netip.Addr {
 	return out
 }
 
+// ListEqual reports whether List would equal list, without copying it.
+func (a *Allocations) ListEqual(list []Allocation) bool {
+	if a == nil {
+		return len(list) == 0
+	}
+	return slices.Equal(a.list, list)
+}
+
 // List returns every allocation sorted by key.
 func (a *Allocations) List() []Allocation {
 	if a == nil {

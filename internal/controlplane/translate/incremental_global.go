@@ -73,7 +73,7 @@ func (tr *Translator) globalDiff(objs *cluster.Objects, allocs *autoalloc.Alloca
 		gateways:       diff(o.Gateways, objs.Gateways),
 		authzPolicies:  changed(o.AuthorizationPolicies, objs.AuthorizationPolicies),
 		requestAuthns:  changed(o.RequestAuthentications, objs.RequestAuthentications),
-		allocs:         !slices.Equal(tr.allocs, allocs.List()),
+		allocs:         !allocs.ListEqual(tr.allocs),
 		anyPeerAuthn:   (len(o.PeerAuthentications) == 0) != (len(objs.PeerAuthentications) == 0),
 	}
 	if len(g.namespaces)+len(g.serviceEntries)+len(g.peerAuthns)+len(g.gateways) == 0 &&
@@ -118,7 +118,10 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 	t := newTranslator(tr.cfg, objs, allocs)
 	t.idx = old.idx
 	t.indexGlobal()
-	tr.t, tr.allocs = t, allocs.List()
+	tr.t = t
+	if !allocs.ListEqual(tr.allocs) {
+		tr.allocs = allocs.List()
+	}
 	tr.targetRefPolicies = false
 	for _, ap := range objs.AuthorizationPolicies {
 		if ap.Spec.TargetRef != nil || len(ap.Spec.TargetRefs) > 0 {
