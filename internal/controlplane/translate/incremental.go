@@ -389,7 +389,7 @@ func (tr *Translator) edit() *edit {
 // set stores a as k unless the resource stored is equal; it returns the
 // resource k holds and whether it changed.
 func (e *edit) set(k string, a *workloadapi.Address) (*workloadapi.Address, bool) {
-	if cur, ok := e.all.Get(k); ok && (cur == a || proto.Equal(cur, a)) {
+	if cur, ok := e.all.Get(k); ok && (cur == a || !differs(cur, a) && proto.Equal(cur, a)) {
 		// Unchanged (a re-translated global unit mostly is, and so are
 		// the pods and Services of a namespace whose labels changed in
 		// ways they do not read): keep the resource as it is rather than
@@ -403,6 +403,22 @@ func (e *edit) set(k string, a *workloadapi.Address) (*workloadapi.Address, bool
 		e.bound.Delete(k)
 	}
 	return a, true
+}
+
+// differs is a cheap first look before proto.Equal: true when a scalar
+// that a change of a pod or Service usually moves differs (a namespace's
+// dataplane mode flips every workload's tunnel protocol). false says
+// nothing.
+func differs(a, b *workloadapi.Address) bool {
+	if wa, wb := a.GetWorkload(), b.GetWorkload(); wa != nil && wb != nil {
+		return wa.GetTunnelProtocol() != wb.GetTunnelProtocol() || wa.GetStatus() != wb.GetStatus() ||
+			wa.GetNetworkMode() != wb.GetNetworkMode() || wa.GetNode() != wb.GetNode() ||
+			len(wa.GetServices()) != len(wb.GetServices()) || len(wa.GetAuthorizationPolicies()) != len(wb.GetAuthorizationPolicies())
+	}
+	if sa, sb := a.GetService(), b.GetService(); sa != nil && sb != nil {
+		return len(sa.GetPorts()) != len(sb.GetPorts()) || len(sa.GetAddresses()) != len(sb.GetAddresses())
+	}
+	return (a.GetWorkload() == nil) != (b.GetWorkload() == nil)
 }
 
 func (e *edit) delete(k string) {
