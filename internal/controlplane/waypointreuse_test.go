@@ -65,6 +65,20 @@ func TestNamespaceChangeWaypointConfigs(t *testing.T) {
 		{"use-waypoint of another namespace's waypoint", relabel(plain, 2, func(l map[string]string) {
 			l[translate.LabelUseWaypoint], l[translate.LabelUseWaypointNamespace] = "waypoint", synth.NamespaceName(amb)
 		}), false},
+		// The port's name is in the config, not in the Service's
+		// address (the protocol, from the name's prefix, stays).
+		{"bound Service's port renamed", func(o *cluster.Objects) *cluster.Objects {
+			for _, svc := range o.Services {
+				if svc.Namespace == synth.NamespaceName(amb) {
+					renamed := svc.DeepCopy()
+					renamed.ResourceVersion = "renamed"
+					renamed.Spec.Ports[0].Name = "http-renamed"
+					return synth.With(o, func(o *cluster.Objects) *[]*corev1.Service { return &o.Services }, renamed)
+				}
+			}
+			t.Fatal("no Service in the waypoint's namespace")
+			return nil
+		}, true},
 		{"a DestinationRule (its subsets list workloads)", func(o *cluster.Objects) *cluster.Objects {
 			next := *o
 			next.DestinationRules = []*networkingv1.DestinationRule{dr}

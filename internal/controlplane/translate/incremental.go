@@ -122,6 +122,12 @@ type Changes struct {
 	// may read beyond the addresses (WaypointConfigsChanged): a kind
 	// other than Namespace changed, or some waypoint's translation did.
 	waypointInputs bool
+	// services: the address keys ("ns/hostname") of the Service objects
+	// that changed (their ports' names shape waypoint configs even when
+	// the address is equal); servicesAddedOrRemoved: one of them came or
+	// went (routes' backendRefs resolve against the Services that exist).
+	services               []string
+	servicesAddedOrRemoved bool
 }
 
 // PodChange is one pod's change between two sets.
@@ -239,6 +245,11 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	}
 	ch := &Changes{Addresses: map[string]*workloadapi.Address{}}
 	ch.Routes = routesCh
+	for _, c := range svcCh {
+		s := c.either()
+		ch.services = append(ch.services, s.Namespace+"/"+t.serviceHostname(s))
+		ch.servicesAddedOrRemoved = ch.servicesAddedOrRemoved || c.old == nil || c.new == nil
+	}
 	// A kind of the global unit changed: translate that unit again and
 	// redo what the change can reach (globalDirty).
 	var global *unit

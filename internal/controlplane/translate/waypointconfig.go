@@ -320,7 +320,9 @@ func (r *Result) policiesOrNil() []PolicyStatus {
 //
 // What WaypointConfigs reads: the waypoints' translation (Gateways,
 // GatewayClasses, their namespace's labels); the addresses bound to a
-// waypoint (of a Workload only what boundTo copies, of a Service all);
+// waypoint (of a Workload only what boundTo copies, of a Service all) and
+// the Kubernetes Services behind them (port names); which Services exist
+// (routes' backendRefs);
 // the policies, RequestAuthentications and their statuses; the routes,
 // VirtualServices, DestinationRules and Telemetry (ch.Routes); every
 // workload while DestinationRules or VirtualService sourceLabels exist
@@ -336,11 +338,21 @@ func WaypointConfigsChanged(before, after *Result, objs *cluster.Objects, ch *Ch
 		!maps.EqualFunc(before.WaypointPolicies, after.WaypointPolicies, slices.Equal[[]string])) {
 		return true
 	}
-	everyWorkload := len(objs.DestinationRules) > 0 || anySourceLabels(objs.VirtualServices)
+	// A route's backendRef resolves only to a Service that exists.
+	if ch.servicesAddedOrRemoved && len(objs.HTTPRoutes)+len(objs.GRPCRoutes)+len(objs.VirtualServices) > 0 {
+		return true
+	}
 	// A bound Service's config also reads its Kubernetes object (port
-	// names): an equal translation says enough only when no Service
-	// changed (the same sorted slice).
-	servicesSame := before.services != nil && before.sortedServices(after.services)
+	// names), which may change while its address stays equal.
+	for _, k := range ch.services {
+		if old, ok := before.Addresses.Get(k); ok && boundToWaypoint(old) {
+			return true
+		}
+		if a, ok := after.Addresses.Get(k); ok && boundToWaypoint(a) {
+			return true
+		}
+	}
+	everyWorkload := len(objs.DestinationRules) > 0 || anySourceLabels(objs.VirtualServices)
 	for k, a := range ch.Addresses {
 		old, ok := before.Addresses.Get(k)
 		switch {
@@ -348,7 +360,7 @@ func WaypointConfigsChanged(before, after *Result, objs *cluster.Objects, ch *Ch
 		case everyWorkload && (!ok || !proto.Equal(old, a)):
 			return true
 		case !boundToWaypoint(a) && (!ok || !boundToWaypoint(old)):
-		case !ok || !sameForWaypoint(old, a, servicesSame):
+		case !ok || !sameForWaypoint(old, a):
 			return true
 		}
 	}
@@ -363,12 +375,12 @@ func WaypointConfigsChanged(before, after *Result, objs *cluster.Objects, ch *Ch
 // sameForWaypoint: a and b, two translations of one address, give the
 // same waypoint configs: of a Workload, boundTo and addressesByWaypoint
 // read only its waypoint, uid, name, namespace and addresses; a Service
-// must be equal as a whole (routes, ports, telemetry read it), and its
-// Kubernetes Service unchanged (servicesSame), which boundTo also reads.
-func sameForWaypoint(a, b *workloadapi.Address, servicesSame bool) bool {
+// must be equal as a whole (routes, ports, telemetry read it; its
+// Kubernetes object's changes are Changes.services).
+func sameForWaypoint(a, b *workloadapi.Address) bool {
 	wa, wb := a.GetWorkload(), b.GetWorkload()
 	if wa == nil || wb == nil {
-		return wa == nil && wb == nil && servicesSame && proto.Equal(a, b)
+		return wa == nil && wb == nil && proto.Equal(a, b)
 	}
 	return wa.GetUid() == wb.GetUid() && wa.GetName() == wb.GetName() && wa.GetNamespace() == wb.GetNamespace() &&
 		slices.EqualFunc(wa.GetAddresses(), wb.GetAddresses(), bytes.Equal) && proto.Equal(wa.GetWaypoint(), wb.GetWaypoint())
