@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"bytes"
 	"runtime"
 	"slices"
 	"sort"
@@ -74,6 +75,8 @@ type Translator struct {
 
 	scratchA map[string]*workloadapi.Address
 	scratchW map[string]bool
+	// eqBuf: encodings of two addresses being compared (edit.set).
+	eqBuf [2][]byte
 	// parallelMin is the pod count from which a full translation uses
 	// every CPU (parallelPodsMin; tests lower it).
 	parallelMin int
@@ -391,16 +394,17 @@ func (tr *Translator) replace(e *edit, ch *Changes, old, new *unit) bool {
 // waypoint.
 type edit struct {
 	all, bound *resmap.Editor[*workloadapi.Address]
+	buf        *[2][]byte
 }
 
 func (tr *Translator) edit() *edit {
-	return &edit{all: resmap.Edit(tr.addrs), bound: resmap.Edit(tr.bound)}
+	return &edit{all: resmap.Edit(tr.addrs), bound: resmap.Edit(tr.bound), buf: &tr.eqBuf}
 }
 
 // set stores a as k unless the resource stored is equal; it returns the
 // resource k holds and whether it changed.
 func (e *edit) set(k string, a *workloadapi.Address) (*workloadapi.Address, bool) {
-	if cur, ok := e.all.Get(k); ok && (cur == a || !differs(cur, a) && proto.Equal(cur, a)) {
+	if cur, ok := e.all.Get(k); ok && (cur == a || !differs(cur, a) && e.equal(cur, a)) {
 		// Unchanged (a re-translated global unit mostly is, and so are
 		// the pods and Services of a namespace whose labels changed in
 		// ways they do not read): keep the resource as it is rather than
@@ -416,7 +420,23 @@ func (e *edit) set(k string, a *workloadapi.Address) (*workloadapi.Address, bool
 	return a, true
 }
 
-// differs is a cheap first look before proto.Equal: true when a scalar
+// equal: a and b have the same deterministic encoding (then they are the
+// same resource to every reader; the generated encoder is several times
+// cheaper than proto.Equal's reflection, and the buffers are reused).
+// An address that cannot be encoded is not equal to anything.
+func (e *edit) equal(a, b *workloadapi.Address) bool {
+	opts := proto.MarshalOptions{Deterministic: true}
+	var err error
+	if e.buf[0], err = opts.MarshalAppend(e.buf[0][:0], a); err != nil {
+		return false
+	}
+	if e.buf[1], err = opts.MarshalAppend(e.buf[1][:0], b); err != nil {
+		return false
+	}
+	return bytes.Equal(e.buf[0], e.buf[1])
+}
+
+// differs is a cheap first look before comparing encodings (equal): true when a scalar
 // that a change of a pod or Service usually moves differs (a namespace's
 // dataplane mode flips every workload's tunnel protocol). false says
 // nothing.
