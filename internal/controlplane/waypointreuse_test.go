@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"fmt"
 	"maps"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 
@@ -113,4 +115,61 @@ func TestNamespaceChangeWaypointConfigs(t *testing.T) {
 // sameConfigs: b holds the very config objects of a (none rebuilt).
 func sameConfigs(a, b map[string]*waypointapi.Config) bool {
 	return maps.EqualFunc(a, b, func(x, y *waypointapi.Config) bool { return x == y })
+}
+
+// TestRandomNamespaceChangesWaypointConfigs: after every one of a random
+// sequence of namespace label changes (dataplane mode, use-waypoint of
+// this or another namespace's waypoint, network, an unread label) and pod
+// changes, the waypoint configs and policy statuses served equal those of
+// a control plane that translated the set from scratch, whether they were
+// rebuilt or kept.
+func TestRandomNamespaceChangesWaypointConfigs(t *testing.T) {
+	s := synth.Spec{Pods: 400, Namespaces: 20, Nodes: 4, PodsPerService: 4, AmbientEvery: 5}
+	ambient := synth.AmbientNamespaces(s)
+	rnd := rand.New(rand.NewPCG(29, 1))
+	objs := synth.Build(s)
+	inc := newLocalControlPlane(t)
+	inc.Apply(objs)
+	kept := 0
+	for step := range 120 {
+		var what string
+		if rnd.IntN(5) == 0 {
+			i := rnd.IntN(s.Pods)
+			what = fmt.Sprintf("pod %d", i)
+			objs = synth.WithPod(objs, s, i, step+1)
+		} else {
+			n := rnd.IntN(s.Namespaces)
+			ns := synth.Namespace(s, n, rnd.IntN(2))
+			switch rnd.IntN(5) {
+			case 0:
+				delete(ns.Labels, translate.LabelUseWaypoint)
+			case 1:
+				w := ambient[rnd.IntN(len(ambient))]
+				ns.Labels[translate.LabelUseWaypoint], ns.Labels[translate.LabelUseWaypointNamespace] = "waypoint", synth.NamespaceName(w)
+			case 2:
+				ns.Labels[translate.LabelNetwork] = fmt.Sprintf("net-%d", rnd.IntN(2))
+			case 3:
+				ns.Labels["team"] = fmt.Sprintf("t%d", rnd.IntN(3))
+			}
+			what = fmt.Sprintf("namespace %s %v", ns.Name, ns.Labels)
+			objs = synth.With(objs, func(o *cluster.Objects) *[]*corev1.Namespace { return &o.Namespaces }, ns)
+		}
+		prev := maps.Clone(inc.wps)
+		inc.Apply(objs)
+		if sameConfigs(prev, inc.wps) {
+			kept++
+		}
+		full := newLocalControlPlane(t)
+		full.Apply(objs)
+		if got, want := inc.XDS().Versions(xds.WaypointType), full.XDS().Versions(xds.WaypointType); !maps.Equal(got, want) {
+			t.Fatalf("step %d (%s): waypoint configs served differ from a full translation's", step, what)
+		}
+		if got, want := inc.Result().Policies, full.Result().Policies; !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d (%s): policy statuses differ from a full translation's", step, what)
+		}
+	}
+	if kept == 0 {
+		t.Errorf("no change kept the configs; the test checks nothing of keeping them")
+	}
+	t.Logf("%d of 120 changes kept the configs", kept)
 }
