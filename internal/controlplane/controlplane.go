@@ -379,19 +379,30 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 	before := c.tr.Result()
 	res, ch := c.tr.Update(objs, allocs)
 	if c.mc != nil {
-		// Remote workloads never hold a waypoint (WaypointConfigsChanged) nor a
+		// Remote workloads never hold a waypoint (WaypointConfigsAffected) nor a
 		// placement: PodChanges stay this cluster's.
 		res, ch = c.mc.Merge(res, ch, objs, remotes)
 	}
-	// Waypoint configs (ours, issue 14): rebuilt when a change can touch
-	// them (translate.WaypointConfigsChanged); the xDS server pushes only
-	// changed ones. A pod change that binds nothing to a waypoint, or a
-	// namespace label flip that changes no bound address, no waypoint and
-	// no policy status, reuses the last ones.
-	wpsChanged := !c.wpsDone || c.keysChanged || translate.WaypointConfigsChanged(before, res, objs, ch)
+	// Waypoint configs (ours, issue 14): only those a change can touch
+	// are rebuilt (translate.WaypointConfigsAffected); the xDS server
+	// pushes only changed ones. A pod change that binds nothing to a
+	// waypoint, or a namespace label flip that changes no bound address,
+	// no waypoint and no policy status, keeps them all; one that changes
+	// what is bound to some waypoints rebuilds theirs, or all of them
+	// when the statuses gather every config (UpdateWaypointConfigs).
+	wc := translate.WaypointChange{All: true}
+	if c.wpsDone && !c.keysChanged {
+		wc = translate.WaypointConfigsAffected(before, res, objs, ch)
+	}
 	c.keysChanged = false
+	wpsChanged, wpsWhole := !wc.None(), true
+	prevWps := c.wps
 	if wpsChanged {
-		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
+		if wps, st, ok := translate.UpdateWaypointConfigs(c.cfg.Translate, objs, res, c.wps, wc); ok {
+			c.wps, c.wpsPolicies, wpsWhole = wps, st, false
+		} else {
+			c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
+		}
 		c.wpsDone = true
 	}
 	if wpStatus := c.wpsPolicies; wpStatus != nil {
@@ -454,12 +465,28 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 		}
 		c.xds.UpdateResources(xds.AddressType, up, ch.Removed)
 	}
-	if wpsChanged {
+	switch {
+	case wpsChanged && wpsWhole:
 		wpm := make(map[string]proto.Message, len(c.wps))
 		for k, v := range c.wps {
 			wpm[k] = v
 		}
 		c.xds.SetResources(xds.WaypointType, wpm)
+	case wpsChanged:
+		// Only the configs rebuilt (new objects) and those gone.
+		up := map[string]proto.Message{}
+		for k, v := range c.wps {
+			if prevWps[k] != v {
+				up[k] = v
+			}
+		}
+		var gone []string
+		for k := range prevWps {
+			if _, ok := c.wps[k]; !ok {
+				gone = append(gone, k)
+			}
+		}
+		c.xds.UpdateResources(xds.WaypointType, up, gone)
 	}
 	c.syncedOnce.Do(func() { close(c.synced) })
 

@@ -122,7 +122,7 @@ type Changes struct {
 	Routes bool
 
 	// waypointInputs: the global unit changed in a way waypoint configs
-	// may read beyond the addresses (WaypointConfigsChanged): a kind
+	// may read beyond the addresses (WaypointConfigsAffected): a kind
 	// other than Namespace changed, or some waypoint's translation did.
 	waypointInputs bool
 	// services: the address keys ("ns/hostname") of the Service objects
