@@ -258,7 +258,8 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	var global *unit
 	if g != nil {
 		old := t
-		t, global = tr.retranslateGlobal(objs, allocs, !g.authzPolicies)
+		t, global = tr.retranslateGlobal(objs, allocs, !g.authzPolicies,
+			len(g.peerAuthns) == 0 && !g.anyPeerAuthn && !g.requestAuthns)
 		x = &t.idx
 		wpsChanged := tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
 		ch.Global, ch.Reason = true, g.kinds()+" changed"

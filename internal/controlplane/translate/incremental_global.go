@@ -113,7 +113,7 @@ func (g *globalDiff) kinds() string {
 // AuthorizationPolicies did not change (samePolicies), their conversions
 // cache, selector policies and per-namespace index are the old ones
 // (they read nothing but the policies).
-func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations, samePolicies bool) (*translator, *unit) {
+func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations, samePolicies, sameAuthz bool) (*translator, *unit) {
 	old := tr.t
 	t := newTranslator(tr.cfg, objs, allocs)
 	t.idx = old.idx
@@ -130,8 +130,11 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 	}
 	if samePolicies {
 		t.apCache, t.samePolicies = tr.apCache, old
+		if sameAuthz && !tr.targetRefPolicies && len(objs.RequestAuthentications) == 0 {
+			t.sameAuthz = old
+		}
 		u := tr.unit(t.translateGlobal)
-		t.apCache, t.samePolicies = nil, nil
+		t.apCache, t.samePolicies, t.sameAuthz = nil, nil, nil
 		return t, u
 	}
 	t.apCache, t.apNext = tr.apCache, make(map[*securityv1.AuthorizationPolicy]convertedPolicy, len(objs.AuthorizationPolicies))
@@ -143,14 +146,44 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 // translateGlobal translates the kinds that make up the global unit.
 func (t *translator) translateGlobal() {
 	t.translateWaypoints()
-	t.translateAuthorizationPolicies()
-	t.translatePeerAuthentications()
-	t.translateRequestAuthentications()
-	t.indexPolicies()
+	t.translatePolicies()
 	t.translateServiceEntries()
 	t.translateExternalNames()
 	t.translateWorkloadEntries()
 	t.translateServiceEntryEndpoints()
+}
+
+// translatePolicies translates the AuthorizationPolicies,
+// PeerAuthentications and RequestAuthentications, or, with sameAuthz,
+// takes what that translator made of the same ones: they read nothing
+// else that a change of the global unit can move (no targetRefs, which
+// read waypoints and Services; no RequestAuthentication, whose status
+// reads fetched keys), so the Authorizations map (never written after
+// this), the PeerAuthentication index, the selector policies, statuses
+// and warnings are the same.
+func (t *translator) translatePolicies() {
+	if o := t.sameAuthz; o != nil {
+		t.authz, t.pa = o.authz, o.pa
+		t.selectorPolicies, t.idx.policiesByNs = o.selectorPolicies, o.idx.policiesByNs
+		t.policyStatuses, t.policyWarns = o.policyStatuses, o.policyWarns
+		t.policies = append(t.policies, o.policyStatuses...)
+		for _, w := range o.policyWarns {
+			t.warnings[w] = true
+		}
+		return
+	}
+	outer, n := t.warnings, len(t.policies)
+	t.warnings = map[string]bool{}
+	t.translateAuthorizationPolicies()
+	t.translatePeerAuthentications()
+	t.translateRequestAuthentications()
+	t.indexPolicies()
+	t.policyStatuses = slices.Clone(t.policies[n:])
+	for w := range t.warnings {
+		t.policyWarns = append(t.policyWarns, w)
+		outer[w] = true
+	}
+	t.warnings = outer
 }
 
 // globalDirty marks the pods, Services and EndpointSlices whose
