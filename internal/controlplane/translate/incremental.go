@@ -361,9 +361,9 @@ func (tr *Translator) replace(e *edit, ch *Changes, old, new *unit) bool {
 	changed := false
 	if new != nil {
 		for i, k := range new.keys {
-			a, changed := e.set(k, new.addrs[i])
+			a, stored := e.set(k, new.addrs[i])
 			new.addrs[i] = a
-			if changed && !ch.Full {
+			if stored && !ch.Full {
 				ch.Addresses[k] = a
 			}
 		}
