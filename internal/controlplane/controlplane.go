@@ -34,7 +34,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
-	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/autoalloc"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
@@ -380,18 +379,30 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 	before := c.tr.Result()
 	res, ch := c.tr.Update(objs, allocs)
 	if c.mc != nil {
-		// Remote workloads never hold a waypoint (touchesWaypoint) nor a
+		// Remote workloads never hold a waypoint (WaypointConfigsAffected) nor a
 		// placement: PodChanges stay this cluster's.
 		res, ch = c.mc.Merge(res, ch, objs, remotes)
 	}
-	// Waypoint configs (ours, issue 14): rebuilt when a change can touch
-	// them (only when a waypoint Gateway exists); the xDS server pushes
-	// only changed ones. WaypointConfigs scans every address per waypoint,
-	// so a pod change that binds nothing to a waypoint reuses the last ones.
-	wpsChanged := ch.Full || ch.Global || ch.Routes || !c.wpsDone || c.keysChanged || touchesWaypoint(before, ch)
+	// Waypoint configs (ours, issue 14): only those a change can touch
+	// are rebuilt (translate.WaypointConfigsAffected); the xDS server
+	// pushes only changed ones. A pod change that binds nothing to a
+	// waypoint, or a namespace label flip that changes no bound address,
+	// no waypoint and no policy status, keeps them all; one that changes
+	// what is bound to some waypoints rebuilds theirs, or all of them
+	// when the statuses gather every config (UpdateWaypointConfigs).
+	wc := translate.WaypointChange{All: true}
+	if c.wpsDone && !c.keysChanged {
+		wc = translate.WaypointConfigsAffected(before, res, objs, ch)
+	}
 	c.keysChanged = false
+	wpsChanged, wpsWhole := !wc.None(), true
+	prevWps := c.wps
 	if wpsChanged {
-		c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
+		if wps, st, ok := translate.UpdateWaypointConfigs(c.cfg.Translate, objs, res, c.wps, wc); ok {
+			c.wps, c.wpsPolicies, wpsWhole = wps, st, false
+		} else {
+			c.wps, c.wpsPolicies = translate.WaypointConfigs(c.cfg.Translate, objs, res)
+		}
 		c.wpsDone = true
 	}
 	if wpStatus := c.wpsPolicies; wpStatus != nil {
@@ -454,12 +465,28 @@ func (c *ControlPlane) apply(objs *cluster.Objects, remotes []translate.RemoteCl
 		}
 		c.xds.UpdateResources(xds.AddressType, up, ch.Removed)
 	}
-	if wpsChanged {
+	switch {
+	case wpsChanged && wpsWhole:
 		wpm := make(map[string]proto.Message, len(c.wps))
 		for k, v := range c.wps {
 			wpm[k] = v
 		}
 		c.xds.SetResources(xds.WaypointType, wpm)
+	case wpsChanged:
+		// Only the configs rebuilt (new objects) and those gone.
+		up := map[string]proto.Message{}
+		for k, v := range c.wps {
+			if prevWps[k] != v {
+				up[k] = v
+			}
+		}
+		var gone []string
+		for k := range prevWps {
+			if _, ok := c.wps[k]; !ok {
+				gone = append(gone, k)
+			}
+		}
+		c.xds.UpdateResources(xds.WaypointType, up, gone)
 	}
 	c.syncedOnce.Do(func() { close(c.synced) })
 
@@ -563,27 +590,4 @@ func (c *ControlPlane) updatePlacement(prev map[string]map[string]bool, changes 
 		next[node] = set
 	}
 	return next
-}
-
-// touchesWaypoint reports whether an incremental change re-translated an
-// address that is or was bound to a waypoint (the only addresses waypoint
-// configs read).
-func touchesWaypoint(before *translate.Result, ch *translate.Changes) bool {
-	bound := func(a *workloadapi.Address) bool {
-		return a.GetWorkload().GetWaypoint() != nil || a.GetService().GetWaypoint() != nil
-	}
-	for k, a := range ch.Addresses {
-		if bound(a) {
-			return true
-		}
-		if old, ok := before.Addresses.Get(k); ok && bound(old) {
-			return true
-		}
-	}
-	for _, k := range ch.Removed {
-		if old, ok := before.Addresses.Get(k); ok && bound(old) {
-			return true
-		}
-	}
-	return false
 }

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -84,6 +85,14 @@ func (a *Allocations) Lookup(ns, name, host string) []netip.Addr {
 	return out
 }
 
+// ListEqual reports whether List would equal list, without copying it.
+func (a *Allocations) ListEqual(list []Allocation) bool {
+	if a == nil {
+		return len(list) == 0
+	}
+	return slices.Equal(a.list, list)
+}
+
 // List returns every allocation sorted by key.
 func (a *Allocations) List() []Allocation {
 	if a == nil {
@@ -119,6 +128,20 @@ type Allocator struct {
 	mu    sync.Mutex
 	state State
 	dirty bool // state differs from what the store holds
+	// last is the latest Allocate that succeeded, for the next one with
+	// the same input (most control-plane changes touch no ServiceEntry).
+	last *allocateMemo
+}
+
+// allocateMemo is one successful Allocate: the ServiceEntries (immutable
+// objects, compared by pointer), the gate's answer, and the result. The
+// state after it is what the same input computes again (it keeps every
+// address it holds and needs no new one), so the same input gives the
+// same result until the state changes, which only Allocate does.
+type allocateMemo struct {
+	ses         []*networkingv1.ServiceEntry
+	mayAllocate bool
+	res         *Allocations
 }
 
 // New creates an allocator and loads the store's state. A state file that
@@ -203,6 +226,11 @@ func (a *Allocator) Allocate(ses []*networkingv1.ServiceEntry) (*Allocations, er
 	if g, ok := a.store.(Gate); ok {
 		mayAllocate = g.MayAllocate()
 	}
+
+	if m := a.last; m != nil && m.mayAllocate == mayAllocate && slices.Equal(m.ses, ses) {
+		return m.res, nil
+	}
+	a.last = nil
 
 	sorted := append([]*networkingv1.ServiceEntry(nil), ses...)
 	sort.SliceStable(sorted, func(i, j int) bool { return olderThan(sorted[i], sorted[j]) })
@@ -310,6 +338,9 @@ func (a *Allocator) Allocate(ses []*networkingv1.ServiceEntry) (*Allocations, er
 		} else {
 			a.dirty = false
 		}
+	}
+	if len(errs) == 0 { // a failed Save or exhaustion is tried again
+		a.last = &allocateMemo{ses: slices.Clone(ses), mayAllocate: mayAllocate, res: res}
 	}
 	return res, errors.Join(errs...)
 }

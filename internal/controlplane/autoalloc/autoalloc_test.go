@@ -218,3 +218,53 @@ func TestReservedCIDRSkipped(t *testing.T) {
 		t.Errorf("a.com = %s %s, want the first addresses after the reserved CIDRs", v4, v6)
 	}
 }
+
+// flakyStore fails its first Save.
+type flakyStore struct {
+	st    State
+	saves int
+}
+
+func (f *flakyStore) Load() (State, error) { return f.st, nil }
+func (f *flakyStore) Save(st State) error {
+	if f.saves++; f.saves == 1 {
+		return errors.New("disk full")
+	}
+	f.st = st
+	return nil
+}
+
+// TestSameInputSameResult: Allocate with the ServiceEntries of the last
+// successful call returns that result as it is (no work, no new
+// allocation); a call that failed to save is not remembered (the next one
+// saves), and a changed ServiceEntry is allocated for again.
+func TestSameInputSameResult(t *testing.T) {
+	store := &flakyStore{}
+	al, err := New(Config{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := se("ns", "a", 1, dns, "a.example"), se("ns", "b", 2, dns, "b.example")
+	first, err := al.Allocate([]*networkingv1.ServiceEntry{a, b})
+	if err == nil {
+		t.Fatal("first Save failed, but Allocate reported no error")
+	}
+	again := mustAllocate(t, al, a, b)
+	if store.saves != 2 || store.st.Allocations == nil {
+		t.Fatalf("after a failed Save, the same input saved %d times in all (state %v), want it saved again", store.saves, store.st)
+	}
+	if first.Lookup("ns", "a", "a.example")[0] != again.Lookup("ns", "a", "a.example")[0] {
+		t.Errorf("the same input got other addresses after a failed Save")
+	}
+	if third := mustAllocate(t, al, a, b); third != again || store.saves != 2 {
+		t.Errorf("the same input again: a new result (%v) or a Save (%d in all); want the last result as it is", third != again, store.saves)
+	}
+	c := se("ns", "c", 3, dns, "c.example")
+	next := mustAllocate(t, al, a, b, c)
+	if next == again || len(next.Lookup("ns", "c", "c.example")) != 2 {
+		t.Fatalf("a new ServiceEntry got %v", next.Lookup("ns", "c", "c.example"))
+	}
+	if v4, _ := lookup(t, next, "ns", "a", "a.example"); v4 != again.Lookup("ns", "a", "a.example")[0].String() {
+		t.Errorf("a's address moved to %s when c appeared", v4)
+	}
+}

@@ -70,11 +70,15 @@ func (t *translator) translateAuthorizationPolicies() {
 		st.Message = strings.Join(msgs, "; ")
 		t.policies = append(t.policies, st)
 		t.authz[key] = out
-		if out.Scope == securityapi.Scope_WORKLOAD_SELECTOR {
+		if out.Scope == securityapi.Scope_WORKLOAD_SELECTOR && t.samePolicies == nil {
 			t.selectorPolicies = append(t.selectorPolicies, selectorPolicy{
 				namespace: ap.Namespace, key: key, selector: ap.Spec.Selector.GetMatchLabels(),
 			})
 		}
+	}
+	if t.samePolicies != nil {
+		// The same policies select the same workloads (read only).
+		t.selectorPolicies = t.samePolicies.selectorPolicies
 	}
 }
 

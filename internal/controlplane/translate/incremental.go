@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"bytes"
 	"runtime"
 	"slices"
 	"sort"
@@ -74,6 +75,8 @@ type Translator struct {
 
 	scratchA map[string]*workloadapi.Address
 	scratchW map[string]bool
+	// eqBuf: encodings of two addresses being compared (edit.set).
+	eqBuf [2][]byte
 	// parallelMin is the pod count from which a full translation uses
 	// every CPU (parallelPodsMin; tests lower it).
 	parallelMin int
@@ -93,8 +96,9 @@ type Changes struct {
 	// Removed are empty).
 	Full   bool
 	Reason string
-	// Addresses holds the resources re-translated (changed or not), by
-	// name; Removed the names that are gone.
+	// Addresses holds the resources re-translated whose content changed,
+	// by name (a re-translation equal to the current resource keeps that
+	// one, and is not listed); Removed the names that are gone.
 	Addresses map[string]*workloadapi.Address
 	Removed   []string
 	// Pods, Services and EndpointSlices count the objects of each kind
@@ -116,6 +120,17 @@ type Changes struct {
 	// list client workloads), not when Full. Routes are not translated
 	// into addresses; only waypoint configs (WaypointConfigs) read them.
 	Routes bool
+
+	// waypointInputs: the global unit changed in a way waypoint configs
+	// may read beyond the addresses (WaypointConfigsAffected): a kind
+	// other than Namespace changed, or some waypoint's translation did.
+	waypointInputs bool
+	// services: the address keys ("ns/hostname") of the Service objects
+	// that changed (their ports' names shape waypoint configs even when
+	// the address is equal); servicesAddedOrRemoved: one of them came or
+	// went (routes' backendRefs resolve against the Services that exist).
+	services               []string
+	servicesAddedOrRemoved bool
 }
 
 // PodChange is one pod's change between two sets.
@@ -233,15 +248,22 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	}
 	ch := &Changes{Addresses: map[string]*workloadapi.Address{}}
 	ch.Routes = routesCh
+	for _, c := range svcCh {
+		s := c.either()
+		ch.services = append(ch.services, s.Namespace+"/"+t.serviceHostname(s))
+		ch.servicesAddedOrRemoved = ch.servicesAddedOrRemoved || c.old == nil || c.new == nil
+	}
 	// A kind of the global unit changed: translate that unit again and
 	// redo what the change can reach (globalDirty).
 	var global *unit
 	if g != nil {
 		old := t
-		t, global = tr.retranslateGlobal(objs, allocs)
+		t, global = tr.retranslateGlobal(objs, allocs, !g.authzPolicies,
+			len(g.peerAuthns) == 0 && !g.anyPeerAuthn && !g.requestAuthns)
 		x = &t.idx
-		tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
+		wpsChanged := tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
 		ch.Global, ch.Reason = true, g.kinds()+" changed"
+		ch.waypointInputs = wpsChanged || !g.onlyNamespaces()
 	}
 	// A Node change redoes the pods on that node, and only when the
 	// locality its labels give changed (status updates change nothing).
@@ -339,9 +361,10 @@ func (tr *Translator) replace(e *edit, ch *Changes, old, new *unit) bool {
 	changed := false
 	if new != nil {
 		for i, k := range new.keys {
-			e.set(k, new.addrs[i], tr.global != nil && (new == tr.global || old == tr.global))
-			if !ch.Full {
-				ch.Addresses[k] = new.addrs[i]
+			a, stored := e.set(k, new.addrs[i])
+			new.addrs[i] = a
+			if stored && !ch.Full {
+				ch.Addresses[k] = a
 			}
 		}
 		for _, w := range new.warns {
@@ -372,19 +395,22 @@ func (tr *Translator) replace(e *edit, ch *Changes, old, new *unit) bool {
 // waypoint.
 type edit struct {
 	all, bound *resmap.Editor[*workloadapi.Address]
+	buf        *[2][]byte
 }
 
 func (tr *Translator) edit() *edit {
-	return &edit{all: resmap.Edit(tr.addrs), bound: resmap.Edit(tr.bound)}
+	return &edit{all: resmap.Edit(tr.addrs), bound: resmap.Edit(tr.bound), buf: &tr.eqBuf}
 }
 
-func (e *edit) set(k string, a *workloadapi.Address, global bool) {
-	if cur, ok := e.all.Get(k); ok && (cur == a || global && proto.Equal(cur, a)) {
-		// Unchanged (a re-translated global unit mostly is): keep the
-		// shards as they are rather than copy one per address. Units of
-		// pods, Services and slices are redone because they changed, so
-		// they are not compared.
-		return
+// set stores a as k unless the resource stored is equal; it returns the
+// resource k holds and whether it changed.
+func (e *edit) set(k string, a *workloadapi.Address) (*workloadapi.Address, bool) {
+	if cur, ok := e.all.Get(k); ok && (cur == a || !differs(cur, a) && e.equal(cur, a)) {
+		// Unchanged (a re-translated global unit mostly is, and so are
+		// the pods and Services of a namespace whose labels changed in
+		// ways they do not read): keep the resource as it is rather than
+		// copy a shard per address and push it again.
+		return cur, false
 	}
 	e.all.Set(k, a)
 	if boundToWaypoint(a) {
@@ -392,6 +418,39 @@ func (e *edit) set(k string, a *workloadapi.Address, global bool) {
 	} else {
 		e.bound.Delete(k)
 	}
+	return a, true
+}
+
+// equal: a and b have the same deterministic encoding (then they are the
+// same resource to every reader; the generated encoder is several times
+// cheaper than proto.Equal's reflection, and the buffers are reused).
+// An address that cannot be encoded is not equal to anything.
+func (e *edit) equal(a, b *workloadapi.Address) bool {
+	opts := proto.MarshalOptions{Deterministic: true}
+	var err error
+	if e.buf[0], err = opts.MarshalAppend(e.buf[0][:0], a); err != nil {
+		return false
+	}
+	if e.buf[1], err = opts.MarshalAppend(e.buf[1][:0], b); err != nil {
+		return false
+	}
+	return bytes.Equal(e.buf[0], e.buf[1])
+}
+
+// differs is a cheap first look before comparing encodings (equal): true when a scalar
+// that a change of a pod or Service usually moves differs (a namespace's
+// dataplane mode flips every workload's tunnel protocol). false says
+// nothing.
+func differs(a, b *workloadapi.Address) bool {
+	if wa, wb := a.GetWorkload(), b.GetWorkload(); wa != nil && wb != nil {
+		return wa.GetTunnelProtocol() != wb.GetTunnelProtocol() || wa.GetStatus() != wb.GetStatus() ||
+			wa.GetNetworkMode() != wb.GetNetworkMode() || wa.GetNode() != wb.GetNode() ||
+			len(wa.GetServices()) != len(wb.GetServices()) || len(wa.GetAuthorizationPolicies()) != len(wb.GetAuthorizationPolicies())
+	}
+	if sa, sb := a.GetService(), b.GetService(); sa != nil && sb != nil {
+		return len(sa.GetPorts()) != len(sb.GetPorts()) || len(sa.GetAddresses()) != len(sb.GetAddresses())
+	}
+	return (a.GetWorkload() == nil) != (b.GetWorkload() == nil)
 }
 
 func (e *edit) delete(k string) {

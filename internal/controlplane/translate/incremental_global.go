@@ -73,7 +73,7 @@ func (tr *Translator) globalDiff(objs *cluster.Objects, allocs *autoalloc.Alloca
 		gateways:       diff(o.Gateways, objs.Gateways),
 		authzPolicies:  changed(o.AuthorizationPolicies, objs.AuthorizationPolicies),
 		requestAuthns:  changed(o.RequestAuthentications, objs.RequestAuthentications),
-		allocs:         !slices.Equal(tr.allocs, allocs.List()),
+		allocs:         !allocs.ListEqual(tr.allocs),
 		anyPeerAuthn:   (len(o.PeerAuthentications) == 0) != (len(objs.PeerAuthentications) == 0),
 	}
 	if len(g.namespaces)+len(g.serviceEntries)+len(g.peerAuthns)+len(g.gateways) == 0 &&
@@ -81,6 +81,11 @@ func (tr *Translator) globalDiff(objs *cluster.Objects, allocs *autoalloc.Alloca
 		return nil
 	}
 	return g
+}
+
+// onlyNamespaces: Namespaces are all that changed.
+func (g *globalDiff) onlyNamespaces() bool {
+	return len(g.serviceEntries)+len(g.peerAuthns)+len(g.gateways) == 0 && !g.authzPolicies && !g.requestAuthns && !g.allocs
 }
 
 // kinds names what changed, for Changes.Reason.
@@ -104,17 +109,33 @@ func (g *globalDiff) kinds() string {
 // retranslateGlobal builds the translator for objs from the current one:
 // it shares the pod, Service and EndpointSlice indexes (already updated to
 // objs), rebuilds the rest (indexGlobal), and translates the global unit
-// again. The old translator is left as it was, for globalDirty.
-func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations) (*translator, *unit) {
+// again. The old translator is left as it was, for globalDirty. When the
+// AuthorizationPolicies did not change (samePolicies), their conversions
+// cache, selector policies and per-namespace index are the old ones
+// (they read nothing but the policies).
+func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations, samePolicies, sameAuthz bool) (*translator, *unit) {
+	old := tr.t
 	t := newTranslator(tr.cfg, objs, allocs)
-	t.idx = tr.t.idx
+	t.idx = old.idx
 	t.indexGlobal()
-	tr.t, tr.allocs = t, allocs.List()
+	tr.t = t
+	if !allocs.ListEqual(tr.allocs) {
+		tr.allocs = allocs.List()
+	}
 	tr.targetRefPolicies = false
 	for _, ap := range objs.AuthorizationPolicies {
 		if ap.Spec.TargetRef != nil || len(ap.Spec.TargetRefs) > 0 {
 			tr.targetRefPolicies = true
 		}
+	}
+	if samePolicies {
+		t.apCache, t.samePolicies = tr.apCache, old
+		if sameAuthz && !tr.targetRefPolicies && len(objs.RequestAuthentications) == 0 {
+			t.sameAuthz = old
+		}
+		u := tr.unit(t.translateGlobal)
+		t.apCache, t.samePolicies, t.sameAuthz = nil, nil, nil
+		return t, u
 	}
 	t.apCache, t.apNext = tr.apCache, make(map[*securityv1.AuthorizationPolicy]convertedPolicy, len(objs.AuthorizationPolicies))
 	u := tr.unit(t.translateGlobal)
@@ -125,14 +146,44 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 // translateGlobal translates the kinds that make up the global unit.
 func (t *translator) translateGlobal() {
 	t.translateWaypoints()
-	t.translateAuthorizationPolicies()
-	t.translatePeerAuthentications()
-	t.translateRequestAuthentications()
-	t.indexPolicies()
+	t.translatePolicies()
 	t.translateServiceEntries()
 	t.translateExternalNames()
 	t.translateWorkloadEntries()
 	t.translateServiceEntryEndpoints()
+}
+
+// translatePolicies translates the AuthorizationPolicies,
+// PeerAuthentications and RequestAuthentications, or, with sameAuthz,
+// takes what that translator made of the same ones: they read nothing
+// else that a change of the global unit can move (no targetRefs, which
+// read waypoints and Services; no RequestAuthentication, whose status
+// reads fetched keys), so the Authorizations map (never written after
+// this), the PeerAuthentication index, the selector policies, statuses
+// and warnings are the same.
+func (t *translator) translatePolicies() {
+	if o := t.sameAuthz; o != nil {
+		t.authz, t.pa = o.authz, o.pa
+		t.selectorPolicies, t.idx.policiesByNs = o.selectorPolicies, o.idx.policiesByNs
+		t.policyStatuses, t.policyWarns = o.policyStatuses, o.policyWarns
+		t.policies = append(t.policies, o.policyStatuses...)
+		for _, w := range o.policyWarns {
+			t.warnings[w] = true
+		}
+		return
+	}
+	outer, n := t.warnings, len(t.policies)
+	t.warnings = map[string]bool{}
+	t.translateAuthorizationPolicies()
+	t.translatePeerAuthentications()
+	t.translateRequestAuthentications()
+	t.indexPolicies()
+	t.policyStatuses = slices.Clone(t.policies[n:])
+	for w := range t.warnings {
+		t.policyWarns = append(t.policyWarns, w)
+		outer[w] = true
+	}
+	t.warnings = outer
 }
 
 // globalDirty marks the pods, Services and EndpointSlices whose
@@ -162,7 +213,9 @@ func (t *translator) translateGlobal() {
 //     Service gets no waypoint);
 //   - RequestAuthentication and the ServiceEntry allocations: nothing
 //     beyond the global unit (they only shape its output and statuses).
-func (tr *Translator) globalDirty(objs *cluster.Objects, old, t *translator, g *globalDiff, dirtyPods, dirtySvc, dirtySlices map[string]bool) {
+//
+// It reports whether a waypoint's translation changed or a Gateway did.
+func (tr *Translator) globalDirty(objs *cluster.Objects, old, t *translator, g *globalDiff, dirtyPods, dirtySvc, dirtySlices map[string]bool) bool {
 	x := &t.idx
 	root := t.cfg.RootNamespace
 	allPods := false
@@ -333,6 +386,7 @@ func (tr *Translator) globalDirty(objs *cluster.Objects, old, t *translator, g *
 			}
 		}
 	}
+	return len(gws) > 0
 }
 
 // nsRange is the part of list, sorted by namespace and name

@@ -226,6 +226,10 @@ func (x *index) isMeshHost(h string) bool { return x.kubeHosts[h] || x.meshHosts
 // indexPolicies groups the selector policies by namespace; it runs after
 // translateAuthorizationPolicies.
 func (t *translator) indexPolicies() {
+	if t.samePolicies != nil {
+		t.idx.policiesByNs = t.samePolicies.idx.policiesByNs
+		return
+	}
 	for _, p := range t.selectorPolicies {
 		t.idx.policiesByNs[p.namespace] = append(t.idx.policiesByNs[p.namespace], p)
 	}

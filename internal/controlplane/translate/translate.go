@@ -259,6 +259,21 @@ type translator struct {
 	// apCache holds the previous translation's policy conversions (read
 	// only); apNext collects this one's (convertCached). nil: no cache.
 	apCache, apNext map[*securityv1.AuthorizationPolicy]convertedPolicy
+	// samePolicies, during a re-translation of the global unit whose
+	// AuthorizationPolicies did not change, is the previous translator:
+	// its selectorPolicies and policiesByNs are taken as they are (and
+	// apCache holds every conversion; apNext is nil).
+	samePolicies *translator
+	// sameAuthz, during a re-translation of the global unit whose
+	// AuthorizationPolicies, PeerAuthentications and
+	// RequestAuthentications did not change (none with targetRefs, no
+	// RequestAuthentication at all), is the previous translator: what
+	// translatePolicies produced is taken from it as it is.
+	sameAuthz *translator
+	// policyStatuses and policyWarns are what translatePolicies produced
+	// (read only once set).
+	policyStatuses []PolicyStatus
+	policyWarns    []string
 }
 
 func newTranslator(cfg Config, objs *cluster.Objects, allocs *autoalloc.Allocations) *translator {

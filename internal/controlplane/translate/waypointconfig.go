@@ -1,6 +1,8 @@
 package translate
 
 import (
+	"bytes"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -33,6 +35,29 @@ const EnforcedByWaypoint = "enforced by waypoint "
 // for node proxies: an ALLOW rule is dropped, a DENY rule matches every
 // request; each is named in the status. Pure, like Translate.
 func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string]*waypointapi.Config, []PolicyStatus) {
+	return waypointConfigs(cfg, objs, res, nil, nil)
+}
+
+// UpdateWaypointConfigs is WaypointConfigs for the translation res after
+// the change wc (WaypointConfigsAffected), given prev, WaypointConfigs'
+// configs for the translation before: it builds only the configs of the
+// waypoints wc names and keeps the others of prev. ok is false when it
+// cannot: wc.All, or the statuses gather what every config attaches
+// (VirtualServices, DestinationRules, Telemetry, RequestAuthentications
+// or AuthorizationPolicies with targetRefs exist); call WaypointConfigs.
+func UpdateWaypointConfigs(cfg Config, objs *cluster.Objects, res *Result, prev map[string]*waypointapi.Config, wc WaypointChange) (map[string]*waypointapi.Config, []PolicyStatus, bool) {
+	if wc.All || objs == nil || res == nil || len(objs.VirtualServices)+len(objs.DestinationRules)+len(objs.Telemetries)+len(objs.RequestAuthentications) > 0 ||
+		slices.ContainsFunc(objs.AuthorizationPolicies, func(ap *securityv1.AuthorizationPolicy) bool { return len(targetRefs(ap)) > 0 }) {
+		return nil, nil, false
+	}
+	out, st := waypointConfigs(cfg, objs, res, prev, wc.gateways)
+	return out, st, true
+}
+
+// waypointConfigs is WaypointConfigs; with rebuild non-nil, a waypoint
+// whose address (gatewayKey) is not in rebuild keeps its config of prev
+// (when it has one) instead of being built.
+func waypointConfigs(cfg Config, objs *cluster.Objects, res *Result, prev map[string]*waypointapi.Config, rebuild map[string]bool) (map[string]*waypointapi.Config, []PolicyStatus) {
 	cfg = cfg.withDefaults()
 	out := map[string]*waypointapi.Config{}
 	if objs == nil || res == nil {
@@ -59,9 +84,13 @@ func WaypointConfigs(cfg Config, objs *cluster.Objects, res *Result) (map[string
 	for _, ap := range objs.AuthorizationPolicies {
 		policies[ap.Namespace+"/"+ap.Name] = ap
 	}
-	byWaypoint := addressesByWaypoint(res)
+	byWaypoint := addressesByWaypoint(res, rebuild)
 	for _, key := range sortedKeys(t.idx.waypoints) {
 		w := t.idx.waypoints[key]
+		if c, ok := prev[key]; ok && rebuild != nil && !rebuild[gatewayKey(w.addr)] {
+			out[key] = c
+			continue
+		}
 		ns, name, _ := strings.Cut(key, "/")
 		c := &waypointapi.Config{
 			Name: name, Namespace: ns, TrafficType: w.trafficType,
@@ -183,13 +212,15 @@ func (t *translator) boundTo(w *waypoint, candidates []*workloadapi.Address, c *
 // gatewayKey of each waypoint address they name (a Workload's, a
 // Service's, its weighted ones'), so that each waypoint looks only at its
 // own candidates (boundTo still checks each one) instead of every address.
-func addressesByWaypoint(res *Result) map[string][]*workloadapi.Address {
+// only, when not nil, limits it to those keys.
+func addressesByWaypoint(res *Result, only map[string]bool) map[string][]*workloadapi.Address {
 	out := map[string][]*workloadapi.Address{}
 	for _, a := range res.waypointBound() {
 		if w := a.GetWorkload(); w != nil {
 			if ga := w.GetWaypoint(); ga != nil {
-				k := gatewayKey(ga)
-				out[k] = append(out[k], a)
+				if k := gatewayKey(ga); only == nil || only[k] {
+					out[k] = append(out[k], a)
+				}
 			}
 			continue
 		}
@@ -199,7 +230,7 @@ func addressesByWaypoint(res *Result) map[string][]*workloadapi.Address {
 			if ga == nil {
 				return
 			}
-			if k := gatewayKey(ga); !slices.Contains(keys, k) {
+			if k := gatewayKey(ga); (only == nil || only[k]) && !slices.Contains(keys, k) {
 				keys = append(keys, k)
 				out[k] = append(out[k], a)
 			}
@@ -307,4 +338,123 @@ func (r *Result) policiesOrNil() []PolicyStatus {
 		return nil
 	}
 	return r.Policies
+}
+
+// WaypointChange is which waypoint configs a change can alter
+// (WaypointConfigsAffected): all of them (and the statuses), or only
+// those of the waypoints whose address is among gateways (gatewayKey).
+type WaypointChange struct {
+	All      bool
+	gateways map[string]bool
+}
+
+// None: no config can have changed.
+func (w WaypointChange) None() bool { return !w.All && len(w.gateways) == 0 }
+
+// Waypoints is how many waypoint addresses are named (not when All).
+func (w WaypointChange) Waypoints() int { return len(w.gateways) }
+
+// WaypointConfigsAffected says which waypoint configs, and whether the
+// statuses, WaypointConfigs may answer otherwise for after than for
+// before, the translation that the incremental change ch (of Update, or
+// of Merge after it) turned into after; objs are after's objects. A
+// config the answer leaves out reads nothing that changed, so the caller
+// may keep the one it built for before.
+//
+// What WaypointConfigs reads: the waypoints' translation (Gateways,
+// GatewayClasses, their namespace's labels); the addresses bound to a
+// waypoint (of a Workload only what boundTo copies, of a Service all) and
+// the Kubernetes Services behind them (port names); which Services exist
+// (routes' backendRefs); the policies, RequestAuthentications and their
+// statuses; the routes, VirtualServices, DestinationRules and Telemetry
+// (ch.Routes); every workload while DestinationRules or VirtualService
+// sourceLabels exist (subsets and clients list workloads). A Namespace
+// reaches them only through the addresses it re-translates and the
+// waypoints' translation (network label, allowedRoutes selectors); any
+// other global kind is All, as is any doubt. A bound address that
+// changed names the waypoints it is and was bound to.
+func WaypointConfigsAffected(before, after *Result, objs *cluster.Objects, ch *Changes) WaypointChange {
+	all := WaypointChange{All: true}
+	if before == nil || after == nil || objs == nil || ch.Full || ch.Routes || ch.waypointInputs {
+		return all
+	}
+	if ch.Global && (!slices.EqualFunc(before.Policies, after.Policies, samePolicyStatus) ||
+		!maps.EqualFunc(before.WaypointPolicies, after.WaypointPolicies, slices.Equal[[]string])) {
+		return all
+	}
+	// A route's backendRef resolves only to a Service that exists.
+	if ch.servicesAddedOrRemoved && len(objs.HTTPRoutes)+len(objs.GRPCRoutes)+len(objs.VirtualServices) > 0 {
+		return all
+	}
+	everyWorkload := len(objs.DestinationRules) > 0 || anySourceLabels(objs.VirtualServices)
+	var w WaypointChange
+	name := func(a *workloadapi.Address) {
+		if a == nil || !boundToWaypoint(a) {
+			return
+		}
+		if w.gateways == nil {
+			w.gateways = map[string]bool{}
+		}
+		if wl := a.GetWorkload(); wl != nil {
+			w.gateways[gatewayKey(wl.GetWaypoint())] = true
+			return
+		}
+		s := a.GetService()
+		if ga := s.GetWaypoint(); ga != nil {
+			w.gateways[gatewayKey(ga)] = true
+		}
+		for _, ww := range s.GetWeightedWaypoints() {
+			if ga := ww.GetDestination(); ga != nil {
+				w.gateways[gatewayKey(ga)] = true
+			}
+		}
+	}
+	// A bound Service's config also reads its Kubernetes object (port
+	// names), which may change while its address stays equal.
+	for _, k := range ch.services {
+		old, _ := before.Addresses.Get(k)
+		a, _ := after.Addresses.Get(k)
+		name(old)
+		name(a)
+	}
+	for k, a := range ch.Addresses {
+		old, ok := before.Addresses.Get(k)
+		switch {
+		case ok && old == a:
+		case everyWorkload && (!ok || !proto.Equal(old, a)):
+			return all
+		case ok && sameForWaypoint(old, a):
+		default:
+			name(old)
+			name(a)
+		}
+	}
+	for _, k := range ch.Removed {
+		if old, ok := before.Addresses.Get(k); ok {
+			if everyWorkload {
+				return all
+			}
+			name(old)
+		}
+	}
+	return w
+}
+
+// sameForWaypoint: a and b, two translations of one address, give the
+// same waypoint configs: of a Workload, boundTo and addressesByWaypoint
+// read only its waypoint, uid, name, namespace and addresses; a Service
+// must be equal as a whole (routes, ports, telemetry read it; its
+// Kubernetes object's changes are Changes.services).
+func sameForWaypoint(a, b *workloadapi.Address) bool {
+	wa, wb := a.GetWorkload(), b.GetWorkload()
+	if wa == nil || wb == nil {
+		return wa == nil && wb == nil && proto.Equal(a, b)
+	}
+	return wa.GetUid() == wb.GetUid() && wa.GetName() == wb.GetName() && wa.GetNamespace() == wb.GetNamespace() &&
+		slices.EqualFunc(wa.GetAddresses(), wb.GetAddresses(), bytes.Equal) && proto.Equal(wa.GetWaypoint(), wb.GetWaypoint())
+}
+
+func samePolicyStatus(a, b PolicyStatus) bool {
+	return a.Kind == b.Kind && a.Name == b.Name && a.Sent == b.Sent && a.Message == b.Message && a.DryRun == b.DryRun &&
+		slices.Equal(a.Invalid, b.Invalid)
 }

@@ -91,21 +91,32 @@ func From[V any](src map[string]V) *Map[V] {
 }
 
 // Editor derives a new Map from an old one. The old Map is never written.
+// Until the first write it holds no copy: an edit that changes nothing
+// costs nothing and gives back the old Map.
 type Editor[V any] struct {
-	cur   *Map[V]
+	old   *Map[V]
+	cur   *Map[V] // nil until the first write
 	owned [shardCount / 64]uint64
 }
 
 // Edit starts an edit of old (nil: the empty map).
-func Edit[V any](old *Map[V]) *Editor[V] {
-	cur := &Map[V]{}
-	if old != nil {
-		*cur = *old
+func Edit[V any](old *Map[V]) *Editor[V] { return &Editor[V]{old: old} }
+
+// read is the map as edited so far.
+func (e *Editor[V]) read() *Map[V] {
+	if e.cur != nil {
+		return e.cur
 	}
-	return &Editor[V]{cur: cur}
+	return e.old
 }
 
 func (e *Editor[V]) own(i int) map[string]V {
+	if e.cur == nil {
+		e.cur = &Map[V]{}
+		if e.old != nil {
+			*e.cur = *e.old
+		}
+	}
 	if e.owned[i/64]&(1<<(i%64)) == 0 {
 		e.owned[i/64] |= 1 << (i % 64)
 		if s := e.cur.shards[i]; s != nil {
@@ -118,7 +129,7 @@ func (e *Editor[V]) own(i int) map[string]V {
 }
 
 // Get reads through the edit.
-func (e *Editor[V]) Get(k string) (V, bool) { return e.cur.Get(k) }
+func (e *Editor[V]) Get(k string) (V, bool) { return e.read().Get(k) }
 
 // Set adds or replaces k.
 func (e *Editor[V]) Set(k string, v V) {
@@ -131,17 +142,23 @@ func (e *Editor[V]) Set(k string, v V) {
 
 // Delete removes k (absent: nothing happens).
 func (e *Editor[V]) Delete(k string) {
-	i := shard(k)
-	if _, ok := e.cur.shards[i][k]; !ok {
+	if _, ok := e.read().Get(k); !ok {
 		return
 	}
-	delete(e.own(i), k)
+	delete(e.own(shard(k)), k)
 	e.cur.n--
 }
 
-// Done returns the new Map; the Editor must not be used afterwards.
+// Done returns the new Map (the old one itself when nothing was written,
+// an empty one for a nil old); the Editor must not be used afterwards.
 func (e *Editor[V]) Done() *Map[V] {
 	m := e.cur
-	e.cur = nil
+	if m == nil {
+		m = e.old
+		if m == nil {
+			m = &Map[V]{}
+		}
+	}
+	e.cur, e.old = nil, nil
 	return m
 }

@@ -68,3 +68,29 @@ func TestEditAllocs(t *testing.T) {
 		t.Errorf("one edit allocates %.0f times, want a handful (one shard clone)", allocs)
 	}
 }
+
+// TestEditWithoutWrites: an edit that writes nothing (a Get, a Delete of
+// a missing name) gives back the old Map and copies nothing; a nil old
+// Map still gives an empty Map.
+func TestEditWithoutWrites(t *testing.T) {
+	m := From(map[string]int{"a": 1, "b": 2})
+	allocs := testing.AllocsPerRun(20, func() {
+		e := Edit(m)
+		e.Get("a")
+		e.Delete("missing")
+		if e.Done() != m {
+			t.Fatal("an edit without writes gave a new Map")
+		}
+	})
+	if allocs > 1 {
+		t.Errorf("an edit without writes allocates %.0f times, want at most the Editor", allocs)
+	}
+	if e := Edit[int](nil); e.Done() == nil {
+		t.Error("an edit of the nil Map gave nil, want an empty Map")
+	}
+	e := Edit(m)
+	e.Delete("a")
+	if next := e.Done(); next == m || next.Len() != 1 || m.Len() != 2 {
+		t.Errorf("a Delete: new map %v, %d entries (old %d); want a new Map of 1, the old untouched", next != m, next.Len(), m.Len())
+	}
+}
