@@ -162,15 +162,40 @@ func TestReleaseMemoryAtBurstEnd(t *testing.T) {
 	}
 }
 
-// TestReleaseMemoryLeavesABusyProcess: while the process collects by
-// itself the tick does not release (a release would only make the heap
-// grow back); once it has gone quiet for an interval, the tick releases.
+// TestReleaseMemoryLeavesABusyProcess: a tick after which a collection
+// completed finds the process busy and does not release (a release would
+// only make the heap grow back); a tick with none since finds it quiet,
+// and the release's own collections do not make it busy. Then, through
+// ReleaseMemory, a quiet process with garbage is released.
 func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no collection but the test's
+	r := newReleaser(64 << 10)
+	runtime.GC() // the process collected by itself since the releaser started
+	if r.quiet() {
+		t.Error("quiet right after a collection")
+	}
+	if !r.quiet() {
+		t.Error("busy with no collection since the last tick")
+	}
+	garbage := make([]byte, 1<<20)
+	runtime.KeepAlive(garbage)
+	garbage = nil
+	if !r.check() {
+		t.Fatal("no release with 1 MiB of garbage")
+	}
+	if !r.quiet() {
+		t.Error("the release's own collections made the process busy")
+	}
+
 	forced := func() uint64 {
 		s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
 		metrics.Read(s)
 		return s[0].Value.Uint64()
 	}
+	before := forced()
+	sink := make([]byte, 1<<20) // garbage left for the quiet release
+	runtime.KeepAlive(sink)
+	sink = nil
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -178,20 +203,6 @@ func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
 		ReleaseMemory(ctx, 20*time.Millisecond, 64<<10, nil)
 	}()
 	defer func() { cancel(); <-done }()
-	var sink [][]byte
-	before := forced()
-	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
-		for range 64 {
-			sink = append(sink, make([]byte, 64<<10))
-		}
-		sink = sink[:0] // garbage: the runtime collects every few MiB
-		time.Sleep(time.Millisecond)
-	}
-	if n := forced() - before; n != 0 {
-		t.Errorf("%d forced collections while the process collected by itself", n)
-	}
-	sink = append(sink, make([]byte, 1<<20)) // garbage left for the quiet release
-	sink = nil
 	deadline := time.Now().Add(10 * time.Second)
 	for forced() == before {
 		if time.Now().After(deadline) {
@@ -199,5 +210,4 @@ func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	runtime.KeepAlive(sink)
 }
