@@ -83,9 +83,10 @@ func (tr *Translator) globalDiff(objs *cluster.Objects, allocs *autoalloc.Alloca
 	return g
 }
 
-// onlyNamespaces: Namespaces are all that changed.
-func (g *globalDiff) onlyNamespaces() bool {
-	return len(g.serviceEntries)+len(g.peerAuthns)+len(g.gateways) == 0 && !g.authzPolicies && !g.requestAuthns && !g.allocs
+// onlyNamespacesAndPolicies: Namespaces, AuthorizationPolicies and
+// PeerAuthentications are all that changed.
+func (g *globalDiff) onlyNamespacesAndPolicies() bool {
+	return len(g.serviceEntries)+len(g.gateways) == 0 && !g.requestAuthns && !g.allocs
 }
 
 // kinds names what changed, for Changes.Reason.
