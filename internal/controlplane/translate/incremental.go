@@ -262,7 +262,7 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	if g != nil {
 		old, oldTargetRefs := t, tr.targetRefPolicies
 		t, global = tr.retranslateGlobal(objs, allocs, !g.authzPolicies,
-			len(g.peerAuthns) == 0 && !g.anyPeerAuthn && !g.requestAuthns)
+			len(g.peerAuthns) == 0 && !g.anyPeerAuthn && !g.requestAuthns, g.authzPolicyNs)
 		x = &t.idx
 		wpsChanged := tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
 		ch.Global, ch.Reason = true, g.kinds()+" changed"
