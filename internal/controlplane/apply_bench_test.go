@@ -3,6 +3,7 @@ package controlplane
 import (
 	"testing"
 
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
@@ -26,6 +27,52 @@ func BenchmarkApplyNamespaceChange50k(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		next := synth.With(objs, func(o *cluster.Objects) *[]*corev1.Namespace { return &o.Namespaces }, synth.Namespace(s, (i*7)%s.Namespaces, i+1))
+		b.StartTimer()
+		cp.Apply(next)
+		objs = next
+	}
+}
+
+// BenchmarkApplyPolicyChange50k: Apply of one namespace's
+// AuthorizationPolicy edit (its selector's version flips) at 50k pods,
+// round-robin over the namespaces, as bench/cpscale's policy kind.
+func BenchmarkApplyPolicyChange50k(b *testing.B) {
+	s := synth.Default(50000)
+	benchApplyChanges(b, s, nil, func(o *cluster.Objects, n, gen int) *cluster.Objects {
+		return synth.With(o, func(o *cluster.Objects) *[]*securityv1.AuthorizationPolicy { return &o.AuthorizationPolicies }, synth.Policy(s, n, gen))
+	})
+}
+
+// BenchmarkApplyPeerAuthnChange50k: Apply of one namespace's
+// PeerAuthentication edit (its mTLS mode flips) at 50k pods, round-robin
+// over the namespaces that have one, as bench/cpscale's peerauthn kind.
+func BenchmarkApplyPeerAuthnChange50k(b *testing.B) {
+	s := synth.Default(50000)
+	benchApplyChanges(b, s, synth.PeerAuthnNamespaces(s), func(o *cluster.Objects, n, gen int) *cluster.Objects {
+		return synth.With(o, func(o *cluster.Objects) *[]*securityv1.PeerAuthentication { return &o.PeerAuthentications }, synth.PeerAuthentication(s, n, gen))
+	})
+}
+
+// benchApplyChanges applies with(objs, n, gen) per iteration, n going
+// round-robin over nss (nil: every namespace of s), gen counting that
+// namespace's changes.
+func benchApplyChanges(b *testing.B, s synth.Spec, nss []int, with func(o *cluster.Objects, n, gen int) *cluster.Objects) {
+	if nss == nil {
+		for n := range s.Namespaces {
+			nss = append(nss, n)
+		}
+	}
+	objs := synth.Build(s)
+	cp := newLocalControlPlane(b)
+	cp.Apply(objs)
+	gens := map[int]int{}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		n := nss[i%len(nss)]
+		gens[n]++
+		next := with(objs, n, gens[n])
 		b.StartTimer()
 		cp.Apply(next)
 		objs = next

@@ -189,8 +189,10 @@ func (s *Server) update(typeURL string, resources map[string]proto.Message, remo
 	prev := ts.load()
 	e := resmap.Edit(prev)
 	var changed []string
+	var b []byte // each encoding in turn: newEntry copies it
 	for name, m := range resources {
-		b, err := encode(m)
+		var err error
+		b, err = encode(b[:0], m)
 		if err != nil {
 			s.log.Error("resource not served", zap.String("type_url", typeURL), zap.String("name", name), zap.Error(err))
 			continue // keeps its previous entry, if any
@@ -234,13 +236,14 @@ func (s *Server) update(typeURL string, resources map[string]proto.Message, remo
 	}
 }
 
-func encode(m proto.Message) ([]byte, error) {
+// encode appends m's deterministic encoding to buf.
+func encode(buf []byte, m proto.Message) ([]byte, error) {
 	if m == nil {
-		return nil, errors.New("nil resource")
+		return buf, errors.New("nil resource")
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(buf, m)
 	if err != nil {
-		return nil, fmt.Errorf("encode: %w", err)
+		return buf, fmt.Errorf("encode: %w", err)
 	}
 	return b, nil
 }

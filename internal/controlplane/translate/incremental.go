@@ -122,8 +122,11 @@ type Changes struct {
 	Routes bool
 
 	// waypointInputs: the global unit changed in a way waypoint configs
-	// may read beyond the addresses (WaypointConfigsAffected): a kind
-	// other than Namespace changed, or some waypoint's translation did.
+	// may read beyond the addresses and policy statuses
+	// (WaypointConfigsAffected): a kind other than Namespace,
+	// AuthorizationPolicy and PeerAuthentication changed, an
+	// AuthorizationPolicy with targetRefs exists (before or after), or
+	// some waypoint's translation changed.
 	waypointInputs bool
 	// services: the address keys ("ns/hostname") of the Service objects
 	// that changed (their ports' names shape waypoint configs even when
@@ -257,13 +260,19 @@ func (tr *Translator) Update(objs *cluster.Objects, allocs *autoalloc.Allocation
 	// redo what the change can reach (globalDirty).
 	var global *unit
 	if g != nil {
-		old := t
+		old, oldTargetRefs := t, tr.targetRefPolicies
 		t, global = tr.retranslateGlobal(objs, allocs, !g.authzPolicies,
-			len(g.peerAuthns) == 0 && !g.anyPeerAuthn && !g.requestAuthns)
+			len(g.peerAuthns) == 0 && !g.anyPeerAuthn && !g.requestAuthns, g.authzPolicyNs)
 		x = &t.idx
 		wpsChanged := tr.globalDirty(objs, old, t, g, dirtyPods, dirtySvc, dirtySlices)
 		ch.Global, ch.Reason = true, g.kinds()+" changed"
-		ch.waypointInputs = wpsChanged || !g.onlyNamespaces()
+		// Waypoint configs read AuthorizationPolicies only when they
+		// have targetRefs (attached to waypoints, or to Services and
+		// ServiceEntries bound to one), and PeerAuthentications not at
+		// all: without such policies before and after, a policy change
+		// reaches them only through the addresses and statuses it
+		// changes (WaypointConfigsAffected compares those).
+		ch.waypointInputs = wpsChanged || !g.onlyNamespacesAndPolicies() || oldTargetRefs || tr.targetRefPolicies
 	}
 	// A Node change redoes the pods on that node, and only when the
 	// locality its labels give changed (status updates change nothing).

@@ -60,6 +60,9 @@ type globalDiff struct {
 	// authzPolicies, requestAuthns, allocs: changed at all (what they
 	// change is found by comparing the translations).
 	authzPolicies, requestAuthns, allocs bool
+	// authzPolicyNs: the namespaces of the AuthorizationPolicies that
+	// changed, came or went.
+	authzPolicyNs map[string]bool
 	// anyPeerAuthn: the first PeerAuthentication appeared or the last went.
 	anyPeerAuthn bool
 }
@@ -71,10 +74,16 @@ func (tr *Translator) globalDiff(objs *cluster.Objects, allocs *autoalloc.Alloca
 		serviceEntries: diff(o.ServiceEntries, objs.ServiceEntries),
 		peerAuthns:     diff(o.PeerAuthentications, objs.PeerAuthentications),
 		gateways:       diff(o.Gateways, objs.Gateways),
-		authzPolicies:  changed(o.AuthorizationPolicies, objs.AuthorizationPolicies),
 		requestAuthns:  changed(o.RequestAuthentications, objs.RequestAuthentications),
 		allocs:         !allocs.ListEqual(tr.allocs),
 		anyPeerAuthn:   (len(o.PeerAuthentications) == 0) != (len(objs.PeerAuthentications) == 0),
+	}
+	for _, c := range diff(o.AuthorizationPolicies, objs.AuthorizationPolicies) {
+		if g.authzPolicyNs == nil {
+			g.authzPolicyNs = map[string]bool{}
+		}
+		g.authzPolicyNs[c.either().Namespace] = true
+		g.authzPolicies = true
 	}
 	if len(g.namespaces)+len(g.serviceEntries)+len(g.peerAuthns)+len(g.gateways) == 0 &&
 		!g.authzPolicies && !g.requestAuthns && !g.allocs {
@@ -83,9 +92,10 @@ func (tr *Translator) globalDiff(objs *cluster.Objects, allocs *autoalloc.Alloca
 	return g
 }
 
-// onlyNamespaces: Namespaces are all that changed.
-func (g *globalDiff) onlyNamespaces() bool {
-	return len(g.serviceEntries)+len(g.peerAuthns)+len(g.gateways) == 0 && !g.authzPolicies && !g.requestAuthns && !g.allocs
+// onlyNamespacesAndPolicies: Namespaces, AuthorizationPolicies and
+// PeerAuthentications are all that changed.
+func (g *globalDiff) onlyNamespacesAndPolicies() bool {
+	return len(g.serviceEntries)+len(g.gateways) == 0 && !g.requestAuthns && !g.allocs
 }
 
 // kinds names what changed, for Changes.Reason.
@@ -113,7 +123,10 @@ func (g *globalDiff) kinds() string {
 // AuthorizationPolicies did not change (samePolicies), their conversions
 // cache, selector policies and per-namespace index are the old ones
 // (they read nothing but the policies).
-func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations, samePolicies, sameAuthz bool) (*translator, *unit) {
+//
+// Otherwise policyNs names the namespaces whose AuthorizationPolicies
+// changed: the others' policiesByNs lists are the old ones.
+func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc.Allocations, samePolicies, sameAuthz bool, policyNs map[string]bool) (*translator, *unit) {
 	old := tr.t
 	t := newTranslator(tr.cfg, objs, allocs)
 	t.idx = old.idx
@@ -138,8 +151,10 @@ func (tr *Translator) retranslateGlobal(objs *cluster.Objects, allocs *autoalloc
 		return t, u
 	}
 	t.apCache, t.apNext = tr.apCache, make(map[*securityv1.AuthorizationPolicy]convertedPolicy, len(objs.AuthorizationPolicies))
+	t.prevPolicies, t.policyNs = old, policyNs
 	u := tr.unit(t.translateGlobal)
 	tr.apCache, t.apCache, t.apNext = t.apNext, nil, nil
+	t.prevPolicies, t.policyNs = nil, nil
 	return t, u
 }
 
@@ -231,7 +246,9 @@ func (tr *Translator) globalDirty(objs *cluster.Objects, old, t *translator, g *
 		nsAll[c.either().Name] = true
 	}
 	if g.authzPolicies {
-		for ns := range keysOf(old.idx.policiesByNs, x.policiesByNs) {
+		// Only the namespaces of the policies that changed list other
+		// selector policies (indexPolicies).
+		for ns := range g.authzPolicyNs {
 			if sameSelectorPolicies(old.idx.policiesByNs[ns], x.policiesByNs[ns]) {
 				continue
 			}

@@ -2,6 +2,7 @@ package translate
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -228,6 +229,21 @@ func (x *index) isMeshHost(h string) bool { return x.kubeHosts[h] || x.meshHosts
 func (t *translator) indexPolicies() {
 	if t.samePolicies != nil {
 		t.idx.policiesByNs = t.samePolicies.idx.policiesByNs
+		return
+	}
+	if o := t.prevPolicies; o != nil {
+		// A namespace lists only its own policies: those of the
+		// namespaces whose policies did not change are the same lists.
+		m := maps.Clone(o.idx.policiesByNs)
+		for ns := range t.policyNs {
+			delete(m, ns)
+		}
+		for _, p := range t.selectorPolicies {
+			if t.policyNs[p.namespace] {
+				m[p.namespace] = append(m[p.namespace], p)
+			}
+		}
+		t.idx.policiesByNs = m
 		return
 	}
 	for _, p := range t.selectorPolicies {

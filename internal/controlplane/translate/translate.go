@@ -264,6 +264,12 @@ type translator struct {
 	// its selectorPolicies and policiesByNs are taken as they are (and
 	// apCache holds every conversion; apNext is nil).
 	samePolicies *translator
+	// prevPolicies, during a re-translation of the global unit whose
+	// AuthorizationPolicies changed only in the namespaces policyNs, is
+	// the previous translator: the other namespaces' policiesByNs are its
+	// own (indexPolicies).
+	prevPolicies *translator
+	policyNs     map[string]bool
 	// sameAuthz, during a re-translation of the global unit whose
 	// AuthorizationPolicies, PeerAuthentications and
 	// RequestAuthentications did not change (none with targetRefs, no

@@ -365,13 +365,16 @@ func (w WaypointChange) Waypoints() int { return len(w.gateways) }
 // GatewayClasses, their namespace's labels); the addresses bound to a
 // waypoint (of a Workload only what boundTo copies, of a Service all) and
 // the Kubernetes Services behind them (port names); which Services exist
-// (routes' backendRefs); the policies, RequestAuthentications and their
-// statuses; the routes, VirtualServices, DestinationRules and Telemetry
-// (ch.Routes); every workload while DestinationRules or VirtualService
-// sourceLabels exist (subsets and clients list workloads). A Namespace
-// reaches them only through the addresses it re-translates and the
-// waypoints' translation (network label, allowedRoutes selectors); any
-// other global kind is All, as is any doubt. A bound address that
+// (routes' backendRefs); the AuthorizationPolicies with targetRefs, the
+// RequestAuthentications and every policy's status; the routes,
+// VirtualServices, DestinationRules and Telemetry (ch.Routes); every
+// workload while DestinationRules or VirtualService sourceLabels exist
+// (subsets and clients list workloads). A Namespace reaches them only
+// through the addresses it re-translates and the waypoints' translation
+// (network label, allowedRoutes selectors); an AuthorizationPolicy
+// without targetRefs (while none has them) or a PeerAuthentication only
+// through the addresses and statuses; any other global kind is All, as
+// is any doubt. A bound address that
 // changed names the waypoints it is and was bound to.
 func WaypointConfigsAffected(before, after *Result, objs *cluster.Objects, ch *Changes) WaypointChange {
 	all := WaypointChange{All: true}

@@ -1,11 +1,13 @@
 // Package resmap is an immutable map from xDS resource name to a value,
 // from which a changed copy is derived in time proportional to the change:
-// 1024 plain Go maps chosen by a hash of the name, and an edit clones only
-// the shards it writes (the first time it writes each). A 55k-entry map
-// costs ~10 ms to clone whole; one edit here copies an 8 KiB shard table
-// and one ~55-entry shard. (With 256 shards of ~215 entries, a change of a
-// hundred addresses, such as a namespace's, cloned ~20k entries per map
-// and was most of what the control plane allocated per change.)
+// 4096 plain Go maps chosen by a hash of the name, held in 64 tables of 64,
+// and an edit clones only the tables and shards it writes (the first time
+// it writes each). A 55k-entry map costs ~10 ms to clone whole; one edit
+// here copies the 512-byte top table, one 512-byte table and one
+// ~13-entry shard. (With one table of 1024 shards of ~50 entries, each
+// edit copied the 8 KiB table and a shard of ~2.3 kB; a change of a
+// hundred addresses, such as a namespace's or a policy's, copied ~230 kB
+// per map.)
 //
 // The translation result (translate.Result.Addresses) and the xDS server's
 // per-type snapshots use it, so one pod change is O(1) end to end. It is not
@@ -19,13 +21,19 @@ import (
 	"sort"
 )
 
-const shardCount = 1024
+const (
+	tableSize  = 64
+	shardCount = tableSize * tableSize
+)
 
 // Map is an immutable name → V map. The nil *Map is the empty map.
 type Map[V any] struct {
-	shards [shardCount]map[string]V
+	tables [tableSize]*table[V] // nil: all its shards empty
 	n      int
 }
+
+// table is 64 shards (nil: empty).
+type table[V any] [tableSize]map[string]V
 
 // shard is FNV-1a of the name, reduced to a shard index.
 func shard(k string) int {
@@ -37,13 +45,21 @@ func shard(k string) int {
 	return int(h % shardCount)
 }
 
+// shardOf is the shard i of m (nil when empty).
+func (m *Map[V]) shardOf(i int) map[string]V {
+	if t := m.tables[i/tableSize]; t != nil {
+		return t[i%tableSize]
+	}
+	return nil
+}
+
 // Get returns the value of k.
 func (m *Map[V]) Get(k string) (V, bool) {
 	if m == nil || m.n == 0 {
 		var zero V
 		return zero, false
 	}
-	v, ok := m.shards[shard(k)][k]
+	v, ok := m.shardOf(shard(k))[k]
 	return v, ok
 }
 
@@ -61,10 +77,15 @@ func (m *Map[V]) All() iter.Seq2[string, V] {
 		if m == nil {
 			return
 		}
-		for _, s := range m.shards {
-			for k, v := range s {
-				if !yield(k, v) {
-					return
+		for _, t := range m.tables {
+			if t == nil {
+				continue
+			}
+			for _, s := range t {
+				for k, v := range s {
+					if !yield(k, v) {
+						return
+					}
 				}
 			}
 		}
@@ -94,9 +115,12 @@ func From[V any](src map[string]V) *Map[V] {
 // Until the first write it holds no copy: an edit that changes nothing
 // costs nothing and gives back the old Map.
 type Editor[V any] struct {
-	old   *Map[V]
-	cur   *Map[V] // nil until the first write
-	owned [shardCount / 64]uint64
+	old *Map[V]
+	cur *Map[V] // nil until the first write
+	// ownedTables and owned: the tables and shards of cur that are this
+	// edit's copies.
+	ownedTables uint64
+	owned       [shardCount / 64]uint64
 }
 
 // Edit starts an edit of old (nil: the empty map).
@@ -117,15 +141,25 @@ func (e *Editor[V]) own(i int) map[string]V {
 			*e.cur = *e.old
 		}
 	}
+	ti := i / tableSize
+	if e.ownedTables&(1<<ti) == 0 {
+		e.ownedTables |= 1 << ti
+		t := new(table[V])
+		if old := e.cur.tables[ti]; old != nil {
+			*t = *old
+		}
+		e.cur.tables[ti] = t
+	}
+	t := e.cur.tables[ti]
 	if e.owned[i/64]&(1<<(i%64)) == 0 {
 		e.owned[i/64] |= 1 << (i % 64)
-		if s := e.cur.shards[i]; s != nil {
-			e.cur.shards[i] = maps.Clone(s)
+		if s := t[i%tableSize]; s != nil {
+			t[i%tableSize] = maps.Clone(s)
 		} else {
-			e.cur.shards[i] = map[string]V{}
+			t[i%tableSize] = map[string]V{}
 		}
 	}
-	return e.cur.shards[i]
+	return t[i%tableSize]
 }
 
 // Get reads through the edit.

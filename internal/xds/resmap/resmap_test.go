@@ -94,3 +94,29 @@ func TestEditWithoutWrites(t *testing.T) {
 		t.Errorf("a Delete: new map %v, %d entries (old %d); want a new Map of 1, the old untouched", next != m, next.Len(), m.Len())
 	}
 }
+
+// BenchmarkEdit50k: an edit of one and of a hundred names (a pod's
+// change, a namespace's) of a 50k-entry map.
+func BenchmarkEdit50k(b *testing.B) {
+	src := map[string]int{}
+	for i := 0; i < 50000; i++ {
+		src[fmt.Sprint("Kubernetes//Pod/ns/p", i)] = i
+	}
+	m := From(src)
+	for _, n := range []int{1, 100} {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprint("Kubernetes//Pod/ns/p", i*491)
+		}
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := range b.N {
+				e := Edit(m)
+				for _, k := range keys {
+					e.Set(k, i)
+				}
+				e.Done()
+			}
+		})
+	}
+}
