@@ -29,6 +29,8 @@ type Metrics struct {
 	received *prometheus.CounterVec
 	failed   *prometheus.CounterVec
 	open     *prometheus.GaugeVec
+	// openGauge is open's series per Direction, resolved once.
+	openGauge [2]prometheus.Gauge
 	// openNow is open's sum over its reporters, for Open.
 	openNow atomic.Int64
 	// dryRun: see dryRunDecision (dryrun.go).
@@ -71,6 +73,8 @@ func NewMetrics(reg prometheus.Registerer, opts ...MetricsOption) *Metrics {
 		dryRun:  newDryRunCounter(),
 		denials: newDenialCounter(),
 	}
+	m.openGauge[Outbound] = m.open.WithLabelValues(Outbound.reporter())
+	m.openGauge[Inbound] = m.open.WithLabelValues(Inbound.reporter())
 	for _, o := range opts {
 		o(m)
 	}

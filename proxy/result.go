@@ -185,7 +185,7 @@ type Result struct {
 func NewResult(m *Metrics, log *zap.Logger, dir Direction, src, dst netip.AddrPort) *Result {
 	r := &Result{m: m, log: log, Direction: dir, Start: time.Now(), SrcAddr: src, DstAddr: dst, OrigAddr: dst}
 	if m != nil {
-		m.open.WithLabelValues(dir.reporter()).Inc()
+		m.openGauge[dir].Inc()
 		m.openNow.Add(1)
 	}
 	return r
@@ -203,9 +203,11 @@ func (r *Result) Opened() {
 		return
 	}
 	r.opened = true
-	labels := r.labels(ReasonNone.responseFlag())
+	lp := r.labels(ReasonNone.responseFlag())
+	labels := lp[:]
 	r.m.opened.WithLabelValues(labels...).Inc()
 	r.oc = openCounters{received: r.m.received.WithLabelValues(labels...), sent: r.m.sent.WithLabelValues(labels...)}
+	putLabels(lp)
 	r.m.addLive(r)
 }
 
@@ -222,22 +224,7 @@ func (r *Result) Record(errp *error) {
 	}
 	reason := ReasonOf(err)
 	if r.m != nil {
-		r.m.open.WithLabelValues(r.Direction.reporter()).Dec()
-		r.m.openNow.Add(-1)
-		labels := r.labels(reason.responseFlag())
-		if r.opened {
-			r.m.removeLive(r)
-			r.flush(true)
-		} else {
-			r.m.noteNamed(r)
-			r.m.opened.WithLabelValues(labels...).Inc()
-			r.m.received.WithLabelValues(labels...).Add(float64(r.Counters.Sent.Load()))
-			r.m.sent.WithLabelValues(labels...).Add(float64(r.Counters.Received.Load()))
-		}
-		r.m.closed.WithLabelValues(labels...).Inc()
-		if reason != ReasonNone && reason != ReasonDrained {
-			r.m.failed.WithLabelValues(labels...).Inc()
-		}
+		r.recordMetrics(reason)
 	}
 	if r.Span != nil {
 		r.Span.End(r.spanName(), r.spanAttrs(reason), reason != ReasonNone && reason != ReasonDrained, time.Now())
@@ -245,7 +232,20 @@ func (r *Result) Record(errp *error) {
 	if r.log == nil {
 		return
 	}
-	fields := []zap.Field{
+	level := zap.InfoLevel
+	if reason != ReasonNone && reason != ReasonDrained {
+		level = zap.ErrorLevel
+	}
+	// Check first: with the access log off (a level above info) a close
+	// then builds no fields; building them anyway was 2.2 KiB of garbage a
+	// connection, which a wave of closes turned into heap growth
+	// (bench/soak).
+	ce := r.log.Check(level, "connection complete")
+	if ce == nil {
+		return
+	}
+	fp := fieldPool.Get().(*[]zap.Field)
+	fields := append((*fp)[:0],
 		zap.String("src.addr", r.SrcAddr.String()),
 		zap.String("src.workload", r.Src.Workload),
 		zap.String("src.namespace", r.Src.Namespace),
@@ -257,7 +257,7 @@ func (r *Result) Record(errp *error) {
 		zap.Int64("bytes_sent", r.Counters.Sent.Load()),
 		zap.Int64("bytes_recv", r.Counters.Received.Load()),
 		zap.String("duration", time.Since(r.Start).Round(time.Millisecond).String()),
-	}
+	)
 	if a := r.hboneAuthority(); a != "" {
 		fields = append(fields, zap.String("dst.hbone_addr", a))
 	}
@@ -267,16 +267,43 @@ func (r *Result) Record(errp *error) {
 	if !r.Dst.Identity.IsZero() {
 		fields = append(fields, zap.String("dst.identity", r.Dst.Identity.String()))
 	}
-	if reason == ReasonNone {
-		r.log.Info("connection complete", fields...)
-		return
+	if reason != ReasonNone {
+		fields = append(fields, zap.String("reason", string(reason)), zap.Error(err))
 	}
-	fields = append(fields, zap.String("reason", string(reason)), zap.Error(err))
-	if reason == ReasonDrained {
-		r.log.Info("connection complete", fields...)
-		return
+	ce.Write(fields...)
+	// zap's cores encode the fields during Write and keep none of them
+	// (the observer core of the tests copies them), so the slice is
+	// reused; the error is dropped so the pool does not keep it alive.
+	clear(fields)
+	*fp = fields[:0]
+	fieldPool.Put(fp)
+}
+
+// fieldPool holds access-line field slices with room for every field
+// Record writes.
+var fieldPool = sync.Pool{New: func() any { s := make([]zap.Field, 0, 16); return &s }}
+
+// recordMetrics counts the connection as closed (and failed) with
+// reason's flag.
+func (r *Result) recordMetrics(reason Reason) {
+	r.m.openGauge[r.Direction].Dec()
+	r.m.openNow.Add(-1)
+	lp := r.labels(reason.responseFlag())
+	defer putLabels(lp)
+	labels := lp[:]
+	if r.opened {
+		r.m.removeLive(r)
+		r.flush(true)
+	} else {
+		r.m.noteNamed(r)
+		r.m.opened.WithLabelValues(labels...).Inc()
+		r.m.received.WithLabelValues(labels...).Add(float64(r.Counters.Sent.Load()))
+		r.m.sent.WithLabelValues(labels...).Add(float64(r.Counters.Received.Load()))
 	}
-	r.log.Error("connection complete", fields...)
+	r.m.closed.WithLabelValues(labels...).Inc()
+	if reason != ReasonNone && reason != ReasonDrained {
+		r.m.failed.WithLabelValues(labels...).Inc()
+	}
 }
 
 func orUnknown(s string) string {
@@ -293,13 +320,28 @@ func principal(id identity.Identity) string {
 	return id.String()
 }
 
-func (r *Result) labels(flag string) []string {
+// labelValues are one connection's tcpLabels values. The vectors copy
+// the values of a series they create, so the array is pooled: two slices
+// of 27 strings a connection were a fifth of its metrics' garbage.
+type labelValues [27]string
+
+var labelPool = sync.Pool{New: func() any { return new(labelValues) }}
+
+func putLabels(lp *labelValues) {
+	*lp = labelValues{}
+	labelPool.Put(lp)
+}
+
+// labels fills a pooled array with the connection's label values; give it
+// back with putLabels.
+func (r *Result) labels(flag string) *labelValues {
 	sec := "unknown"
 	if r.MTLS {
 		sec = "mutual_tls"
 	}
 	s, d := &r.Src, &r.Dst
-	return []string{
+	lp := labelPool.Get().(*labelValues)
+	*lp = labelValues{
 		r.Direction.reporter(),
 		orUnknown(s.Workload), orUnknown(s.CanonicalService), orUnknown(s.CanonicalRevision), orUnknown(s.Namespace),
 		principal(s.Identity), orUnknown(s.CanonicalService), orUnknown(s.CanonicalRevision), orUnknown(s.Cluster),
@@ -310,6 +352,7 @@ func (r *Result) labels(flag string) []string {
 		"tcp", flag, sec,
 		orUnknown(s.Region), orUnknown(s.Zone), orUnknown(d.Region), orUnknown(d.Zone),
 	}
+	return lp
 }
 
 // spanName is "<direction> <destination>:<port>", the destination the
