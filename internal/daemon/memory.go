@@ -76,8 +76,11 @@ func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64
 			// connections still close leaves their garbage to the tick.
 			n := load()
 			peak = max(peak, n)
-			if peak >= burstMin && n <= peak/4 && n >= last {
-				r.check()
+			// The burst counts as handled only once a release ran:
+			// when its end is seen before its garbage is (a
+			// collection ran in the middle of the closes and the
+			// rest are still closing), the next polls look again.
+			if peak >= burstMin && n <= peak/4 && n >= last && r.check() {
 				peak = n
 			}
 			last = n

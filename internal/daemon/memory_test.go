@@ -162,6 +162,45 @@ func TestReleaseMemoryAtBurstEnd(t *testing.T) {
 	}
 }
 
+// TestReleaseMemoryAtBurstEndWaitsForGarbage: a burst's end with nothing
+// yet to release is not used up; the garbage that comes after it is
+// released at the next polls, not at the next tick (an hour here).
+func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	const threshold = 4 << 20
+	free := func() uint64 {
+		r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
+		return r
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	var load atomic.Int64
+	load.Store(1000)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ReleaseMemory(ctx, time.Hour, threshold, load.Load)
+	}()
+	defer func() { cancel(); <-done }()
+	time.Sleep(2 * loadPoll) // the peak is seen
+	load.Store(0)
+	time.Sleep(3 * loadPoll) // the end is seen, with nothing to release
+	burst := make([][]byte, 0, 64<<10)
+	for range 64 << 10 {
+		burst = append(burst, make([]byte, 1<<10))
+	}
+	runtime.KeepAlive(burst)
+	burst = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for free() >= threshold {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still reclaimable 10 s after the burst's garbage", free())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestReleaseMemoryLeavesABusyProcess: a tick after which a collection
 // completed finds the process busy and does not release (a release would
 // only make the heap grow back); a tick with none since finds it quiet,
