@@ -21,8 +21,13 @@
 // Figures:
 //
 //	soak_errors                 connections that failed or echoed wrong bytes
-//	soak_rss_slope_kb_per_min   least-squares slope of VmRSS after the first
-//	                            wave, the larger of the two node proxies
+//	soak_rss_slope_kb_per_min   least-squares slope of VmRSS at rest: read
+//	                            at the end of each gap, right before the
+//	                            next wave opens, from the second wave on;
+//	                            the larger of the two node proxies
+//	soak_rss_all_samples_slope_kb_per_min
+//	                            the same fit through every sample from the
+//	                            end of wave 1 to the end of the last wave
 //	soak_goroutines_baseline    both proxies' goroutines before the first wave
 //	soak_goroutines_end         the same after the last wave and a settle
 //	soak_live_heap_growth_kb    Go heap in use after two forced GCs, end minus
@@ -213,9 +218,20 @@ func (s *soak) run() error {
 	begin := time.Now()
 	var waves, peak int
 	var waveEnds []time.Time
+	var rests []sample
 	for waves == 0 || time.Since(begin) < s.cfg.duration {
 		if err := w.alive(); err != nil {
 			return err
+		}
+		if waves > 0 {
+			r, err := w.read()
+			if err != nil {
+				return err
+			}
+			logf("before wave %d, at rest: VmRSS %d / %d KiB (file-backed %s / %s), Go heap in use %d / %d KiB, retained %d / %d KiB, stacks %d / %d KiB",
+				waves+1, r.rssKB[0], r.rssKB[1], rssFile(s.m, 0), rssFile(s.m, 1),
+				r.heapInuse[0], r.heapInuse[1], r.heapRetained[0], r.heapRetained[1], r.stacks[0], r.stacks[1])
+			rests = append(rests, r)
 		}
 		waves++
 		r, err := s.wave(waves)
@@ -239,6 +255,7 @@ func (s *soak) run() error {
 	}
 	w.stop()
 	slope := w.rssSlope(waveEnds)
+	rest := restSlope(rests)
 	if end.total() > base.total() {
 		w.explain()
 	}
@@ -248,7 +265,8 @@ func (s *soak) run() error {
 	s.errors.report()
 	logf("load average now: %s", loadAvg())
 	emit("soak_errors", float64(s.errors.total()), "count")
-	emit("soak_rss_slope_kb_per_min", slope, "KiB/min")
+	emit("soak_rss_slope_kb_per_min", rest, "KiB/min")
+	emit("soak_rss_all_samples_slope_kb_per_min", slope, "KiB/min")
 	emit("soak_goroutines_baseline", float64(base.total()), "count")
 	emit("soak_goroutines_end", float64(end.total()), "count")
 	growth := end.liveKB[0] - base.liveKB[0]

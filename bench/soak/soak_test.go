@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 )
@@ -80,5 +81,23 @@ func TestCountSeries(t *testing.T) {
 	mfs := map[string]*dto.MetricFamily{"istio_tcp_sent_bytes_total": two, "istio_requests_total": two, "go_goroutines": two}
 	if n := countSeries(mfs, "istio_"); n != 4 {
 		t.Errorf("countSeries = %d, want 4", n)
+	}
+}
+
+// TestRestSlope: the fit through the at-rest samples reports the larger
+// proxy's slope in KiB per minute, and nothing for fewer than three gaps.
+func TestRestSlope(t *testing.T) {
+	t0 := time.Now()
+	var rests []sample
+	for i := range 6 {
+		s := sample{t: t0.Add(time.Duration(i) * 20 * time.Second)}
+		s.rssKB = [2]int64{40000 + int64(i%2)*100, 42000 + int64(i)*50} // node1 grows 150 KiB/min
+		rests = append(rests, s)
+	}
+	if got := restSlope(rests); math.Abs(got-150) > 1e-6 {
+		t.Errorf("restSlope = %v, want 150 (node1's)", got)
+	}
+	if got := restSlope(rests[:2]); got != 0 {
+		t.Errorf("restSlope of two gaps = %v, want 0 (no fit)", got)
 	}
 }

@@ -190,6 +190,21 @@ func vmRSS(pid int) (int64, error) {
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status: %v", pid, sc.Err())
 }
 
+// rssFile is node i's proxy RssFile from /proc status, for the log ("?"
+// when unreadable): the binary's pages, which grow as new code runs.
+func rssFile(m *meshlab.Mesh, i int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.Nodes[i].Proxy.PID()))
+	if err != nil {
+		return "?"
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "RssFile:"); ok {
+			return strings.Fields(v)[0]
+		}
+	}
+	return "?"
+}
+
 // alive fails when a node proxy has exited.
 func (w *watcher) alive() error {
 	for i, mn := range w.m.Nodes[:2] {
@@ -340,6 +355,37 @@ func (w *watcher) rssSlope(waveEnds []time.Time) float64 {
 			continue
 		}
 		logf("node%d proxy: VmRSS slope %.1f KiB/min over %d samples (%.1f min after the first wave)", i, slope, len(xs), to.Sub(from).Minutes())
+		if i == 0 || slope > maxSlope {
+			maxSlope = slope
+		}
+	}
+	return maxSlope
+}
+
+// restSlope is the least-squares slope of each proxy's VmRSS read at
+// rest (rests: one sample per gap, each right before a wave opens), in
+// KiB per minute; it returns the larger. What a leak leaves behind is
+// held at rest; the fit through every sample also follows how long each
+// cycle stayed at its peak, which the open rate on a shared machine
+// decides (bench/README, Soak): cycles a few MiB apart tilt it by
+// thousands of KiB per minute.
+func restSlope(rests []sample) float64 {
+	if len(rests) == 0 {
+		return 0
+	}
+	var maxSlope float64
+	for i := range 2 {
+		var xs, ys []float64
+		for _, s := range rests {
+			xs = append(xs, s.t.Sub(rests[0].t).Minutes())
+			ys = append(ys, float64(s.rssKB[i]))
+		}
+		slope, ok := leastSquares(xs, ys)
+		if !ok {
+			logf("node%d: %d samples at rest, too few for a slope", i, len(xs))
+			continue
+		}
+		logf("node%d proxy: VmRSS slope at rest %.1f KiB/min over %d gaps", i, slope, len(xs))
 		if i == 0 || slope > maxSlope {
 			maxSlope = slope
 		}
