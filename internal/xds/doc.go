@@ -15,6 +15,14 @@
 // own resource name, so it receives its config and no other waypoint's; node
 // proxies never subscribe to that type.
 //
+// The client encodes its DeltaDiscoveryRequests and decodes the
+// DeltaDiscoveryResponses itself (wire.go) rather than through
+// go-control-plane's generated types, so that the binaries that link this
+// package do not link go-control-plane: as of 2026-12-06 that leaves
+// 0.95 MiB of .text, .rodata and .gopclntab (and the descriptors the
+// generated packages register at init) out of the node proxy. The server,
+// internal/controlplane/xdsserver, keeps go-control-plane.
+//
 // It is not the state store and does not validate the semantics of a
 // resource (unknown enum values, bad addresses): that is the Sink's job.
 package xds
