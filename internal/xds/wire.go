@@ -206,6 +206,18 @@ var errMalformed = errors.New("malformed")
 // unmarshal decodes b into r (which it resets). The resources' bodies alias b.
 func (r *deltaResponse) unmarshal(b []byte) error {
 	*r = deltaResponse{size: len(b)}
+	// Count the resources first (tags and lengths only), so that a full
+	// sync's slice is allocated once; errors are the second pass's to report.
+	n := 0
+	_ = forFields(b, nil, func(num protowire.Number, typ protowire.Type, _ []byte) error {
+		if num == respResources && typ == protowire.BytesType {
+			n++
+		}
+		return nil
+	})
+	if n > 0 {
+		r.resources = make([]resource, 0, n)
+	}
 	err := forFields(b, respFieldNames, func(num protowire.Number, typ protowire.Type, v []byte) error {
 		if typ != protowire.BytesType {
 			return nil // a known number with another wire type counts as unknown
@@ -259,7 +271,7 @@ func (res *resource) unmarshal(b []byte) error {
 				var err error
 				switch num {
 				case anyTypeURL:
-					res.bodyType, err = str(v, "type_url")
+					res.bodyType, err = typeURL(v)
 				case anyValue:
 					res.body = v
 				}
@@ -299,6 +311,17 @@ func forFields(b []byte, names []string, fn func(protowire.Number, protowire.Typ
 		}
 	}
 	return nil
+}
+
+// typeURL is str for an Any's type_url, without a copy for the types the
+// client subscribes to (every body of a full sync has one of them).
+func typeURL(b []byte) (string, error) {
+	for _, t := range [...]string{AddressType, AuthorizationType, WaypointType} {
+		if string(b) == t {
+			return t, nil
+		}
+	}
+	return str(b, "type_url")
 }
 
 func fieldName(names []string, num protowire.Number) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -386,4 +387,42 @@ func TestWireCodec(t *testing.T) {
 	if err := c.Unmarshal(split, &discovery.DeltaDiscoveryResponse{}); err == nil {
 		t.Error("Unmarshal accepted a message that is not a *deltaResponse")
 	}
+}
+
+// BenchmarkDecodeResponse decodes a 10,000-workload full sync with the
+// client's decoder and with the generated type it replaced (which also
+// copied every body out of gRPC's buffer).
+func BenchmarkDecodeResponse(b *testing.B) {
+	m := &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: "1"}
+	for i := range 10000 {
+		name := "Kubernetes//Pod/default/w" + strconv.Itoa(i)
+		a, err := anypb.New(workload(name, "10.1.0.1"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		m.Resources = append(m.Resources, &discovery.Resource{Name: name, Version: strconv.Itoa(i), Resource: a})
+	}
+	data, err := proto.Marshal(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("wire", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			var r deltaResponse
+			if err := r.unmarshal(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("generated", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			if err := proto.Unmarshal(data, &discovery.DeltaDiscoveryResponse{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
