@@ -231,9 +231,10 @@ func (r *deltaResponse) unmarshal(b []byte) error {
 		case respNonce:
 			r.nonce, err = str(v, "nonce")
 		case respRemovedResources:
-			var s string
-			s, err = str(v, fmt.Sprintf("removed_resources[%d]", len(r.removed)))
-			r.removed = append(r.removed, s)
+			if !utf8.Valid(v) { // the index named only on error: no Sprintf per name
+				return fmt.Errorf("removed_resources[%d]: %w: invalid UTF-8", len(r.removed), errMalformed)
+			}
+			r.removed = append(r.removed, string(v))
 		case respResources:
 			var res resource
 			if err = res.unmarshal(v); err != nil {
