@@ -19,6 +19,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/xdsserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
@@ -196,7 +197,7 @@ func startControlPlane(authority *ca.CA, dir string) (*controlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := xds.NewServer(xds.ServerConfig{})
+	srv := xdsserver.NewServer(xdsserver.ServerConfig{})
 	srv.SetResources(xds.AddressType, addrs)
 	srv.SetResources(xds.AuthorizationType, authz)
 	srv.SetResources(xds.WaypointType, map[string]proto.Message{gatewayRef: wc})

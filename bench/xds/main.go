@@ -41,6 +41,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/xdsserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/node/state"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
@@ -131,7 +132,7 @@ func resources(nw, ns int) map[string]proto.Message {
 	return out
 }
 
-func serve(x *xds.Server) (string, func(), error) {
+func serve(x *xdsserver.Server) (string, func(), error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
@@ -147,7 +148,7 @@ func serve(x *xds.Server) (string, func(), error) {
 // only its own heap, as a node proxy does. It prints its address, serves
 // until its standard input closes, then prints its CPU time.
 func serveChild(nw, ns int) error {
-	x := xds.NewServer(xds.ServerConfig{})
+	x := xdsserver.NewServer(xdsserver.ServerConfig{})
 	x.SetResources(addressType, resources(nw, ns))
 	x.SetResources(authzType, map[string]proto.Message{})
 	addr, stop, err := serve(x)

@@ -27,23 +27,24 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/bootstrap"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/xdsserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/xdstest"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
-type cpStub struct{ x *xds.Server }
+type cpStub struct{ x *xdsserver.Server }
 
 func (cpStub) ConfigDump() controlplane.ConfigDump { return controlplane.ConfigDump{} }
-func (c cpStub) XDS() *xds.Server                  { return c.x }
+func (c cpStub) XDS() *xdsserver.Server            { return c.x }
 
 // syncLab serves a real xDS server with a real node proxy client (which
 // ACKs) and a raw stream that NACKs, behind the control plane's real admin
 // handler; it returns the admin address and the server.
-func syncLab(t *testing.T) (string, *xds.Server) {
+func syncLab(t *testing.T) (string, *xdsserver.Server) {
 	t.Helper()
-	x := xds.NewServer(xds.ServerConfig{})
+	x := xdsserver.NewServer(xdsserver.ServerConfig{})
 	x.SetResources(xds.AddressType, map[string]proto.Message{"w1": &workloadapi.Address{
 		Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{Uid: "w1", Name: "w1", Namespace: "demo"}}}})
 	x.SetResources(xds.AuthorizationType, nil)

@@ -39,6 +39,7 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/caserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/translate"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/xdsserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
@@ -113,7 +114,7 @@ type snapshot struct {
 type ControlPlane struct {
 	cfg  Config
 	log  *zap.Logger
-	xds  *xds.Server
+	xds  *xdsserver.Server
 	ca   *caserver.Server
 	snap atomic.Pointer[snapshot]
 
@@ -185,7 +186,7 @@ func New(cfg Config) (*ControlPlane, error) {
 	if cfg.Remotes != nil {
 		c.mc = translate.NewMerger(cfg.Translate)
 	}
-	c.xds = xds.NewServer(xds.ServerConfig{Log: log.Named("xds"), Registerer: cfg.Registerer})
+	c.xds = xdsserver.NewServer(xdsserver.ServerConfig{Log: log.Named("xds"), Registerer: cfg.Registerer})
 	placement := cfg.Placement
 	if placement == nil {
 		placement = c.CachedPlacement()
@@ -228,7 +229,7 @@ func (c *ControlPlane) Result() *translate.Result {
 }
 
 // XDS returns the xDS server (for its Nodes and Versions).
-func (c *ControlPlane) XDS() *xds.Server { return c.xds }
+func (c *ControlPlane) XDS() *xdsserver.Server { return c.xds }
 
 // NewGRPCServer returns a gRPC server with TLS (tlsCfg), the authenticating
 // interceptors, ADS and the CA registered: what Run serves. Embedders that

@@ -15,8 +15,6 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon/backoff"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity/reloadtls"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -25,7 +23,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // Client defaults, as Istio's ztunnel.
@@ -119,7 +116,8 @@ type Client struct {
 	log      *zap.Logger
 	metrics  *clientMetrics
 	h        *handler
-	node     *core.Node // sent in the first request of each stream
+	node     []byte // the encoded Node, sent in the first request of each stream
+	nodeID   string
 	dialOpts []grpc.DialOption
 	running  atomic.Bool
 	retry    *backoff.Retry
@@ -194,7 +192,8 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		log:      log,
 		metrics:  m,
 		h:        newWaypointHandler(cfg.Sink, cfg.Waypoint),
-		node:     cfg.Node.proto(),
+		node:     cfg.Node.encode(),
+		nodeID:   cfg.Node.ID(),
 		dialOpts: opts,
 		retry:    retry,
 	}, nil
@@ -237,6 +236,12 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 }
 
+// The delta ADS method (envoy/service/discovery/v3/ads.proto), a
+// bidirectional stream.
+const deltaADSMethod = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+
+var deltaADSStream = grpc.StreamDesc{StreamName: "DeltaAggregatedResources", ServerStreams: true, ClientStreams: true}
+
 // outcome is how one stream ended.
 type outcome struct {
 	reason string
@@ -260,20 +265,22 @@ func (c *Client) stream(ctx context.Context) outcome {
 	}
 	defer conn.Close()
 
-	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).
-		DeltaAggregatedResources(metadata.NewOutgoingContext(ctx, md))
+	// The codec is this call's alone (wire.go); StaticMethod, as generated
+	// clients pass it, lets stats handlers label the method by name.
+	st, err := conn.NewStream(metadata.NewOutgoingContext(ctx, md), &deltaADSStream, deltaADSMethod,
+		grpc.ForceCodecV2(codec{}), grpc.StaticMethod())
 	if err != nil {
 		return outcome{reason: ReasonConnectionError, err: fmt.Errorf("xds: open stream to %s: %w", c.cfg.Address, err)}
 	}
 	for i, t := range c.h.types {
 		req := c.h.initialRequest(t)
 		if t == AddressType && c.cfg.AddressNames != nil {
-			req.ResourceNamesSubscribe = c.cfg.AddressNames
+			req.subscribe = c.cfg.AddressNames
 		}
 		if i == 0 {
-			req.Node = c.node
+			req.node = c.node
 		}
-		if err := st.Send(req); err != nil {
+		if err := st.SendMsg(req); err != nil {
 			// io.EOF means the stream broke; Recv below returns why.
 			break
 		}
@@ -281,26 +288,26 @@ func (c *Client) stream(ctx context.Context) outcome {
 
 	served := false
 	for {
-		resp, err := st.Recv()
-		if err != nil {
+		resp := new(deltaResponse)
+		if err := st.RecvMsg(resp); err != nil {
 			return c.ended(err, served)
 		}
-		c.metrics.messages.WithLabelValues(resp.GetTypeUrl()).Inc()
-		c.metrics.bytes.WithLabelValues(resp.GetTypeUrl()).Add(float64(proto.Size(resp)))
+		c.metrics.messages.WithLabelValues(resp.typeURL).Inc()
+		c.metrics.bytes.WithLabelValues(resp.typeURL).Add(float64(resp.size))
 		if !served {
 			served = true
-			c.log.Info("connected", zap.String("node", c.node.GetId()))
+			c.log.Info("connected", zap.String("node", c.nodeID))
 			c.retry.Succeeded()
 		}
 		ack := c.h.handle(resp)
-		if ack.ErrorDetail != nil {
+		if ack.errorDetail != nil {
 			c.log.Warn("rejected resources (NACK)",
-				zap.String("type_url", resp.GetTypeUrl()),
-				zap.String("nonce", resp.GetNonce()),
-				zap.String("message", ack.ErrorDetail.GetMessage()))
+				zap.String("type_url", resp.typeURL),
+				zap.String("nonce", resp.nonce),
+				zap.String("message", ack.errorDetail.message))
 		}
 		// On a send error the next Recv returns the stream's status.
-		_ = st.Send(ack)
+		_ = st.SendMsg(ack)
 	}
 }
 

@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,10 +13,12 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 )
 
-// FuzzHandleResponse feeds arbitrary DeltaDiscoveryResponses to the client's
-// response handler: it must not panic, must echo type and nonce, must NACK
-// every resource it cannot decode with a message naming it, and must not
-// record a version for a rejected resource.
+// FuzzHandleResponse feeds arbitrary bytes to the client's response decoder
+// and handler. Whatever the generated type decodes, the client's decoder must
+// decode to the same fields (it may accept more: it does not look inside the
+// fields it skips). The handler must not panic, must echo type and nonce,
+// must NACK every resource it cannot decode with a message naming it, and
+// must not record a version for a rejected resource.
 func FuzzHandleResponse(f *testing.F) {
 	seeds := []*discovery.DeltaDiscoveryResponse{
 		{TypeUrl: AddressType, Nonce: "1", Resources: []*discovery.Resource{
@@ -44,15 +47,20 @@ func FuzzHandleResponse(f *testing.F) {
 	f.Add([]byte{0xff, 0x01})
 
 	f.Fuzz(func(t *testing.T, data []byte) {
+		ours := &deltaResponse{}
+		ourErr := ours.unmarshal(data)
 		resp := &discovery.DeltaDiscoveryResponse{}
 		if err := proto.Unmarshal(data, resp); err != nil {
 			return // not a response at all: the gRPC codec rejects it earlier
 		}
-		h := newHandler(newFakeSink())
-		ack := h.handle(resp)
-		if ack == nil {
-			t.Fatal("nil ack")
+		if ourErr != nil {
+			t.Fatalf("the generated type decodes what the client rejects: %v", ourErr)
 		}
+		if w := want(resp); !reflect.DeepEqual(normal(ours), w) {
+			t.Fatalf("decoded as %+v, the generated type reads %+v", normal(ours), w)
+		}
+		h := newHandler(newFakeSink())
+		ack := toProto(t, h.handle(ours))
 		if ack.GetTypeUrl() != resp.GetTypeUrl() || ack.GetResponseNonce() != resp.GetNonce() {
 			t.Fatalf("ack echoes {%q %q}, want {%q %q}", ack.GetTypeUrl(), ack.GetResponseNonce(), resp.GetTypeUrl(), resp.GetNonce())
 		}

@@ -8,13 +8,12 @@ import (
 	"strings"
 	"sync"
 
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 )
 
-// handler turns DeltaDiscoveryResponses into Sink calls and ACK/NACK requests.
+// handler turns DeltaDiscoveryResponses into Sink calls and ACK/NACK requests
+// (wire.go's deltaResponse and deltaRequest).
 // It outlives streams: the accepted versions and the synced state carry over
 // reconnects. handle is called by one goroutine at a time (the stream's
 // receive loop); mu only guards what other goroutines read (versions).
@@ -57,16 +56,16 @@ func newWaypointHandler(sink Sink, waypoint string) *handler {
 
 // initialRequest is the first request of a stream for typeURL: a wildcard
 // subscription (no names) carrying the versions held from earlier streams.
-func (h *handler) initialRequest(typeURL string) *discovery.DeltaDiscoveryRequest {
+func (h *handler) initialRequest(typeURL string) *deltaRequest {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var held map[string]string
 	if v := h.versions[typeURL]; len(v) > 0 {
 		held = maps.Clone(v)
 	}
-	req := &discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, InitialResourceVersions: held}
+	req := &deltaRequest{typeURL: typeURL, initialVersions: held}
 	if typeURL == WaypointType {
-		req.ResourceNamesSubscribe = []string{h.waypoint}
+		req.subscribe = []string{h.waypoint}
 	}
 	return req
 }
@@ -80,9 +79,9 @@ func (h *handler) resourceVersions(typeURL string) map[string]string {
 
 // handle applies resp to the sink and returns the ACK (or NACK, with
 // error_detail set) to send back. It never returns nil.
-func (h *handler) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.DeltaDiscoveryRequest {
-	typeURL := resp.GetTypeUrl()
-	ack := &discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}
+func (h *handler) handle(resp *deltaResponse) *deltaRequest {
+	typeURL := resp.typeURL
+	ack := &deltaRequest{typeURL: typeURL, responseNonce: resp.nonce}
 	var err error
 	switch typeURL {
 	case AddressType:
@@ -99,7 +98,7 @@ func (h *handler) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.Delt
 		err = fmt.Errorf("unknown type URL %q", typeURL)
 	}
 	if err != nil {
-		ack.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+		ack.errorDetail = &rpcStatus{code: int32(codes.InvalidArgument), message: err.Error()}
 	}
 	return ack
 }
@@ -113,8 +112,8 @@ const parallelDecodeMin = 2048
 func apply[M any, PM interface {
 	*M
 	proto.Message
-}](h *handler, typeURL string, resp *discovery.DeltaDiscoveryResponse, sinkFn func(map[string]PM, []string) error) error {
-	res := resp.GetResources()
+}](h *handler, typeURL string, resp *deltaResponse, sinkFn func(map[string]PM, []string) error) error {
+	res := resp.resources
 	upserts := make(map[string]PM, len(res))
 	versions := make(map[string]string, len(res))
 	bad := ResourceErrors{}
@@ -123,18 +122,18 @@ func apply[M any, PM interface {
 	decoded := make([]PM, len(res))
 	errs := make([]error, len(res))
 	decode := func(i int) {
-		r := res[i]
-		body := r.GetResource()
+		r := &res[i]
 		switch {
-		case r.GetName() == "":
+		case r.name == "":
 			errs[i] = errors.New("resource has no name")
-		case body == nil:
+		case !r.hasBody:
 			errs[i] = errors.New("resource has no body")
-		case body.GetTypeUrl() != typeURL:
-			errs[i] = fmt.Errorf("resource type %q in a %q response", body.GetTypeUrl(), typeURL)
+		case r.bodyType != typeURL:
+			errs[i] = fmt.Errorf("resource type %q in a %q response", r.bodyType, typeURL)
 		default:
 			m := PM(new(M))
-			if err := proto.Unmarshal(body.GetValue(), m); err != nil {
+			// Unmarshal copies what it keeps: r.body aliases the response.
+			if err := proto.Unmarshal(r.body, m); err != nil {
 				errs[i] = fmt.Errorf("decode: %w", err)
 				return
 			}
@@ -158,21 +157,21 @@ func apply[M any, PM interface {
 			decode(i)
 		}
 	}
-	for i, r := range res {
-		name := r.GetName()
+	for i := range res {
+		name := res[i].name
 		if errs[i] != nil {
 			bad[name] = errs[i]
 			continue
 		}
 		upserts[name] = decoded[i]
-		versions[name] = r.GetVersion()
+		versions[name] = res[i].version
 	}
 	// A name sent twice with one undecodable copy is rejected as a whole.
 	for name := range bad {
 		delete(upserts, name)
 		delete(versions, name)
 	}
-	removes := resp.GetRemovedResources()
+	removes := resp.removed
 
 	var sinkErr error
 	if len(upserts) > 0 || len(removes) > 0 {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -149,7 +150,7 @@ func TestHandle(t *testing.T) {
 				fake.addrs[n] = workload(n, "10.9.9.9")
 			}
 
-			ack := h.handle(tt.resp)
+			ack := handleProto(t, h, tt.resp)
 
 			if ack.GetTypeUrl() != tt.resp.GetTypeUrl() || ack.GetResponseNonce() != tt.resp.GetNonce() {
 				t.Errorf("ack {%q %q}, want {%q %q}", ack.GetTypeUrl(), ack.GetResponseNonce(), tt.resp.GetTypeUrl(), tt.resp.GetNonce())
@@ -181,7 +182,7 @@ func TestHandle(t *testing.T) {
 func TestHandleEmptyResponseSkipsSink(t *testing.T) {
 	s := &errSink{err: errors.New("must not be called")}
 	h := newHandler(s)
-	ack := h.handle(&discovery.DeltaDiscoveryResponse{TypeUrl: AuthorizationType, Nonce: "1"})
+	ack := handleProto(t, h, &discovery.DeltaDiscoveryResponse{TypeUrl: AuthorizationType, Nonce: "1"})
 	if ack.GetErrorDetail() != nil || s.calls != 0 {
 		t.Errorf("empty response: NACK %v, sink calls %d; want ACK and no call", ack.GetErrorDetail(), s.calls)
 	}
@@ -206,7 +207,7 @@ func TestSynced(t *testing.T) {
 				if strings.Contains(tt.name, "NACK") {
 					resp.Resources = []*discovery.Resource{rawRes("x", "1", typ, []byte{0xff})}
 				}
-				h.handle(resp)
+				handleProto(t, h, resp)
 			}
 			select {
 			case <-h.synced:
@@ -224,17 +225,17 @@ func TestSynced(t *testing.T) {
 
 func TestInitialRequestCarriesVersions(t *testing.T) {
 	h := newHandler(newFakeSink())
-	if r := h.initialRequest(AddressType); r.GetInitialResourceVersions() != nil || r.GetTypeUrl() != AddressType {
-		t.Errorf("fresh initial request %v", r)
+	if r := h.initialRequest(AddressType); r.initialVersions != nil || r.typeURL != AddressType {
+		t.Errorf("fresh initial request %+v", r)
 	}
-	h.handle(&discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: "1",
+	handleProto(t, h, &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: "1",
 		Resources: []*discovery.Resource{res(t, "a", "v1", workload("a", "10.0.0.1"))}})
 	r := h.initialRequest(AddressType)
-	if !maps.Equal(r.GetInitialResourceVersions(), map[string]string{"a": "v1"}) || len(r.GetResourceNamesSubscribe()) != 0 {
-		t.Errorf("initial request after a response = %v", r)
+	if !maps.Equal(r.initialVersions, map[string]string{"a": "v1"}) || len(r.subscribe) != 0 {
+		t.Errorf("initial request after a response = %+v", r)
 	}
 	// The request owns its map.
-	r.InitialResourceVersions["a"] = "tampered"
+	r.initialVersions["a"] = "tampered"
 	if h.resourceVersions(AddressType)["a"] != "v1" {
 		t.Error("initial request shares the handler's version map")
 	}
@@ -260,7 +261,14 @@ func TestNodeInfo(t *testing.T) {
 	if got, want := n.ID(), "ztunnel~10.0.0.5~zt-1.istio-system~istio-system.svc.cluster.local"; got != want {
 		t.Errorf("ID() = %q, want %q", got, want)
 	}
-	md := n.proto().GetMetadata().GetFields()
+	node := &core.Node{}
+	if err := proto.Unmarshal(n.encode(), node); err != nil {
+		t.Fatal(err)
+	}
+	if node.GetId() != n.ID() {
+		t.Errorf("node id %q, want %q", node.GetId(), n.ID())
+	}
+	md := node.GetMetadata().GetFields()
 	for k, want := range map[string]string{"NAME": "zt-1", "NAMESPACE": "istio-system", "INSTANCE_IPS": "10.0.0.5,fd00::5", "NODE_NAME": "n1", "CLUSTER_ID": "c1"} {
 		if got := md[k].GetStringValue(); got != want {
 			t.Errorf("metadata %s = %q, want %q", k, got, want)
@@ -288,7 +296,7 @@ func TestHandleLargeResponseDecodesInParallel(t *testing.T) {
 	}
 	sink := newFakeSink()
 	h := newHandler(sink)
-	ack := h.handle(resp)
+	ack := handleProto(t, h, resp)
 	msg := ack.GetErrorDetail().GetMessage()
 	for _, want := range []string{"w7", "w" + strconv.Itoa(n-1), "w1500"} {
 		if !strings.Contains(msg, want) {

@@ -2,10 +2,8 @@ package xds
 
 import (
 	"errors"
+	"maps"
 	"strings"
-
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // NodeInfo describes the ztunnel instance to the control plane.
@@ -44,14 +42,14 @@ func (n NodeInfo) ID() string {
 	return "ztunnel~" + ip + "~" + n.PodName + "." + n.PodNamespace + "~" + n.PodNamespace + ".svc.cluster.local"
 }
 
-func (n NodeInfo) proto() *core.Node {
-	fields := make(map[string]*structpb.Value, len(n.Metadata)+4)
-	for k, v := range n.Metadata {
-		fields[k] = structpb.NewStringValue(v)
-	}
-	fields["NAME"] = structpb.NewStringValue(n.PodName)
-	fields["NAMESPACE"] = structpb.NewStringValue(n.PodNamespace)
-	fields["INSTANCE_IPS"] = structpb.NewStringValue(strings.Join(n.InstanceIPs, ","))
-	fields["NODE_NAME"] = structpb.NewStringValue(n.NodeName)
-	return &core.Node{Id: n.ID(), Metadata: &structpb.Struct{Fields: fields}}
+// encode encodes the envoy.config.core.v3.Node sent in the first request of
+// each stream: the id and the metadata, all strings.
+func (n NodeInfo) encode() []byte {
+	md := make(map[string]string, len(n.Metadata)+4)
+	maps.Copy(md, n.Metadata)
+	md["NAME"] = n.PodName
+	md["NAMESPACE"] = n.PodNamespace
+	md["INSTANCE_IPS"] = strings.Join(n.InstanceIPs, ",")
+	md["NODE_NAME"] = n.NodeName
+	return encodeNode(n.ID(), md)
 }

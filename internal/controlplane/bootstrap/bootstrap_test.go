@@ -9,14 +9,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/xdsserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
-	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
-type fakeDump struct{ xds *xds.Server }
+type fakeDump struct{ xds *xdsserver.Server }
 
 func (fakeDump) ConfigDump() controlplane.ConfigDump { return controlplane.ConfigDump{Generation: 7} }
-func (f fakeDump) XDS() *xds.Server                  { return f.xds }
+func (f fakeDump) XDS() *xdsserver.Server            { return f.xds }
 
 // TestServersSplitDebugFromPublic: the config dump, /logging and pprof are
 // only on the Debug server; the public ones serve metrics or readiness and
@@ -27,7 +27,7 @@ func TestServersSplitDebugFromPublic(t *testing.T) {
 	c.Inc()
 	reg.MustRegister(c)
 	o := Options{AdminAddr: DefaultAdminAddr, MetricsAddr: DefaultMetricsAddr, ReadinessAddr: DefaultReadinessAddr}
-	specs := Servers(o, fakeDump{xds.NewServer(xds.ServerConfig{})}, reg, zap.NewAtomicLevel(), daemon.NewReadiness())
+	specs := Servers(o, fakeDump{xdsserver.NewServer(xdsserver.ServerConfig{})}, reg, zap.NewAtomicLevel(), daemon.NewReadiness())
 	by := map[string]daemon.Spec{}
 	for _, s := range specs {
 		by[s.Name] = s

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane"
+	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/xdsserver"
 	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
@@ -23,7 +24,7 @@ type SyncStatus struct {
 // show (*controlplane.ControlPlane).
 type ConfigDumper interface {
 	ConfigDump() controlplane.ConfigDump
-	XDS() *xds.Server
+	XDS() *xdsserver.Server
 }
 
 // Servers are the control plane's HTTP servers at o's addresses:

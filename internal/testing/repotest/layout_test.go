@@ -110,7 +110,7 @@ var internalOwners = map[string]string{
 	"identity":     "shared: SPIFFE identities and certificates",
 	"netns":        "shared: entering network namespaces",
 	"drain":        "shared: two-phase shutdown",
-	"xds":          "shared: delta xDS client (node) and server (control plane)",
+	"xds":          "shared: delta xDS client (node proxy, waypoint), type URLs and status types (server: controlplane/xdsserver)",
 	"daemon":       "shared: the daemons' runtime skeleton (logs, readiness, admin)",
 	"otlp":         "shared: OTLP span exporters (waypoint tracing, node proxy connection spans)",
 }

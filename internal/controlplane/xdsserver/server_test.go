@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"crypto/sha256"
@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 func TestSetResourcesVersions(t *testing.T) {
@@ -29,16 +31,16 @@ func TestSetResourcesVersions(t *testing.T) {
 		want    map[string]string
 		wantLog string
 	}{
-		{name: "version is the hash of the deterministic encoding", typeURL: AddressType,
+		{name: "version is the hash of the deterministic encoding", typeURL: xds.AddressType,
 			set:  map[string]proto.Message{"a": a},
 			want: map[string]string{"a": sha256hex(b)}},
-		{name: "nil message keeps the old version", typeURL: AddressType,
+		{name: "nil message keeps the old version", typeURL: xds.AddressType,
 			set:     map[string]proto.Message{"a": nil},
 			want:    map[string]string{"a": sha256hex(b)},
 			wantLog: "resource not served"},
-		{name: "nil map removes all", typeURL: AddressType,
+		{name: "nil map removes all", typeURL: xds.AddressType,
 			want: map[string]string{}},
-		{name: "invalid UTF-8 is not served", typeURL: AddressType,
+		{name: "invalid UTF-8 is not served", typeURL: xds.AddressType,
 			set: map[string]proto.Message{"u": &workloadapi.Address{Type: &workloadapi.Address_Workload{
 				Workload: &workloadapi.Workload{Uid: "\xff"}}}},
 			want:    map[string]string{},
@@ -72,14 +74,14 @@ func sha256hex(b []byte) string {
 
 func TestServerReadyAfterBothTypes(t *testing.T) {
 	s := NewServer(ServerConfig{})
-	s.SetResources(AddressType, nil)
+	s.SetResources(xds.AddressType, nil)
 	select {
 	case <-s.ready:
 		t.Fatal("ready after one type")
 	default:
 	}
-	s.SetResources(AuthorizationType, nil)
-	s.SetResources(AuthorizationType, nil) // again: must not close twice
+	s.SetResources(xds.AuthorizationType, nil)
+	s.SetResources(xds.AuthorizationType, nil) // again: must not close twice
 	select {
 	case <-s.ready:
 	default:

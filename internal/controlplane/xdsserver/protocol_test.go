@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 // rawStream is a hand-driven ADS stream for protocol-level server tests.
@@ -59,15 +61,15 @@ func (r *rawStream) recv() (resp *discovery.DeltaDiscoveryResponse, names []stri
 
 func TestServerProtocol(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 		"a": workload("a", "10.0.0.1"), "b": workload("b", "10.0.0.2"), "c": workload("c", "10.0.0.3"),
 	}))
-	srv.SetResources(AuthorizationType, nil)
-	v := srv.Versions(AddressType)
+	srv.SetResources(xds.AuthorizationType, nil)
+	v := srv.Versions(xds.AddressType)
 
 	t.Run("resume: unchanged skipped, stale resent, unknown removed", func(t *testing.T) {
 		r := dialRaw(t, srv.addr)
-		r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, InitialResourceVersions: map[string]string{
+		r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: xds.AddressType, InitialResourceVersions: map[string]string{
 			"a": v["a"], "b": "stale", "gone": "v0",
 		}})
 		resp, names := r.recv()
@@ -78,19 +80,19 @@ func TestServerProtocol(t *testing.T) {
 
 	t.Run("explicit names (on-demand)", func(t *testing.T) {
 		r := dialRaw(t, srv.addr)
-		r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, ResourceNamesSubscribe: []string{"a", "missing"}})
+		r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: xds.AddressType, ResourceNamesSubscribe: []string{"a", "missing"}})
 		if _, names := r.recv(); !slices.Equal(names, []string{"a"}) {
 			t.Fatalf("first response %v, want [a]", names)
 		}
-		r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, ResourceNamesSubscribe: []string{"b"}})
+		r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: xds.AddressType, ResourceNamesSubscribe: []string{"b"}})
 		if _, names := r.recv(); !slices.Equal(names, []string{"b"}) {
 			t.Fatalf("after subscribing b: %v, want [b]", names)
 		}
 		// A change to c (not subscribed) and then to a: only a arrives.
-		srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+		srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 			"a": workload("a", "10.0.0.1"), "b": workload("b", "10.0.0.2"), "c": workload("c", "10.0.0.33"),
 		}))
-		srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+		srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 			"a": workload("a", "10.0.0.11"), "b": workload("b", "10.0.0.2"), "c": workload("c", "10.0.0.33"),
 		}))
 		if _, names := r.recv(); !slices.Equal(names, []string{"a"}) {
@@ -111,17 +113,17 @@ func TestServerProtocol(t *testing.T) {
 // sent only after the ACK, together with later ones.
 func TestServerWaitsForACK(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.0.0.1")}))
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.0.0.1")}))
+	srv.SetResources(xds.AuthorizationType, nil)
 	r := dialRaw(t, srv.addr)
-	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType})
+	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: xds.AddressType})
 	first, err := r.st.Recv() // not ACKed yet
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.0.0.1"), "b": workload("b", "10.0.0.2")}))
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.0.0.1"), "b": workload("b", "10.0.0.2"), "c": workload("c", "10.0.0.3")}))
-	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, ResponseNonce: first.GetNonce()})
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.0.0.1"), "b": workload("b", "10.0.0.2")}))
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.0.0.1"), "b": workload("b", "10.0.0.2"), "c": workload("c", "10.0.0.3")}))
+	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: xds.AddressType, ResponseNonce: first.GetNonce()})
 	if _, names := r.recv(); !slices.Equal(names, []string{"b", "c"}) {
 		t.Errorf("after ACK got %v, want [b c] in one response", names)
 	}

@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"context"
@@ -25,6 +25,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/xds/resmap"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 // Server invariants:
@@ -100,6 +102,10 @@ type entry struct {
 	wire    mem.Buffer          // the encoded DeltaDiscoveryResponse.resources entry (server_wire.go)
 }
 
+// gatedTypes are the workload API's two types: streams are held until both
+// have been set (xds.WaypointType is served but not gated).
+var gatedTypes = [...]string{xds.AddressType, xds.AuthorizationType}
+
 type serverMetrics struct {
 	clients   prometheus.GaugeFunc
 	resources *prometheus.GaugeVec
@@ -117,18 +123,18 @@ func NewServer(cfg ServerConfig) *Server {
 	}
 	s := &Server{
 		log:     log,
-		types:   make(map[string]*typeState, len(typeURLs)),
+		types:   make(map[string]*typeState, len(gatedTypes)),
 		ready:   make(chan struct{}),
 		streams: map[*stream]struct{}{},
 	}
-	for _, t := range typeURLs {
+	for _, t := range gatedTypes {
 		ts := &typeState{gated: true}
 		ts.snap.Store(resmap.Edit[*entry](nil).Done())
 		s.types[t] = ts
 	}
 	wp := &typeState{}
 	wp.snap.Store(resmap.Edit[*entry](nil).Done())
-	s.types[WaypointType] = wp
+	s.types[xds.WaypointType] = wp
 	s.metrics = &serverMetrics{
 		clients: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "xds_server_clients",
@@ -156,6 +162,22 @@ func NewServer(cfg ServerConfig) *Server {
 		log.Error("server metrics unavailable", zap.Error(err))
 	}
 	return s
+}
+
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return nil
+	}
+	var errs []error
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("xdsserver: register metrics: %w", err)
+	}
+	return nil
 }
 
 // SetResources replaces the whole desired set of typeURL (nil: none).
@@ -230,7 +252,7 @@ func (s *Server) update(typeURL string, resources map[string]proto.Message, remo
 	// Only now that the snapshot holds the set may held streams proceed.
 	if whole && !ts.set {
 		ts.set = true
-		if ts.gated && int(s.setTypes.Add(1)) == len(typeURLs) {
+		if ts.gated && int(s.setTypes.Add(1)) == len(gatedTypes) {
 			close(s.ready)
 		}
 	}

@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 // notifySink reports every address upsert on a shared channel.
@@ -36,8 +38,8 @@ func BenchmarkPushToClients(b *testing.B) {
 	for i := range pods {
 		set[fmt.Sprintf("pod-%d", i)] = workload(fmt.Sprintf("pod-%d", i), fmt.Sprintf("10.1.%d.%d", i/250, i%250))
 	}
-	srv.SetResources(AddressType, set)
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, set)
+	srv.SetResources(xds.AuthorizationType, nil)
 	gs := grpc.NewServer()
 	srv.Register(gs)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -50,9 +52,9 @@ func BenchmarkPushToClients(b *testing.B) {
 	seen := make(chan string, clients*pods)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cs := make([]*Client, clients)
+	cs := make([]*xds.Client, clients)
 	for i := range cs {
-		c, err := NewClient(ClientConfig{Address: lis.Addr().String(), Insecure: true, Node: testNode, Sink: notifySink{seen}})
+		c, err := xds.NewClient(xds.ClientConfig{Address: lis.Addr().String(), Insecure: true, Node: testNode, Sink: notifySink{seen}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -69,7 +71,7 @@ func BenchmarkPushToClients(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		set["pod-7"] = workload("pod-7", fmt.Sprintf("10.2.%d.%d", (i/250)%250, i%250))
-		srv.SetResources(AddressType, set)
+		srv.SetResources(xds.AddressType, set)
 		for range clients {
 			if name := <-seen; name != "pod-7" {
 				b.Fatalf("client got %s, want only pod-7", name)

@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"fmt"
@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 // decodeWire marshals r's fast path with the registered codec and decodes
@@ -34,11 +36,11 @@ func TestWireEntryDecodes(t *testing.T) {
 		name, typeURL, resName, version string
 		value                           []byte
 	}{
-		{name: "workload", typeURL: AddressType, resName: "Kubernetes//Pod/ns/a", version: strings.Repeat("ab", 32), value: []byte{1, 2, 3}},
-		{name: "empty value (an empty message)", typeURL: AddressType, resName: "a", version: "v"},
-		{name: "empty name", typeURL: AuthorizationType, version: "v", value: []byte("p")},
-		{name: "long fields", typeURL: AddressType, resName: long, version: long, value: []byte(long + long)},
-		{name: "non-ASCII name", typeURL: AddressType, resName: "ns/ünï", version: "v", value: []byte{0}},
+		{name: "workload", typeURL: xds.AddressType, resName: "Kubernetes//Pod/ns/a", version: strings.Repeat("ab", 32), value: []byte{1, 2, 3}},
+		{name: "empty value (an empty message)", typeURL: xds.AddressType, resName: "a", version: "v"},
+		{name: "empty name", typeURL: xds.AuthorizationType, version: "v", value: []byte("p")},
+		{name: "long fields", typeURL: xds.AddressType, resName: long, version: long, value: []byte(long + long)},
+		{name: "non-ASCII name", typeURL: xds.AddressType, resName: "ns/ünï", version: "v", value: []byte{0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,8 +69,8 @@ func TestWireResponseDecodes(t *testing.T) {
 		uid := fmt.Sprintf("Kubernetes//Pod/default/w-%d", i)
 		set[uid] = workload(uid, fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))
 	}
-	s.SetResources(AddressType, addrSet(set))
-	snap := s.types[AddressType].load()
+	s.SetResources(xds.AddressType, addrSet(set))
+	snap := s.types[xds.AddressType].load()
 	var all []*entry
 	for _, e := range snap.All() {
 		all = append(all, e)
@@ -79,12 +81,12 @@ func TestWireResponseDecodes(t *testing.T) {
 		name string
 		resp response
 	}{
-		{name: "full sync", resp: response{typeURL: AddressType, nonce: "1", resources: all}},
-		{name: "incremental with removals", resp: response{typeURL: AddressType, nonce: "42", resources: []*entry{one}, removed: []string{"gone-1", "gone-2"}}},
-		{name: "removals only", resp: response{typeURL: AuthorizationType, nonce: "7", removed: []string{"ns/p"}}},
-		{name: "empty first answer", resp: response{typeURL: AuthorizationType, nonce: "2"}},
-		{name: "system version info", resp: response{systemVersion: "2026-12-02/17", typeURL: AddressType, nonce: "3", resources: all[:5]}},
-		{name: "an empty removed name is kept", resp: response{typeURL: AddressType, nonce: "9", removed: []string{"", "x"}}},
+		{name: "full sync", resp: response{typeURL: xds.AddressType, nonce: "1", resources: all}},
+		{name: "incremental with removals", resp: response{typeURL: xds.AddressType, nonce: "42", resources: []*entry{one}, removed: []string{"gone-1", "gone-2"}}},
+		{name: "removals only", resp: response{typeURL: xds.AuthorizationType, nonce: "7", removed: []string{"ns/p"}}},
+		{name: "empty first answer", resp: response{typeURL: xds.AuthorizationType, nonce: "2"}},
+		{name: "system version info", resp: response{systemVersion: "2026-12-02/17", typeURL: xds.AddressType, nonce: "3", resources: all[:5]}},
+		{name: "an empty removed name is kept", resp: response{typeURL: xds.AddressType, nonce: "9", removed: []string{"", "x"}}},
 		{name: "no nonce, no type", resp: response{resources: []*entry{one}}},
 	}
 	for _, tt := range tests {
@@ -116,7 +118,7 @@ func TestWireCodecRegistered(t *testing.T) {
 		t.Fatal(`gRPC's "proto" codec is not the xds package's: responses would be marshalled`)
 	}
 	// Every other message goes through gRPC's own proto codec.
-	req := &discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, ResponseNonce: "5", ResourceNamesSubscribe: []string{"a"}}
+	req := &discovery.DeltaDiscoveryRequest{TypeUrl: xds.AddressType, ResponseNonce: "5", ResourceNamesSubscribe: []string{"a"}}
 	bufs, err := registeredCodec.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
@@ -143,11 +145,11 @@ func TestWireOverStream(t *testing.T) {
 		uid := fmt.Sprintf("w-%d", i)
 		set[uid] = workload(uid, fmt.Sprintf("10.1.0.%d", i+1))
 	}
-	srv.SetResources(AddressType, addrSet(set))
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, addrSet(set))
+	srv.SetResources(xds.AuthorizationType, nil)
 
 	wantResources := func(names ...string) []*discovery.Resource {
-		snap := srv.types[AddressType].load()
+		snap := srv.types[xds.AddressType].load()
 		var out []*discovery.Resource
 		for _, n := range names {
 			e, ok := snap.Get(n)
@@ -167,10 +169,10 @@ func TestWireOverStream(t *testing.T) {
 	r := dialRaw(t, srv.addr)
 	// Resuming: one name the server no longer has, one held at an old
 	// version (sent once), one held at the current version (not sent).
-	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: AddressType, InitialResourceVersions: map[string]string{
-		"stale": "v0", "w-0": "old", "w-1": srv.Versions(AddressType)["w-1"]}})
+	r.send(&discovery.DeltaDiscoveryRequest{TypeUrl: xds.AddressType, InitialResourceVersions: map[string]string{
+		"stale": "v0", "w-0": "old", "w-1": srv.Versions(xds.AddressType)["w-1"]}})
 	full, names := r.recv()
-	want := &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: full.GetNonce(),
+	want := &discovery.DeltaDiscoveryResponse{TypeUrl: xds.AddressType, Nonce: full.GetNonce(),
 		Resources: wantResources(names...), RemovedResources: []string{"stale"}}
 	if full.GetNonce() == "" || len(names) != 49 || slices.Contains(names, "w-1") || !slices.Contains(names, "w-0") {
 		t.Fatalf("full response: nonce %q, %d resources (want 49: all but w-1, w-0 once): %v", full.GetNonce(), len(names), names)
@@ -182,9 +184,9 @@ func TestWireOverStream(t *testing.T) {
 
 	delete(set, "w-3")
 	set["w-4"] = workload("w-4", "10.1.1.4")
-	srv.SetResources(AddressType, addrSet(set))
+	srv.SetResources(xds.AddressType, addrSet(set))
 	inc, names := r.recv()
-	want = &discovery.DeltaDiscoveryResponse{TypeUrl: AddressType, Nonce: inc.GetNonce(),
+	want = &discovery.DeltaDiscoveryResponse{TypeUrl: xds.AddressType, Nonce: inc.GetNonce(),
 		Resources: wantResources(names...), RemovedResources: []string{"w-3"}}
 	if !slices.Equal(names, []string{"w-4"}) || inc.GetNonce() == full.GetNonce() {
 		t.Fatalf("incremental response: nonce %q, resources %v", inc.GetNonce(), names)

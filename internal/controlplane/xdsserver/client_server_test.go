@@ -1,7 +1,6 @@
-package xds
+package xdsserver
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"maps"
@@ -12,7 +11,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -23,30 +21,32 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/securityapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 func TestFullSync(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 		"Kubernetes//Pod/default/a": workload("Kubernetes//Pod/default/a", "10.1.0.1"),
 		"Kubernetes//Pod/default/b": workload("Kubernetes//Pod/default/b", "10.1.0.2"),
 	}))
-	srv.SetResources(AuthorizationType, authzSet(map[string]*securityapi.Authorization{
+	srv.SetResources(xds.AuthorizationType, authzSet(map[string]*securityapi.Authorization{
 		"default/allow": policy("default", "allow"),
 	}))
 	c := startClient(t, srv.addr)
 	waitClosed(t, "Synced", c.Synced())
 
-	if got, want := c.sink.names(AddressType), []string{"Kubernetes//Pod/default/a", "Kubernetes//Pod/default/b"}; !slices.Equal(got, want) {
+	if got, want := c.sink.names(xds.AddressType), []string{"Kubernetes//Pod/default/a", "Kubernetes//Pod/default/b"}; !slices.Equal(got, want) {
 		t.Errorf("addresses = %v, want %v", got, want)
 	}
-	if got, want := c.sink.names(AuthorizationType), []string{"default/allow"}; !slices.Equal(got, want) {
+	if got, want := c.sink.names(xds.AuthorizationType), []string{"default/allow"}; !slices.Equal(got, want) {
 		t.Errorf("authorizations = %v, want %v", got, want)
 	}
 	if got := c.sink.address("Kubernetes//Pod/default/a"); !proto.Equal(got, workload("Kubernetes//Pod/default/a", "10.1.0.1")) {
 		t.Errorf("address a decoded as %v", got)
 	}
-	for _, typ := range typeURLs {
+	for _, typ := range gatedTypes {
 		if got, want := c.ResourceVersions(typ), srv.Versions(typ); !maps.Equal(got, want) {
 			t.Errorf("%s: client versions %v, server versions %v", typ, got, want)
 		}
@@ -55,10 +55,10 @@ func TestFullSync(t *testing.T) {
 		t.Errorf("Clients() = %d, want 1", got)
 	}
 	testkit.Eventually(t, waitTimeout, "node id on the server", func() bool { return slices.Equal(srv.Nodes(), []string{testNode.ID()}) })
-	if n := counter(t, c.reg, "istio_xds_message_total", "url", AddressType); n != 1 {
+	if n := counter(t, c.reg, "istio_xds_message_total", "url", xds.AddressType); n != 1 {
 		t.Errorf("istio_xds_message_total{url=Address} = %v, want 1", n)
 	}
-	if n := counter(t, c.reg, "istio_xds_message_bytes_total", "url", AddressType); n <= 0 {
+	if n := counter(t, c.reg, "istio_xds_message_bytes_total", "url", xds.AddressType); n <= 0 {
 		t.Errorf("istio_xds_message_bytes_total{url=Address} = %v, want > 0", n)
 	}
 
@@ -80,12 +80,12 @@ func TestFullSync(t *testing.T) {
 
 func TestSyncedWithEmptyType(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"w": workload("w", "10.1.0.1")}))
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"w": workload("w", "10.1.0.1")}))
 	// No authorizations at all: the server still answers the first request.
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AuthorizationType, nil)
 	c := startClient(t, srv.addr)
 	waitClosed(t, "Synced", c.Synced())
-	if got := c.sink.names(AuthorizationType); len(got) != 0 {
+	if got := c.sink.names(xds.AuthorizationType); len(got) != 0 {
 		t.Errorf("authorizations = %v, want none", got)
 	}
 }
@@ -97,8 +97,8 @@ func TestIncrementalPushAndRemoval(t *testing.T) {
 		"b": workload("b", "10.1.0.2"),
 		"c": workload("c", "10.1.0.3"),
 	}
-	srv.SetResources(AddressType, addrSet(set))
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, addrSet(set))
+	srv.SetResources(xds.AuthorizationType, nil)
 	c := startClient(t, srv.addr)
 	waitClosed(t, "Synced", c.Synced())
 	base := c.sink.callCount()
@@ -106,30 +106,30 @@ func TestIncrementalPushAndRemoval(t *testing.T) {
 	// Same content in fresh messages: nothing is pushed. A change of b is
 	// pushed alone; if the identical set had been pushed it would show up as
 	// an extra call before it.
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 		"a": workload("a", "10.1.0.1"),
 		"b": workload("b", "10.1.0.2"),
 		"c": workload("c", "10.1.0.3"),
 	}))
 	set["b"] = workload("b", "10.1.0.22")
-	srv.SetResources(AddressType, addrSet(set))
+	srv.SetResources(xds.AddressType, addrSet(set))
 	testkit.Eventually(t, waitTimeout, "b updated", func() bool {
 		return proto.Equal(c.sink.address("b"), workload("b", "10.1.0.22"))
 	})
-	if got, want := c.sink.callsSince(base), []sinkCall{{typeURL: AddressType, upserts: []string{"b"}}}; !equalCalls(got, want) {
+	if got, want := c.sink.callsSince(base), []sinkCall{{typeURL: xds.AddressType, upserts: []string{"b"}}}; !equalCalls(got, want) {
 		t.Fatalf("sink calls after change = %+v, want %+v", got, want)
 	}
 
 	// Removal.
 	base = c.sink.callCount()
 	delete(set, "c")
-	srv.SetResources(AddressType, addrSet(set))
+	srv.SetResources(xds.AddressType, addrSet(set))
 	testkit.Eventually(t, waitTimeout, "c removed", func() bool { return c.sink.address("c") == nil })
-	if got, want := c.sink.callsSince(base), []sinkCall{{typeURL: AddressType, removes: []string{"c"}}}; !equalCalls(got, want) {
+	if got, want := c.sink.callsSince(base), []sinkCall{{typeURL: xds.AddressType, removes: []string{"c"}}}; !equalCalls(got, want) {
 		t.Fatalf("sink calls after removal = %+v, want %+v", got, want)
 	}
-	testkit.Eventually(t, waitTimeout, "versions", func() bool { return maps.Equal(c.ResourceVersions(AddressType), srv.Versions(AddressType)) })
-	if _, ok := c.ResourceVersions(AddressType)["c"]; ok {
+	testkit.Eventually(t, waitTimeout, "versions", func() bool { return maps.Equal(c.ResourceVersions(xds.AddressType), srv.Versions(xds.AddressType)) })
+	if _, ok := c.ResourceVersions(xds.AddressType)["c"]; ok {
 		t.Error("client still tracks a version for removed c")
 	}
 }
@@ -142,22 +142,22 @@ func equalCalls(a, b []sinkCall) bool {
 
 func TestRejectedResourceNACK(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(AuthorizationType, nil)
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+	srv.SetResources(xds.AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 		"good-1": workload("good-1", "10.1.0.1"),
 		"bad-1":  workload("bad-1", "10.1.0.2"),
 	}))
 	c := startClient(t, srv.addr)
 	waitClosed(t, "Synced", c.Synced())
 
-	if got, want := c.sink.names(AddressType), []string{"good-1"}; !slices.Equal(got, want) {
+	if got, want := c.sink.names(xds.AddressType), []string{"good-1"}; !slices.Equal(got, want) {
 		t.Errorf("sink holds %v, want %v (good resources still applied)", got, want)
 	}
-	versions := c.ResourceVersions(AddressType)
+	versions := c.ResourceVersions(xds.AddressType)
 	if _, ok := versions["bad-1"]; ok {
 		t.Error("client recorded a version for the rejected bad-1")
 	}
-	if versions["good-1"] != srv.Versions(AddressType)["good-1"] {
+	if versions["good-1"] != srv.Versions(xds.AddressType)["good-1"] {
 		t.Errorf("good-1 version %q not recorded", versions["good-1"])
 	}
 
@@ -170,7 +170,7 @@ func TestRejectedResourceNACK(t *testing.T) {
 	if fields["node"] != testNode.ID() {
 		t.Errorf("NACK logged for node %v, want %s", fields["node"], testNode.ID())
 	}
-	if n := counter(t, srv.reg, "xds_server_nacks_total", "url", AddressType); n != 1 {
+	if n := counter(t, srv.reg, "xds_server_nacks_total", "url", xds.AddressType); n != 1 {
 		t.Errorf("xds_server_nacks_total = %v, want 1", n)
 	}
 	if n := c.logs.FilterMessageSnippet("NACK").Len(); n != 1 {
@@ -178,7 +178,7 @@ func TestRejectedResourceNACK(t *testing.T) {
 	}
 
 	// Fixing the resource (new content) is accepted.
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 		"good-1": workload("good-1", "10.1.0.1"),
 		"good-2": workload("good-2", "10.1.0.2"),
 	}))
@@ -196,12 +196,12 @@ func TestServerRestartResync(t *testing.T) {
 		"c": workload("c", "10.1.0.3"),
 	}
 	authz := map[string]*securityapi.Authorization{"ns/p1": policy("ns", "p1")}
-	srv.SetResources(AddressType, addrSet(addrs))
-	srv.SetResources(AuthorizationType, authzSet(authz))
+	srv.SetResources(xds.AddressType, addrSet(addrs))
+	srv.SetResources(xds.AuthorizationType, authzSet(authz))
 	c := startClient(t, srv.addr)
 	waitClosed(t, "Synced", c.Synced())
 	held := map[string]map[string]string{}
-	for _, typ := range typeURLs {
+	for _, typ := range gatedTypes {
 		held[typ] = c.ResourceVersions(typ)
 	}
 
@@ -210,7 +210,7 @@ func TestServerRestartResync(t *testing.T) {
 		return counter(t, c.reg, "istio_xds_connection_terminations_total") >= 1
 	})
 	before := c.sink.callCount()
-	if got := c.sink.names(AddressType); !slices.Equal(got, []string{"a", "b", "c"}) {
+	if got := c.sink.names(xds.AddressType); !slices.Equal(got, []string{"a", "b", "c"}) {
 		t.Errorf("while disconnected the sink holds %v, want the last good state", got)
 	}
 
@@ -225,16 +225,16 @@ func TestServerRestartResync(t *testing.T) {
 	delete(addrs, "c")
 	addrs["b"] = workload("b", "10.1.0.22")
 	addrs["d"] = workload("d", "10.1.0.4")
-	srv2.SetResources(AddressType, addrSet(addrs))
-	srv2.SetResources(AuthorizationType, authzSet(authz))
+	srv2.SetResources(xds.AddressType, addrSet(addrs))
+	srv2.SetResources(xds.AuthorizationType, authzSet(authz))
 
 	testkit.Eventually(t, waitTimeout, "resync", func() bool {
-		return slices.Equal(c.sink.names(AddressType), []string{"a", "b", "d"}) &&
+		return slices.Equal(c.sink.names(xds.AddressType), []string{"a", "b", "d"}) &&
 			proto.Equal(c.sink.address("b"), workload("b", "10.1.0.22"))
 	})
 	var upserts, removes []string
 	for _, call := range c.sink.callsSince(before) {
-		if call.typeURL != AddressType {
+		if call.typeURL != xds.AddressType {
 			t.Errorf("unexpected %s call %+v: p1 is unchanged", call.typeURL, call)
 		}
 		upserts = append(upserts, call.upserts...)
@@ -252,12 +252,12 @@ func TestServerRestartResync(t *testing.T) {
 			got[r.GetTypeUrl()] = r.GetInitialResourceVersions()
 		}
 	}
-	for _, typ := range typeURLs {
+	for _, typ := range gatedTypes {
 		if !maps.Equal(got[typ], held[typ]) {
 			t.Errorf("%s initial_resource_versions = %v, want %v", typ, got[typ], held[typ])
 		}
 	}
-	testkit.Eventually(t, waitTimeout, "versions", func() bool { return maps.Equal(c.ResourceVersions(AddressType), srv2.Versions(AddressType)) })
+	testkit.Eventually(t, waitTimeout, "versions", func() bool { return maps.Equal(c.ResourceVersions(xds.AddressType), srv2.Versions(xds.AddressType)) })
 }
 
 // authServer answers only streams with the expected metadata and records the
@@ -300,13 +300,13 @@ func TestBearerTokenFromFileAndMetadata(t *testing.T) {
 		valid: map[string]bool{"Bearer tok-1": true, "Bearer tok-2": true},
 	}
 	srv := startServer(t, "127.0.0.1:0", grpc.StreamInterceptor(auth.intercept))
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
+	srv.SetResources(xds.AuthorizationType, nil)
 	tokenFile := filepath.Join(t.TempDir(), "istio-token")
 	if err := os.WriteFile(tokenFile, []byte("tok-1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := startClient(t, srv.addr, func(cfg *ClientConfig) {
+	c := startClient(t, srv.addr, func(cfg *xds.ClientConfig) {
 		cfg.TokenFile = tokenFile
 		cfg.ClusterID = "cluster-7"
 		cfg.Headers = map[string]string{"x-extra": "yes"}
@@ -322,8 +322,8 @@ func TestBearerTokenFromFileAndMetadata(t *testing.T) {
 	}
 	srv.gs.Stop()
 	srv2 := startServer(t, srv.addr, grpc.StreamInterceptor(auth.intercept))
-	srv2.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
-	srv2.SetResources(AuthorizationType, nil)
+	srv2.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
+	srv2.SetResources(xds.AuthorizationType, nil)
 	testkit.Eventually(t, waitTimeout, "reconnect with the new token", func() bool { return srv2.Clients() == 1 })
 	if got := auth.seen(); got[len(got)-1] != "Bearer tok-2" {
 		t.Errorf("after reconnect server saw %v, want the last to be Bearer tok-2", got)
@@ -333,11 +333,11 @@ func TestBearerTokenFromFileAndMetadata(t *testing.T) {
 func TestRejectedTokenNeverSyncs(t *testing.T) {
 	auth := &authServer{valid: map[string]bool{"Bearer right": true}}
 	srv := startServer(t, "127.0.0.1:0", grpc.StreamInterceptor(auth.intercept))
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
-	srv.SetResources(AuthorizationType, nil)
-	c := startClient(t, srv.addr, func(cfg *ClientConfig) { cfg.Token = "wrong" })
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
+	srv.SetResources(xds.AuthorizationType, nil)
+	c := startClient(t, srv.addr, func(cfg *xds.ClientConfig) { cfg.Token = "wrong" })
 	testkit.Eventually(t, waitTimeout, "retries", func() bool {
-		return counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", ReasonConnectionError) >= 3
+		return counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", xds.ReasonConnectionError) >= 3
 	})
 	select {
 	case <-c.Synced():
@@ -350,7 +350,7 @@ func TestRejectedTokenNeverSyncs(t *testing.T) {
 	// One warning per backoff step, not per attempt: the first failures
 	// are at distinct steps, so there is at least one line and never more
 	// than attempts.
-	attempts := counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", ReasonConnectionError)
+	attempts := counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", xds.ReasonConnectionError)
 	if n := c.logs.FilterMessageSnippet("xds failing; retrying").Len(); n < 1 || float64(n) > attempts {
 		t.Errorf("%d connect-failure warnings for %v attempts, want one per backoff step", n, attempts)
 	}
@@ -371,24 +371,24 @@ func TestTLS(t *testing.T) {
 		{name: "wrong name", roots: pki.pool, serverName: "other.test"},
 	}
 	srv := startServer(t, "127.0.0.1:0", grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pki.server}})))
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
+	srv.SetResources(xds.AuthorizationType, nil)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := startClient(t, srv.addr, func(cfg *ClientConfig) {
+			c := startClient(t, srv.addr, func(cfg *xds.ClientConfig) {
 				cfg.Insecure = false
 				cfg.RootCAs = tt.roots
 				cfg.ServerName = tt.serverName
 			})
 			if tt.wantSync {
 				waitClosed(t, "Synced", c.Synced())
-				if got := c.sink.names(AddressType); !slices.Equal(got, []string{"a"}) {
+				if got := c.sink.names(xds.AddressType); !slices.Equal(got, []string{"a"}) {
 					t.Errorf("addresses = %v", got)
 				}
 				return
 			}
 			testkit.Eventually(t, waitTimeout, "a failed handshake", func() bool {
-				return counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", ReasonConnectionError) >= 1
+				return counter(t, c.reg, "istio_xds_connection_terminations_total", "reason", xds.ReasonConnectionError) >= 1
 			})
 			if c.sink.callCount() != 0 {
 				t.Error("sink was fed over an untrusted connection")
@@ -402,16 +402,16 @@ func TestTLS(t *testing.T) {
 func TestManyClients(t *testing.T) {
 	const n = 30
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.1")}))
+	srv.SetResources(xds.AuthorizationType, nil)
 	clients := make([]*testClient, n)
 	for i := range clients {
-		clients[i] = startClient(t, srv.addr, func(cfg *ClientConfig) { cfg.Registerer = nil })
+		clients[i] = startClient(t, srv.addr, func(cfg *xds.ClientConfig) { cfg.Registerer = nil })
 	}
 	for _, c := range clients {
 		waitClosed(t, "Synced", c.Synced())
 	}
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.99")}))
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{"a": workload("a", "10.1.0.99")}))
 	for i, c := range clients {
 		testkit.Eventually(t, waitTimeout, "change on every client", func() bool {
 			return proto.Equal(c.sink.address("a"), workload("a", "10.1.0.99"))
@@ -425,43 +425,5 @@ func TestManyClients(t *testing.T) {
 	}
 	if got := counter(t, srv.reg, "xds_server_clients"); got != n {
 		t.Errorf("xds_server_clients = %v, want %d", got, n)
-	}
-}
-
-func TestRunTwice(t *testing.T) {
-	srv := startServer(t, "127.0.0.1:0")
-	c := startClient(t, srv.addr)
-	testkit.Eventually(t, waitTimeout, "running", func() bool { return c.running.Load() })
-	if err := c.Run(context.Background()); err != ErrAlreadyRunning {
-		t.Errorf("second Run = %v, want ErrAlreadyRunning", err)
-	}
-}
-
-func TestNewClientValidates(t *testing.T) {
-	_, err := NewClient(ClientConfig{})
-	if err == nil {
-		t.Fatal("empty config accepted")
-	}
-	for _, want := range []string{"Address", "Sink", "PodName", "PodNamespace", "InstanceIPs"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %s", err, want)
-		}
-	}
-	// Istio's XDS_ADDRESS form.
-	c, err := NewClient(ClientConfig{Address: "https://istiod.istio-system.svc:15012", Sink: newFakeSink(), Node: testNode})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.cfg.Address != "istiod.istio-system.svc:15012" {
-		t.Errorf("https:// address kept as %q", c.cfg.Address)
-	}
-	// Two clients sharing one registry collide.
-	reg := prometheus.NewRegistry()
-	cfg := ClientConfig{Address: "127.0.0.1:1", Sink: newFakeSink(), Node: testNode, Registerer: reg}
-	if _, err := NewClient(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := NewClient(cfg); err == nil {
-		t.Error("second client registered the same metrics without error")
 	}
 }

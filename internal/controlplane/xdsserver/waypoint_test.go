@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"maps"
@@ -12,6 +12,8 @@ import (
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/xds"
 )
 
 // waypointSink is a fakeSink that also takes WaypointType.
@@ -50,14 +52,14 @@ func wpSet(names ...string) map[string]proto.Message {
 // the waypoint's config type; changes and removals of its resource reach it.
 func TestWaypointSubscription(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(WaypointType, wpSet("default/wp", "default/other"))
-	srv.SetResources(AddressType, addrSet(map[string]*workloadapi.Address{
+	srv.SetResources(xds.WaypointType, wpSet("default/wp", "default/other"))
+	srv.SetResources(xds.AddressType, addrSet(map[string]*workloadapi.Address{
 		"Kubernetes//Pod/default/a": workload("Kubernetes//Pod/default/a", "10.1.0.1"),
 	}))
-	srv.SetResources(AuthorizationType, authzSet(map[string]*securityapi.Authorization{}))
+	srv.SetResources(xds.AuthorizationType, authzSet(map[string]*securityapi.Authorization{}))
 
 	ws := &waypointSink{fakeSink: newFakeSink(), cfgs: map[string]*waypointapi.Config{}}
-	wc := startClient(t, srv.addr, func(c *ClientConfig) { c.Sink = ws; c.Waypoint = "default/wp" })
+	wc := startClient(t, srv.addr, func(c *xds.ClientConfig) { c.Sink = ws; c.Waypoint = "default/wp" })
 	node := startClient(t, srv.addr)
 	waitClosed(t, "waypoint Synced", wc.Synced())
 	waitClosed(t, "node Synced", node.Synced())
@@ -68,20 +70,20 @@ func TestWaypointSubscription(t *testing.T) {
 	if got := ws.names(); len(got) == 1 && ws.cfgs["default/wp"].GetIdentity() != "spiffe://td/ns/default/sa/default/wp" {
 		t.Errorf("config decoded as %v", ws.cfgs["default/wp"])
 	}
-	if got := ws.fakeSink.names(AddressType); !slices.Equal(got, []string{"Kubernetes//Pod/default/a"}) {
+	if got := ws.fakeSink.names(xds.AddressType); !slices.Equal(got, []string{"Kubernetes//Pod/default/a"}) {
 		t.Errorf("waypoint addresses = %v", got)
 	}
-	if v := node.ResourceVersions(WaypointType); len(v) != 0 {
+	if v := node.ResourceVersions(xds.WaypointType); len(v) != 0 {
 		t.Errorf("node proxy holds waypoint configs %v, want none", v)
 	}
 	for _, r := range srv.reqs.all() {
-		if r.GetTypeUrl() == WaypointType && !slices.Equal(r.GetResourceNamesSubscribe(), []string{"default/wp"}) && r.GetResponseNonce() == "" {
+		if r.GetTypeUrl() == xds.WaypointType && !slices.Equal(r.GetResourceNamesSubscribe(), []string{"default/wp"}) && r.GetResponseNonce() == "" {
 			t.Errorf("waypoint subscription %v, want exactly [default/wp]", r.GetResourceNamesSubscribe())
 		}
 	}
 
 	// A change of another waypoint's config is not sent; a change of ours is.
-	srv.SetResources(WaypointType, map[string]proto.Message{
+	srv.SetResources(xds.WaypointType, map[string]proto.Message{
 		"default/wp":    &waypointapi.Config{Name: "default/wp", TrafficType: "all"},
 		"default/other": &waypointapi.Config{Name: "default/other", TrafficType: "all"},
 	})
@@ -93,13 +95,13 @@ func TestWaypointSubscription(t *testing.T) {
 	if got := ws.names(); !slices.Equal(got, []string{"default/wp"}) {
 		t.Errorf("after update: waypoint configs = %v", got)
 	}
-	srv.SetResources(WaypointType, wpSet("default/other"))
+	srv.SetResources(xds.WaypointType, wpSet("default/other"))
 	testkit.Eventually(t, waitTimeout, "removal", func() bool { return len(ws.names()) == 0 })
 }
 
 // TestWaypointNeedsSink: a Waypoint subscription needs a WaypointSink.
 func TestWaypointNeedsSink(t *testing.T) {
-	_, err := NewClient(ClientConfig{Address: "127.0.0.1:1", Insecure: true, Node: testNode, Sink: newFakeSink(), Waypoint: "default/wp"})
+	_, err := xds.NewClient(xds.ClientConfig{Address: "127.0.0.1:1", Insecure: true, Node: testNode, Sink: newFakeSink(), Waypoint: "default/wp"})
 	if err == nil {
 		t.Fatal("NewClient accepted a Waypoint without a WaypointSink")
 	}
@@ -109,8 +111,8 @@ func TestWaypointNeedsSink(t *testing.T) {
 // are set, whether or not WaypointType has been.
 func TestWaypointTypeNotGated(t *testing.T) {
 	srv := startServer(t, "127.0.0.1:0")
-	srv.SetResources(AddressType, nil)
-	srv.SetResources(AuthorizationType, nil)
+	srv.SetResources(xds.AddressType, nil)
+	srv.SetResources(xds.AuthorizationType, nil)
 	c := startClient(t, srv.addr)
 	waitClosed(t, "Synced", c.Synced())
 }
