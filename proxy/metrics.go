@@ -31,8 +31,9 @@ type Metrics struct {
 	open     *prometheus.GaugeVec
 	// openGauge is open's series per Direction, resolved once.
 	openGauge [2]prometheus.Gauge
-	// openNow is open's sum over its reporters, for Open.
-	openNow atomic.Int64
+	// openNow is open's sum over its reporters, for Open; started counts
+	// every connection, for Started.
+	openNow, started atomic.Int64
 	// dryRun: see dryRunDecision (dryrun.go).
 	dryRun *prometheus.CounterVec
 	// denials: see denied (dryrun.go).
@@ -45,6 +46,10 @@ type Metrics struct {
 // Open returns the connections open now, both directions (the sum of
 // istio_tcp_sockets_open), without a registry read.
 func (m *Metrics) Open() int64 { return m.openNow.Load() }
+
+// Started returns how many connections have started so far, both
+// directions: every NewResult.
+func (m *Metrics) Started() int64 { return m.started.Load() }
 
 // NewMetrics registers the istio_tcp_* metrics with reg (nil: not registered,
 // for tests that do not scrape). Open connections' bytes are flushed every

@@ -187,6 +187,7 @@ func NewResult(m *Metrics, log *zap.Logger, dir Direction, src, dst netip.AddrPo
 	if m != nil {
 		m.openGauge[dir].Inc()
 		m.openNow.Add(1)
+		m.started.Add(1)
 	}
 	return r
 }

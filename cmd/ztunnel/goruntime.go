@@ -13,14 +13,14 @@ import (
 
 // goRuntimeTasks starts the tasks that fit the Go runtime to a node
 // proxy's load: memory given back after bursts and the P count.
-// open is the proxy's open connections, whose fall after a burst releases
-// memory at once (daemon.ReleaseMemory).
-func goRuntimeTasks(g *daemon.Group, cfg *config.Config, open func() int64, log *zap.Logger) {
+// load is the proxy's connections, open and started: the end of a burst
+// or of a run of them releases memory at once (daemon.ReleaseMemory).
+func goRuntimeTasks(g *daemon.Group, cfg *config.Config, load daemon.Load, log *zap.Logger) {
 	// Freed heap goes back to the system after a burst of connections.
 	// 1 MiB: with 1,005 workloads the live heap is ~3 MiB, so a 4 MiB
 	// threshold let the resident heap sit at twice the live one.
 	g.Go("memory release", func(ctx context.Context) error {
-		daemon.ReleaseMemory(ctx, 5*time.Second, 1<<20, open)
+		daemon.ReleaseMemory(ctx, 5*time.Second, 1<<20, load)
 		return nil
 	})
 	// At a node's usual load (well under a core) each connection's

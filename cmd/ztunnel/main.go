@@ -164,7 +164,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 	// Pool nil: every pod gets its own HBONE pool dialling from inside its
 	// network namespace (proxy.Deps).
 	metrics := proxy.NewMetrics(reg)
-	goRuntimeTasks(g, cfg, metrics.Open, log)
+	goRuntimeTasks(g, cfg, daemon.Load{Open: metrics.Open, Started: metrics.Started}, log)
 	g.Go("metrics of deleted workloads", func(ctx context.Context) error {
 		metrics.DropDeletedWorkloads(ctx, store, cfg.MetricsGrace, log.Named("metrics"))
 		return nil

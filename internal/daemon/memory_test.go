@@ -35,7 +35,7 @@ func TestReleaseMemoryReturnsABurst(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ReleaseMemory(ctx, 10*time.Millisecond, threshold, nil)
+		ReleaseMemory(ctx, 10*time.Millisecond, threshold, Load{})
 	}()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(time.Minute)
@@ -71,7 +71,7 @@ func TestReleaseMemoryEmptiesPools(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ReleaseMemory(ctx, 10*time.Millisecond, 4<<20, nil)
+		ReleaseMemory(ctx, 10*time.Millisecond, 4<<20, Load{})
 	}()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(time.Minute)
@@ -138,7 +138,7 @@ func TestReleaseMemoryAtBurstEnd(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ReleaseMemory(ctx, time.Hour, threshold, load.Load)
+		ReleaseMemory(ctx, time.Hour, threshold, Load{Open: load.Load})
 	}()
 	defer func() { cancel(); <-done }()
 	time.Sleep(2 * loadPoll) // the peak is seen
@@ -180,7 +180,7 @@ func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ReleaseMemory(ctx, time.Hour, threshold, load.Load)
+		ReleaseMemory(ctx, time.Hour, threshold, Load{Open: load.Load})
 	}()
 	defer func() { cancel(); <-done }()
 	time.Sleep(2 * loadPoll) // the peak is seen
@@ -196,6 +196,51 @@ func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
 	for free() >= threshold {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d bytes still reclaimable 10 s after the burst's garbage", free())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReleaseMemoryAfterARun: connections started one at a time (never
+// more than one open: no burst) and then none for two polls release the
+// run's garbage, with the tick an hour away; while they keep starting,
+// nothing is released.
+func TestReleaseMemoryAfterARun(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	const threshold = 4 << 20
+	free := func() uint64 {
+		r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
+		return r
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	var open, started atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ReleaseMemory(ctx, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
+	}()
+	defer func() { cancel(); <-done }()
+	var garbage [][]byte
+	for range 2 * burstMin {
+		open.Store(1)
+		started.Add(1)
+		for range 64 {
+			garbage = append(garbage, make([]byte, 1<<10))
+		}
+		open.Store(0)
+		time.Sleep(loadPoll / 25) // every poll sees a start
+	}
+	runtime.KeepAlive(garbage)
+	garbage = nil
+	if f := free(); f < threshold {
+		t.Fatalf("released while connections kept starting (%d bytes reclaimable)", f)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for free() >= threshold {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still reclaimable 10 s after the run's end", free())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -239,7 +284,7 @@ func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ReleaseMemory(ctx, 20*time.Millisecond, 64<<10, nil)
+		ReleaseMemory(ctx, 20*time.Millisecond, 64<<10, Load{})
 	}()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(10 * time.Second)
