@@ -40,13 +40,15 @@ func newClientMetrics(reg prometheus.Registerer) (*clientMetrics, error) {
 			Help: "Encoded size of the xDS responses received, by type URL.",
 		}, []string{"url"}),
 	}
-	if err := register(reg, m.terminations, m.messages, m.bytes); err != nil {
-		return nil, err
+	if err := RegisterMetrics(reg, m.terminations, m.messages, m.bytes); err != nil {
+		return nil, fmt.Errorf("xds: %w", err)
 	}
 	return m, nil
 }
 
-func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+// RegisterMetrics registers every collector of cs with reg (nil: none)
+// and returns every error, joined.
+func RegisterMetrics(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	if reg == nil {
 		return nil
 	}
@@ -57,7 +59,7 @@ func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("xds: register metrics: %w", err)
+		return fmt.Errorf("register metrics: %w", err)
 	}
 	return nil
 }

@@ -158,26 +158,10 @@ func NewServer(cfg ServerConfig) *Server {
 		}, []string{"url"}),
 	}
 	m := s.metrics
-	if err := register(cfg.Registerer, m.clients, m.resources, m.pushes, m.pushed, m.nacks); err != nil {
+	if err := xds.RegisterMetrics(cfg.Registerer, m.clients, m.resources, m.pushes, m.pushed, m.nacks); err != nil {
 		log.Error("server metrics unavailable", zap.Error(err))
 	}
 	return s
-}
-
-func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	if reg == nil {
-		return nil
-	}
-	var errs []error
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("xdsserver: register metrics: %w", err)
-	}
-	return nil
 }
 
 // SetResources replaces the whole desired set of typeURL (nil: none).
