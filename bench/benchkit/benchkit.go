@@ -176,3 +176,20 @@ func LoadCA(dir string) (*ca.CA, error) {
 	}
 	return ca.New(ca.Options{RootCertPEM: rootCert, RootKeyPEM: rootKey})
 }
+
+// WithHeapProfile returns the GODEBUG value godebug with the heap
+// profile's sampling on at Go's default rate, unless it sets
+// memprofilerate already: the node proxy and the waypoint turn it off
+// (daemon.HeapProfileOff), and a benchmark asked for heap profiles turns
+// it back on for them.
+func WithHeapProfile(godebug string) string {
+	for kv := range strings.SplitSeq(godebug, ",") {
+		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); k == "memprofilerate" {
+			return godebug
+		}
+	}
+	if godebug == "" {
+		return "memprofilerate=524288"
+	}
+	return godebug + ",memprofilerate=524288"
+}

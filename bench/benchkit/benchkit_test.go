@@ -161,3 +161,16 @@ func TestPaced(t *testing.T) {
 		t.Errorf("Paced = %v, want the worker's error", err)
 	}
 }
+
+func TestWithHeapProfile(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                      "memprofilerate=524288",
+		"gctrace=1":             "gctrace=1,memprofilerate=524288",
+		"memprofilerate=256":    "memprofilerate=256",
+		"a=1, memprofilerate=0": "a=1, memprofilerate=0",
+	} {
+		if got := WithHeapProfile(in); got != want {
+			t.Errorf("WithHeapProfile(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -80,6 +80,10 @@ func main() {
 		os.Exit(130)
 	}()
 
+	if *memDir != "" || *profileDir != "" {
+		// Heap profiles are asked for: the node proxies sample again.
+		proxyEnv = withHeapProfile(proxyEnv)
+	}
 	start := time.Now()
 	b := &bench{prog: prog, iperfSecs: *iperfSecs, rounds: *rounds, latencyRounds: *latencyRounds, withPeer: *withPeer,
 		profileDir: *profileDir, only: *only, memDir: *memDir, proxyEnv: proxyEnv}

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 )
 
 // dumpProc writes what accounts for node i's proxy VmRSS into dir, read
@@ -36,6 +38,19 @@ func (b *bench) dumpProc(i int, dir string) error {
 		return fmt.Errorf("resident pages: %w", err)
 	}
 	return nil
+}
+
+// withHeapProfile returns env with GODEBUG's memprofilerate set
+// (benchkit.WithHeapProfile), adding GODEBUG when env has none.
+func withHeapProfile(env []string) []string {
+	out := append([]string(nil), env...)
+	for i, kv := range out {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			out[i] = "GODEBUG=" + benchkit.WithHeapProfile(v)
+			return out
+		}
+	}
+	return append(out, "GODEBUG="+benchkit.WithHeapProfile(""))
 }
 
 // dumpHeap writes node i's heap profile after a collection

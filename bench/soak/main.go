@@ -67,6 +67,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
@@ -312,6 +313,11 @@ func (s *soak) setup() error {
 	}
 	if err := setChurnEnv(s.cfg); err != nil {
 		return err
+	}
+	if s.cfg.profile != "" {
+		if err := os.Setenv("GODEBUG", benchkit.WithHeapProfile(os.Getenv("GODEBUG"))); err != nil {
+			return err
+		}
 	}
 	// Info while starting: meshlab waits for the binaries' info lines.
 	m, err := meshlab.Start(s.prog, meshlab.Options{BinDir: s.cfg.binDir})

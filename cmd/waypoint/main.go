@@ -56,6 +56,7 @@ func defaultTracing(o *options) *tracing.Config {
 const name = "waypoint"
 
 func main() {
+	daemon.HeapProfileOff(os.Getenv("GODEBUG"))
 	o, err := parseFlags(os.Args[1:])
 	daemon.ExitOnFlagError(name, err)
 	if o.CheckFlags {

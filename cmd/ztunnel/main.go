@@ -39,6 +39,7 @@ import (
 )
 
 func main() {
+	daemon.HeapProfileOff(os.Getenv("GODEBUG"))
 	cfg, err := parseConfig(os.Args[1:], os.LookupEnv, os.Environ(), os.Stderr)
 	daemon.ExitOnFlagError("ztunnel", err)
 	log, level, err := daemon.NewLogger(daemon.LogConfig{Level: cfg.LogLevel, Format: cfg.LogFormat})

@@ -107,6 +107,14 @@ func pprofNamed(w http.ResponseWriter, r *http.Request) {
 		runtime.GC()
 	}
 	debug, _ := strconv.Atoi(q.Get("debug"))
+	if (name == "heap" || name == "allocs") && runtime.MemProfileRate == 0 {
+		// An empty profile would read as "nothing allocated".
+		if debug == 0 {
+			http.Error(w, heapProfileOff, http.StatusConflict)
+			return
+		}
+		w.Header().Set("X-Heap-Profile", heapProfileOff)
+	}
 	if debug > 0 {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	} else {
@@ -115,6 +123,10 @@ func pprofNamed(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = p.WriteTo(w, debug)
 }
+
+// heapProfileOff answers a heap profile request while the sampling is off
+// (HeapProfileOff); the debug=1 text still carries the runtime's MemStats.
+const heapProfileOff = "heap profiling is off: start the process with GODEBUG=memprofilerate=524288 (Go's default rate) to sample the heap"
 
 // pprofCPU records a CPU profile for ?seconds= (default 10, at most 300).
 func pprofCPU(w http.ResponseWriter, r *http.Request) {

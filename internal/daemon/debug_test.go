@@ -31,6 +31,42 @@ func TestPprofHeapGC(t *testing.T) {
 	}
 }
 
+// TestHeapProfileOff: the sampling goes off unless GODEBUG sets
+// memprofilerate, and a heap profile asked for while it is off is refused
+// with the way to turn it on (its text form still carries MemStats).
+func TestHeapProfileOff(t *testing.T) {
+	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
+	for _, tc := range []struct {
+		godebug string
+		off     bool
+	}{
+		{"", true},
+		{"gctrace=1", true},
+		{"memprofilerate=4096", false},
+		{"gctrace=1, memprofilerate=0", false},
+		{"xmemprofilerate=1", true},
+	} {
+		runtime.MemProfileRate = 512 << 10
+		HeapProfileOff(tc.godebug)
+		if off := runtime.MemProfileRate == 0; off != tc.off {
+			t.Errorf("GODEBUG %q: sampling off = %v, want %v", tc.godebug, off, tc.off)
+		}
+	}
+	runtime.MemProfileRate = 0
+	mux := http.NewServeMux()
+	DebugHandlers(mux, zap.NewAtomicLevel())
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/heap", nil))
+	if rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), "GODEBUG=memprofilerate=") {
+		t.Errorf("heap profile while off = %d %q, want 409 naming GODEBUG=memprofilerate", rec.Code, rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/heap?debug=1", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "# HeapAlloc = ") || rec.Header().Get("X-Heap-Profile") == "" {
+		t.Errorf("heap?debug=1 while off = %d, X-Heap-Profile %q, body %.100q", rec.Code, rec.Header().Get("X-Heap-Profile"), rec.Body.String())
+	}
+}
+
 // TestPprofTrace: trace?seconds=1 answers with an execution trace `go tool
 // trace` reads (it starts with the format's header), and a second trace
 // while one runs is refused, not mixed into it.

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"strings"
 	"time"
 )
 
@@ -144,6 +145,28 @@ const (
 	burstMin = 64
 	loadPoll = 250 * time.Millisecond
 )
+
+// HeapProfileOff turns the heap profile's sampling off unless godebug (the
+// process's GODEBUG) sets memprofilerate, Go's own switch for it, which
+// the runtime has applied before main. Call it first thing in main.
+//
+// Why: the runtime keeps a record (a bucket) of every allocation stack it
+// ever sampled, one in 512 KiB by default, and never frees one; the hash
+// table they hang from (1.4 MiB) becomes resident a page at a time as new
+// stacks land in it. In bench/soak the node proxy's memory at rest then
+// grew by 350 KiB over ten waves of 10,000 tunnels, heap and stacks equal
+// (soak_rss_slope_kb_per_min 153-183 KiB/min); with the sampling off it
+// stayed within 70 KiB (67-74 KiB/min) and sat ~1 MiB lower. Istio's
+// ztunnel and Envoy profile their heap only when asked, too.
+// /debug/pprof/heap says so while it is off (DebugHandlers).
+func HeapProfileOff(godebug string) {
+	for kv := range strings.SplitSeq(godebug, ",") {
+		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); k == "memprofilerate" {
+			return
+		}
+	}
+	runtime.MemProfileRate = 0
+}
 
 // releaser is ReleaseMemory's state between checks.
 type releaser struct {
