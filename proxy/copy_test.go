@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// pipePair returns a connected TCP pair on loopback.
+// tcpPair returns a connected TCP pair on loopback.
 func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -14,33 +13,9 @@ import (
 // (unread bytes do not count), and that a reading allocates no more than
 // the RawConn the net package makes per SyscallConn.
 func TestSocketCounts(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	peer := <-accepted
-	if peer == nil {
-		t.Fatal("accept failed")
-	}
-	defer peer.Close()
-	tc := c.(*net.TCPConn)
+	tc, peer := tcpPair(t)
 
-	if _, err := c.Write(make([]byte, 1000)); err != nil {
+	if _, err := tc.Write(make([]byte, 1000)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := peer.Write(make([]byte, 300)); err != nil {
@@ -54,10 +29,10 @@ func TestSocketCounts(t *testing.T) {
 	if got := tcpAcked(tc); got != 1000 {
 		t.Fatalf("tcpAcked = %d, want 1000", got)
 	}
-	if tcpConsumed(peer.(*net.TCPConn)) != 0 {
+	if tcpConsumed(peer) != 0 {
 		t.Fatal("the peer has read nothing yet, tcpConsumed must be 0")
 	}
-	if _, err := io.ReadFull(c, make([]byte, 100)); err != nil {
+	if _, err := io.ReadFull(tc, make([]byte, 100)); err != nil {
 		t.Fatal(err)
 	}
 	if got := tcpConsumed(tc); got != 100 {
@@ -84,7 +59,7 @@ func TestSocketCounts(t *testing.T) {
 	if got := tcpAcked(tc); got != 1000 {
 		t.Fatalf("tcpAcked after a half-close = %d, want 1000", got)
 	}
-	c.Close()
+	tc.Close()
 	if got := tcpConsumed(tc); got != 0 {
 		t.Fatalf("tcpConsumed on a closed connection = %d, want 0", got)
 	}
