@@ -15,36 +15,15 @@ import (
 // kept for the next one.
 func TestReleaseMemoryReturnsABurst(t *testing.T) {
 	const threshold = 4 << 20
-	free := func() uint64 {
-		r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
-		return r
-	}
 	// A burst: 64 MiB in small objects, then garbage.
-	burst := make([][]byte, 0, 64<<10)
-	for range 64 << 10 {
-		burst = append(burst, make([]byte, 1<<10))
-	}
-	runtime.KeepAlive(burst)
-	burst = nil
+	makeGarbage(64 << 20)
 	// No collection: the burst is garbage the runtime has not freed yet,
 	// as in a proxy gone quiet after its connections closed.
-	if f := free(); f < threshold {
+	if f := reclaimableNow(); f < threshold {
 		t.Skipf("the runtime returned the burst by itself (%d bytes free): nothing to check", f)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ReleaseMemory(ctx, 10*time.Millisecond, threshold, Load{})
-	}()
-	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(time.Minute)
-	for free() >= threshold {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes of garbage and free heap still held", free())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	runReleaser(t, 10*time.Millisecond, threshold, Load{})
+	waitReleased(t, threshold, time.Minute, "the burst")
 }
 
 // TestReleaseMemoryEmptiesPools: buffers a burst left in a sync.Pool are
@@ -67,13 +46,7 @@ func TestReleaseMemoryEmptiesPools(t *testing.T) {
 	if h := heap(); h < 32<<20 {
 		t.Skipf("heap %d bytes: the pool was emptied already", h)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ReleaseMemory(ctx, 10*time.Millisecond, 4<<20, Load{})
-	}()
-	defer func() { cancel(); <-done }()
+	runReleaser(t, 10*time.Millisecond, 4<<20, Load{})
 	deadline := time.Now().Add(time.Minute)
 	for heap() >= 16<<20 {
 		if time.Now().After(deadline) {
@@ -128,38 +101,17 @@ func TestReleaseMemoryEmptiesCollectedPools(t *testing.T) {
 func TestReleaseMemoryAtBurstEnd(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	const threshold = 4 << 20
-	free := func() uint64 {
-		r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
-		return r
-	}
 	var load atomic.Int64
 	load.Store(1000)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ReleaseMemory(ctx, time.Hour, threshold, Load{Open: load.Load})
-	}()
-	defer func() { cancel(); <-done }()
+	runReleaser(t, time.Hour, threshold, Load{Open: load.Load})
 	time.Sleep(2 * loadPoll) // the peak is seen
-	burst := make([][]byte, 0, 64<<10)
-	for range 64 << 10 {
-		burst = append(burst, make([]byte, 1<<10))
-	}
-	runtime.KeepAlive(burst)
-	burst = nil
+	makeGarbage(64 << 20)
 	time.Sleep(3 * loadPoll)
-	if f := free(); f < threshold {
+	if f := reclaimableNow(); f < threshold {
 		t.Fatalf("released while the load held (%d bytes reclaimable)", f)
 	}
 	load.Store(200) // at a quarter of the peak or under: the burst ended
-	deadline := time.Now().Add(10 * time.Second)
-	for free() >= threshold {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes still reclaimable 10 s after the burst's end", free())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitReleased(t, threshold, 10*time.Second, "the burst's end")
 }
 
 // TestReleaseMemoryAtBurstEndWaitsForGarbage: a burst's end with nothing
@@ -168,37 +120,16 @@ func TestReleaseMemoryAtBurstEnd(t *testing.T) {
 func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	const threshold = 4 << 20
-	free := func() uint64 {
-		r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
-		return r
-	}
 	runtime.GC()
 	debug.FreeOSMemory()
 	var load atomic.Int64
 	load.Store(1000)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ReleaseMemory(ctx, time.Hour, threshold, Load{Open: load.Load})
-	}()
-	defer func() { cancel(); <-done }()
+	runReleaser(t, time.Hour, threshold, Load{Open: load.Load})
 	time.Sleep(2 * loadPoll) // the peak is seen
 	load.Store(0)
 	time.Sleep(3 * loadPoll) // the end is seen, with nothing to release
-	burst := make([][]byte, 0, 64<<10)
-	for range 64 << 10 {
-		burst = append(burst, make([]byte, 1<<10))
-	}
-	runtime.KeepAlive(burst)
-	burst = nil
-	deadline := time.Now().Add(10 * time.Second)
-	for free() >= threshold {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes still reclaimable 10 s after the burst's garbage", free())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	makeGarbage(64 << 20)
+	waitReleased(t, threshold, 10*time.Second, "the burst's garbage")
 }
 
 // TestReleaseMemoryAfterARun: connections started one at a time (never
@@ -208,20 +139,10 @@ func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
 func TestReleaseMemoryAfterARun(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	const threshold = 4 << 20
-	free := func() uint64 {
-		r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
-		return r
-	}
 	runtime.GC()
 	debug.FreeOSMemory()
 	var open, started atomic.Int64
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ReleaseMemory(ctx, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
-	}()
-	defer func() { cancel(); <-done }()
+	runReleaser(t, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
 	var garbage [][]byte
 	for range 2 * burstMin {
 		open.Store(1)
@@ -234,16 +155,10 @@ func TestReleaseMemoryAfterARun(t *testing.T) {
 	}
 	runtime.KeepAlive(garbage)
 	garbage = nil
-	if f := free(); f < threshold {
+	if f := reclaimableNow(); f < threshold {
 		t.Fatalf("released while connections kept starting (%d bytes reclaimable)", f)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for free() >= threshold {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes still reclaimable 10 s after the run's end", free())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitReleased(t, threshold, 10*time.Second, "the run's end")
 }
 
 // TestReleaseMemoryLeavesABusyProcess: a tick after which a collection
@@ -280,18 +195,52 @@ func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
 	sink := make([]byte, 1<<20) // garbage left for the quiet release
 	runtime.KeepAlive(sink)
 	sink = nil
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ReleaseMemory(ctx, 20*time.Millisecond, 64<<10, Load{})
-	}()
-	defer func() { cancel(); <-done }()
+	runReleaser(t, 20*time.Millisecond, 64<<10, Load{})
 	deadline := time.Now().Add(10 * time.Second)
 	for forced() == before {
 		if time.Now().After(deadline) {
 			t.Fatal("no release 10 s after the process went quiet")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// reclaimableNow is what ReleaseMemory would count as reclaimable now.
+func reclaimableNow() uint64 {
+	r, _ := reclaimable([]metrics.Sample{{Name: freeHeapMetric}, {Name: heapObjectsMetric}, {Name: liveHeapMetric}})
+	return r
+}
+
+// runReleaser runs ReleaseMemory until the test ends.
+func runReleaser(t *testing.T, interval time.Duration, threshold uint64, load Load) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ReleaseMemory(ctx, interval, threshold, load)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// makeGarbage allocates n bytes in 1 KiB objects and drops them, as a
+// burst's connections leave their memory.
+func makeGarbage(n int) {
+	burst := make([][]byte, 0, n>>10)
+	for range n >> 10 {
+		burst = append(burst, make([]byte, 1<<10))
+	}
+	runtime.KeepAlive(burst)
+}
+
+// waitReleased fails the test unless less than threshold is reclaimable
+// within d; after names the event the release should follow.
+func waitReleased(t *testing.T, threshold uint64, d time.Duration, after string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for reclaimableNow() >= threshold {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still reclaimable %v after %s", reclaimableNow(), d, after)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
