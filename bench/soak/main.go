@@ -229,8 +229,8 @@ func (s *soak) run() error {
 			if err != nil {
 				return err
 			}
-			logf("before wave %d, at rest: VmRSS %d / %d KiB (file-backed %s / %s), Go heap in use %d / %d KiB, retained %d / %d KiB, stacks %d / %d KiB",
-				waves+1, r.rssKB[0], r.rssKB[1], rssFile(s.m, 0), rssFile(s.m, 1),
+			logf("before wave %d, at rest: VmRSS %d / %d KiB (file-backed %d / %d), Go heap in use %d / %d KiB, retained %d / %d KiB, stacks %d / %d KiB",
+				waves+1, r.rssKB[0], r.rssKB[1], r.fileKB[0], r.fileKB[1],
 				r.heapInuse[0], r.heapInuse[1], r.heapRetained[0], r.heapRetained[1], r.stacks[0], r.stacks[1])
 			rests = append(rests, r)
 		}

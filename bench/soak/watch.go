@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +18,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/ztunnel-go/ztunnel-go/bench/benchkit"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/meshlab"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
 )
@@ -42,6 +43,7 @@ type watcher struct {
 type sample struct {
 	t          time.Time
 	rssKB      [2]int64
+	fileKB     [2]int64 // RssFile: the binary's pages, which grow as new code runs
 	goroutines [2]int
 	open       [2]int // node0 outbound, node1 inbound
 	// Go heap in use, heap held but unused (idle minus released to the
@@ -102,11 +104,14 @@ func (w *watcher) read() (sample, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i, mn := range w.m.Nodes[:2] {
-		rss, err := vmRSS(mn.Proxy.PID())
+		st, err := benchkit.Status(mn.Proxy.PID())
+		if err == nil && st["VmRSS"] == 0 {
+			err = errors.New("no VmRSS in /proc status")
+		}
 		if err != nil {
 			return s, fmt.Errorf("node%d proxy: %w", i, err)
 		}
-		s.rssKB[i] = rss
+		s.rssKB[i], s.fileKB[i] = st["VmRSS"], st["RssFile"]
 		mfs, err := w.m.Metrics(ctx, i)
 		if err != nil {
 			return s, err
@@ -172,37 +177,6 @@ func countSeries(mfs map[string]*dto.MetricFamily, prefix string) int {
 		}
 	}
 	return n
-}
-
-// vmRSS returns VmRSS of pid in KiB.
-func vmRSS(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			return strconv.ParseInt(strings.Fields(v)[0], 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status: %v", pid, sc.Err())
-}
-
-// rssFile is node i's proxy RssFile from /proc status, for the log ("?"
-// when unreadable): the binary's pages, which grow as new code runs.
-func rssFile(m *meshlab.Mesh, i int) string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.Nodes[i].Proxy.PID()))
-	if err != nil {
-		return "?"
-	}
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "RssFile:"); ok {
-			return strings.Fields(v)[0]
-		}
-	}
-	return "?"
 }
 
 // alive fails when a node proxy has exited.
@@ -340,26 +314,13 @@ func (w *watcher) rssSlope(waveEnds []time.Time) float64 {
 	if len(waveEnds) >= 2 {
 		to = waveEnds[len(waveEnds)-1]
 	}
-	var maxSlope float64
-	for i := range 2 {
-		var xs, ys []float64
-		for _, s := range samples {
-			if !s.t.Before(from) && !s.t.After(to) {
-				xs = append(xs, s.t.Sub(from).Minutes())
-				ys = append(ys, float64(s.rssKB[i]))
-			}
-		}
-		slope, ok := leastSquares(xs, ys)
-		if !ok {
-			logf("node%d: too few RSS samples after the first wave (%d) for a slope", i, len(xs))
-			continue
-		}
-		logf("node%d proxy: VmRSS slope %.1f KiB/min over %d samples (%.1f min after the first wave)", i, slope, len(xs), to.Sub(from).Minutes())
-		if i == 0 || slope > maxSlope {
-			maxSlope = slope
+	var window []sample
+	for _, s := range samples {
+		if !s.t.Before(from) && !s.t.After(to) {
+			window = append(window, s)
 		}
 	}
-	return maxSlope
+	return largerSlope(window, from, fmt.Sprintf("after the first wave (%.1f min)", to.Sub(from).Minutes()))
 }
 
 // restSlope is the least-squares slope of each proxy's VmRSS read at
@@ -373,19 +334,26 @@ func restSlope(rests []sample) float64 {
 	if len(rests) == 0 {
 		return 0
 	}
+	return largerSlope(rests, rests[0].t, "at rest")
+}
+
+// largerSlope fits each proxy's VmRSS in samples against the minutes since
+// from, logs each fit as what, and returns the larger slope in KiB/min (0
+// when neither has enough samples).
+func largerSlope(samples []sample, from time.Time, what string) float64 {
 	var maxSlope float64
 	for i := range 2 {
 		var xs, ys []float64
-		for _, s := range rests {
-			xs = append(xs, s.t.Sub(rests[0].t).Minutes())
+		for _, s := range samples {
+			xs = append(xs, s.t.Sub(from).Minutes())
 			ys = append(ys, float64(s.rssKB[i]))
 		}
 		slope, ok := leastSquares(xs, ys)
 		if !ok {
-			logf("node%d: %d samples at rest, too few for a slope", i, len(xs))
+			logf("node%d: %d RSS samples %s, too few for a slope", i, len(xs), what)
 			continue
 		}
-		logf("node%d proxy: VmRSS slope at rest %.1f KiB/min over %d gaps", i, slope, len(xs))
+		logf("node%d proxy: VmRSS slope %s %.1f KiB/min over %d samples", i, what, slope, len(xs))
 		if i == 0 || slope > maxSlope {
 			maxSlope = slope
 		}
