@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/controlplane/ca"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
@@ -183,10 +184,8 @@ func LoadCA(dir string) (*ca.CA, error) {
 // (daemon.HeapProfileOff), and a benchmark asked for heap profiles turns
 // it back on for them.
 func WithHeapProfile(godebug string) string {
-	for kv := range strings.SplitSeq(godebug, ",") {
-		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); k == "memprofilerate" {
-			return godebug
-		}
+	if daemon.GodebugSets(godebug, "memprofilerate") {
+		return godebug
 	}
 	if godebug == "" {
 		return "memprofilerate=524288"

@@ -160,12 +160,19 @@ const (
 // ztunnel and Envoy profile their heap only when asked, too.
 // /debug/pprof/heap says so while it is off (DebugHandlers).
 func HeapProfileOff(godebug string) {
+	if !GodebugSets(godebug, "memprofilerate") {
+		runtime.MemProfileRate = 0
+	}
+}
+
+// GodebugSets reports whether the GODEBUG value godebug sets key.
+func GodebugSets(godebug, key string) bool {
 	for kv := range strings.SplitSeq(godebug, ",") {
-		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); k == "memprofilerate" {
-			return
+		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); k == key {
+			return true
 		}
 	}
-	runtime.MemProfileRate = 0
+	return false
 }
 
 // releaser is ReleaseMemory's state between checks.
