@@ -106,6 +106,11 @@ func (r Reason) responseFlag() string {
 	return "CONNECT"
 }
 
+// failed reports whether a connection that ended with r failed: any reason
+// but success and a drain (istio_tcp_connections_failed_total, an error
+// span, an error-level access line).
+func (r Reason) failed() bool { return r != ReasonNone && r != ReasonDrained }
+
 // ReasonError is implemented by errors that know their Reason.
 type ReasonError interface {
 	error
@@ -228,13 +233,13 @@ func (r *Result) Record(errp *error) {
 		r.recordMetrics(reason)
 	}
 	if r.Span != nil {
-		r.Span.End(r.spanName(), r.spanAttrs(reason), reason != ReasonNone && reason != ReasonDrained, time.Now())
+		r.Span.End(r.spanName(), r.spanAttrs(reason), reason.failed(), time.Now())
 	}
 	if r.log == nil {
 		return
 	}
 	level := zap.InfoLevel
-	if reason != ReasonNone && reason != ReasonDrained {
+	if reason.failed() {
 		level = zap.ErrorLevel
 	}
 	// Check first: with the access log off (a level above info) a close
@@ -302,7 +307,7 @@ func (r *Result) recordMetrics(reason Reason) {
 		r.m.sent.WithLabelValues(labels...).Add(float64(r.Counters.Received.Load()))
 	}
 	r.m.closed.WithLabelValues(labels...).Inc()
-	if reason != ReasonNone && reason != ReasonDrained {
+	if reason.failed() {
 		r.m.failed.WithLabelValues(labels...).Inc()
 	}
 }
