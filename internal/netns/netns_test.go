@@ -270,6 +270,37 @@ func TestListenIsIsolatedAndMarked(t *testing.T) {
 	assertSockopt(t, sc.(*net.TCPConn), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 }
 
+// TestListenKeepAliveInherited: Listen sets keep-alive on the listening
+// socket only, and every accepted connection has it, with Go's listener
+// defaults, as when Go set it on each connection itself.
+func TestListenKeepAliveInherited(t *testing.T) {
+	var h *netns.Handle // the current namespace: no root needed
+	ln, err := h.Listen(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"), netns.SockOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for i := range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc, err := ln.Accept()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := sc.(*net.TCPConn)
+		t.Logf("connection %d", i)
+		assertSockopt(t, tc, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
+		assertSockopt(t, tc, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15)
+		assertSockopt(t, tc, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15)
+		assertSockopt(t, tc, unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9)
+		assertSockopt(t, tc, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		sc.Close()
+	}
+}
+
 // Transparent sockets may bind addresses the namespace does not own, which is
 // how ztunnel keeps the original client IP towards the app.
 func TestTransparentBindsForeignAddress(t *testing.T) {

@@ -77,12 +77,35 @@ func (o SockOpts) set(fd int, v6 bool) error {
 	return nil
 }
 
+// The keep-alive every accepted connection gets: Go's defaults for a
+// listener (15 s idle, 15 s between probes, 9 probes).
+const (
+	keepAliveIdle     = 15
+	keepAliveInterval = 15
+	keepAliveCount    = 9
+)
+
 // Listen opens a TCP listener on addr inside h's namespace.
+//
+// Keep-alive is set once, on the listening socket, and accepted
+// connections inherit it from there (Linux copies SO_KEEPALIVE and the
+// TCP_KEEP* values to each child socket): Go would otherwise make the same
+// four setsockopt calls on every connection it accepts, on the path of its
+// first byte (TestListenKeepAliveInherited).
 func (h *Handle) Listen(ctx context.Context, addr netip.AddrPort, o SockOpts) (net.Listener, error) {
 	var ln net.Listener
 	err := h.Do(func() error {
 		var err error
-		lc := net.ListenConfig{Control: o.Control}
+		lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
+			if err := o.Control(network, address, c); err != nil {
+				return err
+			}
+			var kerr error
+			if err := c.Control(func(fd uintptr) { kerr = setKeepAlive(int(fd)) }); err != nil {
+				return err
+			}
+			return kerr
+		}}
 		ln, err = lc.Listen(ctx, "tcp", addr.String())
 		return err
 	})
@@ -90,6 +113,23 @@ func (h *Handle) Listen(ctx context.Context, addr netip.AddrPort, o SockOpts) (n
 		return nil, fmt.Errorf("netns: listen tcp %s in %s: %w", addr, h, err)
 	}
 	return ln, nil
+}
+
+func setKeepAlive(fd int) error {
+	for _, op := range []struct {
+		level, name, value int
+		label              string
+	}{
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE"},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle, "TCP_KEEPIDLE"},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepAliveInterval, "TCP_KEEPINTVL"},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveCount, "TCP_KEEPCNT"},
+	} {
+		if err := unix.SetsockoptInt(fd, op.level, op.name, op.value); err != nil {
+			return fmt.Errorf("netns: setsockopt %s: %w", op.label, err)
+		}
+	}
+	return nil
 }
 
 // ListenPacket opens a UDP socket on addr inside h's namespace.
