@@ -32,12 +32,12 @@ type fastLab struct {
 	dials atomic.Int64
 }
 
-func newFastLab(t *testing.T, cfg *waypointapi.Config, backend string) *fastLab {
+func newFastLab(t testing.TB, cfg *waypointapi.Config, backend string) *fastLab {
 	return newFastLabWith(t, cfg, backend, false)
 }
 
 // newFastLabWith: slow serves every tunnel on the net/http path.
-func newFastLabWith(t *testing.T, cfg *waypointapi.Config, backend string, slow bool) *fastLab {
+func newFastLabWith(t testing.TB, cfg *waypointapi.Config, backend string, slow bool) *fastLab {
 	f := &fastLab{}
 	f.lab = newLabWith(t, cfg, labOptions{configure: func(w *Waypoint) {
 		w.slowPath = slow
@@ -66,7 +66,7 @@ func goBackend(t *testing.T, h http.HandlerFunc) (addr string, conns *atomic.Int
 
 // rawBackend answers every request on a connection with the bytes answer
 // returns for it; close: then closes the connection.
-func rawBackend(t *testing.T, answer func(r *http.Request, body []byte) (raw string, close bool)) string {
+func rawBackend(t testing.TB, answer func(r *http.Request, body []byte) (raw string, close bool)) string {
 	ln := listen(t, "127.0.0.1:0")
 	go func() {
 		for {

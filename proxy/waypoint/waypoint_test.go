@@ -56,7 +56,7 @@ var (
 )
 
 type lab struct {
-	t       *testing.T
+	t       testing.TB
 	w       *Waypoint
 	reg     *prometheus.Registry
 	certs   *identity.StaticSource
@@ -77,7 +77,7 @@ func dialFrom(src netip.Addr) hbone.DialFunc {
 	}
 }
 
-func listen(t *testing.T, ap string) net.Listener {
+func listen(t testing.TB, ap string) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", ap)
 	if err != nil {
@@ -163,7 +163,7 @@ type labOptions struct {
 	configure  func(*Waypoint) // runs before the waypoint serves (test knobs)
 }
 
-func newLabWith(t *testing.T, cfg *waypointapi.Config, o labOptions) *lab {
+func newLabWith(t testing.TB, cfg *waypointapi.Config, o labOptions) *lab {
 	authority, err := ca.New(o.ca)
 	if err != nil {
 		t.Fatal(err)
