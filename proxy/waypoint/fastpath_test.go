@@ -565,9 +565,11 @@ func TestFastPathMatchesSlowPath(t *testing.T) {
 	var results [2]struct {
 		up   http.Header
 		resp http.Header
+		done bool
 	}
 	for i, slow := range []bool{false, true} {
-		t.Run(fmt.Sprintf("slow=%v", slow), func(t *testing.T) {
+		name := fmt.Sprintf("slow=%v", slow)
+		ok := t.Run(name, func(t *testing.T) {
 			f := newFastLabWith(t, cfg, addr, slow)
 			c := f.client(clientID, clientIP)
 			req, _ := http.NewRequest(http.MethodPost, "http://"+host+"/api/x?q=1", strings.NewReader("b"))
@@ -586,7 +588,16 @@ func TestFastPathMatchesSlowPath(t *testing.T) {
 				t.Errorf("fallbacks = %d", fb)
 			}
 			c.CloseIdleConnections()
+			results[i].done = true
 		})
+		// A subtest that skipped (its lab could not listen) leaves nothing
+		// to compare: say so instead of reporting every header as missing.
+		switch {
+		case !ok:
+			return
+		case !results[i].done:
+			t.Skipf("%s did not run to the end (skipped); nothing to compare", name)
+		}
 	}
 	fast, slow := results[0], results[1]
 	port := regexp.MustCompile(`:[0-9]+"`) // the client's port in Forwarded differs
