@@ -219,7 +219,12 @@ func dialConn(ctx, base context.Context, cfg *ClientConfig, cache *verifyCache, 
 	// on the first stream.
 	select {
 	case <-c.ready:
-		context.AfterFunc(c.ctx, watchRevoked(cfg.Revocation, c, tc.ConnectionState().PeerCertificates, false))
+		if cfg.Revocation != nil {
+			// Only then: an AfterFunc runs on a goroutine of its own when
+			// c ends, and a pool's connections often end together (their
+			// idle timeouts), each leaving a goroutine descriptor Go keeps.
+			context.AfterFunc(c.ctx, watchRevoked(cfg.Revocation, c, tc.ConnectionState().PeerCertificates, false))
+		}
 		return c, nil
 	case <-c.done:
 		return nil, fmt.Errorf("hbone: connect %s: %w: server closed the connection before its SETTINGS: %w",
