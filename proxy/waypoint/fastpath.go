@@ -232,8 +232,9 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 	var retryHeld func() // a retry's place under maxRetries (circuit breaking)
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
-			// Each retry may go to another endpoint of the backend.
-			if err := w.routeTo(ex); err != nil {
+			// Each retry may go to another endpoint of the backend
+			// the first attempt chose.
+			if err := w.rerouteTo(ex); err != nil {
 				lastErr = err
 				break
 			}

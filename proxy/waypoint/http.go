@@ -471,8 +471,9 @@ func (rt *retrier) RoundTrip(r *http.Request) (*http.Response, error) {
 	for i := 0; i < attempts; i++ {
 		req := r
 		if i > 0 {
-			// Each retry may go to another endpoint of the backend.
-			if err := rt.w.routeTo(ex); err != nil {
+			// Each retry may go to another endpoint of the backend
+			// the first attempt chose.
+			if err := rt.w.rerouteTo(ex); err != nil {
 				return nil, err
 			}
 			req = r.Clone(r.Context())

@@ -249,7 +249,8 @@ type exchange struct {
 	snap        *state.Snapshot
 	verdict     stream.Verdict
 	rule        *routing.Rule
-	edit        routing.Edit // what the rule (and its backend) do to the request
+	routed      routing.Result // the last attempt's routing, which a retry keeps the backend of
+	edit        routing.Edit   // what the rule (and its backend) do to the request
 	route       string
 	target      netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
@@ -308,12 +309,26 @@ func (w *Waypoint) decide(ex *exchange) error {
 
 // routeTo is the routing step: it picks the endpoint (for HTTP through the
 // service's routes) and fills in where the request goes.
-func (w *Waypoint) routeTo(ex *exchange) error {
+func (w *Waypoint) routeTo(ex *exchange) error { return w.routeAttempt(ex, false) }
+
+// rerouteTo routes a retry: the same rule and weighted backend as the
+// attempt before (routing.Router.Retry), another endpoint.
+func (w *Waypoint) rerouteTo(ex *exchange) error { return w.routeAttempt(ex, true) }
+
+func (w *Waypoint) routeAttempt(ex *exchange, retry bool) error {
 	var table *routing.Table
 	if ex.attrs.HTTP && ex.svc != nil {
 		table = ex.svc.routes
 	}
-	res, err := w.router.Route(ex.snap, ex.src, ex.dst, table, ex.req, routing.Client{Namespace: ex.peer.Namespace, WorkloadUID: ex.srcWorkload})
+	c := routing.Client{Namespace: ex.peer.Namespace, WorkloadUID: ex.srcWorkload}
+	var res routing.Result
+	var err error
+	if retry {
+		res, err = w.router.Retry(ex.snap, ex.src, ex.dst, table, ex.req, c, &ex.routed)
+	} else {
+		res, err = w.router.Route(ex.snap, ex.src, ex.dst, table, ex.req, c)
+	}
+	ex.routed = res
 	if table != nil {
 		ex.rule, ex.edit = res.Rule, res.Edit
 		if res.Rule != nil {

@@ -83,3 +83,42 @@ func TestRefusedBackend(t *testing.T) {
 		t.Fatalf("Route = %v, want a 500 refusal", err)
 	}
 }
+
+// TestRetryKeepsTheBackend: a retry goes to the weighted backend the
+// request's first attempt chose, whatever the weights would pick now, as
+// Envoy's retries stay in the weighted cluster a request was routed to; a
+// new request chooses by weight again. (The backends are refused ones so
+// that each answer names the backend without endpoints to dial.)
+func TestRetryKeepsTheBackend(t *testing.T) {
+	tbl := Compile([]*waypointapi.Route{scopeRoute("shop", "split", "", nil, "",
+		&waypointapi.Backend{Namespace: "shop", Weight: 90, Refused: "v1"},
+		&waypointapi.Backend{Namespace: "shop", Weight: 10, Refused: "v2"})})
+	var next uint64
+	rt := New(netip.MustParseAddr("10.0.0.9"), func(n uint64) uint64 { return next % n }, zap.NewNop())
+	dst := netip.MustParseAddrPort("10.96.0.12:80")
+	req := httptest.NewRequest("GET", "http://cart/", nil)
+	refused := func(err error) string {
+		t.Helper()
+		var ref *stream.Refusal
+		if !errors.As(err, &ref) {
+			t.Fatalf("routing = %v, want a refusal", err)
+		}
+		return ref.Msg
+	}
+	next = 95 // in v2's tenth
+	first, err := rt.Route(nil, netip.AddrPort{}, dst, tbl, req, Client{Namespace: "shop"})
+	if got := refused(err); got != "backend refused by the control plane: v2" {
+		t.Fatalf("first attempt: %q, want v2's", got)
+	}
+	next = 0 // v1's share
+	for i := range 3 {
+		retry, err := rt.Retry(nil, netip.AddrPort{}, dst, tbl, req, Client{Namespace: "shop"}, &first)
+		if got := refused(err); got != "backend refused by the control plane: v2" {
+			t.Fatalf("retry %d: %q, want the first attempt's backend v2", i+1, got)
+		}
+		first = retry
+	}
+	if _, err := rt.Route(nil, netip.AddrPort{}, dst, tbl, req, Client{Namespace: "shop"}); refused(err) != "backend refused by the control plane: v1" {
+		t.Errorf("a new request: %v, want a choice by weight (v1)", err)
+	}
+}
