@@ -249,8 +249,7 @@ type exchange struct {
 	snap        *state.Snapshot
 	verdict     stream.Verdict
 	rule        *routing.Rule
-	routed      routing.Result // the last attempt's routing, which a retry keeps the backend of
-	edit        routing.Edit   // what the rule (and its backend) do to the request
+	edit        routing.Edit // what the rule (and its backend) do to the request
 	route       string
 	target      netip.AddrPort  // routing result: the endpoint (or VIP for TCP)
 	picked      *routing.Picked // the endpoint a DestinationRule policy picked
@@ -324,11 +323,10 @@ func (w *Waypoint) routeAttempt(ex *exchange, retry bool) error {
 	var res routing.Result
 	var err error
 	if retry {
-		res, err = w.router.Retry(ex.snap, ex.src, ex.dst, table, ex.req, c, &ex.routed)
+		res, err = w.router.Retry(ex.snap, ex.src, ex.dst, table, ex.req, c, ex.edit)
 	} else {
 		res, err = w.router.Route(ex.snap, ex.src, ex.dst, table, ex.req, c)
 	}
-	ex.routed = res
 	if table != nil {
 		ex.rule, ex.edit = res.Rule, res.Edit
 		if res.Rule != nil {

@@ -252,10 +252,19 @@ type directResponse struct {
 // does nothing.
 type Edit struct {
 	rule      *Rule
-	backend   *backend // nil: none picked (or no filters)
+	backend   *backend // the backend picked (nil: none); a retry keeps it
 	prefixLen int      // of the matched path prefix; -1: not a prefix match
 	cors      corsState
 	origin    string // the allowed Origin (cors)
+}
+
+// backendOr is the backend a retry after prev keeps, or rule's choice by
+// weight when there is none to keep (prev nil: a first attempt).
+func (prev *Edit) backendOr(rule *Rule, rnd func(uint64) uint64) (*backend, bool) {
+	if prev != nil && prev.backend != nil {
+		return prev.backend, true
+	}
+	return rule.choose(rnd(max(rule.total, 1)))
 }
 
 // Request applies the request filters to r, whose header h is (the

@@ -61,9 +61,6 @@ type Result struct {
 	// TLS, when set, is the TLS the waypoint originates to Target
 	// (DestinationRule tls SIMPLE or MUTUAL) inside whatever carries it.
 	TLS *tls.Config
-	// backend is the weighted backend Rule chose (nil: none), which
-	// Retry keeps.
-	backend *backend
 }
 
 // Route picks the endpoint for a request to dst from client c (its
@@ -78,27 +75,18 @@ func (rt *Router) Route(snap *state.Snapshot, src, dst netip.AddrPort, table *Ta
 	return rt.route(snap, src, dst, table, req, c, nil)
 }
 
-// Retry routes a retry of the request that prev routed. The rule and its
-// weighted backend stay the ones prev matched and chose, and only the
-// endpoint is picked again: Envoy picks a route's weighted cluster once per
-// request and retries within it, so a 90/10 split stays 90/10 however many
-// attempts the backends' failures cost. (Picking the backend again moved
-// the retries of a failing backend to the others.) A request no rule's
-// backend routed is routed as the first time.
-func (rt *Router) Retry(snap *state.Snapshot, src, dst netip.AddrPort, table *Table, req *http.Request, c Client, prev *Result) (Result, error) {
-	return rt.route(snap, src, dst, table, req, c, prev)
+// Retry routes a retry of a request whose last attempt's Result had Edit
+// prev. The rule and its weighted backend stay the ones prev matched and
+// chose, and only the endpoint is picked again: Envoy picks a route's
+// weighted cluster once per request and retries within it, so a 90/10
+// split stays 90/10 however many attempts the backends' failures cost.
+// (Picking the backend again moved the retries of a failing backend to the
+// others.) A request no rule's backend routed is routed as the first time.
+func (rt *Router) Retry(snap *state.Snapshot, src, dst netip.AddrPort, table *Table, req *http.Request, c Client, prev Edit) (Result, error) {
+	return rt.route(snap, src, dst, table, req, c, &prev)
 }
 
-// backendOr is the backend the retry of prev keeps, or rule's choice by
-// weight when there is none to keep (prev nil: a first attempt).
-func (prev *Result) backendOr(rule *Rule, rnd func(uint64) uint64) (*backend, bool) {
-	if prev != nil && prev.backend != nil {
-		return prev.backend, true
-	}
-	return rule.choose(rnd(max(rule.total, 1)))
-}
-
-func (rt *Router) route(snap *state.Snapshot, src, dst netip.AddrPort, table *Table, req *http.Request, c Client, prev *Result) (Result, error) {
+func (rt *Router) route(snap *state.Snapshot, src, dst netip.AddrPort, table *Table, req *http.Request, c Client, prev *Edit) (Result, error) {
 	var res Result
 	host, ns, port := "", "", dst.Port()
 	var pol *backend // a backend with a DestinationRule policy
@@ -107,7 +95,7 @@ func (rt *Router) route(snap *state.Snapshot, src, dst netip.AddrPort, table *Ta
 	case retry:
 		// The rule the request matched, as it matched: its path may have
 		// been rewritten since.
-		res.Rule, res.Edit = prev.Rule, prev.Edit
+		res.Rule, res.Edit = prev.rule, *prev
 	case table != nil:
 		rule, m, routed := table.pick(req, c, dst.Port())
 		res.Rule = rule
@@ -128,7 +116,7 @@ func (rt *Router) route(snap *state.Snapshot, src, dst netip.AddrPort, table *Ta
 	}
 	if retry || table != nil {
 		b, ok := prev.backendOr(res.Rule, rt.rand)
-		res.backend = b
+		res.Edit.backend = b
 		if !ok {
 			return res, &stream.Refusal{Code: http.StatusInternalServerError, Msg: "route rule has no backend with weight"}
 		}
@@ -145,9 +133,6 @@ func (rt *Router) route(snap *state.Snapshot, src, dst netip.AddrPort, table *Ta
 		}
 		if b.policy != nil {
 			pol = b
-		}
-		if len(b.reqMods) > 0 || len(b.respMods) > 0 {
-			res.Edit.backend = b
 		}
 		if b.tlsErr != nil {
 			return res, &stream.Refusal{Code: http.StatusServiceUnavailable, Msg: "TLS origination to " + b.hostname + ": " + b.tlsErr.Error()}

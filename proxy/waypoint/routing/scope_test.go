@@ -112,7 +112,7 @@ func TestRetryKeepsTheBackend(t *testing.T) {
 	}
 	next = 0 // v1's share
 	for i := range 3 {
-		retry, err := rt.Retry(nil, netip.AddrPort{}, dst, tbl, req, Client{Namespace: "shop"}, &first)
+		retry, err := rt.Retry(nil, netip.AddrPort{}, dst, tbl, req, Client{Namespace: "shop"}, first.Edit)
 		if got := refused(err); got != "backend refused by the control plane: v2" {
 			t.Fatalf("retry %d: %q, want the first attempt's backend v2", i+1, got)
 		}
