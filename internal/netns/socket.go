@@ -32,6 +32,9 @@ type SockOpts struct {
 	// LocalAddr, if valid, is the address Dial binds before connecting
 	// (port 0 = any). Ignored by Listen and ListenPacket.
 	LocalAddr netip.AddrPort
+	// keepAlive sets SO_KEEPALIVE and Go's listener keep-alive values
+	// (Listen sets it on its listening socket).
+	keepAlive bool
 }
 
 // Control sets the options on the raw socket. It fits
@@ -58,6 +61,13 @@ func (o SockOpts) set(fd int, v6 bool) error {
 	}
 	if o.ReusePort {
 		opts = append(opts, opt{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, "SO_REUSEPORT"})
+	}
+	if o.keepAlive {
+		opts = append(opts,
+			opt{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE"},
+			opt{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle, "TCP_KEEPIDLE"},
+			opt{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepAliveInterval, "TCP_KEEPINTVL"},
+			opt{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveCount, "TCP_KEEPCNT"})
 	}
 	switch {
 	case o.Transparent && v6:
@@ -96,16 +106,8 @@ func (h *Handle) Listen(ctx context.Context, addr netip.AddrPort, o SockOpts) (n
 	var ln net.Listener
 	err := h.Do(func() error {
 		var err error
-		lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
-			if err := o.Control(network, address, c); err != nil {
-				return err
-			}
-			var kerr error
-			if err := c.Control(func(fd uintptr) { kerr = setKeepAlive(int(fd)) }); err != nil {
-				return err
-			}
-			return kerr
-		}}
+		o.keepAlive = true
+		lc := net.ListenConfig{KeepAlive: -1, Control: o.Control}
 		ln, err = lc.Listen(ctx, "tcp", addr.String())
 		return err
 	})
@@ -113,23 +115,6 @@ func (h *Handle) Listen(ctx context.Context, addr netip.AddrPort, o SockOpts) (n
 		return nil, fmt.Errorf("netns: listen tcp %s in %s: %w", addr, h, err)
 	}
 	return ln, nil
-}
-
-func setKeepAlive(fd int) error {
-	for _, op := range []struct {
-		level, name, value int
-		label              string
-	}{
-		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE"},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle, "TCP_KEEPIDLE"},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepAliveInterval, "TCP_KEEPINTVL"},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveCount, "TCP_KEEPCNT"},
-	} {
-		if err := unix.SetsockoptInt(fd, op.level, op.name, op.value); err != nil {
-			return fmt.Errorf("netns: setsockopt %s: %w", op.label, err)
-		}
-	}
-	return nil
 }
 
 // ListenPacket opens a UDP socket on addr inside h's namespace.
