@@ -96,12 +96,12 @@ func rawBackend(t testing.TB, answer func(r *http.Request, body []byte) (raw str
 
 // rawClient is one tunnel to the service, spoken to in raw HTTP/1.1.
 type rawClient struct {
-	t  *testing.T
+	t  testing.TB
 	c  net.Conn
 	br *bufio.Reader
 }
 
-func (l *lab) rawClient(t *testing.T) *rawClient {
+func (l *lab) rawClient(t testing.TB) *rawClient {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c, err := l.tunnel(ctx, clientID, clientIP, svcVIP+":80")
