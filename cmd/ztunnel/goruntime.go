@@ -34,3 +34,37 @@ func goRuntimeTasks(g *daemon.Group, cfg *config.Config, load daemon.Load, log *
 		}, daemon.Once())
 	}
 }
+
+// releaseStartupCode starts the task that gives the executable's pages
+// back once start-up is over (RELEASE_STARTUP_CODE): 5 s after every one
+// of ready is closed, so that the first pods' listeners and certificates
+// are part of start-up.
+func releaseStartupCode(g *daemon.Group, cfg *config.Config, log *zap.Logger, ready ...<-chan struct{}) {
+	if !cfg.ReleaseStartupCode {
+		return
+	}
+	g.Go("startup code release", func(ctx context.Context) error {
+		for _, c := range ready {
+			select {
+			case <-c:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		select {
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+			return nil
+		}
+		r, err := daemon.ReleaseStartupCode()
+		if err != nil {
+			// Nothing depends on it: the pages stay resident, as before.
+			log.Warn("startup code not released", zap.Error(err))
+			return nil
+		}
+		log.Info("startup code released",
+			zap.Uint64("resident_kib", r.ResidentBefore>>10), zap.Uint64("resident_after_kib", r.ResidentAfter>>10),
+			zap.Uint64("cached_kib", r.CachedBefore>>10), zap.Uint64("cached_after_kib", r.CachedAfter>>10))
+		return nil
+	}, daemon.Once())
+}

@@ -230,6 +230,7 @@ func run(ctx context.Context, cfg *config.Config, log *zap.Logger, level zap.Ato
 		mgr.Shutdown(context.Background()) // each pod bounded by DrainDeadline
 	}))
 	g.Go(admin.TaskWorkloadProxyManager, mgr.Run, daemon.ReadyWhen(daemon.Closed(mgr.Ready())))
+	releaseStartupCode(g, cfg, log, xc.Synced(), mgr.Ready())
 	// Pods are taken (and their listeners opened) only after the first full
 	// xDS sync; until then the agent holds them back.
 	g.Go("zds client", func(ctx context.Context) error {

@@ -66,6 +66,10 @@ const (
 	// a core and on all of them above it (internal/daemon/procs); default
 	// true, and off whenever GOMAXPROCS is set (the operator chose).
 	EnvAdaptiveProcs = "ADAPTIVE_PROCS"
+	// EnvReleaseStartupCode (ours): once the proxy is ready, give the
+	// executable's pages back to the system (daemon.ReleaseStartupCode);
+	// default true.
+	EnvReleaseStartupCode = "RELEASE_STARTUP_CODE"
 	// EnvTracingEndpoint, EnvTracingProtocol and EnvTracingSampling (ours):
 	// the OTLP collector (host:port) that gets one span per connection,
 	// over "grpc" (default) or "http", sampling this percentage of new
@@ -149,6 +153,8 @@ type Config struct {
 	MetricsGrace time.Duration
 	// AdaptiveProcs: EnvAdaptiveProcs, false when GOMAXPROCS is set.
 	AdaptiveProcs bool
+	// ReleaseStartupCode: EnvReleaseStartupCode.
+	ReleaseStartupCode bool
 	// TracingEndpoint (host:port, "" for no spans), TracingProtocol and
 	// TracingSampling (0 to 100): the connection spans.
 	TracingEndpoint string
@@ -214,13 +220,14 @@ func Parse(env Lookup, environ []string) (*Config, error) {
 		PoolMaxStreamsPerConn: p.integer(EnvPoolMaxStreams, 100, 1, 1<<16),
 		PoolUnusedRelease:     p.duration(EnvPoolUnusedRelease, 5*time.Minute),
 
-		AdminAddr:     p.str(EnvAdminAddr, "localhost:15000"),
-		StatsAddr:     p.str(EnvStatsAddr, "[::]:15020"),
-		ReadinessAddr: p.str(EnvReadinessAddr, "[::]:15021"),
-		StatsTLSCert:  p.str(EnvStatsTLSCert, ""),
-		StatsTLSKey:   p.str(EnvStatsTLSKey, ""),
-		MetricsGrace:  p.duration(EnvMetricsGrace, 5*time.Minute),
-		AdaptiveProcs: p.boolean(EnvAdaptiveProcs, true) && p.str("GOMAXPROCS", "") == "",
+		AdminAddr:          p.str(EnvAdminAddr, "localhost:15000"),
+		StatsAddr:          p.str(EnvStatsAddr, "[::]:15020"),
+		ReadinessAddr:      p.str(EnvReadinessAddr, "[::]:15021"),
+		StatsTLSCert:       p.str(EnvStatsTLSCert, ""),
+		StatsTLSKey:        p.str(EnvStatsTLSKey, ""),
+		MetricsGrace:       p.duration(EnvMetricsGrace, 5*time.Minute),
+		AdaptiveProcs:      p.boolean(EnvAdaptiveProcs, true) && p.str("GOMAXPROCS", "") == "",
+		ReleaseStartupCode: p.boolean(EnvReleaseStartupCode, true),
 
 		TracingEndpoint: p.str(EnvTracingEndpoint, ""),
 		TracingSampling: p.percentage(EnvTracingSampling, 1),

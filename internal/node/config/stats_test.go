@@ -61,3 +61,25 @@ func TestAdaptiveProcs(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseStartupCodeConfig: on by default, off by
+// RELEASE_STARTUP_CODE=false.
+func TestReleaseStartupCodeConfig(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want bool
+	}{
+		{map[string]string{}, true},
+		{map[string]string{"RELEASE_STARTUP_CODE": "false"}, false},
+		{map[string]string{"RELEASE_STARTUP_CODE": "true"}, true},
+	} {
+		tc.env["NODE_NAME"] = "n1"
+		c, err := config.Parse(env(tc.env), nil)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		if c.ReleaseStartupCode != tc.want {
+			t.Errorf("%v: ReleaseStartupCode %v, want %v", tc.env, c.ReleaseStartupCode, tc.want)
+		}
+	}
+}

@@ -1,0 +1,83 @@
+package daemon
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// releaseChildEnv makes the test binary, started by
+// TestReleaseStartupCode, release its own code and print the result.
+const releaseChildEnv = "ZTG_TEST_RELEASE_CODE_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(releaseChildEnv) != "" {
+		r, err := ReleaseStartupCode()
+		if err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(2)
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(r)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestReleaseStartupCode runs a written-back copy of this test binary
+// (a file just written has dirty pages, which the kernel does not drop)
+// and checks that its code left both the process and the page cache: the
+// memory is free, not merely unmapped.
+func TestReleaseStartupCode(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "child")
+	copyAndSync(t, self, bin)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), releaseChildEnv+"=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	var r CodeRelease
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("child said %q: %v", out, err)
+	}
+	t.Logf("resident %d → %d KiB, page cache %d → %d KiB", r.ResidentBefore>>10, r.ResidentAfter>>10, r.CachedBefore>>10, r.CachedAfter>>10)
+	if r.ResidentBefore < 1<<20 {
+		t.Fatalf("only %d KiB of the executable resident before the release: the mappings were not found", r.ResidentBefore>>10)
+	}
+	if r.ResidentAfter > r.ResidentBefore/4 {
+		t.Errorf("resident after the release %d KiB, want at most a quarter of %d KiB", r.ResidentAfter>>10, r.ResidentBefore>>10)
+	}
+	// Not all of it: a large folio stays cached while any of its pages is
+	// mapped again (the code running the release and reading smaps).
+	if left, freed := r.ResidentBefore-r.ResidentAfter, r.CachedBefore-min(r.CachedAfter, r.CachedBefore); freed < left/2 {
+		t.Errorf("%d KiB left the process but only %d KiB left the page cache: the pages were unmapped, not freed", left>>10, freed>>10)
+	}
+}
+
+func copyAndSync(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
