@@ -354,7 +354,19 @@ func (m *Mesh) startProxy(mn *MeshNode) error {
 	if err := m.writeNodeResolvConf(n); err != nil {
 		return err
 	}
-	p, err := n.Start(testcluster.Process{Name: "ztunnel-" + n.Name, Path: m.bin(BinZtunnel), Env: append([]string{
+	// Each node runs its own copy of the binary, as separate machines
+	// (or images) would: two proxies mapping one file share its page
+	// cache, and the kernel will not page out what another process maps
+	// (daemon.ReleaseStartupCode).
+	// A restart finds the copy there (and possibly still running: a
+	// running executable cannot be written).
+	bin := filepath.Join(n.Dir, BinZtunnel)
+	if _, err := os.Stat(bin); err != nil {
+		if err := copyFile(m.bin(BinZtunnel), bin); err != nil {
+			return fmt.Errorf("meshlab: %w", err)
+		}
+	}
+	p, err := n.Start(testcluster.Process{Name: "ztunnel-" + n.Name, Path: bin, Env: append([]string{
 		"XDS_ADDRESS=" + m.CPAddr.String(),
 		"CA_ADDRESS=" + m.CPAddr.String(),
 		"XDS_ROOT_CA=" + m.RootCert,
@@ -415,4 +427,27 @@ func (m *Mesh) closeApps() {
 	for _, l := range apps {
 		l.Close()
 	}
+}
+
+// copyFile copies src to dst (mode 0755) and syncs it: the kernel does not
+// drop dirty pages from the page cache.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
