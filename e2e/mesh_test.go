@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -77,8 +79,51 @@ func TestMesh(t *testing.T) {
 	t.Run("STRICT denies plaintext", func(t *testing.T) { testMeshStrict(t, m) })
 	t.Run("ServiceEntry via DNS and TCP", func(t *testing.T) { testMeshServiceEntry(t, m) })
 	t.Run("waypoint", func(t *testing.T) { testMeshWaypoint(t, m) })
+	t.Run("start-up code released, traffic still flows", func(t *testing.T) { testMeshStartupCode(t, m) })
 	// Last: it changes policy for mx-server-1.
 	t.Run("policy applied at runtime closes an open connection", func(t *testing.T) { testMeshRevoke(t, m) })
+}
+
+// testMeshStartupCode: each node proxy gives its executable's pages back
+// once it is ready (RELEASE_STARTUP_CODE, on by default; meshlab gives
+// each node its own copy of the binary, as separate machines would have),
+// and a captured cross-node connection still works afterwards, its code
+// read back from the file. What the page cache keeps is logged, not
+// checked: it depends on the file's folio sizes (TestReleaseStartupCode
+// checks that the cache shrinks).
+func testMeshStartupCode(t *testing.T, m *meshlab.Mesh) {
+	ctx := ctxT(t, 30*time.Second)
+	for i := range m.Nodes {
+		p := m.Nodes[i].Proxy
+		if err := p.WaitLog(ctx, `"startup code released"`); err != nil {
+			t.Fatalf("node%d: %v", i, err)
+		}
+		var line struct {
+			Resident      uint64 `json:"resident_kib"`
+			ResidentAfter uint64 `json:"resident_after_kib"`
+			Cached        uint64 `json:"cached_kib"`
+			CachedAfter   uint64 `json:"cached_after_kib"`
+		}
+		sc := bufio.NewScanner(bytes.NewReader(p.Log()))
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			if bytes.Contains(sc.Bytes(), []byte(`"startup code released"`)) {
+				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+					t.Fatalf("node%d: %q: %v", i, sc.Bytes(), err)
+				}
+			}
+		}
+		t.Logf("node%d: executable resident %d → %d KiB, page cache %d → %d KiB", i, line.Resident, line.ResidentAfter, line.Cached, line.CachedAfter)
+		if line.Resident < 4<<10 || line.ResidentAfter > line.Resident/4 {
+			t.Errorf("node%d: resident %d → %d KiB, want at least 4 MiB before and a quarter of it after", i, line.Resident, line.ResidentAfter)
+		}
+	}
+	want := payload(4321)
+	dst := netip.AddrPortFrom(m.Pod("matrix", "mx-server-1").IP, 8080)
+	got, err := meshlab.RoundTrip(ctx, m.Pod("matrix", "mx-client"), dst, want)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("mx-client → %s after the release: got %d of %d bytes, err %v", dst, len(got), len(want), err)
+	}
 }
 
 func spiffe(ns, sa string) string { return "spiffe://cluster.local/ns/" + ns + "/sa/" + sa }

@@ -56,6 +56,7 @@ func releaseStartupCode(g *daemon.Group, cfg *config.Config, log *zap.Logger, re
 		case <-ctx.Done():
 			return nil
 		}
+		start := time.Now()
 		r, err := daemon.ReleaseStartupCode()
 		if err != nil {
 			// Nothing depends on it: the pages stay resident, as before.
@@ -64,7 +65,8 @@ func releaseStartupCode(g *daemon.Group, cfg *config.Config, log *zap.Logger, re
 		}
 		log.Info("startup code released",
 			zap.Uint64("resident_kib", r.ResidentBefore>>10), zap.Uint64("resident_after_kib", r.ResidentAfter>>10),
-			zap.Uint64("cached_kib", r.CachedBefore>>10), zap.Uint64("cached_after_kib", r.CachedAfter>>10))
+			zap.Uint64("cached_kib", r.CachedBefore>>10), zap.Uint64("cached_after_kib", r.CachedAfter>>10),
+			zap.Duration("took", time.Since(start)))
 		return nil
 	}, daemon.Once())
 }

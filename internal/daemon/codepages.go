@@ -20,15 +20,19 @@ import (
 // and the admin servers touch some page of nearly every 64 KiB of a Go
 // binary, so 15 of a node proxy's 16 MiB of text, read-only data and
 // pclntab stayed resident although a serving proxy runs a fraction of
-// them (bench/README, issue 29). MADV_RANDOM first stops the read-ahead,
-// so a later fault reads the page it needs; MADV_PAGEOUT then unmaps the
-// pages and, as they are clean and nothing else maps them, drops them
-// from the page cache too: the memory is free, not merely uncounted. The
-// kernel leaves alone pages another process maps (a second process
-// started from the same file) and pages not yet written back.
+// them (bench/README, issue 29). MADV_RANDOM first stops the read-ahead
+// on later faults; MADV_PAGEOUT then unmaps the pages and reclaims the
+// clean ones nothing else maps; POSIX_FADV_DONTNEED drops the file's
+// other clean, unmapped pages (what read-ahead or writing the file left).
+// Pages another process maps (a second process started from the same
+// file) and dirty ones stay.
 //
-// The price is a page fault that reads from the file the first time a
-// released page is needed again.
+// What the page cache holds of the file afterwards is unmapped: pages
+// read back since (a node proxy's threads keep running meanwhile) and
+// any the kernel could not drop at once. New pages start on the inactive
+// list: the first reclaimed, and outside Kubernetes' working set (usage
+// minus inactive file). The price is a read from the file the first time
+// a released page is needed again.
 func ReleaseStartupCode() (CodeRelease, error) {
 	var r CodeRelease
 	maps, err := executableMappings()
