@@ -27,12 +27,11 @@ import (
 // Pages another process maps (a second process started from the same
 // file) and dirty ones stay.
 //
-// What the page cache holds of the file afterwards is unmapped: pages
-// read back since (a node proxy's threads keep running meanwhile) and
-// any the kernel could not drop at once. New pages start on the inactive
-// list: the first reclaimed, and outside Kubernetes' working set (usage
-// minus inactive file). The price is a read from the file the first time
-// a released page is needed again.
+// The memory is freed, not merely unmapped: in e2e the node proxy's mapped
+// share of its executable fell 14.7 -> 1.1 MiB and the file's cached pages
+// 15.5 -> 1.2-4.8 MiB (what its other threads read back meanwhile). The
+// price is a read from the file the first time a released page is needed
+// again.
 func ReleaseStartupCode() (CodeRelease, error) {
 	var r CodeRelease
 	maps, err := executableMappings()
@@ -55,7 +54,13 @@ func ReleaseStartupCode() (CodeRelease, error) {
 	if err := dropCached(); err != nil {
 		return r, err
 	}
-	r.ResidentAfter, err = residentIn(maps)
+	if r.ResidentAfter, err = residentIn(maps); err != nil {
+		return r, err
+	}
+	// Reading smaps faulted code back in, and a fault reads more of the
+	// file than it maps (test binary: 4.0 MiB cached against 1.5 mapped
+	// right after); what it read around is dropped again.
+	err = dropCached()
 	r.CachedAfter = cachedIn(maps)
 	return r, err
 }
