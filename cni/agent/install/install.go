@@ -83,8 +83,19 @@ func Install(cfg Config) (Result, error) {
 	}
 	entry["type"] = PluginType
 	edit := func(plugins []any) []any { return append(withoutOurs(plugins), entry) }
-	if isList, _ := isConflist(path); !isList {
-		res.Conflist, err = convertConf(path, edit)
+	// One read decides: a runtime rewriting the file in place (truncate,
+	// then write) showed a first read empty and a second one a list, and
+	// a list converted as if it were one plugin replaced the runtime's
+	// conflist and then removed it.
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return res, fmt.Errorf("install: %w", err)
+	}
+	switch isList, ok := confKind(data); {
+	case !ok:
+		return res, fmt.Errorf("install: %s is no longer a CNI config (being rewritten?)", path)
+	case !isList:
+		res.Conflist, err = convertConf(path, data, edit)
 		res.ConfChanged = err == nil
 		return res, err
 	}
@@ -93,14 +104,11 @@ func Install(cfg Config) (Result, error) {
 	return res, err
 }
 
-// convertConf turns the single-plugin config at path into a conflist
-// <name>.conflist holding that plugin, then edit's additions, and removes
-// path. The list takes the plugin's cniVersion and name.
-func convertConf(path string, edit func([]any) []any) (string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("install: %w", err)
-	}
+// convertConf turns the single-plugin config data, read from path, into a
+// conflist <name>.conflist holding that plugin, then edit's additions, and
+// removes path unless that is the list's own name. The list takes the
+// plugin's cniVersion and name.
+func convertConf(path string, data []byte, edit func([]any) []any) (string, error) {
 	var conf map[string]any
 	if err := json.Unmarshal(data, &conf); err != nil {
 		return "", fmt.Errorf("install: %s: %w", path, err)
@@ -121,6 +129,9 @@ func convertConf(path string, edit func([]any) []any) (string, error) {
 	if err := writeAtomic(dst, append(out, '\n'), 0o644); err != nil {
 		return "", err
 	}
+	if dst == path { // a single plugin in a .conflist file: rewritten in place
+		return dst, nil
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("install: remove %s after converting it to %s: %w", path, dst, err)
 	}
@@ -134,6 +145,11 @@ func isConflist(path string) (list, ok bool) {
 	if err != nil {
 		return false, false
 	}
+	return confKind(data)
+}
+
+// confKind is isConflist on a file's bytes.
+func confKind(data []byte) (list, ok bool) {
 	var conf map[string]json.RawMessage
 	if json.Unmarshal(data, &conf) != nil {
 		return false, false

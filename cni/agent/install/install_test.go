@@ -141,3 +141,45 @@ func TestInstallErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestInstallSinglePluginInConflistFile: a single plugin's config kept in a
+// file named .conflist is converted in place. The conversion used to write
+// the list to the same path and then remove "the old file": the runtime's
+// only config was gone.
+func TestInstallSinglePluginInConflistFile(t *testing.T) {
+	cfg := setup(t)
+	path := filepath.Join(cfg.ConfDir, "10-k8s.conflist")
+	if err := os.WriteFile(path, []byte(`{"cniVersion":"1.0.0","name":"k8s","type":"bridge","bridge":"cni0"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Install(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Conflist != path || !res.ConfChanged {
+		t.Fatalf("Install = %+v, want %s converted", res, path)
+	}
+	if got, want := types(plugins(t, path)), []string{"bridge", PluginType}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("plugins %v, want %v", got, want)
+	}
+}
+
+// TestConfKind: what Install decides from one read of the primary file. A
+// file caught empty mid-rewrite is no CNI config, so Install refuses it
+// rather than converting what a second read would find.
+func TestConfKind(t *testing.T) {
+	for _, tc := range []struct {
+		data     string
+		list, ok bool
+	}{
+		{primary, true, true},
+		{`{"cniVersion":"1.0.0","name":"k8s","type":"bridge"}`, false, true},
+		{``, false, false},
+		{`{"cniVersion":"1.0.0","na`, false, false},
+		{`{"name":"k8s"}`, false, false},
+	} {
+		if list, ok := confKind([]byte(tc.data)); list != tc.list || ok != tc.ok {
+			t.Errorf("confKind(%q) = %v, %v, want %v, %v", tc.data, list, ok, tc.list, tc.ok)
+		}
+	}
+}
