@@ -28,8 +28,8 @@ import (
 // file) and dirty ones stay.
 //
 // The memory is freed, not merely unmapped: in e2e the node proxy's mapped
-// share of its executable fell 14.7 -> 1.1 MiB and the file's cached pages
-// 15.5 -> 1.2-4.8 MiB (what its other threads read back meanwhile). The
+// share of its executable fell 14.3 -> 1.1 MiB and the file's cached pages
+// 15.1 -> 1.1-4.7 MiB (what its other threads read back meanwhile). The
 // price is a read from the file the first time a released page is needed
 // again.
 func ReleaseStartupCode() (CodeRelease, error) {
@@ -58,7 +58,7 @@ func ReleaseStartupCode() (CodeRelease, error) {
 		return r, err
 	}
 	// Reading smaps faulted code back in, and a fault reads more of the
-	// file than it maps (test binary: 4.0 MiB cached against 1.5 mapped
+	// file than it maps (test binary: 3.9 MiB cached against 1.5 mapped
 	// right after); what it read around is dropped again.
 	err = dropCached()
 	r.CachedAfter = cachedIn(maps)
