@@ -362,7 +362,7 @@ func (m *Mesh) startProxy(mn *MeshNode) error {
 	// running executable cannot be written).
 	bin := filepath.Join(n.Dir, BinZtunnel)
 	if _, err := os.Stat(bin); err != nil {
-		if err := copyFile(m.bin(BinZtunnel), bin); err != nil {
+		if err := testkit.CopyFile(m.bin(BinZtunnel), bin, 0o755); err != nil {
 			return fmt.Errorf("meshlab: %w", err)
 		}
 	}
@@ -427,27 +427,4 @@ func (m *Mesh) closeApps() {
 	for _, l := range apps {
 		l.Close()
 	}
-}
-
-// copyFile copies src to dst (mode 0755) and syncs it: the kernel does not
-// drop dirty pages from the page cache.
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Sync(); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }

@@ -41,6 +41,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // Options say where the binaries and images are.
@@ -278,7 +280,7 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		}
 	}
 	for _, plugin := range []string{"bridge", "host-local", "loopback"} {
-		if err := copyFile(filepath.Join(opts.CNIBin, plugin), filepath.Join(CNIBinDir, plugin), 0o755); err != nil {
+		if err := testkit.CopyFile(filepath.Join(opts.CNIBin, plugin), filepath.Join(CNIBinDir, plugin), 0o755); err != nil {
 			return n, fmt.Errorf("cni plugin: %w", err)
 		}
 	}
@@ -423,14 +425,6 @@ func waitFor(ctx context.Context, timeout time.Duration, p *proc, check func() e
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-func copyFile(src, dst string, mode os.FileMode) error {
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(dst, data, mode)
 }
 
 // proc is one component process.
