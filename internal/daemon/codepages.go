@@ -28,7 +28,7 @@ import (
 // file) and dirty ones stay.
 //
 // The memory is freed, not merely unmapped: in e2e the node proxy's mapped
-// share of its executable fell 14.3 -> 1.1 MiB and the file's cached pages
+// share of its executable fell 14.3 -> 1.1-3.0 MiB and the file's cached pages
 // 15.1 -> 1.1-4.7 MiB (what its other threads read back meanwhile). The
 // price is a read from the file the first time a released page is needed
 // again.
