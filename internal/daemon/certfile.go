@@ -3,9 +3,7 @@ package daemon
 import (
 	"crypto/tls"
 	"fmt"
-	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,22 +23,8 @@ type KeyPairFile struct {
 
 	mu      sync.Mutex
 	cur     *tls.Certificate
-	stamps  [2]fileStamp
+	stamps  [2]FileStamp
 	checked time.Time
-}
-
-type fileStamp struct {
-	mod  time.Time
-	size int64
-	ino  uint64
-}
-
-func stampOf(path string) (fileStamp, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileStamp{}, err
-	}
-	return fileStamp{mod: fi.ModTime(), size: fi.Size(), ino: inode(fi)}, nil
 }
 
 // LoadKeyPairFile reads the pair once; an unreadable or mismatched pair is
@@ -58,11 +42,11 @@ func LoadKeyPairFile(certFile, keyFile string, log *zap.Logger) (*KeyPairFile, e
 }
 
 func (k *KeyPairFile) load() error {
-	cs, err := stampOf(k.certFile)
+	cs, err := StatStamp(k.certFile)
 	if err != nil {
 		return fmt.Errorf("tls certificate %s: %w", k.certFile, err)
 	}
-	ks, err := stampOf(k.keyFile)
+	ks, err := StatStamp(k.keyFile)
 	if err != nil {
 		return fmt.Errorf("tls key %s: %w", k.keyFile, err)
 	}
@@ -70,7 +54,7 @@ func (k *KeyPairFile) load() error {
 	if err != nil {
 		return fmt.Errorf("tls key pair %s, %s: %w", k.certFile, k.keyFile, err)
 	}
-	k.cur, k.stamps, k.checked = &pair, [2]fileStamp{cs, ks}, time.Now()
+	k.cur, k.stamps, k.checked = &pair, [2]FileStamp{cs, ks}, time.Now()
 	return nil
 }
 
@@ -83,9 +67,9 @@ func (k *KeyPairFile) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, er
 		return k.cur, nil
 	}
 	k.checked = time.Now()
-	cs, err1 := stampOf(k.certFile)
-	ks, err2 := stampOf(k.keyFile)
-	if err1 == nil && err2 == nil && [2]fileStamp{cs, ks} == k.stamps {
+	cs, err1 := StatStamp(k.certFile)
+	ks, err2 := StatStamp(k.keyFile)
+	if err1 == nil && err2 == nil && [2]FileStamp{cs, ks} == k.stamps {
 		return k.cur, nil
 	}
 	// load replaces the pair only when the new one loads.
@@ -100,13 +84,4 @@ func (k *KeyPairFile) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, er
 // TLSConfig is a server config serving this pair (TLS 1.2 and later).
 func (k *KeyPairFile) TLSConfig() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: k.GetCertificate}
-}
-
-// inode tells a replaced file from one rewritten in place (a Secret volume
-// swaps a symlink, so the new file may have the old size and time).
-func inode(fi os.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return uint64(st.Ino)
-	}
-	return 0
 }

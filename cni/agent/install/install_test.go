@@ -183,3 +183,96 @@ func TestConfKind(t *testing.T) {
 		}
 	}
 }
+
+// The Keeper re-checks every few seconds: an unchanged pair of binaries is
+// told by their stamps, not by reading both, and any write to either is
+// still seen, including one that keeps the size and puts the modification
+// time back.
+func TestInstallBinaryCheckedByStamp(t *testing.T) {
+	cfg := setup(t)
+	dst := filepath.Join(cfg.BinDir, PluginType)
+	if res, err := Install(cfg); err != nil || !res.BinaryChanged {
+		t.Fatalf("first Install: %+v, %v", res, err)
+	}
+	compares := binaryCompares.Load()
+	for range 3 {
+		if res, err := Install(cfg); err != nil || res.BinaryChanged {
+			t.Fatalf("unchanged Install: %+v, %v", res, err)
+		}
+	}
+	if n := binaryCompares.Load() - compares; n != 0 {
+		t.Fatalf("unchanged binaries compared byte for byte %d times", n)
+	}
+
+	// Tampered in place: same size, modification time restored.
+	fi, err := os.Stat(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, []byte("binary XX"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(dst, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := Install(cfg); err != nil || !res.BinaryChanged {
+		t.Fatalf("Install after tampering: %+v, %v", res, err)
+	}
+	if b, err := os.ReadFile(dst); err != nil || string(b) != "binary v1" {
+		t.Fatalf("binary %q, %v", b, err)
+	}
+
+	// The source rewritten with the same bytes: compared once, not copied.
+	compares = binaryCompares.Load()
+	if err := os.WriteFile(cfg.Binary, []byte("binary v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := Install(cfg); err != nil || res.BinaryChanged {
+		t.Fatalf("Install after rewriting the source unchanged: %+v, %v", res, err)
+	}
+	if n := binaryCompares.Load() - compares; n != 1 {
+		t.Fatalf("compared %d times, want 1", n)
+	}
+
+	// Removed: written again.
+	if err := os.Remove(dst); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := Install(cfg); err != nil || !res.BinaryChanged {
+		t.Fatalf("Install after removal: %+v, %v", res, err)
+	}
+}
+
+func TestSameContent(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	big := make([]byte, 600<<10) // spans chunks
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	a := write("a", big)
+	b := write("b", big)
+	other := append([]byte(nil), big...)
+	other[len(other)-1]++
+	c := write("c", other)
+	d := write("d", big[:len(big)-1])
+	e := write("e", nil)
+	f := write("f", nil)
+	for _, tc := range []struct {
+		x, y string
+		want bool
+	}{{a, b, true}, {a, c, false}, {a, d, false}, {d, a, false}, {e, f, true}, {a, filepath.Join(dir, "missing"), false}} {
+		if got, err := sameContent(tc.x, tc.y); err != nil || got != tc.want {
+			t.Errorf("sameContent(%s, %s) = %v, %v; want %v", filepath.Base(tc.x), filepath.Base(tc.y), got, err, tc.want)
+		}
+	}
+	if _, err := sameContent(filepath.Join(dir, "missing"), a); err == nil {
+		t.Error("a missing source is not an error")
+	}
+}

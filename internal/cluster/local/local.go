@@ -23,13 +23,17 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/cluster"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 )
 
 // DefaultInterval is how often the directory is checked for changes.
 const DefaultInterval = 200 * time.Millisecond
 
 type fileState struct {
-	sum   [32]byte
+	sum [32]byte
+	// stamp is the file's when it was read: an unchanged stamp skips the
+	// read and the hash (the directory is looked at five times a second).
+	stamp daemon.FileStamp
 	items []cluster.Item
 	// origins: item key → document index (see Origin).
 	origins map[string]int
@@ -113,14 +117,20 @@ func (s *Source) Load() (bool, error) {
 	seen := map[string]bool{}
 	for _, p := range paths {
 		seen[p] = true
+		old := s.files[p]
+		stamp, err := daemon.StatStamp(p)
+		if err == nil && old != nil && old.stamp == stamp {
+			errs = append(errs, s.fileErrs(p)...)
+			continue
+		}
 		data, err := os.ReadFile(p)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
 			continue // keep what the file held before
 		}
 		sum := sha256.Sum256(data)
-		old := s.files[p]
 		if old != nil && old.sum == sum {
+			old.stamp = stamp
 			errs = append(errs, s.fileErrs(p)...)
 			continue
 		}
@@ -151,7 +161,7 @@ func (s *Source) Load() (bool, error) {
 		for _, e := range fatal {
 			s.log.Error("bad object in local config; keeping the last good state for it", zap.Error(e))
 		}
-		s.files[p] = &fileState{sum: sum, items: items, origins: originsOf(p, data)}
+		s.files[p] = &fileState{sum: sum, stamp: stamp, items: items, origins: originsOf(p, data)}
 		s.setFileErrs(p, fatal)
 		errs = append(errs, fatal...)
 		changed = true

@@ -120,3 +120,33 @@ func TestUnchangedDirectoryPublishesNothing(t *testing.T) {
 		t.Fatal("missing directory not reported")
 	}
 }
+
+// A file is read again only when its stamp moved, and an edit in place
+// that keeps the size and puts the modification time back still moves it.
+func TestEditInPlaceSeen(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "a.yaml")
+	write(t, p, ns("aa"))
+	s := local.New(dir, nil, 0)
+	if _, err := s.Load(); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, p, ns("bb"))
+	if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := s.Load(); err != nil || !changed {
+		t.Fatalf("edit in place: changed %v, %v", changed, err)
+	}
+	objs, _ := s.Current()
+	if items := objs.Items(); len(items) != 1 || !strings.Contains(items[0].Key, "bb") {
+		t.Fatalf("objects after the edit: %+v", items)
+	}
+	if changed, _ := s.Load(); changed {
+		t.Fatal("unchanged file reported a change")
+	}
+}

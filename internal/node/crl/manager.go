@@ -20,13 +20,13 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/ztunnel-go/ztunnel-go/hbone"
+	"github.com/ztunnel-go/ztunnel-go/internal/daemon"
 	"github.com/ztunnel-go/ztunnel-go/internal/identity"
 )
 
@@ -64,8 +64,8 @@ type Manager struct {
 	set      atomic.Pointer[Set]
 	loadedAt atomic.Pointer[time.Time]
 
-	mu        sync.Mutex // serialises reloads; guards the fields below
-	stamp     fileStamp  // of the file at the last look
+	mu        sync.Mutex       // serialises reloads; guards the fields below
+	stamp     daemon.FileStamp // of the file at the last look
 	rootsSum  [sha256.Size]byte
 	refused   [sha256.Size]byte // file+roots sum last refused, not logged again
 	lastErr   error
@@ -84,23 +84,6 @@ type watcher struct {
 	peer    identity.Identity
 	inbound bool
 	revoke  func(error)
-}
-
-// fileStamp is what Run compares to notice a changed file without reading
-// it: a Kubernetes Secret or ConfigMap update swaps a symlink, so the
-// file Path resolves to gets a new inode.
-type fileStamp struct {
-	size     int64
-	mtime    time.Time
-	dev, ino uint64
-}
-
-func stampOf(fi os.FileInfo) fileStamp {
-	s := fileStamp{size: fi.Size(), mtime: fi.ModTime()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		s.dev, s.ino = uint64(st.Dev), st.Ino
-	}
-	return s
 }
 
 // New loads cfg.Path and verifies it against deps.Roots. The first load
@@ -172,7 +155,7 @@ func (m *Manager) reloadIfChanged() (bool, error) {
 		return m.Reload()
 	}
 	m.mu.Lock()
-	same := stampOf(fi) == m.stamp && sumCerts(roots) == m.rootsSum && m.lastErr == nil
+	same := daemon.StampOf(fi) == m.stamp && sumCerts(roots) == m.rootsSum && m.lastErr == nil
 	m.mu.Unlock()
 	if same {
 		return false, nil
@@ -206,7 +189,7 @@ func (m *Manager) loadLocked() (*Set, error) {
 	first := m.set.Load() == nil
 	fi, err := os.Stat(m.path)
 	if err == nil {
-		m.stamp = stampOf(fi)
+		m.stamp = daemon.StampOf(fi)
 	}
 	raw, err := os.ReadFile(m.path)
 	if err != nil {
