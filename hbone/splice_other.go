@@ -17,6 +17,8 @@ func newSinkWriter(any) *sinkWriter { return nil }
 
 func (*sinkWriter) write([]byte) int { panic("unreachable") }
 
+func (*sinkWriter) writev([][]byte) (int64, error) { panic("unreachable") }
+
 // fdWriter is Linux-only; elsewhere socket writes go through net.Conn.
 type fdWriter struct{}
 

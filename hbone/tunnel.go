@@ -412,13 +412,16 @@ func (t *Tunnel) kickDrain() {
 	go t.drain()
 }
 
+// drainBatch is how many queued chunks one drain write takes.
+const drainBatch = 16
+
 // drain moves received bytes to the sink, several chunks per writev and
 // without copying them again, until the queue is empty (the goroutine
 // exits) or the direction ends: EOF half-closes the sink, an error aborts
 // both. Flow-control credit is returned only after the sink took the bytes,
 // so a slow sink slows the peer.
 func (t *Tunnel) drain() {
-	const maxBatch = 16
+	const maxBatch = drainBatch
 	var bps [maxBatch]*[]byte
 	var bufs [maxBatch][]byte
 	c := t.c
@@ -431,10 +434,15 @@ func (t *Tunnel) drain() {
 				bps[k], bufs[k] = t.q.pop()
 				n += int64(len(bufs[k]))
 			}
-			sink := t.sink
+			sink, through := t.sink, t.through
 			c.mu.Unlock()
-			nb := net.Buffers(bufs[:k])
-			_, err := nb.WriteTo(sink)
+			var err error
+			if through != nil {
+				_, err = through.writev(bufs[:k])
+			} else {
+				nb := net.Buffers(bufs[:k])
+				_, err = nb.WriteTo(sink)
+			}
 			for i := range k {
 				putBuf(bps[i])
 				bps[i], bufs[i] = nil, nil
