@@ -4,36 +4,16 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"testing"
 	"time"
 )
 
-func tcpPairForTest(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a.(*net.TCPConn), b.(*net.TCPConn)
-}
-
 // The drain's writev delivers every buffer whole and in order through
 // partial writes and waits for room (a small send buffer, a slow reader),
 // skips empty buffers, and honours the write deadline.
 func TestSinkWriterWritev(t *testing.T) {
-	a, b := tcpPairForTest(t)
+	a, b := tcpPair(t)
 	if err := a.SetWriteBuffer(8 << 10); err != nil {
 		t.Fatal(err)
 	}

@@ -25,21 +25,8 @@ type asyncSplice struct {
 
 func startAsync(t *testing.T, p *Pool, req *ConnectRequest) *asyncSplice {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &asyncSplice{a: a.(*net.TCPConn), c: c.(*net.TCPConn), tun: mustConnect(t, p, req), done: make(chan error, 2)}
+	a, c := tcpPair(t)
+	s := &asyncSplice{a: a, c: c, tun: mustConnect(t, p, req), done: make(chan error, 2)}
 	SpliceAsync(s.tun, s.c, func(err error) { s.done <- err })
 	return s
 }
