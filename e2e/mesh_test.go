@@ -121,8 +121,12 @@ func testMeshStartupCode(t *testing.T, m *meshlab.Mesh) {
 			}
 		}
 		t.Logf("node%d: executable resident %d → %d KiB, page cache %d → %d KiB", i, line.Resident, line.ResidentAfter, line.Cached, line.CachedAfter)
-		if line.Resident < 4<<10 || line.ResidentAfter > line.Resident/4 {
-			t.Errorf("node%d: resident %d → %d KiB, want at least 4 MiB before and a quarter of it after", i, line.Resident, line.ResidentAfter)
+		// Half after, as TestReleaseStartupCode: what the proxy runs while
+		// it measures comes back first (1.1-3.0 of 14.2 MiB in quiet runs,
+		// more under a loaded CI), and a release that did nothing would
+		// leave all of it.
+		if line.Resident < 4<<10 || line.ResidentAfter > line.Resident/2 {
+			t.Errorf("node%d: resident %d → %d KiB, want at least 4 MiB before and half of it after", i, line.Resident, line.ResidentAfter)
 		}
 		if freed, left := line.Cached-min(line.CachedAfter, line.Cached), line.Resident-line.ResidentAfter; freed < left/2 {
 			t.Errorf("node%d: %d KiB left the process but %d KiB the page cache: unmapped, not freed", i, left, freed)

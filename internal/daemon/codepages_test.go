@@ -64,8 +64,13 @@ func TestReleaseStartupCode(t *testing.T) {
 	if r.ResidentBefore < 1<<20 {
 		t.Fatalf("only %d KiB of the executable resident before the release: the mappings were not found", r.ResidentBefore>>10)
 	}
-	if r.ResidentAfter > r.ResidentBefore/4 {
-		t.Errorf("resident after the release %d KiB, want at most a quarter of %d KiB", r.ResidentAfter>>10, r.ResidentBefore>>10)
+	// Half, not less: what the child runs to measure (smaps, mincore, the
+	// JSON answer) is faulted back in before the second reading, about
+	// 1.5-2 MiB of a test binary that had only ~7 MiB resident (27 % of it
+	// in one CI run on an Intel machine). A release that did nothing would
+	// leave all of it.
+	if r.ResidentAfter > r.ResidentBefore/2 {
+		t.Errorf("resident after the release %d KiB, want at most half of %d KiB", r.ResidentAfter>>10, r.ResidentBefore>>10)
 	}
 	// Not all of it: the child's own code, faulted back in while it
 	// measures, is cached again.
