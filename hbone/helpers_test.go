@@ -232,24 +232,3 @@ func checkErrText(t testing.TB, err error) {
 		t.Errorf("error %q: want one \"hbone: \" prefix, at the front", s)
 	}
 }
-
-// tcpPair is a connected loopback TCP pair (dialled end, accepted end),
-// both closed when the test ends.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a.(*net.TCPConn), b.(*net.TCPConn)
-}

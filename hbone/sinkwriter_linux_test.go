@@ -7,13 +7,15 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // The drain's writev delivers every buffer whole and in order through
 // partial writes and waits for room (a small send buffer, a slow reader),
 // skips empty buffers, and honours the write deadline.
 func TestSinkWriterWritev(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	if err := a.SetWriteBuffer(8 << 10); err != nil {
 		t.Fatal(err)
 	}

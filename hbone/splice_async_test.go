@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 )
 
 // asyncSplice is a client socket a whose proxy end is spliced with a
@@ -25,7 +27,7 @@ type asyncSplice struct {
 
 func startAsync(t *testing.T, p *Pool, req *ConnectRequest) *asyncSplice {
 	t.Helper()
-	a, c := tcpPair(t)
+	a, c := testkit.TCPPair(t)
 	s := &asyncSplice{a: a, c: c, tun: mustConnect(t, p, req), done: make(chan error, 2)}
 	SpliceAsync(s.tun, s.c, func(err error) { s.done <- err })
 	return s

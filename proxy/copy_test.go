@@ -13,26 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// tcpPair returns a connected TCP pair on loopback.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ch := make(chan net.Conn, 1)
-	go func() { c, _ := ln.Accept(); ch <- c }()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := <-ch
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a.(*net.TCPConn), b.(*net.TCPConn)
-}
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
+)
 
 // onlyConn hides *net.TCPConn so the buffered path is exercised.
 type onlyConn struct{ net.Conn }
@@ -42,8 +25,8 @@ func (c onlyConn) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite()
 func TestBidirectionalHalfCloseAndCounts(t *testing.T) {
 	for _, name := range []string{"splice", "buffered"} {
 		t.Run(name, func(t *testing.T) {
-			client, downSrv := tcpPair(t) // client ↔ proxy's downstream socket
-			upCli, server := tcpPair(t)   // proxy's upstream socket ↔ server
+			client, downSrv := testkit.TCPPair(t) // client ↔ proxy's downstream socket
+			upCli, server := testkit.TCPPair(t)   // proxy's upstream socket ↔ server
 			var down, up net.Conn = downSrv, upCli
 			if name == "buffered" {
 				down, up = onlyConn{downSrv}, onlyConn{upCli}
@@ -82,8 +65,8 @@ func TestBidirectionalHalfCloseAndCounts(t *testing.T) {
 }
 
 func TestBidirectionalForce(t *testing.T) {
-	_, down := tcpPair(t)
-	up, _ := tcpPair(t)
+	_, down := testkit.TCPPair(t)
+	up, _ := testkit.TCPPair(t)
 	force, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var c Counters
@@ -228,8 +211,8 @@ func TestBidirectionalGoroutines(t *testing.T) {
 	defer cancel()
 	done := make(chan error, conns)
 	for range conns {
-		_, down := tcpPair(t)
-		up, _ := tcpPair(t)
+		_, down := testkit.TCPPair(t)
+		up, _ := testkit.TCPPair(t)
 		go func() { done <- Bidirectional(down, up, &Counters{}, ctx) }()
 	}
 	// Goroutines of this test's Bidirectional calls, and how many of them

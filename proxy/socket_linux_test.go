@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel-go/internal/testing/testkit"
 	"golang.org/x/sys/unix"
 )
 
@@ -13,7 +14,7 @@ import (
 // (unread bytes do not count), and that a reading allocates no more than
 // the RawConn the net package makes per SyscallConn.
 func TestSocketCounts(t *testing.T) {
-	tc, peer := tcpPair(t)
+	tc, peer := testkit.TCPPair(t)
 
 	if _, err := tc.Write(make([]byte, 1000)); err != nil {
 		t.Fatal(err)
