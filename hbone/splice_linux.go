@@ -149,12 +149,6 @@ func (w *sinkWriter) writev(bufs [][]byte) (int64, error) {
 
 func (w *sinkWriter) tryv(fd uintptr) bool {
 	for {
-		for len(w.vbuf) > 0 && len(w.vbuf[0]) == 0 {
-			w.vbuf = w.vbuf[1:]
-		}
-		if len(w.vbuf) == 0 {
-			return true
-		}
 		k := 0
 		for _, b := range w.vbuf {
 			if k == len(w.iov) {
@@ -165,6 +159,9 @@ func (w *sinkWriter) tryv(fd uintptr) bool {
 				w.iov[k].SetLen(len(b))
 				k++
 			}
+		}
+		if k == 0 {
+			return true // nothing but empty buffers left
 		}
 		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(k))
 		switch {
