@@ -207,11 +207,18 @@ spec:
   rules: [{from: [{source: {principals: ["cluster.local/ns/xl/sa/xl-bad"]}}]}]
 `)
 	vip := netip.AddrPortFrom(m.Service("xl", "xl-server"), 90)
-	// What the connections do, once the policies have arrived.
-	testkit.Eventually(t, 20*time.Second, "the DENY policy refuses xl-bad", func() bool {
-		got, err := meshlab.RoundTrip(ctxT(t, 5*time.Second), bad, vip, []byte("bad"))
-		return err != nil || len(got) == 0
-	})
+	// What the connections do, once the destination's node proxy holds
+	// both policies. Waiting for a refusal instead is not enough: a
+	// connection in flight when the DENY arrives is closed as revoked,
+	// and then no connection is ever refused by policy.
+	for _, key := range []string{"xl/allow-good", "xl/deny-bad"} {
+		if err := waitNodePolicy(ctx, m, 1, key, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := meshlab.RoundTrip(ctxT(t, 5*time.Second), bad, vip, []byte("bad")); err == nil && len(got) > 0 {
+		t.Fatalf("the DENY policy let xl-bad through: %q", got)
+	}
 	denied, err := m.WaitAccessLog(ctx, 1, func(a meshlab.AccessLog) bool {
 		return a.Str("dst.workload") == "xl-server" && a.Str("reason") == "policy_denied" && a.Str("src.identity") == spiffe("xl", "xl-bad")
 	})
