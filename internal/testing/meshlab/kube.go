@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
@@ -245,19 +246,25 @@ func (m *Mesh) AddKubePod(ctx context.Context, kp KubePod) (*testcluster.Pod, er
 // control plane takes its endpoints out of load balancing).
 func (m *Mesh) SetPodReady(ctx context.Context, p *testcluster.Pod, ready bool) error {
 	kc := m.opts.Kube.API.Client()
-	cur, err := kc.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("meshlab: %w", err)
-	}
 	st := corev1.ConditionTrue
 	if !ready {
 		st = corev1.ConditionFalse
 	}
-	cur.Status.Phase = corev1.PodRunning
-	cur.Status.PodIP = p.IP.String()
-	cur.Status.PodIPs = []corev1.PodIP{{IP: p.IP.String()}}
-	cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}
-	if _, err := kc.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
+	// The node agent writes the pod too (its redirection status), so an
+	// update may meet a newer version: read it again and retry.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := kc.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Phase = corev1.PodRunning
+		cur.Status.PodIP = p.IP.String()
+		cur.Status.PodIPs = []corev1.PodIP{{IP: p.IP.String()}}
+		cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}
+		_, err = kc.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("meshlab: pod %s/%s status: %w", p.Namespace, p.Name, err)
 	}
 	return nil
