@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/kubeapi"
 	"github.com/ztunnel-go/ztunnel-go/internal/testing/testcluster"
@@ -251,8 +250,9 @@ func (m *Mesh) SetPodReady(ctx context.Context, p *testcluster.Pod, ready bool) 
 		st = corev1.ConditionFalse
 	}
 	// The node agent writes the pod too (its redirection status), so an
-	// update may meet a newer version: read it again and retry.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// update may meet a newer version: read it again and retry. (A loop,
+	// not client-go's retry package, which the demo binary does not link.)
+	update := func() error {
 		cur, err := kc.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -263,7 +263,11 @@ func (m *Mesh) SetPodReady(ctx context.Context, p *testcluster.Pod, ready bool) 
 		cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}
 		_, err = kc.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return err
-	})
+	}
+	err := update()
+	for try := 0; try < 5 && apierrors.IsConflict(err); try++ {
+		err = update()
+	}
 	if err != nil {
 		return fmt.Errorf("meshlab: pod %s/%s status: %w", p.Namespace, p.Name, err)
 	}
