@@ -55,6 +55,10 @@ type Config struct {
 	// telemetry is the Telemetry API configuration (nil: the default);
 	// compiled by the sink, which owns the access log files.
 	telemetry *telemetry.Config
+	// statsGen is the metrics generation activated with telemetry
+	// (telemetry.Recorder.Activate; 0: not tracked, with no recorder and
+	// in the config from before the first push).
+	statsGen uint64
 }
 
 // telemetryFor returns the Telemetry configuration of a request for svc
@@ -250,7 +254,7 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 		}
 		if s.stats != nil {
 			compileTelemetry(cc, c, s.stats)
-			s.stats.Activate(cc.telemetry)
+			cc.statsGen = s.stats.Activate(cc.telemetry)
 		}
 		s.cfg.Store(cc)
 		s.tracer.Retain(cc.tracingPolicies()...)
@@ -260,7 +264,7 @@ func (s *sink) ApplyWaypoints(upserts map[string]*waypointapi.Config, removes []
 			empty, _ := Compile(nil)
 			_ = empty.compileTracing(s.tracer, s.defaultTracing) // checked at start
 			if s.stats != nil {
-				s.stats.Activate(nil)
+				empty.statsGen = s.stats.Activate(nil)
 			}
 			s.cfg.Store(empty)
 			s.tracer.Retain(empty.tracingPolicies()...)

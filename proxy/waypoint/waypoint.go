@@ -491,6 +491,7 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 		Src: ex.src, Dst: ex.dst, Peer: ex.peer, Source: ex.source, Destination: ex.destination, Attrs: &ex.attrs, Req: ex.req,
 		GRPCStatus: ex.grpcStatus, Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror, Err: ex.err,
 		Code: code, Flags: flags, Duration: d, Sizes: sizes, Telemetry: ex.cfg.telemetryFor(ex.svc),
+		Generation: ex.cfg.statsGen,
 	}
 	if ex.svc != nil {
 		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace

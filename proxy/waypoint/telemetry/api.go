@@ -170,8 +170,9 @@ func groups(c *Config, ops [][]tagOp, base int) []group {
 // family whose overrides changed since the last one are deleted (a
 // disabled metric leaves /metrics at once; a label change starts new
 // series), and the label-set cache is emptied so no entry keeps a deleted
-// series.
-func (rec *Recorder) Activate(c *Config) {
+// series. It returns the generation now in force, for the Entry of every
+// request served under c; a change that deleted series starts a new one.
+func (rec *Recorder) Activate(c *Config) uint64 {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	var sig [nFam]string
@@ -196,7 +197,9 @@ func (rec *Recorder) Activate(c *Config) {
 	rec.active = sig
 	if changed {
 		rec.series.flush()
+		return rec.gen.Add(1)
 	}
+	return rec.gen.Load()
 }
 
 type resetter interface{ Reset() }

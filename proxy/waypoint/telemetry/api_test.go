@@ -10,6 +10,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ztunnel-go/ztunnel-go/internal/api/waypointapi"
 )
@@ -108,6 +111,80 @@ func TestMetricOverrides(t *testing.T) {
 	if got := series(t, reg, "istio_requests_total"); len(got) != 1 {
 		t.Errorf("istio_requests_total after the override went: %q", got)
 	}
+}
+
+// TestActivateStaleRequest: a request served under the configuration
+// before a change that deleted series, and recorded after it, counts no
+// metrics (it would bring the disabled series back for good) but still
+// writes its access-log line; one under the new generation counts, and a
+// change that deletes nothing keeps the generation. TestTelemetryAPI
+// failed once this way in CI.
+func TestActivateStaleRequest(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	reg := prometheus.NewRegistry()
+	rec, err := New(reg, zap.New(core), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := rec.Activate(nil)
+	before := httpEntry(t)
+	before.Generation = old
+	rec.Record(before)
+	if len(series(t, reg, "istio_requests_total")) != 1 {
+		t.Fatal("no request series before the override")
+	}
+	c := rec.Compile(&waypointapi.Telemetry{MetricOverrides: []*waypointapi.MetricOverride{
+		{Metric: waypointapi.Metric_REQUEST_COUNT, Disabled: true},
+	}})
+	gen := rec.Activate(c)
+	if gen == old {
+		t.Fatalf("generation %d kept across a change that deleted series", gen)
+	}
+	lines := logs.Len()
+	stale := httpEntry(t)
+	stale.Generation = old
+	if st := rec.Record(stale); st != nil {
+		t.Error("a stale HTTP entry returned a stream")
+	}
+	if got := series(t, reg, "istio_requests_total"); len(got) != 0 {
+		t.Errorf("a request from before the change brought istio_requests_total back: %q", got)
+	}
+	if n := durationSamples(t, reg); n != 1 {
+		t.Errorf("%d duration samples after the stale request, want the first request's 1", n)
+	}
+	if logs.Len() != lines+1 {
+		t.Errorf("access-log lines %d → %d; the stale request's line is still written", lines, logs.Len())
+	}
+	cur := httpEntry(t)
+	cur.Telemetry, cur.Generation = c, gen
+	rec.Record(cur)
+	if got := series(t, reg, "istio_requests_total"); len(got) != 0 {
+		t.Errorf("istio_requests_total counted while disabled: %q", got)
+	}
+	if n := durationSamples(t, reg); n != 2 {
+		t.Errorf("%d duration samples after a request under the new generation, want 2", n)
+	}
+	if again := rec.Activate(c); again != gen {
+		t.Errorf("generation %d → %d for a change that deleted nothing", gen, again)
+	}
+}
+
+// durationSamples sums the sample counts of istio_request_duration_milliseconds.
+func durationSamples(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() == "istio_request_duration_milliseconds" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
 }
 
 // TestOverrideAllocs: the request path allocates nothing with a Telemetry

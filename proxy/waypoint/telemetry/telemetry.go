@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,6 +88,12 @@ type Recorder struct {
 	lines *daemon.JSONLines
 	log   *zap.Logger
 
+	// gen counts the Activates that deleted series, from 1. A request
+	// served under an earlier generation counts no metrics: its overrides
+	// are no longer in force, and counting would bring back a series the
+	// change deleted (a disabled metric back in /metrics for good).
+	gen atomic.Uint64
+
 	mu     sync.Mutex
 	active [nFam]string           // Activate: the waypoint-wide overrides in force
 	files  map[string]*os.File    // access log files by path, opened once
@@ -112,7 +119,9 @@ func New(reg prometheus.Registerer, access *zap.Logger, lim Limits) (*Recorder, 
 			}
 		}
 	}
-	return &Recorder{m: m, series: c, access: access, log: access, files: map[string]*os.File{}, otel: map[string]*otelExport{}, warned: map[string]bool{}}, nil
+	rec := &Recorder{m: m, series: c, access: access, log: access, files: map[string]*os.File{}, otel: map[string]*otelExport{}, warned: map[string]bool{}}
+	rec.gen.Store(1)
+	return rec, nil
 }
 
 // Peer names one end of a request for Istio's labels. Every value comes
@@ -154,6 +163,9 @@ type Entry struct {
 	// Telemetry is the Telemetry API configuration of the request (the
 	// service's, else the waypoint's); nil: the default.
 	Telemetry *Config
+	// Generation is what Activate returned for the configuration the
+	// request was served under; 0: not tracked (every generation).
+	Generation uint64
 }
 
 // Stream is one accepted TCP stream's report: Done adds its bytes and
@@ -268,6 +280,9 @@ func (rec *Recorder) Record(ex *Entry) *Stream {
 // count is Record's metrics: the series of ex's label set, found without
 // allocating once the label set was seen (TestCountAllocs).
 func (rec *Recorder) count(ex *Entry, proto, flags string) *Stream {
+	if g := ex.Generation; g != 0 && g != rec.gen.Load() {
+		return nil
+	}
 	if c := ex.Telemetry; c != nil && c.custom {
 		return rec.countCustom(ex, proto, flags, c)
 	}
