@@ -281,9 +281,14 @@ func readRequest(br *bufio.Reader, head []byte) (r *http.Request, fallback bool,
 	if info.bad != "" {
 		return nil, false, info.bad
 	}
-	r, err := http.ReadRequest(br)
-	if err != nil {
-		return nil, false, err.Error()
+	r = quickRequest(head, br)
+	if r != nil {
+		_, _ = br.Discard(len(head)) // peeked: buffered
+	} else {
+		var err error
+		if r, err = http.ReadRequest(br); err != nil {
+			return nil, false, err.Error()
+		}
 	}
 	if msg := checkRequest(r, &info); msg != "" {
 		return nil, false, msg
