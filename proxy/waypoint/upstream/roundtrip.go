@@ -95,9 +95,12 @@ func (h *Held) RoundTrip(target netip.AddrPort, r *http.Request, head []byte, st
 // 101 is refused: the fast path never asks for an upgrade).
 func readResponse(uc *Conn, r *http.Request) (*http.Response, error) {
 	for {
-		resp, err := http.ReadResponse(uc.br, r)
-		if err != nil {
-			return nil, err
+		resp := quickResponse(uc.br, r)
+		if resp == nil {
+			var err error
+			if resp, err = http.ReadResponse(uc.br, r); err != nil {
+				return nil, err
+			}
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			return nil, errors.New("unrequested 101 Switching Protocols")
