@@ -168,6 +168,9 @@ func unhex(c byte) (byte, bool) {
 // too: servers that strip path parameters (Tomcat's "/..;/") treat it as one,
 // and Istio's normalization tests expect "/..;/admin" to become "/admin".
 func removeDots(p string) string {
+	if !hasDotSegment(p[1:]) {
+		return p // most paths: split and joined again it is the same string
+	}
 	segs := strings.Split(p[1:], "/")
 	out := make([]string, 0, len(segs))
 	for i, s := range segs {
@@ -189,6 +192,21 @@ func removeDots(p string) string {
 		}
 	}
 	return "/" + strings.Join(out, "/")
+}
+
+// hasDotSegment reports whether a segment of p (split at "/") is a dot
+// segment (dotKind).
+func hasDotSegment(p string) bool {
+	for {
+		seg, rest, more := strings.Cut(p, "/")
+		if dotKind(seg) != 0 {
+			return true
+		}
+		if !more {
+			return false
+		}
+		p = rest
+	}
 }
 
 // dotKind: 1 for ".", 2 for "..", 0 for any other segment.
