@@ -36,7 +36,9 @@ func quickRequest(head []byte, br *bufio.Reader) *http.Request {
 	if err != nil {
 		return nil
 	}
-	h, ok := wire.ParseFields(s[eol+2:])
+	// Room for what the waypoint adds before the request goes upstream: a
+	// request id, four forwarding fields, trace context, a route's fields.
+	h, ok := wire.ParseFields(s[eol+2:], 8)
 	if !ok || len(h["Host"]) != 1 {
 		return nil
 	}

@@ -47,7 +47,7 @@ func quickResponse(br *bufio.Reader, req *http.Request) *http.Response {
 		}
 		c = c*10 + int(code[i]-'0')
 	}
-	h, ok := wire.ParseFields(s[eol+2:])
+	h, ok := wire.ParseFields(s[eol+2:], 0)
 	if !ok || len(h["Content-Length"]) != 1 {
 		return nil
 	}

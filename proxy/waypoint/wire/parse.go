@@ -75,8 +75,10 @@ func PlainText(s string) bool {
 // values sharing s's memory. ok is false for lines outside the plain
 // subset: a line not ended by CRLF, a name that is not a token, a value
 // byte that is not visible ASCII, a space or a tab. The caller then reads
-// the head with net/http, which decides what those mean.
-func ParseFields(s string) (h http.Header, ok bool) {
+// the head with net/http, which decides what those mean. room is how many
+// fields the caller will add: the map is made big enough for them too, as
+// growing it later costs a new table and a copy.
+func ParseFields(s string, room int) (h http.Header, ok bool) {
 	if !strings.HasSuffix(s, "\r\n") {
 		return nil, false
 	}
@@ -84,7 +86,7 @@ func ParseFields(s string) (h http.Header, ok bool) {
 	if n < 0 {
 		return nil, false
 	}
-	h = make(http.Header, n)
+	h = make(http.Header, n+room)
 	// One backing array for the values, as net/textproto: a field's first
 	// value is a one-element slice of it.
 	strs := make([]string, n)

@@ -32,7 +32,7 @@ func TestParseFields(t *testing.T) {
 		{"X: a\x00b\r\n\r\n", false},
 		{"Host: a\r\n\r\nmore", false},
 	} {
-		h, ok := ParseFields(tc.in)
+		h, ok := ParseFields(tc.in, 0)
 		if ok != tc.ok {
 			t.Errorf("ParseFields(%q) ok = %v, want %v", tc.in, ok, tc.ok)
 			continue
