@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"io"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -94,6 +95,19 @@ func (l *JSONLine) Bool(k string, v bool) *JSONLine {
 func (l *JSONLine) Duration(k string, d time.Duration) *JSONLine {
 	l.key(k)
 	l.b = strconv.AppendFloat(l.b, float64(d)/float64(time.Second), 'f', -1, 64)
+	return l
+}
+
+// AddrPort adds a as the string field a.String() would, without making
+// that string (two per access line).
+func (l *JSONLine) AddrPort(k string, a netip.AddrPort) *JSONLine {
+	if !a.IsValid() || a.Addr().Zone() != "" {
+		return l.String(k, a.String()) // words, or a zone that may need escaping
+	}
+	l.key(k)
+	l.b = append(l.b, '"')
+	l.b = a.AppendTo(l.b)
+	l.b = append(l.b, '"')
 	return l
 }
 

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -90,3 +91,19 @@ type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 func (discard) Sync() error                 { return nil }
+
+// TestJSONLineAddrPort: AddrPort writes what String of a.String() writes.
+func TestJSONLineAddrPort(t *testing.T) {
+	for _, a := range []netip.AddrPort{{}, netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("[fd00::2]:8080"),
+		netip.MustParseAddrPort("[::ffff:10.0.0.1]:1"), netip.MustParseAddrPort("[fe80::1%eth\"0]:9")} {
+		var want, got bytes.Buffer
+		j := &JSONLines{Level: zap.NewAtomicLevel(), Now: func() time.Time { return time.Time{} }}
+		j.Out = &want
+		j.Info("m").String("a", a.String()).Write()
+		j.Out = &got
+		j.Info("m").AddrPort("a", a).Write()
+		if got.String() != want.String() {
+			t.Errorf("%v: AddrPort wrote %s, String %s", a, got.String(), want.String())
+		}
+	}
+}

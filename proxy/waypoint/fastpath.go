@@ -114,7 +114,7 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 	start := time.Now()
 	meta := fc.meta
 	ex := &exchange{
-		src: meta.src, dst: meta.dst, peer: meta.peer, baggage: meta.baggage, svc: meta.svc, protocol: meta.protocol,
+		src: meta.src, dst: meta.dst, peer: meta.peer, principal: meta.principal, baggage: meta.baggage, svc: meta.svc, protocol: meta.protocol,
 		req: r, cfg: w.sink.cfg.Load(), snap: w.sink.Load(),
 	}
 	ex.attrs.HTTP, ex.attrs.Host, ex.attrs.Method, ex.attrs.Path = true, r.Host, r.Method, r.URL.Path

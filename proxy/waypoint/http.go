@@ -35,9 +35,11 @@ import (
 type tunnelMeta struct {
 	src, dst netip.AddrPort
 	peer     identity.Identity
-	baggage  hbone.Baggage
-	svc      *boundService
-	protocol waypointapi.Protocol
+	// principal: peer.String(), once for every request of the tunnel.
+	principal string
+	baggage   hbone.Baggage
+	svc       *boundService
+	protocol  waypointapi.Protocol
 }
 
 // tunnelConn is the HTTP server's end of a tunnel (the *hbone.Tunnel
@@ -273,7 +275,7 @@ func (w *Waypoint) serveHTTP(rw http.ResponseWriter, r *http.Request, proxy http
 		return
 	}
 	ex := &exchange{
-		src: meta.src, dst: meta.dst, peer: meta.peer, baggage: meta.baggage, svc: meta.svc, protocol: meta.protocol,
+		src: meta.src, dst: meta.dst, peer: meta.peer, principal: meta.principal, baggage: meta.baggage, svc: meta.svc, protocol: meta.protocol,
 		h2: r.ProtoMajor == 2, req: r, cfg: w.sink.cfg.Load(), snap: w.sink.Load(),
 	}
 	ex.attrs.HTTP, ex.attrs.Host, ex.attrs.Method, ex.attrs.Path = true, r.Host, r.Method, r.URL.Path

@@ -233,8 +233,11 @@ type exchange struct {
 	// metadata
 	src, dst netip.AddrPort
 	peer     identity.Identity
-	baggage  hbone.Baggage
-	source   telemetry.Peer // for the stats step
+	// principal: peer's SPIFFE URI, made once per tunnel (tunnelMeta);
+	// "": not made yet.
+	principal string
+	baggage   hbone.Baggage
+	source    telemetry.Peer // for the stats step
 	// srcWorkload: the uid of the client's workload, proven (its address
 	// and the peer certificate's identity agree); "": not proven.
 	srcWorkload string
@@ -270,7 +273,10 @@ type exchange struct {
 func (w *Waypoint) decide(ex *exchange) error {
 	// 1. metadata: who is asking, from the verified certificate; baggage and
 	// the workload API name the source workload for telemetry only.
-	principal := ex.peer.String()
+	principal := ex.principal
+	if principal == "" {
+		principal = ex.peer.String()
+	}
 	ex.attrs.Principal = strings.TrimPrefix(principal, "spiffe://")
 	ex.attrs.Namespace = ex.peer.Namespace
 	ex.attrs.SrcIP, ex.attrs.DstIP, ex.attrs.DstPort = ex.src.Addr(), ex.dst.Addr(), ex.dst.Port()
@@ -430,7 +436,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 	if ex.protocol == waypointapi.Protocol_TCP {
 		return w.serveTCP(ctx, ex, start)
 	}
-	meta := &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}
+	meta := &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, principal: ex.peer.String(), baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}
 	select {
 	case <-w.httpLn.closed:
 		return hbone.Reply{Status: http.StatusServiceUnavailable}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -424,10 +425,10 @@ func (rec *Recorder) logLine(ex *Entry, proto string, code int, flags string, d 
 // accessFields is the one list of an access line's fields, in order, for
 // either writer.
 func accessFields(l lineSink, ex *Entry, proto string, code int, flags string, d time.Duration, sizes Sizes) {
-	l.str("src.addr", ex.Src.String())
-	l.str("src.identity", ex.Peer.String())
+	l.addr("src.addr", ex.Src)
+	l.str("src.identity", ex.peerPrincipal())
 	l.str("src.workload", ex.Source.Workload)
-	l.str("dst.addr", ex.Dst.String())
+	l.addr("dst.addr", ex.Dst)
 	l.str("dst.service", ex.Attrs.Service)
 	l.str("dst.workload", ex.Destination.Workload)
 	l.str("upstream", ex.Upstream)
@@ -465,6 +466,7 @@ func accessFields(l lineSink, ex *Entry, proto string, code int, flags string, d
 // logger (zapSink) or a daemon.JSONLine (jsonSink).
 type lineSink interface {
 	str(k, v string)
+	addr(k string, a netip.AddrPort)
 	i64(k string, v int64)
 	boolean(k string, v bool)
 	dur(k string, d time.Duration)
@@ -473,19 +475,21 @@ type lineSink interface {
 
 type zapSink struct{ f *[]zap.Field }
 
-func (z zapSink) str(k, v string)               { *z.f = append(*z.f, zap.String(k, v)) }
-func (z zapSink) i64(k string, v int64)         { *z.f = append(*z.f, zap.Int64(k, v)) }
-func (z zapSink) boolean(k string, v bool)      { *z.f = append(*z.f, zap.Bool(k, v)) }
-func (z zapSink) dur(k string, d time.Duration) { *z.f = append(*z.f, zap.Duration(k, d)) }
-func (z zapSink) strs(k string, v []string)     { *z.f = append(*z.f, zap.Strings(k, v)) }
+func (z zapSink) str(k, v string)                 { *z.f = append(*z.f, zap.String(k, v)) }
+func (z zapSink) addr(k string, a netip.AddrPort) { *z.f = append(*z.f, zap.String(k, a.String())) }
+func (z zapSink) i64(k string, v int64)           { *z.f = append(*z.f, zap.Int64(k, v)) }
+func (z zapSink) boolean(k string, v bool)        { *z.f = append(*z.f, zap.Bool(k, v)) }
+func (z zapSink) dur(k string, d time.Duration)   { *z.f = append(*z.f, zap.Duration(k, d)) }
+func (z zapSink) strs(k string, v []string)       { *z.f = append(*z.f, zap.Strings(k, v)) }
 
 type jsonSink struct{ l *daemon.JSONLine }
 
-func (j jsonSink) str(k, v string)               { j.l.String(k, v) }
-func (j jsonSink) i64(k string, v int64)         { j.l.Int(k, v) }
-func (j jsonSink) boolean(k string, v bool)      { j.l.Bool(k, v) }
-func (j jsonSink) dur(k string, d time.Duration) { j.l.Duration(k, d) }
-func (j jsonSink) strs(k string, v []string)     { j.l.Strings(k, v) }
+func (j jsonSink) str(k, v string)                 { j.l.String(k, v) }
+func (j jsonSink) addr(k string, a netip.AddrPort) { j.l.AddrPort(k, a) }
+func (j jsonSink) i64(k string, v int64)           { j.l.Int(k, v) }
+func (j jsonSink) boolean(k string, v bool)        { j.l.Bool(k, v) }
+func (j jsonSink) dur(k string, d time.Duration)   { j.l.Duration(k, d) }
+func (j jsonSink) strs(k string, v []string)       { j.l.Strings(k, v) }
 
 // grpcStatusLabel is grpc_response_status of a gRPC request: the
 // response's grpc-status, else its HTTP status mapped as gRPC maps it
@@ -544,4 +548,25 @@ func HeaderBytes(h http.Header) int64 {
 		}
 	}
 	return n
+}
+
+// peerPrincipal is Peer.String(), taken from Source.Principal when that is
+// the same URI (the waypoint's decide step sets it so) rather than made
+// again for every access line.
+func (ex *Entry) peerPrincipal() string {
+	if p := ex.Source.Principal; p != "" && !ex.Peer.IsZero() && isPrincipalOf(p, ex.Peer) {
+		return p
+	}
+	return ex.Peer.String()
+}
+
+// isPrincipalOf reports whether p is id's SPIFFE URI.
+func isPrincipalOf(p string, id identity.Identity) bool {
+	for _, part := range [...]string{"spiffe://", id.TrustDomain, "/ns/", id.Namespace, "/sa/", id.ServiceAccount} {
+		if !strings.HasPrefix(p, part) {
+			return false
+		}
+		p = p[len(part):]
+	}
+	return p == ""
 }
