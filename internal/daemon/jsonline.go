@@ -94,8 +94,40 @@ func (l *JSONLine) Bool(k string, v bool) *JSONLine {
 // Duration adds a duration in seconds, as NewLogger's encoder writes one.
 func (l *JSONLine) Duration(k string, d time.Duration) *JSONLine {
 	l.key(k)
-	l.b = strconv.AppendFloat(l.b, float64(d)/float64(time.Second), 'f', -1, 64)
+	l.b = appendSeconds(l.b, d)
 	return l
+}
+
+// appendSeconds appends d in seconds as strconv.AppendFloat(seconds, 'f',
+// -1, 64) does, without the shortest-float search (1.3 µs of each access
+// line at 1k req/s in bench/waypoint). Below 10^15 ns the exact decimal,
+// trailing zeros trimmed, has at most 15 significant digits, and no two
+// such decimals read back as the same float64: so it is the shortest that
+// reads back as float64(d)/1e9, which is what AppendFloat writes.
+func appendSeconds(b []byte, d time.Duration) []byte {
+	if d <= -1e15 || d >= 1e15 {
+		return strconv.AppendFloat(b, float64(d)/float64(time.Second), 'f', -1, 64)
+	}
+	if d < 0 {
+		b = append(b, '-')
+		d = -d
+	}
+	b = strconv.AppendInt(b, int64(d/time.Second), 10)
+	ns := int64(d % time.Second)
+	if ns == 0 {
+		return b
+	}
+	var frac [9]byte
+	for i := len(frac) - 1; i >= 0; i-- {
+		frac[i] = byte('0' + ns%10)
+		ns /= 10
+	}
+	n := len(frac)
+	for frac[n-1] == '0' {
+		n--
+	}
+	b = append(b, '.')
+	return append(b, frac[:n]...)
 }
 
 // AddrPort adds a as the string field a.String() would, without making

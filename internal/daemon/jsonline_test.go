@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
@@ -105,5 +107,30 @@ func TestJSONLineAddrPort(t *testing.T) {
 		if got.String() != want.String() {
 			t.Errorf("%v: AddrPort wrote %s, String %s", a, got.String(), want.String())
 		}
+	}
+}
+
+// TestAppendSeconds: the same text as strconv.AppendFloat of the seconds,
+// for durations of every size and sign.
+func TestAppendSeconds(t *testing.T) {
+	check := func(d time.Duration) {
+		t.Helper()
+		want := strconv.FormatFloat(float64(d)/float64(time.Second), 'f', -1, 64)
+		if got := string(appendSeconds(nil, d)); got != want {
+			t.Fatalf("%d ns: %s, AppendFloat %s", int64(d), got, want)
+		}
+	}
+	for _, d := range []time.Duration{0, 1, -1, 9, 10, 999999999, 1e9, 1e9 + 1, -1e9 - 1, 1e15 - 1, 1e15, -1e15 + 1, -1e15,
+		1<<53 - 1, 1 << 53, 1<<63 - 1, -1 << 63, 123456789012345, 987654321098765} {
+		check(d)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 300000 {
+		// Every magnitude from nanoseconds to centuries, both signs.
+		d := time.Duration(rng.Int64N(int64(1) << rng.IntN(63)))
+		if rng.IntN(2) == 0 {
+			d = -d
+		}
+		check(d)
 	}
 }
