@@ -2,13 +2,13 @@
 // Envoy's HTTP/1.1 codec. A tunnel to an HTTP (not HTTP2) port is served
 // here, on the goroutine that serves the tunnel, instead of by net/http's
 // server, ReverseProxy and Transport: each request's head is read once
-// and handed to the filter chain (a Handler, which the
-// root package proxy/waypoint assembles: the same filters as its net/http
-// path), which sends it upstream (package upstream) and writes the
-// response with WriteResponse on the same goroutine: no per-connection
-// read and write loops, no channel hand-offs, no deep header copy. A head
-// in a plain subset (quickRequest) is read without http.ReadRequest, to
-// the same *http.Request.
+// and handed to the filter chain (a Handler, which the root package
+// proxy/waypoint assembles: the same filters as its net/http path), which
+// sends it upstream (package upstream) and writes the response with
+// WriteResponse on the same goroutine: no per-connection read and write
+// loops, no channel hand-offs, no deep header copy. A head in a plain
+// subset (quickRequest) is read without http.ReadRequest, to the same
+// *http.Request; any other with it.
 //
 // What it does not do goes to the net/http path (Serve returns the bytes
 // already read, which the HTTP server reads first), for
