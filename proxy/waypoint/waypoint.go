@@ -233,7 +233,7 @@ type exchange struct {
 	// metadata
 	src, dst netip.AddrPort
 	peer     identity.Identity
-	// principal: peer's SPIFFE URI, made once per tunnel (tunnelMeta);
+	// principal: peer's SPIFFE URI, made once per tunnel (ServeHBONE);
 	// "": not made yet.
 	principal string
 	baggage   hbone.Baggage
@@ -409,7 +409,7 @@ func (w *Waypoint) dialTrace(ctx context.Context, target netip.AddrPort, forward
 // waypoint; then TCP (L4 filters, splice) or HTTP (served inside the tunnel).
 func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Reply {
 	start := time.Now()
-	ex := &exchange{dst: req.Authority, peer: req.Peer, cfg: w.sink.cfg.Load(), snap: w.sink.Load(), baggage: hbone.ParseBaggage(req.Baggage)}
+	ex := &exchange{dst: req.Authority, peer: req.Peer, principal: req.Peer.String(), cfg: w.sink.cfg.Load(), snap: w.sink.Load(), baggage: hbone.ParseBaggage(req.Baggage)}
 	if hbone.ValidTraceparent(req.Traceparent) {
 		ex.traceparent = req.Traceparent
 	}
@@ -436,7 +436,7 @@ func (w *Waypoint) ServeHBONE(ctx context.Context, req *hbone.Request) hbone.Rep
 	if ex.protocol == waypointapi.Protocol_TCP {
 		return w.serveTCP(ctx, ex, start)
 	}
-	meta := &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, principal: ex.peer.String(), baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}
+	meta := &tunnelMeta{src: ex.src, dst: ex.dst, peer: ex.peer, principal: ex.principal, baggage: ex.baggage, svc: ex.svc, protocol: ex.protocol}
 	select {
 	case <-w.httpLn.closed:
 		return hbone.Reply{Status: http.StatusServiceUnavailable}

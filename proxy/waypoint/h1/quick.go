@@ -28,8 +28,9 @@ func quickRequest(head []byte, br *bufio.Reader) *http.Request {
 	}
 	method, rest, ok1 := strings.Cut(s[:eol], " ")
 	target, proto, ok2 := strings.Cut(rest, " ")
-	if !ok1 || !ok2 || proto != "HTTP/1.1" || !wire.IsToken(method) ||
-		!strings.HasPrefix(target, "/") || !wire.PlainText(target) || strings.IndexByte(target, ' ') >= 0 {
+	// A method is a token, as a field name is (net/http's validMethod).
+	if !ok1 || !ok2 || proto != "HTTP/1.1" || !httpguts.ValidHeaderFieldName(method) ||
+		!strings.HasPrefix(target, "/") || !wire.PlainText(target) {
 		return nil
 	}
 	u, err := url.ParseRequestURI(target)

@@ -37,7 +37,7 @@ func quickResponse(br *bufio.Reader, req *http.Request) *http.Response {
 		return nil
 	}
 	code, _, _ := strings.Cut(status, " ")
-	if len(code) != 3 || code < "200" || code > "599" || code == "204" || code == "304" {
+	if len(code) != 3 {
 		return nil
 	}
 	c := 0
@@ -46,6 +46,9 @@ func quickResponse(br *bufio.Reader, req *http.Request) *http.Response {
 			return nil
 		}
 		c = c*10 + int(code[i]-'0')
+	}
+	if c < 200 || c > 599 || c == http.StatusNoContent || c == http.StatusNotModified {
+		return nil
 	}
 	h, ok := wire.ParseFields(s[eol+2:], 0)
 	if !ok || len(h["Content-Length"]) != 1 {

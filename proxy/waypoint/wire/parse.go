@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // The fast path reads most heads itself instead of with http.ReadRequest
@@ -18,33 +20,6 @@ import (
 // head (and every refusal) is still net/http's to read and decide. The
 // differential fuzz targets in h1 and upstream hold the two to the same
 // result on the same bytes.
-
-// tokenByte: the bytes of an RFC 9110 token (a field name, a method).
-var tokenByte = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
-
-// IsToken reports whether s is a non-empty token.
-func IsToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !tokenByte[s[i]] {
-			return false
-		}
-	}
-	return true
-}
 
 // plainValue reports whether every byte of v is visible ASCII, a space or
 // a tab: a value net/textproto takes as it is, after trimming.
@@ -108,7 +83,7 @@ func ParseFields(s string, room int) (h http.Header, ok bool) {
 			return nil, false
 		}
 		name, v := line[:colon], line[colon+1:]
-		if !IsToken(name) || !plainValue(v) {
+		if !httpguts.ValidHeaderFieldName(name) || !plainValue(v) {
 			return nil, false
 		}
 		key := textproto.CanonicalMIMEHeaderKey(name)
