@@ -128,7 +128,7 @@ func FuzzH1HeadDifferential(f *testing.F) {
 // sameRequest fails unless the fast path read the request net/http read.
 func sameRequest(t *testing.T, in []byte, r, ref *http.Request) {
 	t.Helper()
-	if r.Method != ref.Method || r.RequestURI != ref.RequestURI || r.Host != ref.Host || r.Proto != ref.Proto ||
+	if r.Method != ref.Method || r.RequestURI != ref.RequestURI || *r.URL != *ref.URL || r.Host != ref.Host || r.Proto != ref.Proto ||
 		r.ContentLength != ref.ContentLength || !slices.Equal(r.TransferEncoding, ref.TransferEncoding) || r.Close != ref.Close ||
 		!maps.EqualFunc(r.Header, ref.Header, slices.Equal) {
 		t.Fatalf("%q: the fast path read %s %s host %q %v cl %d te %v, net/http %s %s host %q %v cl %d te %v", in,

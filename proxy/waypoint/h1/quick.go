@@ -33,9 +33,12 @@ func quickRequest(head []byte, br *bufio.Reader) *http.Request {
 		!strings.HasPrefix(target, "/") || !wire.PlainText(target) {
 		return nil
 	}
-	u, err := url.ParseRequestURI(target)
-	if err != nil {
-		return nil
+	u := originForm(target)
+	if u == nil {
+		var err error
+		if u, err = url.ParseRequestURI(target); err != nil {
+			return nil
+		}
 	}
 	// Room for what the waypoint adds before the request goes upstream: a
 	// request id, four forwarding fields, trace context, a route's fields.
@@ -66,3 +69,34 @@ func quickRequest(head []byte, br *bufio.Reader) *http.Request {
 	}
 	return r
 }
+
+// originForm is the URL url.ParseRequestURI reads from an origin-form
+// target whose path has no escapes and no byte net/url would escape: Path
+// is the path as sent, RawQuery what follows the first '?'. It returns nil
+// for any other target (an empty query, which sets ForceQuery, included),
+// which url.ParseRequestURI then reads. Its parse was a third of reading a
+// plain head (bench/waypoint's CPU profile, 12-07). TestOriginForm checks
+// every byte against net/url; FuzzH1HeadDifferential compares whole URLs.
+func originForm(target string) *url.URL {
+	path, query, hasQuery := strings.Cut(target, "?")
+	if hasQuery && query == "" || !strings.HasPrefix(path, "/") {
+		return nil
+	}
+	for i := 0; i < len(path); i++ {
+		if !pathByte[path[i]] {
+			return nil
+		}
+	}
+	return &url.URL{Path: path, RawQuery: query}
+}
+
+// pathByte marks the bytes net/url leaves as they are in a path: RFC
+// 3986's unreserved characters, '/', and the sub-delimiters it does not
+// escape there.
+var pathByte = func() (t [256]bool) {
+	for c := 0; c < 256; c++ {
+		t[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			strings.IndexByte("-._~/$&+,:;=@", byte(c)) >= 0
+	}
+	return t
+}()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"net/url"
 	"testing"
 )
 
@@ -64,5 +65,30 @@ func TestQuickRequest(t *testing.T) {
 	r := quickRequest([]byte(benchHead), bufio.NewReader(bytes.NewReader(nil)))
 	if r.Host != "server.demo.svc.cluster.local" || r.Header.Get("Host") != "" || r.ContentLength != 1024 || r.URL.Path != "/api/echo" {
 		t.Errorf("quickRequest read host %q, header %v, length %d, path %q", r.Host, r.Header, r.ContentLength, r.URL.Path)
+	}
+}
+
+// TestOriginForm: for every byte in a path and in a query, and the
+// shapes around '?', originForm reads the URL url.ParseRequestURI reads,
+// or leaves the target to it.
+func TestOriginForm(t *testing.T) {
+	targets := []string{"/", "/api/echo", "/a?b", "/a?b?", "/a?", "/?", "/a??", "//x/y", "/a/../b", "/a;b=c@d:e", "a", "*", ""}
+	for c := 0x21; c < 0x7f; c++ {
+		targets = append(targets, "/p"+string(rune(c))+"q", "/p?q"+string(rune(c))+"r")
+	}
+	fast := 0
+	for _, target := range targets {
+		got := originForm(target)
+		if got == nil {
+			continue
+		}
+		fast++
+		want, err := url.ParseRequestURI(target)
+		if err != nil || *got != *want {
+			t.Errorf("originForm(%q) = %#v, url.ParseRequestURI %#v (%v)", target, got, want, err)
+		}
+	}
+	if fast < 100 {
+		t.Errorf("only %d of %d targets took the fast path", fast, len(targets))
 	}
 }
