@@ -143,6 +143,20 @@ func (l *JSONLine) AddrPort(k string, a netip.AddrPort) *JSONLine {
 	return l
 }
 
+// AddrPortAfter adds the string field prefix+" "+a.String() without
+// making that string (the waypoint's "upstream": "hbone 10.0.0.2:8080").
+func (l *JSONLine) AddrPortAfter(k, prefix string, a netip.AddrPort) *JSONLine {
+	if !a.IsValid() || a.Addr().Zone() != "" {
+		return l.String(k, prefix+" "+a.String())
+	}
+	l.key(k)
+	l.b = appendJSONString(l.b, prefix)
+	l.b[len(l.b)-1] = ' ' // the prefix's closing quote
+	l.b = a.AppendTo(l.b)
+	l.b = append(l.b, '"')
+	return l
+}
+
 // Strings adds an array of strings.
 func (l *JSONLine) Strings(k string, v []string) *JSONLine {
 	l.key(k)

@@ -107,6 +107,17 @@ func TestJSONLineAddrPort(t *testing.T) {
 		if got.String() != want.String() {
 			t.Errorf("%v: AddrPort wrote %s, String %s", a, got.String(), want.String())
 		}
+		for _, prefix := range []string{"hbone", "", "a\"b\n\u00e9"} {
+			want.Reset()
+			got.Reset()
+			j.Out = &want
+			j.Info("m").String("a", prefix+" "+a.String()).Write()
+			j.Out = &got
+			j.Info("m").AddrPortAfter("a", prefix, a).Write()
+			if got.String() != want.String() {
+				t.Errorf("%q %v: AddrPortAfter wrote %s, String %s", prefix, a, got.String(), want.String())
+			}
+		}
 	}
 }
 

@@ -136,7 +136,8 @@ func (fc *fastConn) serveRequest(c *h1.Conn, r *http.Request, headLen int) (keep
 	keep = !r.Close
 	var body *countingBody
 	if r.Body != nil && r.Body != http.NoBody {
-		body = &countingBody{ReadCloser: r.Body}
+		ex.body.ReadCloser = r.Body
+		body = &ex.body
 		r.Body = body
 	}
 	sizes := func(respTotal int64) telemetry.Sizes {

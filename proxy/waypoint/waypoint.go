@@ -259,11 +259,14 @@ type exchange struct {
 	lastPicked  *routing.Picked // the previous attempt's (a retry's circuit breaker)
 	setCookie   string          // a consistent hash's generated cookie, for the response
 	tls         *tls.Config     // TLS to originate to target (DestinationRule tls); nil: none
-	upstream    string
-	destination telemetry.Peer // the endpoint picked, for the stats step
-	span        *tracing.Span  // nil: tracing off
-	traceparent string         // the HBONE CONNECT's, when valid (TCP streams)
+	upstream    string          // how target is reached (route.Kind's name); "": not routed
+	destination telemetry.Peer  // the endpoint picked, for the stats step
+	span        *tracing.Span   // nil: tracing off
+	traceparent string          // the HBONE CONNECT's, when valid (TCP streams)
 	err         error
+	// body counts the fast path's request body: kept here, not allocated
+	// on its own, as the exchange is allocated for each request anyway.
+	body countingBody
 }
 
 // decide runs the filters in their one order: metadata → authentication →
@@ -347,7 +350,7 @@ func (w *Waypoint) routeAttempt(ex *exchange, retry bool) error {
 		ex.destination = telemetry.Peer{Workload: res.DstName, Namespace: res.DstNamespace, Principal: res.DstPrincipal,
 			CanonicalService: w.CanonicalName, CanonicalRevision: w.CanonicalRevision, Cluster: w.ClusterID}
 	}
-	ex.target, ex.upstream, ex.tls = res.Target, res.Upstream, res.TLS
+	ex.target, ex.upstream, ex.tls = res.Target, res.Via, res.TLS
 	return nil
 }
 
@@ -498,6 +501,9 @@ func (w *Waypoint) record(ex *exchange, code int, flags string, d time.Duration,
 		GRPCStatus: ex.grpcStatus, Verdict: &ex.verdict, Route: ex.route, Upstream: ex.upstream, Mirror: ex.mirror, Err: ex.err,
 		Code: code, Flags: flags, Duration: d, Sizes: sizes, Telemetry: ex.cfg.telemetryFor(ex.svc),
 		Generation: ex.cfg.statsGen,
+	}
+	if ex.upstream != "" {
+		e.UpstreamTo = ex.target
 	}
 	if ex.svc != nil {
 		e.ServiceName, e.ServiceNamespace = ex.svc.name, ex.svc.namespace

@@ -71,6 +71,9 @@ func TestJSONLinesSameAsAccessLogger(t *testing.T) {
 	ok.Attrs.Method, ok.Attrs.Path, ok.Attrs.Host = "POST", "/api/echo?q=\"x\"\n", "server.demo"
 	ok.Route, ok.Upstream, ok.Duration, ok.Sizes = "demo.route.0", "10.0.0.2:8080", 1234567*time.Nanosecond, Sizes{Request: 1024, Response: 7}
 	entries = append(entries, ok)
+	routed := entry(t, true) // as the waypoint records one: how, and where
+	routed.Upstream, routed.UpstreamTo = "hbone", netip.MustParseAddrPort("[fd00::3]:9080")
+	entries = append(entries, routed)
 	denied := entry(t, true)
 	denied.Code, denied.Verdict = 403, &stream.Verdict{Policy: "demo/deny-admin", Reason: "denied by demo/deny-admin", DryRun: []string{"demo/a", "demo/\xffb"}}
 	denied.Attrs.Auth = &stream.RequestAuth{Principal: "https://issuer/sub"}
@@ -103,8 +106,11 @@ func TestJSONLinesSameAsAccessLogger(t *testing.T) {
 	}
 	zl := strings.SplitAfter(viaZap.String(), "\n")
 	got := viaLines.String() + errLines.String() // the error line last
-	if want := strings.Join(zl[:3], "") + zl[3]; got != want {
+	if want := strings.Join(zl[:4], "") + zl[4]; got != want {
 		t.Errorf("JSONLines wrote\n%s\nthe access logger\n%s", got, want)
+	}
+	if !strings.Contains(got, `"upstream":"hbone [fd00::3]:9080"`) {
+		t.Errorf("no upstream field of how and where in %s", got)
 	}
 	if !strings.Contains(errLines.String(), `"error":"upstream reset"`) {
 		t.Errorf("the error line did not go through zap: %q", errLines.String())

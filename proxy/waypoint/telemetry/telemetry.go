@@ -155,7 +155,12 @@ type Entry struct {
 	GRPCStatus              string
 	Verdict                 *stream.Verdict
 	Route, Upstream, Mirror string
-	Err                     error
+	// UpstreamTo is where the request went. When it is valid, Upstream
+	// says only how ("hbone"), and the access log writes the two as one
+	// field ("hbone 10.0.0.2:8080", UpstreamHost) without making that
+	// string for each request.
+	UpstreamTo netip.AddrPort
+	Err        error
 	// Code is the status answered; Flags Envoy's response flags ("": none).
 	Code     int
 	Flags    string
@@ -431,7 +436,11 @@ func accessFields(l lineSink, ex *Entry, proto string, code int, flags string, d
 	l.addr("dst.addr", ex.Dst)
 	l.str("dst.service", ex.Attrs.Service)
 	l.str("dst.workload", ex.Destination.Workload)
-	l.str("upstream", ex.Upstream)
+	if ex.UpstreamTo.IsValid() {
+		l.via("upstream", ex.Upstream, ex.UpstreamTo)
+	} else {
+		l.str("upstream", ex.Upstream)
+	}
 	l.str("protocol", proto)
 	l.i64("code", int64(code))
 	l.str("flags", flags)
@@ -471,6 +480,8 @@ type lineSink interface {
 	boolean(k string, v bool)
 	dur(k string, d time.Duration)
 	strs(k string, v []string)
+	// via is the string field "how a" (a alone when how is "").
+	via(k, how string, a netip.AddrPort)
 }
 
 type zapSink struct{ f *[]zap.Field }
@@ -481,6 +492,10 @@ func (z zapSink) i64(k string, v int64)           { *z.f = append(*z.f, zap.Int6
 func (z zapSink) boolean(k string, v bool)        { *z.f = append(*z.f, zap.Bool(k, v)) }
 func (z zapSink) dur(k string, d time.Duration)   { *z.f = append(*z.f, zap.Duration(k, d)) }
 func (z zapSink) strs(k string, v []string)       { *z.f = append(*z.f, zap.Strings(k, v)) }
+func (z zapSink) via(k, how string, a netip.AddrPort) {
+	e := Entry{Upstream: how, UpstreamTo: a}
+	z.str(k, e.UpstreamHost())
+}
 
 type jsonSink struct{ l *daemon.JSONLine }
 
@@ -490,6 +505,13 @@ func (j jsonSink) i64(k string, v int64)           { j.l.Int(k, v) }
 func (j jsonSink) boolean(k string, v bool)        { j.l.Bool(k, v) }
 func (j jsonSink) dur(k string, d time.Duration)   { j.l.Duration(k, d) }
 func (j jsonSink) strs(k string, v []string)       { j.l.Strings(k, v) }
+func (j jsonSink) via(k, how string, a netip.AddrPort) {
+	if how == "" {
+		j.l.AddrPort(k, a)
+		return
+	}
+	j.l.AddrPortAfter(k, how, a)
+}
 
 // grpcStatusLabel is grpc_response_status of a gRPC request: the
 // response's grpc-status, else its HTTP status mapped as gRPC maps it
@@ -548,6 +570,18 @@ func HeaderBytes(h http.Header) int64 {
 		}
 	}
 	return n
+}
+
+// UpstreamHost is the upstream as the access log names it: Upstream, and
+// UpstreamTo after it when valid.
+func (ex *Entry) UpstreamHost() string {
+	switch {
+	case !ex.UpstreamTo.IsValid():
+		return ex.Upstream
+	case ex.Upstream == "":
+		return ex.UpstreamTo.String()
+	}
+	return ex.Upstream + " " + ex.UpstreamTo.String()
 }
 
 // peerPrincipal is Peer.String(), taken from Source.Principal when that is

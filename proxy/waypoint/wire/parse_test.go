@@ -93,3 +93,22 @@ func TestBody(t *testing.T) {
 		t.Errorf("Close of a body cut short: %v", err)
 	}
 }
+
+// TestBufferPoolPutAllocs: returning a buffer allocates nothing, and a
+// buffer cut from its front is not lent again as a whole one.
+func TestBufferPoolPutAllocs(t *testing.T) {
+	var p BufferPool
+	buf := p.Get()
+	if n := testing.AllocsPerRun(100, func() { p.Put(buf); buf = p.Get() }); n != 0 {
+		t.Errorf("Put and Get allocate %.1f times, want 0", n)
+	}
+	if len(buf) != 32<<10 {
+		t.Fatalf("Get returned %d bytes, want 32 KiB", len(buf))
+	}
+	p.Put(buf[1:]) // dropped: its capacity is not a whole buffer's
+	for range 10 {
+		if b := p.Get(); len(b) != 32<<10 || cap(b) != 32<<10 {
+			t.Fatalf("Get returned len %d cap %d", len(b), cap(b))
+		}
+	}
+}

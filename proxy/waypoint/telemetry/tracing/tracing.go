@@ -456,8 +456,8 @@ func (s *Span) End(e *telemetry.Entry) {
 		attribute.String("source.workload", e.Source.Workload),
 		attribute.String("source.namespace", e.Source.Namespace),
 	)
-	if e.Upstream != "" {
-		attrs = append(attrs, attribute.String("upstream_address", e.Upstream))
+	if up := e.UpstreamHost(); up != "" {
+		attrs = append(attrs, attribute.String("upstream_address", up))
 	}
 	if e.Route != "" {
 		attrs = append(attrs, attribute.String("route_name", e.Route))
