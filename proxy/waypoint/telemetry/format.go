@@ -123,7 +123,7 @@ func operator(s *segment, ex *Entry, proto, flags string) (string, int64, bool) 
 	case "DURATION":
 		return "", ex.Duration.Milliseconds(), true
 	case "UPSTREAM_HOST":
-		return ex.UpstreamHost(), 0, false
+		return ex.UpstreamAddress(), 0, false
 	case "UPSTREAM_CLUSTER", "UPSTREAM_CLUSTER_RAW":
 		if ex.Attrs.Service != "" {
 			return "inbound-vip|" + strconv.Itoa(int(ex.Attrs.DstPort)) + "|http|" + ex.Attrs.Service, 0, false

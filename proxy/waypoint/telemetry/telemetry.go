@@ -584,6 +584,16 @@ func (ex *Entry) UpstreamHost() string {
 	return ex.Upstream + " " + ex.UpstreamTo.String()
 }
 
+// UpstreamAddress is the upstream host's ip:port, as Envoy's
+// %UPSTREAM_HOST% and its spans' upstream_address give it: UpstreamTo
+// when valid, else Upstream.
+func (ex *Entry) UpstreamAddress() string {
+	if ex.UpstreamTo.IsValid() {
+		return ex.UpstreamTo.String()
+	}
+	return ex.Upstream
+}
+
 // peerPrincipal is Peer.String(), taken from Source.Principal when that is
 // the same URI (the waypoint's decide step sets it so) rather than made
 // again for every access line.

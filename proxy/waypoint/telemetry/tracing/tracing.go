@@ -456,7 +456,7 @@ func (s *Span) End(e *telemetry.Entry) {
 		attribute.String("source.workload", e.Source.Workload),
 		attribute.String("source.namespace", e.Source.Namespace),
 	)
-	if up := e.UpstreamHost(); up != "" {
+	if up := e.UpstreamAddress(); up != "" {
 		attrs = append(attrs, attribute.String("upstream_address", up))
 	}
 	if e.Route != "" {

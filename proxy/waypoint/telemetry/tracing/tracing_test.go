@@ -151,7 +151,7 @@ func entry(code int) *telemetry.Entry {
 		Src: netip.MustParseAddrPort("10.0.0.1:5555"), Dst: netip.MustParseAddrPort("10.96.0.1:80"),
 		Attrs: &stream.Attrs{HTTP: true, Host: "server.demo.svc.cluster.local", Method: "GET", Path: "/path",
 			Service: "server.demo.svc.cluster.local"},
-		Req: req, Code: code, Upstream: "HBONE 10.0.0.2:8080", Duration: time.Millisecond,
+		Req: req, Code: code, Upstream: "hbone", UpstreamTo: netip.MustParseAddrPort("10.0.0.2:8080"), Duration: time.Millisecond,
 		Sizes: telemetry.Sizes{Request: 110, Response: 120, RequestBody: 10, ResponseBody: 20},
 	}
 }
@@ -201,7 +201,7 @@ func TestExport(t *testing.T) {
 				"node_id": "waypoint~1.2.3.4~wp.demo~demo.svc.cluster.local", "istio.canonical_service": "waypoint",
 				"istio.namespace": "demo", "guid:x-request-id": e.Req.Header.Get("x-request-id"), "error": "true",
 				"lit": "v", "env": "from-env", "tenant": "acme", "missing": "dflt", "request_size": "10", "response_size": "20",
-				"upstream_address": "HBONE 10.0.0.2:8080", "peer.address": "10.0.0.1",
+				"upstream_address": "10.0.0.2:8080", "peer.address": "10.0.0.1",
 			} {
 				if got.Attrs[k] != v {
 					t.Errorf("attribute %s: %q, want %q", k, got.Attrs[k], v)
