@@ -97,8 +97,13 @@ func logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args
 
 func emit(name string, value float64, unit string) {
 	prec := 2
-	if value >= 100 || value <= -100 {
+	switch {
+	case value >= 100 || value <= -100:
 		prec = 0
+	case unit == "vcpu":
+		// Two places printed 0.11 for both 0.110 and 0.106: a 4 % gap
+		// read as a tie.
+		prec = 3
 	}
 	fmt.Printf("%s %s %s\n", name, strconv.FormatFloat(value, 'f', prec, 64), unit)
 }
