@@ -30,9 +30,9 @@ func TestRouteRemoteNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Target.String() != "10.96.0.12:9080" || res.Upstream() != "double-hbone 10.96.0.12:9080" ||
+	if res.Target.String() != "10.96.0.12:9080" || res.Via != "double-hbone" ||
 		res.DstName != "reviews-east" || res.DstPrincipal != "spiffe://cluster.local/ns/apps/sa/sa-reviews-east" {
-		t.Errorf("Route = target %s upstream %q dst %s principal %s; want the service address, double-hbone, reviews-east and its identity",
-			res.Target, res.Upstream(), res.DstName, res.DstPrincipal)
+		t.Errorf("Route = target %s via %q dst %s principal %s; want the service address, double-hbone, reviews-east and its identity",
+			res.Target, res.Via, res.DstName, res.DstPrincipal)
 	}
 }

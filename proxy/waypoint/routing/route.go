@@ -181,11 +181,6 @@ func (rt *Router) route(snap *state.Snapshot, src, dst netip.AddrPort, table *Ta
 	return res, nil
 }
 
-// Upstream is how and where the request went, as the access log says it
-// ("hbone 10.0.0.2:8080"). The log writes it from Via and Target without
-// making this string, which was two allocations a request.
-func (r Result) Upstream() string { return r.Via + " " + r.Target.String() }
-
 // serviceAddr is svc's address on the network of the waypoint at ip, with
 // port.
 func serviceAddr(snap *state.Snapshot, ip netip.Addr, svc *state.Service, port uint16) (netip.AddrPort, bool) {

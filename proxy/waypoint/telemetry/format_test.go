@@ -25,8 +25,8 @@ func TestUpstreamHostOperator(t *testing.T) {
 	if got := string(render(nil, parseFormat(`"%UPSTREAM_HOST%"`), ex, "HTTP/1.1", "-")); got != `"[fd00::3]:9080"` {
 		t.Errorf("rendered %s, want \"[fd00::3]:9080\"", got)
 	}
-	if got := ex.UpstreamHost(); got != "hbone [fd00::3]:9080" {
-		t.Errorf("UpstreamHost() = %q, want the access line's \"hbone [fd00::3]:9080\"", got)
+	if got := upstreamText(ex.Upstream, ex.UpstreamTo); got != "hbone [fd00::3]:9080" {
+		t.Errorf("upstreamText = %q, want the access line's \"hbone [fd00::3]:9080\"", got)
 	}
 	ex.Upstream, ex.UpstreamTo = "", netip.AddrPort{} // not routed: Envoy's "-"
 	if got := string(render(nil, parseFormat(`%UPSTREAM_HOST%`), ex, "HTTP/1.1", "-")); got != "-" {

@@ -157,8 +157,8 @@ type Entry struct {
 	Route, Upstream, Mirror string
 	// UpstreamTo is where the request went. When it is valid, Upstream
 	// says only how ("hbone"), and the access log writes the two as one
-	// field ("hbone 10.0.0.2:8080", UpstreamHost) without making that
-	// string for each request.
+	// field ("hbone 10.0.0.2:8080") without making that string for each
+	// request.
 	UpstreamTo netip.AddrPort
 	Err        error
 	// Code is the status answered; Flags Envoy's response flags ("": none).
@@ -486,16 +486,13 @@ type lineSink interface {
 
 type zapSink struct{ f *[]zap.Field }
 
-func (z zapSink) str(k, v string)                 { *z.f = append(*z.f, zap.String(k, v)) }
-func (z zapSink) addr(k string, a netip.AddrPort) { *z.f = append(*z.f, zap.String(k, a.String())) }
-func (z zapSink) i64(k string, v int64)           { *z.f = append(*z.f, zap.Int64(k, v)) }
-func (z zapSink) boolean(k string, v bool)        { *z.f = append(*z.f, zap.Bool(k, v)) }
-func (z zapSink) dur(k string, d time.Duration)   { *z.f = append(*z.f, zap.Duration(k, d)) }
-func (z zapSink) strs(k string, v []string)       { *z.f = append(*z.f, zap.Strings(k, v)) }
-func (z zapSink) via(k, how string, a netip.AddrPort) {
-	e := Entry{Upstream: how, UpstreamTo: a}
-	z.str(k, e.UpstreamHost())
-}
+func (z zapSink) str(k, v string)                     { *z.f = append(*z.f, zap.String(k, v)) }
+func (z zapSink) addr(k string, a netip.AddrPort)     { *z.f = append(*z.f, zap.String(k, a.String())) }
+func (z zapSink) i64(k string, v int64)               { *z.f = append(*z.f, zap.Int64(k, v)) }
+func (z zapSink) boolean(k string, v bool)            { *z.f = append(*z.f, zap.Bool(k, v)) }
+func (z zapSink) dur(k string, d time.Duration)       { *z.f = append(*z.f, zap.Duration(k, d)) }
+func (z zapSink) strs(k string, v []string)           { *z.f = append(*z.f, zap.Strings(k, v)) }
+func (z zapSink) via(k, how string, a netip.AddrPort) { z.str(k, upstreamText(how, a)) }
 
 type jsonSink struct{ l *daemon.JSONLine }
 
@@ -572,16 +569,13 @@ func HeaderBytes(h http.Header) int64 {
 	return n
 }
 
-// UpstreamHost is the upstream as the access log names it: Upstream, and
-// UpstreamTo after it when valid.
-func (ex *Entry) UpstreamHost() string {
-	switch {
-	case !ex.UpstreamTo.IsValid():
-		return ex.Upstream
-	case ex.Upstream == "":
-		return ex.UpstreamTo.String()
+// upstreamText is the access line's upstream as one string: "how a", or
+// a alone when how is "" (what jsonSink.via writes in place).
+func upstreamText(how string, a netip.AddrPort) string {
+	if how == "" {
+		return a.String()
 	}
-	return ex.Upstream + " " + ex.UpstreamTo.String()
+	return how + " " + a.String()
 }
 
 // UpstreamAddress is the upstream host's ip:port, as Envoy's
