@@ -24,6 +24,18 @@ import (
 // *.json that parses, a single-plugin file being a chain of one.
 func runtimeChain(t *testing.T, dir string) (string, []string) {
 	t.Helper()
+	file, chain, err := loadedChain(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return file, chain
+}
+
+// loadedChain is runtimeChain for callers that poll while the keeper
+// writes: the listing and the reads are not one atomic step (a file listed
+// may be gone by its read, as a runtime's listing may be), so finding
+// nothing loadable is an error to retry, not a failure.
+func loadedChain(dir string) (string, []string, error) {
 	var files []string
 	for _, ext := range []string{".conf", ".conflist", ".json"} {
 		m, _ := filepath.Glob(filepath.Join(dir, "*"+ext))
@@ -32,11 +44,10 @@ func runtimeChain(t *testing.T, dir string) (string, []string) {
 	sort.Strings(files)
 	for _, f := range files {
 		if _, types, ok := chainOf(f); ok {
-			return filepath.Base(f), types
+			return filepath.Base(f), types, nil
 		}
 	}
-	t.Fatalf("no loadable CNI config in %s", dir)
-	return "", nil
+	return "", nil, fmt.Errorf("no loadable CNI config in %s (of %d files)", dir, len(files))
 }
 
 // chainOf loads one file as libcni does: a conflist's "plugins", or a
@@ -112,7 +123,11 @@ func TestFailClosedInstallPrimaryConf(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	write("10-flannel.conf", primaryConf)
 	testkit.EventuallyErr(t, 5*time.Second, "our plugin chained after the primary CNI rewrote its config", func() error {
-		if file, chain = runtimeChain(t, confDir); !slices.Equal(chain, []string{"bridge", PluginType}) {
+		var err error
+		if file, chain, err = loadedChain(confDir); err != nil {
+			return err
+		}
+		if !slices.Equal(chain, []string{"bridge", PluginType}) {
 			return fmt.Errorf("the runtime uses %s with chain %v", file, chain)
 		}
 		return nil
@@ -120,7 +135,11 @@ func TestFailClosedInstallPrimaryConf(t *testing.T) {
 	// And a rewrite of the converted conflist without our entry.
 	write(file, `{"cniVersion":"0.4.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0"},{"type":"portmap"}]}`)
 	testkit.EventuallyErr(t, 5*time.Second, "our plugin chained again after a rewrite of "+file, func() error {
-		if _, chain = runtimeChain(t, confDir); !slices.Equal(chain, []string{"bridge", "portmap", PluginType}) {
+		_, chain, err := loadedChain(confDir)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(chain, []string{"bridge", "portmap", PluginType}) {
 			return fmt.Errorf("the runtime's chain is %v", chain)
 		}
 		return nil
@@ -180,7 +199,11 @@ func TestKeepSeesRewriteBeforeWatch(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	// Well under KeepResync: only a re-check after the watch began finds it.
 	testkit.EventuallyErr(t, KeepResync/2, "our plugin chained after a rewrite before the watch", func() error {
-		if file, chain := runtimeChain(t, confDir); !slices.Equal(chain, []string{"bridge", PluginType}) {
+		file, chain, err := loadedChain(confDir)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(chain, []string{"bridge", PluginType}) {
 			return fmt.Errorf("the runtime uses %s with chain %v", file, chain)
 		}
 		return nil
