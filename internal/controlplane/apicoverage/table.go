@@ -259,7 +259,7 @@ var table = map[string][]Entry{
 		enf("spec.metrics[].overrides[].disabled", "TestTelemetryAPI"),
 		enf("spec.metrics[].overrides[].tagOverrides{}", "TestMetricOverrides", "REMOVE empties the label (Prometheus reads an empty label as absent); UPSERT of Istio's standard labels with a quoted literal, request.host/method/path/url_path/scheme/protocol, response.code or request.headers['name']; other expressions and new label names are refused in the status"),
 		ref("spec.metrics[].reportingInterval", "TestRefusedFieldsAreRefused", "Prometheus scrapes the proxies: ignored and named in the status"),
-		enf("spec.accessLogging[]", "TestAccessLogProviders", "Envoy-format records: Istio's default text format, logFormat.text or logFormat.labels (JSON)"),
+		enf("spec.accessLogging[]", "TestAccessLogProviders", "Envoy-format records: Istio's default text format, logFormat.text or logFormat.labels (JSON); %UPSTREAM_HOST% is the upstream host's ip:port (TestUpstreamHostOperator)"),
 		enf("spec.accessLogging[].match", "TestTelemetryScope", "CLIENT-only entries do not apply at a waypoint"),
 		enf("spec.accessLogging[].providers[]", "TestTelemetryAPI", "envoyFileAccessLog (stdout or a file) and envoyOtelAls (OTLP/gRPC logs, TestOTelAccessLog); other kinds are refused in the status"),
 		enf("spec.accessLogging[].disabled", "TestTelemetryScope", "per provider: a more specific level disables what a less specific one enabled"),
