@@ -28,7 +28,9 @@ func (w *waypointMesh) waitDR(t *testing.T, route string, header http.Header) {
 	testkit.EventuallyErr(t, waitTimeout, "the DestinationRule "+route+" at the waypoint", func() error {
 		n++
 		path := "/dr-probe-" + strconv.Itoa(n)
-		w.do(t, path, header)
+		if _, _, err := w.tryDo(path, header); err != nil {
+			return err
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := w.WP.WaitAccessLog(ctx, func(a meshlab.AccessLog) bool { return a.Str("path") == path && a.Str("route") == route })
@@ -205,7 +207,11 @@ spec:
 	// until every request stays local.
 	testkit.EventuallyErr(t, waitTimeout, "requests to stay in the waypoint's locality", func() error {
 		for range 20 {
-			if code, body := w.get(t, "/"); code != 200 || body != "local" {
+			code, body, err := w.tryDo("/", nil)
+			if err != nil {
+				return err
+			}
+			if code != 200 || body != "local" {
 				return fmt.Errorf("a request reached %d %q", code, body)
 			}
 		}

@@ -198,8 +198,8 @@ spec:
 `)
 		// The route arrives with a push: /v2 answers from web2 then.
 		testkit.Eventually(t, waitTimeout, "/v2/x answered from web-v2: the HTTPRoute at the waypoint", func() bool {
-			code, body := get(t, "/v2/x")
-			return code == http.StatusOK && strings.HasPrefix(body, "web2 ")
+			code, body, err := w.tryDo("/v2/x", nil)
+			return err == nil && code == http.StatusOK && strings.HasPrefix(body, "web2 ")
 		})
 		const n = 1000
 		v2 := 0
@@ -360,23 +360,33 @@ func startWaypointMesh(t *testing.T, ctx context.Context, spec waypointSpec) *wa
 // address, so it goes through the client's node proxy and the waypoint.
 func (w *waypointMesh) do(t *testing.T, path string, header http.Header) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, w.URL+path, nil)
+	code, body, err := w.tryDo(path, header)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return code, body
+}
+
+// tryDo is do for polling callers: a request that fails on its way (a
+// connection reset while a push lands) is an answer to wait past, not the
+// test's failure.
+func (w *waypointMesh) tryDo(path string, header http.Header) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, w.URL+path, nil)
+	if err != nil {
+		return 0, "", err
 	}
 	for k, vs := range header {
 		req.Header[k] = vs
 	}
 	resp, err := w.hc.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
+		return 0, "", fmt.Errorf("GET %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), nil
 }
 
-// get is do without headers.
 func (w *waypointMesh) get(t *testing.T, path string) (int, string) {
 	t.Helper()
 	return w.do(t, path, nil)
@@ -388,8 +398,11 @@ func (w *waypointMesh) waitCode(t *testing.T, path string, header http.Header, w
 	t.Helper()
 	var body string
 	testkit.EventuallyErr(t, waitTimeout, fmt.Sprintf("GET %s to answer %d", path, want), func() error {
-		var code int
-		if code, body = w.do(t, path, header); code != want {
+		code, b, err := w.tryDo(path, header)
+		if err != nil {
+			return err
+		}
+		if body = b; code != want {
 			return fmt.Errorf("it answered %d %q", code, body)
 		}
 		return nil

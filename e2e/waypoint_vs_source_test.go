@@ -31,16 +31,25 @@ func versionServers() []waypointServer {
 // getFrom sends a GET for path to the waypoint mesh's Service from pod.
 func (w *waypointMesh) getFrom(t *testing.T, pod *testcluster.Pod, path string) (int, string) {
 	t.Helper()
+	code, body, err := w.tryGetFrom(pod, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, body
+}
+
+// tryGetFrom is getFrom for polling callers (see tryDo).
+func (w *waypointMesh) tryGetFrom(pod *testcluster.Pod, path string) (int, string, error) {
 	dst := netip.AddrPortFrom(w.VIP, uint16(w.Port)).String()
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return pod.Dial(ctx, "tcp", dst) }}}
 	resp, err := hc.Get(w.URL + path)
 	if err != nil {
-		t.Fatalf("GET %s from %s: %v", path, pod.Name, err)
+		return 0, "", fmt.Errorf("GET %s from %s: %w", path, pod.Name, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), nil
 }
 
 // TestWaypointVirtualServiceDelegate: a root VirtualService in namespace
@@ -164,7 +173,11 @@ spec:
 `)
 	// The team rule's own answer says the VirtualService has arrived.
 	testkit.EventuallyErr(t, waitTimeout, "the VirtualService to reach the waypoint", func() error {
-		if code, body := w.getFrom(t, teamPod, "/x"); code != 200 || body != "team-rule" {
+		code, body, err := w.tryGetFrom(teamPod, "/x")
+		if err != nil {
+			return err
+		}
+		if code != 200 || body != "team-rule" {
 			return fmt.Errorf("it answered %d %q", code, body)
 		}
 		return nil
