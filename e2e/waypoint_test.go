@@ -387,6 +387,7 @@ func (w *waypointMesh) tryDo(path string, header http.Header) (int, string, erro
 	return resp.StatusCode, string(b), nil
 }
 
+// get is do without headers.
 func (w *waypointMesh) get(t *testing.T, path string) (int, string) {
 	t.Helper()
 	return w.do(t, path, nil)
