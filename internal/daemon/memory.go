@@ -64,6 +64,15 @@ import (
 // An end counts as handled once a release ran: when it is seen before
 // its garbage is (a collection ran in the middle of the closes and the
 // rest are still closing), the next polls look again.
+//
+// A release at an end can also come while part of the burst is still in
+// use (connections still ending): its collection marks them live, and
+// the live heap it keeps is that much above the floor before the burst.
+// Once they are done, nothing a quiet process reads shows their memory as
+// garbage until a collection runs, which a quiet proxy does not do for two
+// minutes (bench/soak, 12-07: 33 MiB kept through a whole gap between two
+// waves). So after such a release the polls look once more when the load
+// has stayed still for settlePolls, with a collection of their own first.
 func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64, load Load) {
 	r := newReleaser(threshold)
 	t := time.NewTicker(interval)
@@ -76,6 +85,7 @@ func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64
 	}
 	var a activity
 	a.reset(load)
+	followUp := false // a release at an end kept the live heap well above its floor before
 	for {
 		select {
 		case <-ctx.Done():
@@ -85,8 +95,16 @@ func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64
 				a.reset(load)
 			}
 		case <-poll:
-			if a.ended(load) && r.check() {
+			before := r.floor
+			switch {
+			case a.ended(load) && r.check():
+				followUp = before > 0 && r.floor >= before+r.threshold
 				a.reset(load)
+			case followUp && a.settled(load):
+				followUp = false
+				if r.collectAndCheck() {
+					a.reset(load)
+				}
 			}
 		}
 	}
@@ -107,6 +125,7 @@ type activity struct {
 	// still the polls in a row that saw no start.
 	runStart, seen int64
 	still          int
+	flat           int // polls in a row that saw Open unchanged
 }
 
 // reset starts over after a release.
@@ -125,6 +144,11 @@ func (a *activity) ended(load Load) bool {
 	n := load.Open()
 	a.peak = max(a.peak, n)
 	burst := a.peak >= burstMin && n <= a.peak/4 && n >= a.last
+	if n == a.last {
+		a.flat++
+	} else {
+		a.flat = 0
+	}
 	a.last = n
 	if load.Started == nil {
 		return burst
@@ -139,11 +163,19 @@ func (a *activity) ended(load Load) bool {
 	return burst || s-a.runStart >= burstMin && a.still >= 2
 }
 
+// settled reports whether the last settlePolls polls of ended saw no
+// change: nothing opened, closed or started.
+func (a *activity) settled(load Load) bool {
+	return a.flat >= settlePolls && (load.Started == nil || a.still >= settlePolls)
+}
+
 // A burst is at least burstMin open at once, a run at least burstMin
-// started; an end is noticed within loadPoll (two for a run).
+// started; an end is noticed within loadPoll (two for a run). The load is
+// settled after settlePolls polls without a change.
 const (
-	burstMin = 64
-	loadPoll = 250 * time.Millisecond
+	burstMin    = 64
+	loadPoll    = 250 * time.Millisecond
+	settlePolls = 4
 )
 
 // HeapProfileOff turns the heap profile's sampling off unless godebug (the
@@ -226,6 +258,14 @@ func (r *releaser) check() bool {
 	_, r.floor = reclaimable(r.samples)
 	r.cycles = r.gcCycles() // its own collections do not make the process busy
 	return true
+}
+
+// collectAndCheck is check after a collection, which turns memory that
+// stopped being used since the last one into garbage check can count.
+func (r *releaser) collectAndCheck() bool {
+	runtime.GC()
+	r.cycles = r.gcCycles() // its own collection does not make the process busy
+	return r.check()
 }
 
 // reclaimable reads samples and returns free resident heap plus the heap

@@ -137,6 +137,87 @@ func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
 	waitReleased(t, threshold, 10*time.Second, "the burst's garbage")
 }
 
+// TestReleaseMemoryFollowsUpABurstsSurvivors: a burst's end released while
+// part of the burst was still in use (connections still ending, bench/soak
+// wave 3 on 12-07: 33 MiB kept resident through the whole gap). Once they
+// are done, nothing a quiet process reads shows their memory as garbage
+// until a collection runs, so the polls look once more, with a collection
+// of their own, when the load has stayed still: the memory goes back
+// then, not at the next collection the process runs by itself (an hour
+// away here, two minutes in a quiet proxy).
+func TestReleaseMemoryFollowsUpABurstsSurvivors(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	const threshold = 4 << 20
+	runtime.GC()
+	debug.FreeOSMemory()
+	var load atomic.Int64
+	load.Store(1000)
+	runReleaser(t, time.Hour, threshold, Load{Open: load.Load})
+	// The process's usual floor: one release of a little garbage first.
+	time.Sleep(2 * loadPoll)
+	makeGarbage(8 << 20)
+	load.Store(0)
+	waitReleased(t, threshold, 10*time.Second, "the first burst")
+	// The next burst: its memory still in use when its end is seen.
+	before := forcedCollections()
+	load.Store(1000)
+	time.Sleep(2 * loadPoll)
+	survivors := make([][]byte, 0, 64<<10)
+	for range 64 << 10 {
+		survivors = append(survivors, make([]byte, 1<<10))
+	}
+	// Keep the load moving (never settled) until the survivors are let
+	// go, so the look once more cannot come before they are garbage.
+	stop := make(chan struct{})
+	moved := make(chan struct{})
+	go func() {
+		defer close(moved)
+		for i := int64(0); ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(loadPoll / 5):
+				load.Store(1 + i%2)
+			}
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for forcedCollections() == before {
+		if time.Now().After(deadline) {
+			close(stop)
+			t.Fatal("no release at the second burst's end")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	runtime.KeepAlive(survivors)
+	survivors = nil
+	close(stop)
+	<-moved
+	load.Store(0)
+	deadline = time.Now().Add(10 * time.Second)
+	for liveHeap() >= 32<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("live heap still %d bytes 10 s after the survivors ended: their memory was kept", liveHeap())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitReleased(t, threshold, 10*time.Second, "the survivors' end")
+}
+
+// forcedCollections counts the collections forced so far (a release's).
+func forcedCollections() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// liveHeap is the heap the last collection marked live.
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: liveHeapMetric}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
 // TestReleaseMemoryAfterARun: connections started one at a time (never
 // more than one open: no burst) and then none for two polls release the
 // run's garbage, with the tick an hour away; while they keep starting,
