@@ -118,14 +118,8 @@ func TestReleaseMemoryAtBurstEnd(t *testing.T) {
 // yet to release is not used up; the garbage that comes after it is
 // released at the next polls, not at the next tick (an hour here).
 func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	const threshold = 4 << 20
-	runtime.GC()
-	debug.FreeOSMemory()
-	var load atomic.Int64
-	load.Store(1000)
-	runReleaser(t, time.Hour, threshold, Load{Open: load.Load})
-	time.Sleep(2 * loadPoll) // the peak is seen
+	load := releaserAtPeak(t, threshold)
 	load.Store(0)
 	time.Sleep(3 * loadPoll) // the end is seen, with nothing to release
 	// One allocation, so the garbage appears between two polls: 64 MiB in
@@ -146,15 +140,9 @@ func TestReleaseMemoryAtBurstEndWaitsForGarbage(t *testing.T) {
 // then, not at the next collection the process runs by itself (an hour
 // away here, two minutes in a quiet proxy).
 func TestReleaseMemoryFollowsUpABurstsSurvivors(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	const threshold = 4 << 20
-	runtime.GC()
-	debug.FreeOSMemory()
-	var load atomic.Int64
-	load.Store(1000)
-	runReleaser(t, time.Hour, threshold, Load{Open: load.Load})
+	load := releaserAtPeak(t, threshold)
 	// The process's usual floor: one release of a little garbage first.
-	time.Sleep(2 * loadPoll)
 	makeGarbage(8 << 20)
 	load.Store(0)
 	waitReleased(t, threshold, 10*time.Second, "the first burst")
@@ -202,6 +190,21 @@ func TestReleaseMemoryFollowsUpABurstsSurvivors(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	waitReleased(t, threshold, 10*time.Second, "the survivors' end")
+}
+
+// releaserAtPeak runs ReleaseMemory with collections off but its own and
+// the test's, nothing to release at the start, an hour between ticks, and
+// a load of 1,000 open that it has seen; the test moves the load.
+func releaserAtPeak(t *testing.T, threshold uint64) *atomic.Int64 {
+	gcPercent := debug.SetGCPercent(-1)
+	t.Cleanup(func() { debug.SetGCPercent(gcPercent) }) // registered first: runs after the releaser stops
+	runtime.GC()
+	debug.FreeOSMemory()
+	var load atomic.Int64
+	load.Store(1000)
+	runReleaser(t, time.Hour, threshold, Load{Open: load.Load})
+	time.Sleep(2 * loadPoll) // the peak is seen
+	return &load
 }
 
 // forcedCollections counts the collections forced so far (a release's).
@@ -272,18 +275,13 @@ func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
 		t.Error("the release's own collections made the process busy")
 	}
 
-	forced := func() uint64 {
-		s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
-		metrics.Read(s)
-		return s[0].Value.Uint64()
-	}
-	before := forced()
+	before := forcedCollections()
 	sink := make([]byte, 1<<20) // garbage left for the quiet release
 	runtime.KeepAlive(sink)
 	sink = nil
 	runReleaser(t, 20*time.Millisecond, 64<<10, Load{})
 	deadline := time.Now().Add(10 * time.Second)
-	for forced() == before {
+	for forcedCollections() == before {
 		if time.Now().After(deadline) {
 			t.Fatal("no release 10 s after the process went quiet")
 		}
