@@ -65,14 +65,18 @@ import (
 // its garbage is (a collection ran in the middle of the closes and the
 // rest are still closing), the next polls look again.
 //
-// A release at an end can also come while part of the burst is still in
-// use (connections still ending): its collection marks them live, and
-// the live heap it keeps is that much above the floor before the burst.
-// Once they are done, nothing a quiet process reads shows their memory as
-// garbage until a collection runs, which a quiet proxy does not do for two
-// minutes (bench/soak, 12-07: 33 MiB kept through a whole gap between two
-// waves). So after such a release the polls look once more when the load
-// has stayed still for settlePolls, with a collection of their own first.
+// A release can also come while a burst is still in use: at its peak (a
+// run's end is seen once the openings stop) or in the middle of its
+// closes (a tick, or connections still ending after the count fell). Its
+// collection marks them live, and the floor it sets is that much above
+// the live heap at rest. Once they are done, nothing a quiet process
+// reads shows their memory as garbage until a collection runs, which a
+// quiet proxy does not run for two minutes (bench/soak, 12-07: 29-37 MiB
+// kept through a whole gap between two waves). So after a release that
+// left the floor at least threshold above the rest level, the polls look
+// once more, with a collection of their own first, when the load has
+// stayed still for settlePolls below what was open at the release, or at
+// none.
 func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64, load Load) {
 	r := newReleaser(threshold)
 	t := time.NewTicker(interval)
@@ -85,26 +89,24 @@ func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64
 	}
 	var a activity
 	a.reset(load)
-	followUp := false // a release at an end kept the live heap well above its floor before
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			if r.quiet() && r.check() {
-				a.reset(load)
+				a.released(load, r)
 			}
 		case <-poll:
-			before := r.floor
 			switch {
 			case a.ended(load) && r.check():
-				followUp = before > 0 && r.floor >= before+r.threshold
-				a.reset(load)
-			case followUp && a.settled(load):
-				followUp = false
+				a.released(load, r)
+			case a.followUp && a.settled(load):
+				a.followUp = false
 				if r.collectAndCheck() {
 					a.reset(load)
 				}
+				r.rest = r.floor // what is still live once the load settled
 			}
 		}
 	}
@@ -126,6 +128,20 @@ type activity struct {
 	runStart, seen int64
 	still          int
 	flat           int // polls in a row that saw Open unchanged
+	// followUp: the last release left the floor well above the rest
+	// level, with openAt open.
+	followUp bool
+	openAt   int64
+}
+
+// released starts over after a release, and notes whether it needs a
+// follow-up.
+func (a *activity) released(load Load, r *releaser) {
+	a.reset(load)
+	a.followUp = load.Open != nil && r.floor >= r.rest+r.threshold
+	if load.Open != nil {
+		a.openAt = load.Open()
+	}
 }
 
 // reset starts over after a release.
@@ -164,9 +180,12 @@ func (a *activity) ended(load Load) bool {
 }
 
 // settled reports whether the last settlePolls polls of ended saw no
-// change: nothing opened, closed or started.
+// change (nothing opened, closed or started) at fewer open than at the
+// last release, or at none: a load that holds where it was released holds
+// what it had.
 func (a *activity) settled(load Load) bool {
-	return a.flat >= settlePolls && (load.Started == nil || a.still >= settlePolls)
+	return a.flat >= settlePolls && (load.Started == nil || a.still >= settlePolls) &&
+		(a.last < a.openAt || a.last == 0)
 }
 
 // A burst is at least burstMin open at once, a run at least burstMin
@@ -212,6 +231,9 @@ type releaser struct {
 	threshold uint64
 	samples   []metrics.Sample
 	floor     uint64 // the live heap right after the last release
+	// rest is the lowest floor, or the live heap a follow-up found: the
+	// heap with no burst in it.
+	rest uint64
 	// cycles is the count of completed collections at the last tick or
 	// release, for quiet.
 	cycles uint64
@@ -256,6 +278,9 @@ func (r *releaser) check() bool {
 	runtime.GC()
 	debug.FreeOSMemory()
 	_, r.floor = reclaimable(r.samples)
+	if r.rest == 0 || r.floor < r.rest {
+		r.rest = r.floor
+	}
 	r.cycles = r.gcCycles() // its own collections do not make the process busy
 	return true
 }

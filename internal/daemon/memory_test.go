@@ -182,14 +182,54 @@ func TestReleaseMemoryFollowsUpABurstsSurvivors(t *testing.T) {
 	close(stop)
 	<-moved
 	load.Store(0)
-	deadline = time.Now().Add(10 * time.Second)
-	for liveHeap() >= 32<<20 {
-		if time.Now().After(deadline) {
-			t.Fatalf("live heap still %d bytes 10 s after the survivors ended: their memory was kept", liveHeap())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitLiveBelow(t, 32<<20, "the survivors ended")
 	waitReleased(t, threshold, 10*time.Second, "the survivors' end")
+}
+
+// TestReleaseMemoryFollowsUpAPeakRelease: the openings of a burst stop
+// (a run's end), so a release runs at its peak and its floor holds the
+// burst. No look again while the load holds there; once it has fallen
+// and settled, the burst's memory goes back, though the burst's end saw
+// nothing to release (bench/soak, where each wave's peak is released).
+func TestReleaseMemoryFollowsUpAPeakRelease(t *testing.T) {
+	gcPercent := debug.SetGCPercent(-1)
+	t.Cleanup(func() { debug.SetGCPercent(gcPercent) })
+	const threshold = 4 << 20
+	runtime.GC()
+	debug.FreeOSMemory()
+	var open, started atomic.Int64
+	runReleaser(t, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
+	time.Sleep(2 * loadPoll) // the releaser has read where the load starts
+	// A first run sets the floor at rest.
+	started.Add(2 * burstMin)
+	makeGarbage(8 << 20)
+	waitReleased(t, threshold, 10*time.Second, "the first run")
+	time.Sleep(2 * loadPoll) // the releaser has noted the run as released
+	before := forcedCollections()
+	open.Store(1000)
+	started.Add(1000)
+	held := make([][]byte, 0, 64<<10)
+	for range 64 << 10 {
+		held = append(held, make([]byte, 1<<10))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for forcedCollections() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no release once the openings stopped")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the release's second collection
+	atPeak := forcedCollections()
+	time.Sleep((settlePolls + 4) * loadPoll)
+	if n := forcedCollections(); n != atPeak {
+		t.Errorf("%d more collections while the load held at its peak: a look again that cannot find anything", n-atPeak)
+	}
+	runtime.KeepAlive(held)
+	held = nil
+	open.Store(0)
+	waitLiveBelow(t, 32<<20, "the burst closed")
+	waitReleased(t, threshold, 10*time.Second, "the burst's close")
 }
 
 // releaserAtPeak runs ReleaseMemory with collections off but its own and
@@ -212,6 +252,19 @@ func forcedCollections() uint64 {
 	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
 	metrics.Read(s)
 	return s[0].Value.Uint64()
+}
+
+// waitLiveBelow fails the test unless the live heap is under n within
+// 10 s of after: the memory of what ended was kept.
+func waitLiveBelow(t *testing.T, n uint64, after string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for liveHeap() >= n {
+		if time.Now().After(deadline) {
+			t.Fatalf("live heap still %d bytes 10 s after %s: its memory was kept", liveHeap(), after)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // liveHeap is the heap the last collection marked live.
