@@ -169,13 +169,9 @@ func TestReleaseMemoryFollowsUpABurstsSurvivors(t *testing.T) {
 			}
 		}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for forcedCollections() == before {
-		if time.Now().After(deadline) {
-			close(stop)
-			t.Fatal("no release at the second burst's end")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !waitCollections(before + 1) {
+		close(stop)
+		t.Fatal("no release at the second burst's end")
 	}
 	runtime.KeepAlive(survivors)
 	survivors = nil
@@ -212,14 +208,11 @@ func TestReleaseMemoryFollowsUpAPeakRelease(t *testing.T) {
 	for range 64 << 10 {
 		held = append(held, make([]byte, 1<<10))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for forcedCollections() == before {
-		if time.Now().After(deadline) {
-			t.Fatal("no release once the openings stopped")
-		}
-		time.Sleep(5 * time.Millisecond)
+	// A release is two collections (check); a sleep for the second made
+	// a slow one look like a look again.
+	if !waitCollections(before + 2) {
+		t.Fatal("no release once the openings stopped")
 	}
-	time.Sleep(50 * time.Millisecond) // the release's second collection
 	atPeak := forcedCollections()
 	time.Sleep((settlePolls + 4) * loadPoll)
 	if n := forcedCollections(); n != atPeak {
@@ -252,6 +245,19 @@ func forcedCollections() uint64 {
 	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
 	metrics.Read(s)
 	return s[0].Value.Uint64()
+}
+
+// waitCollections reports whether at least n collections have been
+// forced within 10 s.
+func waitCollections(n uint64) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for forcedCollections() < n {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
 
 // waitLiveBelow fails the test unless the live heap is under n within
@@ -333,12 +339,8 @@ func TestReleaseMemoryLeavesABusyProcess(t *testing.T) {
 	runtime.KeepAlive(sink)
 	sink = nil
 	runReleaser(t, 20*time.Millisecond, 64<<10, Load{})
-	deadline := time.Now().Add(10 * time.Second)
-	for forcedCollections() == before {
-		if time.Now().After(deadline) {
-			t.Fatal("no release 10 s after the process went quiet")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !waitCollections(before + 1) {
+		t.Fatal("no release 10 s after the process went quiet")
 	}
 }
 
