@@ -76,7 +76,9 @@ import (
 // left the floor at least threshold above the rest level, the polls look
 // once more, with a collection of their own first, when the load has
 // stayed still for settlePolls below what was open at the release, or at
-// none.
+// none. A look that finds part of the burst ended while some of it is
+// still open looks again once the load settles lower still: a burst that
+// closes in steps keeps its last part in use at the first.
 func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64, load Load) {
 	r := newReleaser(threshold)
 	t := time.NewTicker(interval)
@@ -94,19 +96,21 @@ func ReleaseMemory(ctx context.Context, interval time.Duration, threshold uint64
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if r.quiet() && r.check() {
+			if !r.quiet() {
+				break
+			}
+			if load.Open != nil {
+				a.last = load.Open()
+			}
+			if r.check() {
 				a.released(load, r)
 			}
 		case <-poll:
 			switch {
-			case a.ended(load) && r.check():
+			case a.ended(load) && r.check(): // ended reads the load into a.last
 				a.released(load, r)
 			case a.followUp && a.settled(load):
-				a.followUp = false
-				if r.collectAndCheck() {
-					a.reset(load)
-				}
-				r.rest = r.floor // what is still live once the load settled
+				a.followedUp(load, r, r.collectAndCheck())
 			}
 		}
 	}
@@ -135,12 +139,27 @@ type activity struct {
 }
 
 // released starts over after a release, and notes whether it needs a
-// follow-up.
+// follow-up. a.last is what was open when the release began: connections
+// that close during its collections are ones it held.
 func (a *activity) released(load Load, r *releaser) {
 	a.reset(load)
 	a.followUp = load.Open != nil && r.floor >= r.rest+r.threshold
-	if load.Open != nil {
-		a.openAt = load.Open()
+	a.openAt = a.last
+}
+
+// followedUp notes a look again, which found ended memory or not. One
+// that found some while connections are still open looks again once the
+// load settles lower: a burst that closes in steps has its last ones
+// still in use at the first. Otherwise what is still live is the rest
+// level.
+func (a *activity) followedUp(load Load, r *releaser, found bool) {
+	if found {
+		a.reset(load)
+	}
+	a.followUp = found && a.last > 0 && r.floor >= r.rest+r.threshold
+	a.openAt = a.last
+	if !a.followUp {
+		r.rest = r.floor
 	}
 }
 
@@ -287,10 +306,21 @@ func (r *releaser) check() bool {
 
 // collectAndCheck is check after a collection, which turns memory that
 // stopped being used since the last one into garbage check can count.
-func (r *releaser) collectAndCheck() bool {
+// The live heap it leaves is the new floor, released or not. It reports
+// whether that floor is at least threshold under the one before: memory
+// in use at the last release was found ended. Not whether check
+// released: objects that shared their spans with ones still in use
+// become free slots in those spans, which check does not count and
+// FreeOSMemory cannot return (TestReleaseMemoryFollowsUpAPartialClose,
+// where the two halves of a burst were allocated in turn).
+func (r *releaser) collectAndCheck() (found bool) {
+	prev := r.floor
 	runtime.GC()
 	r.cycles = r.gcCycles() // its own collection does not make the process busy
-	return r.check()
+	if !r.check() {
+		_, r.floor = reclaimable(r.samples)
+	}
+	return r.floor+r.threshold <= prev
 }
 
 // reclaimable reads samples and returns free resident heap plus the heap

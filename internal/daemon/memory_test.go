@@ -225,6 +225,51 @@ func TestReleaseMemoryFollowsUpAPeakRelease(t *testing.T) {
 	waitReleased(t, threshold, 10*time.Second, "the burst's close")
 }
 
+// TestReleaseMemoryFollowsUpAPartialClose: a burst closes in two steps,
+// and the load settles between them. The look again at the first step
+// finds the first half's memory; the second half, still in use then, is
+// looked for again once the load settles lower, rather than taken for the
+// process's memory at rest and kept until a collection of its own.
+func TestReleaseMemoryFollowsUpAPartialClose(t *testing.T) {
+	gcPercent := debug.SetGCPercent(-1)
+	t.Cleanup(func() { debug.SetGCPercent(gcPercent) })
+	const threshold = 4 << 20
+	runtime.GC()
+	debug.FreeOSMemory()
+	var open, started atomic.Int64
+	runReleaser(t, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
+	time.Sleep(2 * loadPoll)
+	started.Add(2 * burstMin)
+	makeGarbage(8 << 20)
+	waitReleased(t, threshold, 10*time.Second, "the first run")
+	time.Sleep(2 * loadPoll)
+	// The burst's memory comes first, so that the release at its peak
+	// (the openings stop) finds all of it in use.
+	first, second := make([][]byte, 0, 32<<10), make([][]byte, 0, 32<<10)
+	for range 32 << 10 {
+		first = append(first, make([]byte, 1<<10))
+		second = append(second, make([]byte, 1<<10))
+	}
+	before := forcedCollections()
+	open.Store(1000)
+	started.Add(1000)
+	if !waitCollections(before + 2) {
+		t.Fatal("no release once the openings stopped")
+	}
+	// Half the burst closes and the load stays there: the look again
+	// runs and finds the first half.
+	runtime.KeepAlive(first)
+	first = nil
+	open.Store(500)
+	waitLiveBelow(t, 48<<20, "the first half closed")
+	waitReleased(t, threshold, 10*time.Second, "the first half's close")
+	runtime.KeepAlive(second)
+	second = nil
+	open.Store(0)
+	waitLiveBelow(t, 16<<20, "the second half closed")
+	waitReleased(t, threshold, 10*time.Second, "the second half's close")
+}
+
 // releaserAtPeak runs ReleaseMemory with collections off but its own and
 // the test's, nothing to release at the start, an hour between ticks, and
 // a load of 1,000 open that it has seen; the test moves the load.
