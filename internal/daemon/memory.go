@@ -126,7 +126,7 @@ type Load struct {
 
 // activity is ReleaseMemory's view of Load between polls.
 type activity struct {
-	peak, last int64 // Open's peak since the last release, and at the last poll
+	peak, last int64 // Open's peak since the last release, and at the last poll or tick
 	// runStart is Started at the last release; seen at the last poll;
 	// still the polls in a row that saw no start.
 	runStart, seen int64
