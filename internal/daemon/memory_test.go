@@ -188,19 +188,8 @@ func TestReleaseMemoryFollowsUpABurstsSurvivors(t *testing.T) {
 // and settled, the burst's memory goes back, though the burst's end saw
 // nothing to release (bench/soak, where each wave's peak is released).
 func TestReleaseMemoryFollowsUpAPeakRelease(t *testing.T) {
-	gcPercent := debug.SetGCPercent(-1)
-	t.Cleanup(func() { debug.SetGCPercent(gcPercent) })
 	const threshold = 4 << 20
-	runtime.GC()
-	debug.FreeOSMemory()
-	var open, started atomic.Int64
-	runReleaser(t, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
-	time.Sleep(2 * loadPoll) // the releaser has read where the load starts
-	// A first run sets the floor at rest.
-	started.Add(2 * burstMin)
-	makeGarbage(8 << 20)
-	waitReleased(t, threshold, 10*time.Second, "the first run")
-	time.Sleep(2 * loadPoll) // the releaser has noted the run as released
+	open, started := releaserAtRest(t, threshold)
 	before := forcedCollections()
 	open.Store(1000)
 	started.Add(1000)
@@ -231,18 +220,8 @@ func TestReleaseMemoryFollowsUpAPeakRelease(t *testing.T) {
 // looked for again once the load settles lower, rather than taken for the
 // process's memory at rest and kept until a collection of its own.
 func TestReleaseMemoryFollowsUpAPartialClose(t *testing.T) {
-	gcPercent := debug.SetGCPercent(-1)
-	t.Cleanup(func() { debug.SetGCPercent(gcPercent) })
 	const threshold = 4 << 20
-	runtime.GC()
-	debug.FreeOSMemory()
-	var open, started atomic.Int64
-	runReleaser(t, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
-	time.Sleep(2 * loadPoll)
-	started.Add(2 * burstMin)
-	makeGarbage(8 << 20)
-	waitReleased(t, threshold, 10*time.Second, "the first run")
-	time.Sleep(2 * loadPoll)
+	open, started := releaserAtRest(t, threshold)
 	// The burst's memory comes first, so that the release at its peak
 	// (the openings stop) finds all of it in use.
 	first, second := make([][]byte, 0, 32<<10), make([][]byte, 0, 32<<10)
@@ -268,6 +247,25 @@ func TestReleaseMemoryFollowsUpAPartialClose(t *testing.T) {
 	open.Store(0)
 	waitLiveBelow(t, 16<<20, "the second half closed")
 	waitReleased(t, threshold, 10*time.Second, "the second half's close")
+}
+
+// releaserAtRest runs ReleaseMemory with collections off but its own and
+// the test's, an hour between ticks, and a load with both counts, after a
+// first run of connections has been released: its floor is the rest
+// level. The test moves the load.
+func releaserAtRest(t *testing.T, threshold uint64) (open, started *atomic.Int64) {
+	gcPercent := debug.SetGCPercent(-1)
+	t.Cleanup(func() { debug.SetGCPercent(gcPercent) }) // registered first: runs after the releaser stops
+	runtime.GC()
+	debug.FreeOSMemory()
+	open, started = new(atomic.Int64), new(atomic.Int64)
+	runReleaser(t, time.Hour, threshold, Load{Open: open.Load, Started: started.Load})
+	time.Sleep(2 * loadPoll) // the releaser has read where the load starts
+	started.Add(2 * burstMin)
+	makeGarbage(8 << 20)
+	waitReleased(t, threshold, 10*time.Second, "the first run")
+	time.Sleep(2 * loadPoll) // the releaser has noted the run as released
+	return open, started
 }
 
 // releaserAtPeak runs ReleaseMemory with collections off but its own and
