@@ -25,6 +25,10 @@
 //	                            at the end of each gap, right before the
 //	                            next wave opens, from the second wave on;
 //	                            the larger of the two node proxies
+//	soak_rss_anon_slope_kb_per_min
+//	                            the same fit of VmRSS less RssFile: without
+//	                            the executable's pages, which come back as
+//	                            code first runs after the start-up release
 //	soak_rss_all_samples_slope_kb_per_min
 //	                            the same fit through every sample from the
 //	                            end of wave 1 to the end of the last wave
@@ -257,6 +261,7 @@ func (s *soak) run() error {
 	w.stop()
 	slope := w.rssSlope(waveEnds)
 	rest := restSlope(rests)
+	restAnon := restAnonSlope(rests)
 	if end.total() > base.total() {
 		w.explain()
 	}
@@ -267,6 +272,7 @@ func (s *soak) run() error {
 	logf("load average now: %s", loadAvg())
 	emit("soak_errors", float64(s.errors.total()), "count")
 	emit("soak_rss_slope_kb_per_min", rest, "KiB/min")
+	emit("soak_rss_anon_slope_kb_per_min", restAnon, "KiB/min")
 	emit("soak_rss_all_samples_slope_kb_per_min", slope, "KiB/min")
 	emit("soak_goroutines_baseline", float64(base.total()), "count")
 	emit("soak_goroutines_end", float64(end.total()), "count")

@@ -85,7 +85,8 @@ func TestCountSeries(t *testing.T) {
 }
 
 // TestRestSlope: the fit through the at-rest samples reports the larger
-// proxy's slope in KiB per minute, and nothing for fewer than three gaps.
+// proxy's slope in KiB per minute, and nothing for fewer than three gaps;
+// the fit without file-backed pages takes RssFile out of each sample.
 func TestRestSlope(t *testing.T) {
 	t0 := time.Now()
 	var rests []sample
@@ -99,5 +100,18 @@ func TestRestSlope(t *testing.T) {
 	}
 	if got := restSlope(rests[:2]); got != 0 {
 		t.Errorf("restSlope of two gaps = %v, want 0 (no fit)", got)
+	}
+	// Without the file-backed pages: node1's growth is 120 KiB/min of the
+	// binary's pages coming back and 30 of its own; node0's own memory
+	// grows 60 KiB/min under file-backed pages that shrink.
+	for i := range rests {
+		rests[i].fileKB = [2]int64{8000 - int64(i)*20, 8000 + int64(i)*40}
+		rests[i].rssKB[0] = rests[i].fileKB[0] + 32000 + int64(i)*20
+	}
+	if got := restAnonSlope(rests); math.Abs(got-60) > 1e-6 {
+		t.Errorf("restAnonSlope = %v, want 60 (node0's)", got)
+	}
+	if got := restSlope(rests); math.Abs(got-150) > 1e-6 {
+		t.Errorf("restSlope with file-backed pages = %v, want 150 (node1's)", got)
 	}
 }
